@@ -1,0 +1,309 @@
+//! The kernel/user contract of shedder: map keys and values, counter indices, class and
+//! verdict ids, capacities, and the pure arithmetic both sides run (admission decision,
+//! token bucket, RST checksums).
+//!
+//! Every map value is `#[repr(C)]` with explicit padding fields, holds no `bool` or
+//! `Option`, and has a size asserted at compile time, so the eBPF object and the daemon
+//! can never disagree about a layout silently.
+#![no_std]
+
+pub mod admit;
+pub mod csum;
+pub mod gcra;
+
+/// Services one node can protect. Sizes the policy, in-flight and counter maps.
+pub const MAX_SERVICES: u32 = 256;
+/// Entries of the port → service array (one per TCP port).
+pub const PORT_MAP_ENTRIES: u32 = 65536;
+/// Address-specific service entries (service bound to one destination address).
+pub const MAX_ADDR_SERVICES: u32 = 1024;
+/// Source-prefix class rules, per address family.
+pub const MAX_CLASS_RULES: u32 = 16384;
+/// Longest IPv6 extension-header chain walked before giving up (and passing).
+pub const MAX_IPV6_EXT_HEADERS: usize = 6;
+
+/// The four-level criticality ladder (seed 001). Lower id = more important.
+pub const NUM_CLASSES: usize = 4;
+pub const CLASS_CRITICAL: u32 = 0;
+pub const CLASS_HIGH: u32 = 1;
+pub const CLASS_MEDIUM: u32 = 2;
+pub const CLASS_SHEDDABLE: u32 = 3;
+pub const CLASS_NAMES: [&str; NUM_CLASSES] = ["critical", "high", "medium", "sheddable"];
+
+/// What happened to a new connection attempt.
+pub const NUM_VERDICTS: u32 = 4;
+/// Admitted and passed to the stack.
+pub const VERDICT_PASS: u32 = 0;
+/// Shed with XDP_DROP / TC_ACT_SHOT.
+pub const VERDICT_DROP: u32 = 1;
+/// Shed by answering RST|ACK (XDP_TX / TC redirect).
+pub const VERDICT_RST: u32 = 2;
+/// Would have been shed, passed because the service is in dry-run mode.
+pub const VERDICT_DRY_RUN: u32 = 3;
+pub const VERDICT_NAMES: [&str; NUM_VERDICTS as usize] = ["pass", "drop", "rst", "dry_run"];
+
+/// Why the verdict was reached.
+pub const NUM_REASONS: u32 = 8;
+/// Under the class and service limits.
+pub const REASON_UNDER_LIMIT: u32 = 0;
+/// The class was below its floor: admitted whatever the service's pressure.
+pub const REASON_FLOOR: u32 = 1;
+/// CRITICAL is never shed by pressure (only by its ceiling).
+pub const REASON_CRITICAL: u32 = 2;
+/// The class reached its hard ceiling.
+pub const REASON_CEILING: u32 = 3;
+/// The class reached its share of the service's limit.
+pub const REASON_CLASS_LIMIT: u32 = 4;
+/// The service reached its total concurrency limit.
+pub const REASON_SERVICE_LIMIT: u32 = 5;
+/// The class's new-connection token bucket was empty.
+pub const REASON_RATE: u32 = 6;
+/// Reserved for retry demotion.
+pub const REASON_RESERVED: u32 = 7;
+pub const REASON_NAMES: [&str; NUM_REASONS as usize] = [
+    "under_limit",
+    "floor",
+    "critical",
+    "ceiling",
+    "class_limit",
+    "service_limit",
+    "rate",
+    "reserved",
+];
+
+/// Entries of the per-CPU decision counter array.
+pub const COUNTER_ENTRIES: u32 = MAX_SERVICES * NUM_CLASSES as u32 * NUM_VERDICTS * NUM_REASONS;
+
+/// Index into the decision counters for (service, class, verdict, reason).
+#[inline(always)]
+pub const fn counter_index(service: u32, class: u32, verdict: u32, reason: u32) -> u32 {
+    ((service * NUM_CLASSES as u32 + class) * NUM_VERDICTS + verdict) * NUM_REASONS + reason
+}
+
+/// Node-wide per-CPU statistics (exceptional paths only; the hot non-SYN path counts nothing).
+pub const NUM_STATS: u32 = 8;
+/// Decisions taken with the fallback limits because the heartbeat was stale.
+pub const STAT_FALLBACK: u32 = 0;
+/// A RST could not be built (tail adjust failed); the attempt was passed (fail-open).
+pub const STAT_RST_ERROR: u32 = 1;
+/// A port was mapped to a service whose policy entry was missing; passed.
+pub const STAT_NO_POLICY: u32 = 2;
+/// The token bucket could not be updated under contention; admitted (fail-open).
+pub const STAT_RATE_CONTENDED: u32 = 3;
+pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
+    "fallback_decisions",
+    "rst_errors",
+    "missing_policy",
+    "rate_contended",
+    "reserved4",
+    "reserved5",
+    "reserved6",
+    "reserved7",
+];
+
+/// Per-service action when an attempt is shed.
+pub const ACTION_DROP: u8 = 0;
+pub const ACTION_RST: u8 = 1;
+/// Per-service mode.
+pub const MODE_ENFORCE: u8 = 0;
+pub const MODE_DRY_RUN: u8 = 1;
+
+/// Port-map value: low bits hold `service id + 1` of the service listening on any address
+/// (0 = the port is not protected).
+pub const PORT_SERVICE_MASK: u32 = 0xffff;
+/// Port-map value flag: services bound to specific destination addresses exist on this
+/// port; look the (address, port) pair up in the address map first.
+pub const PORT_HAS_ADDR_SERVICES: u32 = 1 << 31;
+
+/// Names of the maps, as the daemon pins them under `/sys/fs/bpf/shedder/`.
+pub mod maps {
+    pub const GLOBALS: &str = "SHEDDER_GLOBALS";
+    pub const PORTS: &str = "SHEDDER_PORTS";
+    pub const ADDR_SERVICES: &str = "SHEDDER_ADDR_SVC";
+    pub const POLICIES: &str = "SHEDDER_POLICY";
+    pub const INFLIGHT: &str = "SHEDDER_INFLIGHT";
+    pub const PENDING: &str = "SHEDDER_PENDING";
+    pub const BUCKETS: &str = "SHEDDER_BUCKETS";
+    pub const CLASS_V4: &str = "SHEDDER_CLASS_V4";
+    pub const CLASS_V6: &str = "SHEDDER_CLASS_V6";
+    pub const COUNTERS: &str = "SHEDDER_COUNTERS";
+    pub const STATS: &str = "SHEDDER_STATS";
+    pub const ALL: [&str; 11] = [
+        GLOBALS,
+        PORTS,
+        ADDR_SERVICES,
+        POLICIES,
+        INFLIGHT,
+        PENDING,
+        BUCKETS,
+        CLASS_V4,
+        CLASS_V6,
+        COUNTERS,
+        STATS,
+    ];
+}
+
+/// Names of the programs in the eBPF object.
+pub mod programs {
+    pub const XDP: &str = "shedder_xdp";
+    pub const TC: &str = "shedder_tc";
+}
+
+/// Node-wide settings and the daemon's heartbeat (single-entry array).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Globals {
+    /// `CLOCK_MONOTONIC` nanoseconds of the daemon's last tick (0 = never).
+    pub heartbeat_ns: u64,
+    /// A heartbeat older than this puts the fallback limits in force.
+    pub heartbeat_timeout_ns: u64,
+    /// Width of one pending-attempt epoch (admitted, not yet established). Attempts are
+    /// counted for one to two epochs; 0 selects [`DEFAULT_PENDING_WINDOW_NS`].
+    pub pending_window_ns: u64,
+    /// Bumped by the daemon whenever it rewrites the policy; informational.
+    pub generation: u64,
+}
+
+pub const DEFAULT_PENDING_WINDOW_NS: u64 = 1_000_000_000;
+
+/// Limits of one class of one service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassPolicy {
+    /// The class's share of the service limit, written by the controller each tick.
+    pub limit: u32,
+    /// The class's share when the heartbeat is stale.
+    pub fallback_limit: u32,
+    /// Occupancy below the floor is admitted whatever the service's pressure.
+    pub floor: u32,
+    /// The floor in force when the heartbeat is stale.
+    pub fallback_floor: u32,
+    /// Hard cap on the class's occupancy in every mode (finite for CRITICAL too).
+    pub ceiling: u32,
+    pub _pad: u32,
+    /// Token bucket: nanoseconds per token (1e9 / rate); 0 disables the bucket.
+    pub rate_interval_ns: u64,
+    /// Token bucket: burst × interval, the most a full bucket can hold, in nanoseconds.
+    pub burst_ns: u64,
+}
+
+/// Everything the packet path needs to decide for one service (one array lookup).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServicePolicy {
+    pub classes: [ClassPolicy; NUM_CLASSES],
+    /// Concurrency limit of the whole service (the controller's output).
+    pub total_limit: u32,
+    /// Concurrency limit of the whole service when the heartbeat is stale.
+    pub fallback_total: u32,
+    /// [`ACTION_DROP`] or [`ACTION_RST`].
+    pub action: u8,
+    /// [`MODE_ENFORCE`] or [`MODE_DRY_RUN`].
+    pub mode: u8,
+    /// Class of sources no prefix rule matches.
+    pub default_class: u8,
+    pub _pad0: u8,
+    pub _pad1: u32,
+}
+
+/// Established connections per class of one service. Written by the tracepoint programs
+/// (or, before those exist, by the daemon or a test).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Inflight {
+    pub class: [u32; NUM_CLASSES],
+}
+
+/// One epoch's count of admitted-but-not-yet-established attempts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PendingSlot {
+    pub epoch: u64,
+    pub count: u64,
+}
+
+/// Admitted attempts of one service, two epoch slots per class: `slots[class * 2 + (epoch & 1)]`.
+/// An attempt is counted from its admission until the establishment path retires it, or for
+/// at most two epochs (so an attempt that never completes cannot hold capacity forever).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pending {
+    pub slots: [PendingSlot; NUM_CLASSES * 2],
+}
+
+impl Pending {
+    /// Attempts of `class` still pending at `epoch` (this epoch's and the previous one's).
+    #[inline(always)]
+    pub fn count(&self, class: usize, epoch: u64) -> u32 {
+        let mut total: u64 = 0;
+        let mut i = 0;
+        while i < 2 {
+            let slot = &self.slots[(class * 2 + i) & (NUM_CLASSES * 2 - 1)];
+            if slot.epoch == epoch || slot.epoch.wrapping_add(1) == epoch {
+                total = total.saturating_add(slot.count);
+            }
+            i += 1;
+        }
+        if total > u32::MAX as u64 {
+            u32::MAX
+        } else {
+            total as u32
+        }
+    }
+}
+
+/// Token-bucket state of one (service, class): the GCRA theoretical arrival time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bucket {
+    pub tat_ns: u64,
+}
+
+/// Key of the address-specific service map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ServiceAddrKey {
+    /// IPv4 addresses in the first four bytes, the rest zero.
+    pub addr: [u8; 16],
+    /// Destination port, host byte order.
+    pub port: u16,
+    /// 4 or 6.
+    pub family: u8,
+    pub _pad: u8,
+}
+
+/// Value of the class tries: the class id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassRule {
+    pub class: u32,
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<Globals>() == 32);
+    assert!(core::mem::size_of::<ClassPolicy>() == 40);
+    assert!(core::mem::size_of::<ServicePolicy>() == 176);
+    assert!(core::mem::size_of::<Inflight>() == 16);
+    assert!(core::mem::size_of::<PendingSlot>() == 16);
+    assert!(core::mem::size_of::<Pending>() == 128);
+    assert!(core::mem::size_of::<Bucket>() == 8);
+    assert!(core::mem::size_of::<ServiceAddrKey>() == 20);
+    assert!(core::mem::size_of::<ClassRule>() == 4);
+    assert!(NUM_CLASSES.is_power_of_two());
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all of these are #[repr(C)] plain integers with explicit padding fields,
+    // so every bit pattern is valid and there are no uninitialised bytes.
+    unsafe impl aya::Pod for Globals {}
+    unsafe impl aya::Pod for ClassPolicy {}
+    unsafe impl aya::Pod for ServicePolicy {}
+    unsafe impl aya::Pod for Inflight {}
+    unsafe impl aya::Pod for PendingSlot {}
+    unsafe impl aya::Pod for Pending {}
+    unsafe impl aya::Pod for Bucket {}
+    unsafe impl aya::Pod for ServiceAddrKey {}
+    unsafe impl aya::Pod for ClassRule {}
+}

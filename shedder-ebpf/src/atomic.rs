@@ -1,0 +1,36 @@
+//! 64-bit atomics for map values shared between CPUs.
+//!
+//! The `bpfel-unknown-none` target is declared single-threaded with no compare-and-swap, so
+//! `core::sync::atomic` operations would be lowered to plain loads and stores. These emit the
+//! BPF atomic instructions directly (`BPF_ATOMIC | BPF_ADD`, and `BPF_CMPXCHG`, kernel 5.12+).
+
+use core::arch::asm;
+
+/// `*ptr += value`, atomically.
+#[inline(always)]
+pub unsafe fn add(ptr: *mut u64, value: u64) {
+    unsafe {
+        asm!(
+            "lock *(u64 *)({p} + 0) += {v}",
+            p = in(reg) ptr,
+            v = in(reg) value,
+            options(nostack),
+        );
+    }
+}
+
+/// If `*ptr == old`, store `new`. Returns the value found (equal to `old` on success).
+#[inline(always)]
+pub unsafe fn compare_exchange(ptr: *mut u64, old: u64, new: u64) -> u64 {
+    let found: u64;
+    unsafe {
+        asm!(
+            "r0 = cmpxchg_64({p} + 0, r0, {n})",
+            p = in(reg) ptr,
+            n = in(reg) new,
+            inout("r0") old => found,
+            options(nostack),
+        );
+    }
+    found
+}

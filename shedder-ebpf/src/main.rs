@@ -1,0 +1,102 @@
+//! shedder's packet path: an XDP program and a TC ingress classifier sharing one decision.
+//!
+//! For every frame: parse; anything that is not a fully parsed TCP SYN (without ACK, RST or
+//! FIN) to a protected service passes untouched. For a new attempt: look up the service by
+//! destination port (and optionally address), the class by longest-prefix match of the
+//! source, decide against the limits in the maps (fallback limits when the daemon's heartbeat
+//! is stale), count the decision per CPU, and PASS, DROP, answer RST|ACK, or (dry-run) PASS.
+//! Every error path passes.
+#![no_std]
+#![no_main]
+#![feature(asm_experimental_arch)]
+
+mod atomic;
+mod parse;
+mod shed;
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
+    helpers::generated::{
+        bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_xdp_adjust_tail,
+    },
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
+
+use crate::shed::{Frame, Outcome};
+
+struct XdpFrame<'a>(&'a XdpContext);
+
+impl Frame for XdpFrame<'_> {
+    #[inline(always)]
+    fn data(&self) -> usize {
+        self.0.data()
+    }
+    #[inline(always)]
+    fn data_end(&self) -> usize {
+        self.0.data_end()
+    }
+    #[inline(always)]
+    fn truncate(&self, new_len: usize) -> bool {
+        let delta = new_len as i64 - (self.data_end() - self.data()) as i64;
+        delta == 0 || unsafe { bpf_xdp_adjust_tail(self.0.ctx.cast(), delta as i32) } == 0
+    }
+}
+
+/// XDP entry point (native, or generic where the driver has no XDP support).
+#[xdp]
+pub fn shedder_xdp(ctx: XdpContext) -> u32 {
+    match shed::run(&XdpFrame(&ctx)) {
+        Outcome::Pass => xdp_action::XDP_PASS,
+        Outcome::Drop => xdp_action::XDP_DROP,
+        Outcome::Reply => xdp_action::XDP_TX,
+    }
+}
+
+struct TcFrame<'a>(&'a TcContext);
+
+impl Frame for TcFrame<'_> {
+    #[inline(always)]
+    fn data(&self) -> usize {
+        self.0.data()
+    }
+    #[inline(always)]
+    fn data_end(&self) -> usize {
+        self.0.data_end()
+    }
+    #[inline(always)]
+    fn truncate(&self, new_len: usize) -> bool {
+        unsafe { bpf_skb_change_tail(self.0.skb.skb, new_len as u32, 0) == 0 }
+    }
+}
+
+/// Headers shedder reads fit in this many bytes (two VLAN tags, IPv6 with a few extension
+/// headers, TCP with options); a non-linear skb is pulled this far before parsing.
+const TC_PULL_LEN: u32 = 256;
+
+/// TC ingress entry point (for interfaces without XDP, or where XDP is owned by another tool).
+#[classifier]
+pub fn shedder_tc(ctx: TcContext) -> i32 {
+    let linear = (ctx.data_end() - ctx.data()) as u32;
+    let len = ctx.len();
+    if linear < len && linear < TC_PULL_LEN {
+        let want = if len < TC_PULL_LEN { len } else { TC_PULL_LEN };
+        // Failure leaves the skb as it was; parsing then passes what it cannot see.
+        unsafe { bpf_skb_pull_data(ctx.skb.skb, want) };
+    }
+    match shed::run(&TcFrame(&ctx)) {
+        Outcome::Pass => TC_ACT_OK as i32,
+        Outcome::Drop => TC_ACT_SHOT as i32,
+        // Send the reset back out of the interface the SYN arrived on.
+        Outcome::Reply => unsafe {
+            let ifindex = (*ctx.skb.skb).ifindex;
+            bpf_redirect(ifindex, 0) as i32
+        },
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}

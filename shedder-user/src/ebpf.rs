@@ -1,0 +1,461 @@
+//! Loading the eBPF object, attaching it, and reading and writing its maps.
+
+use std::{
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key},
+    programs::{
+        ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode,
+        links::{FdLink, PinnedLink},
+        tc,
+    },
+};
+use shedder_common::{
+    ClassRule, Globals, Inflight, NUM_CLASSES, NUM_REASONS, NUM_STATS, NUM_VERDICTS,
+    PORT_HAS_ADDR_SERVICES, PORT_SERVICE_MASK, ServiceAddrKey, ServicePolicy, counter_index, maps,
+    programs,
+};
+
+/// The eBPF object built by build.rs.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shedder"));
+
+/// Default root of everything shedder pins.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/shedder";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("loading the eBPF object: {0}")]
+    Object(#[from] aya::EbpfError),
+    #[error("the eBPF object has no program `{0}`")]
+    MissingProgram(&'static str),
+    #[error("the eBPF object has no map `{0}`")]
+    MissingMap(&'static str),
+    #[error("the kernel verifier rejected `{program}`: {source}\n{log}")]
+    Verifier {
+        program: &'static str,
+        source: std::io::Error,
+        log: String,
+    },
+    #[error("program `{program}`: {source}")]
+    Program {
+        program: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("attaching to interface `{iface}` ({mode}): {source}")]
+    Attach {
+        iface: String,
+        mode: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("map `{map}`: {source}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("{0} is out of range: {1}")]
+    Range(&'static str, String),
+    #[error("pinning under {path}: {reason}")]
+    Pin { path: PathBuf, reason: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How to attach to an interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    /// Native XDP; if the driver cannot, generic XDP.
+    Auto,
+    /// Native (driver) XDP only.
+    Native,
+    /// Generic (skb) XDP only.
+    Generic,
+    /// TC ingress (tcx on kernels ≥ 6.6, clsact + netlink before).
+    Tc,
+}
+
+impl AttachMode {
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "auto" => Self::Auto,
+            "native" => Self::Native,
+            "generic" => Self::Generic,
+            "tc" => Self::Tc,
+            _ => return None,
+        })
+    }
+}
+
+/// How a program ended up attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attached {
+    XdpNative,
+    XdpGeneric,
+    Tc,
+}
+
+impl Attached {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::XdpNative => "xdp-native",
+            Self::XdpGeneric => "xdp-generic",
+            Self::Tc => "tc",
+        }
+    }
+}
+
+/// The loaded programs and their maps.
+pub struct Shedder {
+    ebpf: Ebpf,
+    pin_dir: Option<PathBuf>,
+    /// Unpinned attachments, detached when dropped.
+    links: Vec<FdLink>,
+}
+
+impl Shedder {
+    /// Load and verify both programs with private (unpinned) maps.
+    pub fn load() -> Result<Self> {
+        Self::load_with(None)
+    }
+
+    /// Load and verify both programs with maps pinned under `dir/maps/`; maps already pinned
+    /// there are reused (a restarted daemon adopts the running state).
+    pub fn load_pinned(dir: &Path) -> Result<Self> {
+        Self::load_with(Some(dir))
+    }
+
+    fn load_with(pin_dir: Option<&Path>) -> Result<Self> {
+        let mut loader = EbpfLoader::new();
+        let map_dir = pin_dir.map(|d| d.join("maps"));
+        if let Some(map_dir) = &map_dir {
+            std::fs::create_dir_all(map_dir).map_err(|e| Error::Pin {
+                path: map_dir.clone(),
+                reason: e.to_string(),
+            })?;
+            for name in maps::ALL {
+                loader.map_pin_path(name, map_dir.join(name));
+            }
+        }
+        let mut ebpf = loader.load(OBJECT)?;
+        for name in [programs::XDP, programs::TC] {
+            let program = ebpf.program_mut(name).ok_or(Error::MissingProgram(name))?;
+            let result = match program {
+                aya::programs::Program::Xdp(p) => p.load(),
+                aya::programs::Program::SchedClassifier(p) => p.load(),
+                _ => return Err(Error::MissingProgram(name)),
+            };
+            result.map_err(|e| match e {
+                ProgramError::LoadError {
+                    io_error,
+                    verifier_log,
+                } => Error::Verifier {
+                    program: name,
+                    source: io_error,
+                    log: verifier_log.to_string(),
+                },
+                other => Error::Program {
+                    program: name,
+                    source: other,
+                },
+            })?;
+        }
+        Ok(Self {
+            ebpf,
+            pin_dir: pin_dir.map(Path::to_path_buf),
+            links: Vec::new(),
+        })
+    }
+
+    pub fn xdp(&mut self) -> Result<&mut Xdp> {
+        self.ebpf
+            .program_mut(programs::XDP)
+            .ok_or(Error::MissingProgram(programs::XDP))?
+            .try_into()
+            .map_err(|source| Error::Program {
+                program: programs::XDP,
+                source,
+            })
+    }
+
+    pub fn tc(&mut self) -> Result<&mut SchedClassifier> {
+        self.ebpf
+            .program_mut(programs::TC)
+            .ok_or(Error::MissingProgram(programs::TC))?
+            .try_into()
+            .map_err(|source| Error::Program {
+                program: programs::TC,
+                source,
+            })
+    }
+
+    /// Attach to `iface` in the calling thread's network namespace. With a pin directory,
+    /// the link is pinned at `dir/links/<iface>` so it outlives this process.
+    pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<Attached> {
+        let attach_err = |mode: &'static str| {
+            let iface = iface.to_string();
+            move |source| Error::Attach {
+                iface: iface.clone(),
+                mode,
+                source,
+            }
+        };
+        let (attached, link): (Attached, FdLink) = match mode {
+            AttachMode::Native | AttachMode::Generic | AttachMode::Auto => {
+                let xdp = self.xdp()?;
+                let (attached, id) = match mode {
+                    AttachMode::Generic => (
+                        Attached::XdpGeneric,
+                        xdp.attach(iface, XdpMode::Skb)
+                            .map_err(attach_err("xdp generic"))?,
+                    ),
+                    AttachMode::Native => (
+                        Attached::XdpNative,
+                        xdp.attach(iface, XdpMode::Driver)
+                            .map_err(attach_err("xdp native"))?,
+                    ),
+                    _ => match xdp.attach(iface, XdpMode::Driver) {
+                        Ok(id) => (Attached::XdpNative, id),
+                        Err(_) => (
+                            Attached::XdpGeneric,
+                            xdp.attach(iface, XdpMode::Skb)
+                                .map_err(attach_err("xdp generic after native failed"))?,
+                        ),
+                    },
+                };
+                let link = xdp.take_link(id).map_err(attach_err("xdp"))?;
+                let link: FdLink =
+                    link.try_into()
+                        .map_err(|e: aya::programs::links::LinkError| Error::Pin {
+                            path: PathBuf::from(iface),
+                            reason: format!("XDP attached through netlink, not a bpf link: {e}"),
+                        })?;
+                (attached, link)
+            }
+            AttachMode::Tc => {
+                // tcx needs no qdisc; the legacy path (kernel < 6.6) needs clsact.
+                let _ = tc::qdisc_add_clsact(iface);
+                let prog = self.tc()?;
+                let id = prog
+                    .attach(iface, TcAttachType::Ingress)
+                    .map_err(attach_err("tc ingress"))?;
+                let link = prog.take_link(id).map_err(attach_err("tc ingress"))?;
+                let link: FdLink =
+                    link.try_into()
+                        .map_err(|e: aya::programs::links::LinkError| Error::Pin {
+                            path: PathBuf::from(iface),
+                            reason: format!("TC attached through netlink, not a bpf link: {e}"),
+                        })?;
+                (Attached::Tc, link)
+            }
+        };
+        self.keep_link(iface, link)?;
+        Ok(attached)
+    }
+
+    fn keep_link(&mut self, iface: &str, link: FdLink) -> Result<()> {
+        match &self.pin_dir {
+            Some(dir) => {
+                let links = dir.join("links");
+                std::fs::create_dir_all(&links).map_err(|e| Error::Pin {
+                    path: links.clone(),
+                    reason: e.to_string(),
+                })?;
+                let path = links.join(iface);
+                let pinned: PinnedLink = link.pin(&path).map_err(|e| Error::Pin {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+                // The pin holds the attachment; our copy of the fd can go.
+                drop(pinned);
+            }
+            None => {
+                // Unpinned: the attachment lives as long as this process holds the fd.
+                self.links.push(link);
+            }
+        }
+        Ok(())
+    }
+
+    fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map> {
+        self.ebpf.map_mut(name).ok_or(Error::MissingMap(name))
+    }
+
+    fn map(&self, name: &'static str) -> Result<&aya::maps::Map> {
+        self.ebpf.map(name).ok_or(Error::MissingMap(name))
+    }
+}
+
+fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
+    move |source| Error::Map { map, source }
+}
+
+impl Shedder {
+    pub fn set_globals(&mut self, globals: &Globals) -> Result<()> {
+        let mut m: Array<&mut MapData, Globals> =
+            Array::try_from(self.map_mut(maps::GLOBALS)?).map_err(map_err(maps::GLOBALS))?;
+        m.set(0, globals, 0).map_err(map_err(maps::GLOBALS))
+    }
+
+    pub fn globals(&self) -> Result<Globals> {
+        let m: Array<&MapData, Globals> =
+            Array::try_from(self.map(maps::GLOBALS)?).map_err(map_err(maps::GLOBALS))?;
+        m.get(&0, 0).map_err(map_err(maps::GLOBALS))
+    }
+
+    /// Protect `port` with service `service` (any destination address); `None` unprotects it.
+    pub fn set_port(&mut self, port: u16, service: Option<u32>) -> Result<()> {
+        let value = match service {
+            Some(id) => {
+                check_service(id)?;
+                id + 1
+            }
+            None => 0,
+        };
+        let mut m: Array<&mut MapData, u32> =
+            Array::try_from(self.map_mut(maps::PORTS)?).map_err(map_err(maps::PORTS))?;
+        let old = m.get(&(port as u32), 0).map_err(map_err(maps::PORTS))?;
+        m.set(port as u32, (old & PORT_HAS_ADDR_SERVICES) | value, 0)
+            .map_err(map_err(maps::PORTS))
+    }
+
+    /// Protect `addr:port` with service `service`, taking precedence over the port's
+    /// any-address service.
+    pub fn set_addr_service(&mut self, addr: IpAddr, port: u16, service: u32) -> Result<()> {
+        check_service(service)?;
+        let key = addr_key(addr, port);
+        {
+            let mut m: HashMap<&mut MapData, ServiceAddrKey, u32> =
+                HashMap::try_from(self.map_mut(maps::ADDR_SERVICES)?)
+                    .map_err(map_err(maps::ADDR_SERVICES))?;
+            m.insert(key, service + 1, 0)
+                .map_err(map_err(maps::ADDR_SERVICES))?;
+        }
+        let mut m: Array<&mut MapData, u32> =
+            Array::try_from(self.map_mut(maps::PORTS)?).map_err(map_err(maps::PORTS))?;
+        let old = m.get(&(port as u32), 0).map_err(map_err(maps::PORTS))?;
+        m.set(port as u32, old | PORT_HAS_ADDR_SERVICES, 0)
+            .map_err(map_err(maps::PORTS))
+    }
+
+    pub fn set_policy(&mut self, service: u32, policy: &ServicePolicy) -> Result<()> {
+        check_service(service)?;
+        let mut m: Array<&mut MapData, ServicePolicy> =
+            Array::try_from(self.map_mut(maps::POLICIES)?).map_err(map_err(maps::POLICIES))?;
+        m.set(service, policy, 0).map_err(map_err(maps::POLICIES))
+    }
+
+    pub fn set_inflight(&mut self, service: u32, inflight: &Inflight) -> Result<()> {
+        check_service(service)?;
+        let mut m: Array<&mut MapData, Inflight> =
+            Array::try_from(self.map_mut(maps::INFLIGHT)?).map_err(map_err(maps::INFLIGHT))?;
+        m.set(service, inflight, 0).map_err(map_err(maps::INFLIGHT))
+    }
+
+    /// Sources in `addr/prefix_len` belong to `class`.
+    pub fn add_class_rule(&mut self, addr: IpAddr, prefix_len: u32, class: u32) -> Result<()> {
+        if class as usize >= NUM_CLASSES {
+            return Err(Error::Range("class", class.to_string()));
+        }
+        let rule = ClassRule { class };
+        match addr {
+            IpAddr::V4(a) => {
+                if prefix_len > 32 {
+                    return Err(Error::Range("IPv4 prefix length", prefix_len.to_string()));
+                }
+                let mut m: LpmTrie<&mut MapData, [u8; 4], ClassRule> =
+                    LpmTrie::try_from(self.map_mut(maps::CLASS_V4)?)
+                        .map_err(map_err(maps::CLASS_V4))?;
+                m.insert(&Key::new(prefix_len, a.octets()), rule, 0)
+                    .map_err(map_err(maps::CLASS_V4))
+            }
+            IpAddr::V6(a) => {
+                if prefix_len > 128 {
+                    return Err(Error::Range("IPv6 prefix length", prefix_len.to_string()));
+                }
+                let mut m: LpmTrie<&mut MapData, [u8; 16], ClassRule> =
+                    LpmTrie::try_from(self.map_mut(maps::CLASS_V6)?)
+                        .map_err(map_err(maps::CLASS_V6))?;
+                m.insert(&Key::new(prefix_len, a.octets()), rule, 0)
+                    .map_err(map_err(maps::CLASS_V6))
+            }
+        }
+    }
+
+    /// A decision counter summed over CPUs.
+    pub fn counter(&self, service: u32, class: u32, verdict: u32, reason: u32) -> Result<u64> {
+        check_service(service)?;
+        if class as usize >= NUM_CLASSES || verdict >= NUM_VERDICTS || reason >= NUM_REASONS {
+            return Err(Error::Range(
+                "counter",
+                format!("class {class} verdict {verdict} reason {reason}"),
+            ));
+        }
+        let m: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(self.map(maps::COUNTERS)?).map_err(map_err(maps::COUNTERS))?;
+        let values = m
+            .get(&counter_index(service, class, verdict, reason), 0)
+            .map_err(map_err(maps::COUNTERS))?;
+        Ok(values.iter().sum())
+    }
+
+    /// Node-wide statistics summed over CPUs, indexed by `STAT_*`.
+    pub fn stats(&self) -> Result<[u64; NUM_STATS as usize]> {
+        let m: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(self.map(maps::STATS)?).map_err(map_err(maps::STATS))?;
+        let mut out = [0; NUM_STATS as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = m
+                .get(&(i as u32), 0)
+                .map_err(map_err(maps::STATS))?
+                .iter()
+                .sum();
+        }
+        Ok(out)
+    }
+}
+
+fn check_service(id: u32) -> Result<()> {
+    if id >= shedder_common::MAX_SERVICES || id + 1 > PORT_SERVICE_MASK {
+        return Err(Error::Range(
+            "service id",
+            format!("{id} (at most {})", shedder_common::MAX_SERVICES - 1),
+        ));
+    }
+    Ok(())
+}
+
+/// Key of the address-specific service map for `addr:port`.
+pub fn addr_key(addr: IpAddr, port: u16) -> ServiceAddrKey {
+    let mut key = ServiceAddrKey {
+        port,
+        ..Default::default()
+    };
+    match addr {
+        IpAddr::V4(a) => {
+            key.addr[..4].copy_from_slice(&a.octets());
+            key.family = 4;
+        }
+        IpAddr::V6(a) => {
+            key.addr = a.octets();
+            key.family = 6;
+        }
+    }
+    key
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns` reads.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

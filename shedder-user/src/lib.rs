@@ -1,0 +1,3 @@
+//! shedder's userspace: loader, maps, and (later) daemon, controller and CLI.
+pub mod ebpf;
+pub mod sysfs;

@@ -1,0 +1,28 @@
+//! Support for shedder's root-only integration tests and benchmarks: crafted packets,
+//! a standard test policy, BPF_PROG_TEST_RUN helpers, and network namespaces that clean up
+//! after themselves (also on panic).
+
+pub mod netns;
+pub mod packet;
+pub mod policy;
+
+use std::sync::Once;
+
+/// Panic with a clear message unless running as root (the tests load BPF programs and
+/// create network namespaces).
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        panic!(
+            "this test needs root (BPF programs, network namespaces): run `cargo xtask test` as root"
+        );
+    }
+}
+
+/// Mount bpffs and tracefs where they are missing. Idempotent.
+pub fn ensure_fs() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        shedder::sysfs::ensure_bpffs().expect("mounting bpffs");
+    });
+}

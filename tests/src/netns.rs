@@ -1,0 +1,174 @@
+//! Network namespaces for tests: uniquely named, removed when the guard drops (also while
+//! unwinding from a panic). Code runs inside one on a scoped thread that `setns`-es into it,
+//! so sockets, links and attachments made there belong to that namespace only.
+
+use std::{
+    fs::File,
+    os::fd::AsRawFd,
+    process::Command,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// Run a command, panicking with its output if it fails.
+pub fn sh(args: &[&str]) -> String {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("spawning {args:?}: {e}"));
+    if !out.status.success() {
+        panic!(
+            "{args:?} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A network namespace that is deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    /// A new namespace named `shd-<tag>-<pid>-<n>` with loopback up.
+    pub fn new(tag: &str) -> Self {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("shd-{tag}-{}-{n}", std::process::id());
+        sh(&["ip", "netns", "add", &name]);
+        let ns = Self { name };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// `ip -n <ns> <args>`.
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut full = vec!["ip", "-n", &self.name];
+        full.extend_from_slice(args);
+        sh(&full)
+    }
+
+    /// Run a program inside the namespace (`ip netns exec`).
+    pub fn exec(&self, args: &[&str]) -> String {
+        let mut full = vec!["ip", "netns", "exec", &self.name];
+        full.extend_from_slice(args);
+        sh(&full)
+    }
+
+    /// Enter the namespace on the calling thread. Only for threads that belong to the test
+    /// (see [`Netns::run`]); the main test thread should never switch.
+    pub fn enter(&self) {
+        let path = format!("/var/run/netns/{}", self.name);
+        let f = File::open(&path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
+        // SAFETY: valid fd of a network namespace.
+        if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            panic!("setns({path}): {}", std::io::Error::last_os_error());
+        }
+    }
+
+    /// Run `f` on a thread inside the namespace and return its result (panics propagate).
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                self.enter();
+                f()
+            })
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    }
+
+    /// Spawn a long-running thread inside the namespace.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        let path = format!("/var/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            let file = File::open(&path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
+            // SAFETY: valid fd of a network namespace.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                panic!("setns({path}): {}", std::io::Error::last_os_error());
+            }
+            f()
+        })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting the namespace removes its interfaces and detaches their programs.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// Two namespaces joined by a veth pair: `client` (`198.18.0.1/16`, `2001:db8::1/64`, plus
+/// the class test sources) and `server` (`198.18.0.2/16`, `2001:db8::2/64`), each interface
+/// named `veth0` inside its namespace.
+pub struct Pair {
+    pub client: Netns,
+    pub server: Netns,
+}
+
+pub const IFACE: &str = "veth0";
+
+impl Pair {
+    pub fn new(tag: &str) -> Self {
+        let client = Netns::new(&format!("{tag}c"));
+        let server = Netns::new(&format!("{tag}s"));
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let (a, b) = (
+            format!("shc{}x{n}", std::process::id() % 100_000),
+            format!("shs{}x{n}", std::process::id() % 100_000),
+        );
+        sh(&[
+            "ip",
+            "link",
+            "add",
+            &a,
+            "netns",
+            &client.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &b,
+            "netns",
+            &server.name,
+        ]);
+        client.ip(&["link", "set", &a, "name", IFACE]);
+        server.ip(&["link", "set", &b, "name", IFACE]);
+        for addr in [
+            "198.18.0.1/16",
+            "198.18.10.1/16",
+            "198.18.20.1/16",
+            "198.18.99.1/16",
+        ] {
+            client.ip(&["addr", "add", addr, "dev", IFACE]);
+        }
+        for addr in [
+            "2001:db8::1/64",
+            "2001:db8:10::1/128",
+            "2001:db8:20::1/128",
+            "2001:db8:99::1/128",
+        ] {
+            client.ip(&["addr", "add", addr, "dev", IFACE, "nodad"]);
+        }
+        server.ip(&["addr", "add", "198.18.0.2/16", "dev", IFACE]);
+        server.ip(&["addr", "add", "2001:db8::2/64", "dev", IFACE, "nodad"]);
+        // The extra client IPv6 sources live outside 2001:db8::/64: route them via veth.
+        server.ip(&["-6", "route", "add", "2001:db8::/32", "dev", IFACE]);
+        client.ip(&["-6", "route", "add", "2001:db8::/32", "dev", IFACE]);
+        client.ip(&["link", "set", IFACE, "up"]);
+        server.ip(&["link", "set", IFACE, "up"]);
+        // A frame sent back with XDP_TX reaches the peer only if the peer's NAPI is enabled:
+        // GRO on the client side turns it on without an XDP program there.
+        client.exec(&["ethtool", "-K", IFACE, "gro", "on"]);
+        Self { client, server }
+    }
+}

@@ -1,0 +1,165 @@
+//! The standard policy the fixture table and the namespace tests install.
+//!
+//! | service | port | action | mode | notes |
+//! |---|---|---|---|---|
+//! | 0 | 8080 | drop | enforce | |
+//! | 1 | 8443 | rst | enforce | |
+//! | 2 | 9090 | drop | dry-run | |
+//! | 3 | 7000 | rst | enforce | only for destination 198.18.0.2 / 2001:db8::2 |
+//!
+//! Sources: 198.18.10.0/24 and 2001:db8:10::/48 are CRITICAL, 198.18.20.0/24 and
+//! 2001:db8:20::/48 HIGH, 198.18.99.0/24 and 2001:db8:99::/48 SHEDDABLE, 198.18.10.128/25
+//! SHEDDABLE (a longer prefix inside the critical /24); everything else takes the
+//! service default, MEDIUM.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use shedder::ebpf::{Shedder, monotonic_ns};
+use shedder_common::{
+    ACTION_DROP, ACTION_RST, CLASS_CRITICAL, CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE,
+    ClassPolicy, Globals, MODE_DRY_RUN, MODE_ENFORCE, ServicePolicy,
+};
+
+pub const SVC_DROP: u32 = 0;
+pub const SVC_RST: u32 = 1;
+pub const SVC_DRY: u32 = 2;
+pub const SVC_ADDR: u32 = 3;
+pub const PORT_DROP: u16 = 8080;
+pub const PORT_RST: u16 = 8443;
+pub const PORT_DRY: u16 = 9090;
+pub const PORT_ADDR: u16 = 7000;
+/// A port no service protects.
+pub const PORT_OPEN: u16 = 5000;
+
+pub const SERVER_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+pub const SERVER_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2);
+/// A source in no class prefix (service default: MEDIUM).
+pub const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+pub const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
+pub const CRITICAL_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 10, 1);
+pub const HIGH_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 20, 1);
+pub const SHEDDABLE_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 99, 1);
+/// Inside the critical /24 but matched by the longer sheddable /25.
+pub const NESTED_SHEDDABLE_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 10, 200);
+pub const CRITICAL_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 1);
+pub const HIGH_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x20, 0, 0, 0, 0, 1);
+pub const SHEDDABLE_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x99, 0, 0, 0, 0, 1);
+
+/// Ceiling of CRITICAL in the open policy.
+pub const CRITICAL_CEILING: u32 = 50;
+/// Limits of the open policy: nothing close to being reached.
+pub const OPEN_LIMIT: u32 = 1000;
+
+/// A policy that admits everything short of CRITICAL's ceiling.
+pub fn open_policy(action: u8, mode: u8) -> ServicePolicy {
+    let open = ClassPolicy {
+        limit: OPEN_LIMIT,
+        fallback_limit: OPEN_LIMIT,
+        floor: 0,
+        fallback_floor: 0,
+        ceiling: OPEN_LIMIT,
+        ..Default::default()
+    };
+    let mut classes = [open; 4];
+    classes[CLASS_CRITICAL as usize].ceiling = CRITICAL_CEILING;
+    ServicePolicy {
+        classes,
+        total_limit: OPEN_LIMIT,
+        fallback_total: OPEN_LIMIT,
+        action,
+        mode,
+        default_class: CLASS_MEDIUM as u8,
+        ..Default::default()
+    }
+}
+
+/// A policy whose every non-critical class has limit 0 (CRITICAL keeps its ceiling).
+pub fn closed_policy(action: u8, mode: u8) -> ServicePolicy {
+    let mut p = open_policy(action, mode);
+    for c in &mut p.classes[1..] {
+        c.limit = 0;
+        c.fallback_limit = 0;
+    }
+    p.total_limit = 0;
+    p.fallback_total = 0;
+    p
+}
+
+/// Install the standard services, class rules, open policies and a fresh heartbeat.
+pub fn install_standard(s: &mut Shedder) {
+    let services = [
+        (SVC_DROP, PORT_DROP, ACTION_DROP, MODE_ENFORCE),
+        (SVC_RST, PORT_RST, ACTION_RST, MODE_ENFORCE),
+        (SVC_DRY, PORT_DRY, ACTION_DROP, MODE_DRY_RUN),
+        (SVC_ADDR, PORT_ADDR, ACTION_RST, MODE_ENFORCE),
+    ];
+    for (id, port, action, mode) in services {
+        s.set_policy(id, &open_policy(action, mode))
+            .expect("policy");
+        if id == SVC_ADDR {
+            s.set_addr_service(IpAddr::V4(SERVER_V4), port, id)
+                .expect("addr service v4");
+            s.set_addr_service(IpAddr::V6(SERVER_V6), port, id)
+                .expect("addr service v6");
+        } else {
+            s.set_port(port, Some(id)).expect("port");
+        }
+    }
+    let rules: [(IpAddr, u32, u32); 7] = [
+        (
+            IpAddr::V4(Ipv4Addr::new(198, 18, 10, 0)),
+            24,
+            CLASS_CRITICAL,
+        ),
+        (
+            IpAddr::V4(Ipv4Addr::new(198, 18, 10, 128)),
+            25,
+            CLASS_SHEDDABLE,
+        ),
+        (IpAddr::V4(Ipv4Addr::new(198, 18, 20, 0)), 24, CLASS_HIGH),
+        (
+            IpAddr::V4(Ipv4Addr::new(198, 18, 99, 0)),
+            24,
+            CLASS_SHEDDABLE,
+        ),
+        (
+            IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0x10, 0, 0, 0, 0, 0)),
+            48,
+            CLASS_CRITICAL,
+        ),
+        (
+            IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0x20, 0, 0, 0, 0, 0)),
+            48,
+            CLASS_HIGH,
+        ),
+        (
+            IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0x99, 0, 0, 0, 0, 0)),
+            48,
+            CLASS_SHEDDABLE,
+        ),
+    ];
+    for (addr, len, class) in rules {
+        s.add_class_rule(addr, len, class).expect("class rule");
+    }
+    fresh_heartbeat(s);
+}
+
+/// Heartbeat now, timeout one hour: the adaptive limits are in force.
+pub fn fresh_heartbeat(s: &mut Shedder) {
+    s.set_globals(&Globals {
+        heartbeat_ns: monotonic_ns(),
+        heartbeat_timeout_ns: 3_600_000_000_000,
+        ..Default::default()
+    })
+    .expect("globals");
+}
+
+/// Heartbeat long past its one-second timeout: the fallback limits are in force.
+pub fn stale_heartbeat(s: &mut Shedder) {
+    s.set_globals(&Globals {
+        heartbeat_ns: 1,
+        heartbeat_timeout_ns: 1_000_000_000,
+        ..Default::default()
+    })
+    .expect("globals");
+}
