@@ -40,17 +40,12 @@ impl Decision {
     }
 }
 
-/// Decide one attempt of `class` (0..4) given every class's occupancy.
+/// Decide one attempt of `class` (0..4) given the class's occupancy (`mine`) and the
+/// service's (`total`).
 #[inline(always)]
-pub fn decide(
-    policy: &ServicePolicy,
-    class: u32,
-    occupancy: &[u32; NUM_CLASSES],
-    stale: bool,
-) -> Decision {
+pub fn decide(policy: &ServicePolicy, class: u32, mine: u32, total: u32, stale: bool) -> Decision {
     let class = (class as usize) & (NUM_CLASSES - 1);
     let cp = &policy.classes[class];
-    let mine = occupancy[class];
     if mine >= cp.ceiling {
         return Decision::shed(REASON_CEILING);
     }
@@ -68,10 +63,6 @@ pub fn decide(
     if mine >= share {
         return Decision::shed(REASON_CLASS_LIMIT);
     }
-    let total = occupancy[0]
-        .saturating_add(occupancy[1])
-        .saturating_add(occupancy[2])
-        .saturating_add(occupancy[3]);
     if total >= total_limit {
         return Decision::shed(REASON_SERVICE_LIMIT);
     }
@@ -94,6 +85,12 @@ mod tests {
         }
     }
 
+    /// Decide from every class's occupancy, as the packet path sees it.
+    fn decide_occ(p: &ServicePolicy, class: u32, occ: &[u32; 4], stale: bool) -> Decision {
+        let total = occ.iter().fold(0u32, |a, &b| a.saturating_add(b));
+        decide(p, class, occ[(class & 3) as usize], total, stale)
+    }
+
     fn policy() -> ServicePolicy {
         ServicePolicy {
             classes: [
@@ -112,15 +109,15 @@ mod tests {
     fn critical_is_never_shed_by_pressure_but_has_a_ceiling() {
         let p = policy();
         // Service far over its limit: critical still admitted.
-        let d = decide(&p, CLASS_CRITICAL, &[4, 90, 90, 90], false);
+        let d = decide_occ(&p, CLASS_CRITICAL, &[4, 90, 90, 90], false);
         assert_eq!(d, Decision::admit(REASON_CRITICAL));
         // At its ceiling: shed, also with a stale heartbeat.
         assert_eq!(
-            decide(&p, CLASS_CRITICAL, &[5, 0, 0, 0], false),
+            decide_occ(&p, CLASS_CRITICAL, &[5, 0, 0, 0], false),
             Decision::shed(REASON_CEILING)
         );
         assert_eq!(
-            decide(&p, CLASS_CRITICAL, &[5, 0, 0, 0], true),
+            decide_occ(&p, CLASS_CRITICAL, &[5, 0, 0, 0], true),
             Decision::shed(REASON_CEILING)
         );
     }
@@ -130,17 +127,17 @@ mod tests {
         let p = policy();
         // Total 140 > 100, but high holds 59 < floor 60.
         assert_eq!(
-            decide(&p, CLASS_HIGH, &[0, 59, 51, 30], false),
+            decide_occ(&p, CLASS_HIGH, &[0, 59, 51, 30], false),
             Decision::admit(REASON_FLOOR)
         );
         // At the floor the service limit applies again.
         assert_eq!(
-            decide(&p, CLASS_HIGH, &[0, 60, 40, 0], false),
+            decide_occ(&p, CLASS_HIGH, &[0, 60, 40, 0], false),
             Decision::shed(REASON_SERVICE_LIMIT)
         );
         // Medium's floor of 5 also holds against a full service.
         assert_eq!(
-            decide(&p, CLASS_MEDIUM, &[0, 100, 4, 0], false),
+            decide_occ(&p, CLASS_MEDIUM, &[0, 100, 4, 0], false),
             Decision::admit(REASON_FLOOR)
         );
     }
@@ -149,15 +146,15 @@ mod tests {
     fn class_share_and_service_limit() {
         let p = policy();
         assert_eq!(
-            decide(&p, CLASS_SHEDDABLE, &[0, 0, 0, 30], false),
+            decide_occ(&p, CLASS_SHEDDABLE, &[0, 0, 0, 30], false),
             Decision::shed(REASON_CLASS_LIMIT)
         );
         assert_eq!(
-            decide(&p, CLASS_SHEDDABLE, &[0, 0, 0, 29], false),
+            decide_occ(&p, CLASS_SHEDDABLE, &[0, 0, 0, 29], false),
             Decision::admit(REASON_UNDER_LIMIT)
         );
         assert_eq!(
-            decide(&p, CLASS_SHEDDABLE, &[0, 50, 21, 29], false),
+            decide_occ(&p, CLASS_SHEDDABLE, &[0, 50, 21, 29], false),
             Decision::shed(REASON_SERVICE_LIMIT)
         );
     }
@@ -172,12 +169,12 @@ mod tests {
         p.total_limit = 0;
         for class in [CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE] {
             assert_eq!(
-                decide(&p, class, &[0; 4], false),
+                decide_occ(&p, class, &[0; 4], false),
                 Decision::shed(REASON_CLASS_LIMIT)
             );
         }
         assert_eq!(
-            decide(&p, CLASS_CRITICAL, &[0; 4], false),
+            decide_occ(&p, CLASS_CRITICAL, &[0; 4], false),
             Decision::admit(REASON_CRITICAL)
         );
     }
@@ -188,21 +185,21 @@ mod tests {
         // Fresh: sheddable share 30, 20 in use → admitted. Stale: fallback share 15 → shed.
         let occ = [0, 0, 0, 20];
         assert_eq!(
-            decide(&p, CLASS_SHEDDABLE, &occ, false),
+            decide_occ(&p, CLASS_SHEDDABLE, &occ, false),
             Decision::admit(REASON_UNDER_LIMIT)
         );
         assert_eq!(
-            decide(&p, CLASS_SHEDDABLE, &occ, true),
+            decide_occ(&p, CLASS_SHEDDABLE, &occ, true),
             Decision::shed(REASON_CLASS_LIMIT)
         );
         // Fresh total 100 admits 60 occupants; stale total 50 does not.
         let occ = [0, 30, 30, 0];
         assert_eq!(
-            decide(&p, CLASS_MEDIUM, &occ, false),
+            decide_occ(&p, CLASS_MEDIUM, &occ, false),
             Decision::admit(REASON_UNDER_LIMIT)
         );
         assert_eq!(
-            decide(&p, CLASS_MEDIUM, &occ, true),
+            decide_occ(&p, CLASS_MEDIUM, &occ, true),
             Decision::shed(REASON_SERVICE_LIMIT)
         );
     }
@@ -210,7 +207,7 @@ mod tests {
     #[test]
     fn occupancy_sum_saturates() {
         let p = policy();
-        let d = decide(&p, CLASS_MEDIUM, &[u32::MAX, u32::MAX, 10, 0], false);
+        let d = decide_occ(&p, CLASS_MEDIUM, &[u32::MAX, u32::MAX, 10, 0], false);
         assert_eq!(d, Decision::shed(REASON_SERVICE_LIMIT));
     }
 
@@ -219,7 +216,7 @@ mod tests {
         let p = policy();
         // 4 masks to CRITICAL: no out-of-bounds access, deterministic answer.
         assert_eq!(
-            decide(&p, 4, &[0; 4], false),
+            decide_occ(&p, 4, &[0; 4], false),
             Decision::admit(REASON_CRITICAL)
         );
     }

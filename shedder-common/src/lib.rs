@@ -150,6 +150,10 @@ pub mod programs {
 }
 
 /// Node-wide settings and the daemon's heartbeat (single-entry array).
+///
+/// The packet path reads the coarse monotonic clock (`bpf_ktime_get_coarse_ns`, one jiffy of
+/// resolution, far cheaper than the fine clock); the daemon writes `CLOCK_MONOTONIC`. The two
+/// differ by less than a jiffy, which no timeout here is close to.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Globals {
@@ -157,14 +161,16 @@ pub struct Globals {
     pub heartbeat_ns: u64,
     /// A heartbeat older than this puts the fallback limits in force.
     pub heartbeat_timeout_ns: u64,
-    /// Width of one pending-attempt epoch (admitted, not yet established). Attempts are
-    /// counted for one to two epochs; 0 selects [`DEFAULT_PENDING_WINDOW_NS`].
-    pub pending_window_ns: u64,
+    /// Pending-attempt epochs are `2^shift` ns long (admitted, not yet established attempts
+    /// are counted for one to two epochs); 0 selects [`DEFAULT_PENDING_EPOCH_SHIFT`].
+    pub pending_epoch_shift: u32,
+    pub _pad: u32,
     /// Bumped by the daemon whenever it rewrites the policy; informational.
     pub generation: u64,
 }
 
-pub const DEFAULT_PENDING_WINDOW_NS: u64 = 1_000_000_000;
+/// 2^30 ns ≈ 1.07 s: longer than any handshake worth waiting for.
+pub const DEFAULT_PENDING_EPOCH_SHIFT: u32 = 30;
 
 /// Limits of one class of one service.
 #[repr(C)]
@@ -214,41 +220,59 @@ pub struct Inflight {
     pub class: [u32; NUM_CLASSES],
 }
 
-/// One epoch's count of admitted-but-not-yet-established attempts.
+/// One epoch's count of admitted-but-not-yet-established attempts of one service.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PendingSlot {
     pub epoch: u64,
-    pub count: u64,
+    pub class: [u32; NUM_CLASSES],
 }
 
-/// Admitted attempts of one service, two epoch slots per class: `slots[class * 2 + (epoch & 1)]`.
-/// An attempt is counted from its admission until the establishment path retires it, or for
-/// at most two epochs (so an attempt that never completes cannot hold capacity forever).
+/// Admitted attempts of one service in two epoch slots, `slots[epoch & 1]`. An attempt is
+/// counted from its admission until the establishment path retires it, or for at most two
+/// epochs (so an attempt that never completes cannot hold capacity forever).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Pending {
-    pub slots: [PendingSlot; NUM_CLASSES * 2],
+    pub slots: [PendingSlot; 2],
+}
+
+/// Sum of per-class counts, saturating.
+#[inline(always)]
+pub fn sum(class: &[u32; NUM_CLASSES]) -> u32 {
+    let total = class[0] as u64 + class[1] as u64 + class[2] as u64 + class[3] as u64;
+    if total > u32::MAX as u64 {
+        u32::MAX
+    } else {
+        total as u32
+    }
+}
+
+impl Inflight {
+    /// Established connections of the whole service.
+    #[inline(always)]
+    pub fn total(&self) -> u32 {
+        sum(&self.class)
+    }
 }
 
 impl Pending {
-    /// Attempts of `class` still pending at `epoch` (this epoch's and the previous one's).
+    /// Attempts of `class`, and of the whole service, still pending at `epoch` (this epoch's
+    /// and the previous one's).
     #[inline(always)]
-    pub fn count(&self, class: usize, epoch: u64) -> u32 {
-        let mut total: u64 = 0;
+    pub fn count(&self, class: usize, epoch: u64) -> (u32, u32) {
+        let class = class & (NUM_CLASSES - 1);
+        let (mut mine, mut total) = (0u32, 0u32);
         let mut i = 0;
         while i < 2 {
-            let slot = &self.slots[(class * 2 + i) & (NUM_CLASSES * 2 - 1)];
+            let slot = &self.slots[i];
             if slot.epoch == epoch || slot.epoch.wrapping_add(1) == epoch {
-                total = total.saturating_add(slot.count);
+                mine = mine.saturating_add(slot.class[class]);
+                total = total.saturating_add(sum(&slot.class));
             }
             i += 1;
         }
-        if total > u32::MAX as u64 {
-            u32::MAX
-        } else {
-            total as u32
-        }
+        (mine, total)
     }
 }
 
@@ -284,8 +308,8 @@ const _: () = {
     assert!(core::mem::size_of::<ClassPolicy>() == 40);
     assert!(core::mem::size_of::<ServicePolicy>() == 176);
     assert!(core::mem::size_of::<Inflight>() == 16);
-    assert!(core::mem::size_of::<PendingSlot>() == 16);
-    assert!(core::mem::size_of::<Pending>() == 128);
+    assert!(core::mem::size_of::<PendingSlot>() == 24);
+    assert!(core::mem::size_of::<Pending>() == 48);
     assert!(core::mem::size_of::<Bucket>() == 8);
     assert!(core::mem::size_of::<ServiceAddrKey>() == 20);
     assert!(core::mem::size_of::<ClassRule>() == 4);

@@ -6,12 +6,12 @@
 
 use core::arch::asm;
 
-/// `*ptr += value`, atomically.
+/// `*ptr += value`, atomically (32-bit).
 #[inline(always)]
-pub unsafe fn add(ptr: *mut u64, value: u64) {
+pub unsafe fn add32(ptr: *mut u32, value: u32) {
     unsafe {
         asm!(
-            "lock *(u64 *)({p} + 0) += {v}",
+            "lock *(u32 *)({p} + 0) += {v}",
             p = in(reg) ptr,
             v = in(reg) value,
             options(nostack),

@@ -1,5 +1,11 @@
-//! Header parsing for the shed path. Every access goes through [`ptr_at`]; anything not fully
-//! parsed returns `None`, which the callers turn into PASS.
+//! Header parsing for the shed path. Every header is bounds-checked with [`ptr_at`] before
+//! its fields are read; anything not fully parsed returns `None`, which the callers turn
+//! into PASS.
+//!
+//! Fields are read with word loads at their natural offsets. Packet data need not be
+//! aligned for BPF loads on the architectures where the verifier allows unaligned packet
+//! access (x86-64, arm64); where it does not, the verifier rejects the program at load time
+//! with a clear error rather than misbehaving.
 
 use core::mem;
 
@@ -29,11 +35,14 @@ pub struct Syn {
     pub l3_off: usize,
     /// 1 for IPv6, 0 for IPv4.
     pub v6: u32,
-    /// Source and destination address; IPv4 uses the first four bytes.
-    pub src: [u8; 16],
-    pub dst: [u8; 16],
+    /// Addresses as the words lie in the packet (network byte order in memory);
+    /// IPv4 uses word 0.
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    /// Ports, host byte order.
     pub sport: u16,
     pub dport: u16,
+    /// Sequence number, host byte order.
     pub seq: u32,
     /// Bytes of data carried by the SYN (TCP Fast Open).
     pub payload_len: u32,
@@ -49,9 +58,10 @@ pub fn ptr_at<T>(data: usize, data_end: usize, off: usize) -> Option<*const T> {
     Some(start as *const T)
 }
 
+/// Read a `T` at `off` bytes past `base`, which a preceding [`ptr_at`] has bounds-checked.
 #[inline(always)]
-fn be16(b: [u8; 2]) -> u16 {
-    u16::from_be_bytes(b)
+pub unsafe fn load<T: Copy>(base: *const u8, off: usize) -> T {
+    unsafe { core::ptr::read(base.add(off).cast::<T>()) }
 }
 
 /// Parse a frame. `Some` only for a TCP segment with `flags & (SYN|ACK|RST|FIN) == SYN`
@@ -59,7 +69,7 @@ fn be16(b: [u8; 2]) -> u16 {
 #[inline(always)]
 pub fn parse_syn(data: usize, data_end: usize) -> Option<Syn> {
     let eth = ptr_at::<[u8; ETH_HLEN]>(data, data_end, 0)?;
-    let mut proto = unsafe { be16([(*eth)[12], (*eth)[13]]) };
+    let mut proto = u16::from_be(unsafe { load::<u16>(eth.cast(), 12) });
     let mut l3_off = ETH_HLEN;
     // Up to two VLAN tags (802.1Q or 802.1ad); a third passes unparsed.
     let mut tags = 0;
@@ -68,7 +78,7 @@ pub fn parse_syn(data: usize, data_end: usize) -> Option<Syn> {
             break;
         }
         let tag = ptr_at::<[u8; 4]>(data, data_end, l3_off)?;
-        proto = unsafe { be16([(*tag)[2], (*tag)[3]]) };
+        proto = u16::from_be(unsafe { load::<u16>(tag.cast(), 2) });
         l3_off += 4;
         tags += 1;
     }
@@ -81,59 +91,69 @@ pub fn parse_syn(data: usize, data_end: usize) -> Option<Syn> {
     }
 }
 
-/// TCP flags byte of a fixed header, or `None` if this is not a new connection attempt.
+/// `Some` if the fixed TCP header at `tcp` is a new connection attempt.
 #[inline(always)]
 fn syn_flags(tcp: *const [u8; 20]) -> Option<()> {
-    let flags = unsafe { (*tcp)[13] };
+    let flags: u8 = unsafe { load(tcp.cast(), 13) };
     if flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) != TCP_SYN {
         return None;
     }
     Some(())
 }
 
+/// Ports, sequence number and data offset (bytes) of a fixed TCP header.
+#[inline(always)]
+fn tcp_fields(tcp: *const [u8; 20]) -> (u16, u16, u32, usize) {
+    let p = tcp.cast::<u8>();
+    unsafe {
+        (
+            u16::from_be(load(p, 0)),
+            u16::from_be(load(p, 2)),
+            u32::from_be(load(p, 4)),
+            ((load::<u8>(p, 12) >> 4) as usize) * 4,
+        )
+    }
+}
+
 #[inline(always)]
 fn parse_v4(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
     let ip = ptr_at::<[u8; 20]>(data, data_end, l3_off)?;
-    let ip = unsafe { *ip };
-    if ip[0] >> 4 != 4 {
+    let ipb = ip.cast::<u8>();
+    let vihl: u8 = unsafe { load(ipb, 0) };
+    if vihl >> 4 != 4 {
         return None;
     }
-    let ihl = ((ip[0] & 0x0f) as usize) * 4;
+    let ihl = ((vihl & 0x0f) as usize) * 4;
     if ihl < 20 {
         return None;
     }
     // Any fragment passes: MF set or a non-zero offset.
-    if be16([ip[6], ip[7]]) & 0x3fff != 0 {
+    if u16::from_be(unsafe { load(ipb, 6) }) & 0x3fff != 0 {
         return None;
     }
-    if ip[9] != IPPROTO_TCP {
+    if unsafe { load::<u8>(ipb, 9) } != IPPROTO_TCP {
         return None;
     }
     let l4_off = l3_off + ihl;
     let tcp = ptr_at::<[u8; 20]>(data, data_end, l4_off)?;
     syn_flags(tcp)?;
-    let tcp = unsafe { *tcp };
-    let doff = ((tcp[12] >> 4) as usize) * 4;
+    let (sport, dport, seq, doff) = tcp_fields(tcp);
     if doff < 20 {
         return None;
     }
-    let total_len = be16([ip[2], ip[3]]) as usize;
+    let total_len = u16::from_be(unsafe { load(ipb, 2) }) as usize;
     // The datagram must hold both headers and fit in the frame.
     if total_len < ihl + doff || l3_off + total_len > data_end - data {
         return None;
     }
-    let mut src = [0u8; 16];
-    let mut dst = [0u8; 16];
-    src[..4].copy_from_slice(&ip[12..16]);
-    dst[..4].copy_from_slice(&ip[16..20]);
     Some(Syn {
         l3_off,
         v6: 0,
-        src,
-        dst,
-        sport: be16([tcp[0], tcp[1]]),
-        dport: be16([tcp[2], tcp[3]]),
-        seq: u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]),
+        src: [unsafe { load(ipb, 12) }, 0, 0, 0],
+        dst: [unsafe { load(ipb, 16) }, 0, 0, 0],
+        sport,
+        dport,
+        seq,
         payload_len: (total_len - ihl - doff) as u32,
     })
 }
@@ -141,15 +161,15 @@ fn parse_v4(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
 #[inline(always)]
 fn parse_v6(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
     let ip = ptr_at::<[u8; 40]>(data, data_end, l3_off)?;
-    let ip = unsafe { &*ip };
-    if ip[0] >> 4 != 6 {
+    let ipb = ip.cast::<u8>();
+    if unsafe { load::<u8>(ipb, 0) } >> 4 != 6 {
         return None;
     }
-    let end_off = l3_off + 40 + be16([ip[4], ip[5]]) as usize;
+    let end_off = l3_off + 40 + u16::from_be(unsafe { load(ipb, 4) }) as usize;
     if end_off > data_end - data {
         return None;
     }
-    let mut next = ip[6];
+    let mut next: u8 = unsafe { load(ipb, 6) };
     let mut l4_off = l3_off + 40;
     // Bounded walk of the extension-header chain; a longer chain passes.
     let mut i = 0;
@@ -158,7 +178,12 @@ fn parse_v6(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
             break;
         }
         let ext = ptr_at::<[u8; 2]>(data, data_end, l4_off)?;
-        let (nh, len) = unsafe { ((*ext)[0], (*ext)[1] as usize) };
+        let (nh, len) = unsafe {
+            (
+                load::<u8>(ext.cast(), 0),
+                load::<u8>(ext.cast(), 1) as usize,
+            )
+        };
         l4_off += match next {
             IPV6_HOPOPTS | IPV6_ROUTING | IPV6_DSTOPTS | IPV6_MOBILITY | IPV6_HIP | IPV6_SHIM6 => {
                 (len + 1) * 8
@@ -177,23 +202,19 @@ fn parse_v6(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
     }
     let tcp = ptr_at::<[u8; 20]>(data, data_end, l4_off)?;
     syn_flags(tcp)?;
-    let tcp = unsafe { *tcp };
-    let doff = ((tcp[12] >> 4) as usize) * 4;
+    let (sport, dport, seq, doff) = tcp_fields(tcp);
     if doff < 20 || l4_off + doff > end_off {
         return None;
     }
-    let mut src = [0u8; 16];
-    let mut dst = [0u8; 16];
-    src.copy_from_slice(&ip[8..24]);
-    dst.copy_from_slice(&ip[24..40]);
+    let word = |off| unsafe { load::<u32>(ipb, off) };
     Some(Syn {
         l3_off,
         v6: 1,
-        src,
-        dst,
-        sport: be16([tcp[0], tcp[1]]),
-        dport: be16([tcp[2], tcp[3]]),
-        seq: u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]),
+        src: [word(8), word(12), word(16), word(20)],
+        dst: [word(24), word(28), word(32), word(36)],
+        sport,
+        dport,
+        seq,
         payload_len: (end_off - l4_off - doff) as u32,
     })
 }

@@ -2,12 +2,12 @@
 //! [`run`] through the [`Frame`] abstraction.
 
 use aya_ebpf::{
-    helpers::generated::bpf_ktime_get_ns,
+    helpers::generated::bpf_jiffies64,
     macros::map,
     maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
 };
 use shedder_common::{
-    ACTION_RST, Bucket, COUNTER_ENTRIES, ClassRule, DEFAULT_PENDING_WINDOW_NS, Globals, Inflight,
+    ACTION_RST, Bucket, COUNTER_ENTRIES, ClassRule, DEFAULT_PENDING_EPOCH_SHIFT, Globals, Inflight,
     MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS,
     PORT_HAS_ADDR_SERVICES, PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, STAT_FALLBACK,
     STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_RST_ERROR, ServiceAddrKey, ServicePolicy,
@@ -23,7 +23,7 @@ use shedder_common::{
 
 use crate::{
     atomic,
-    parse::{Syn, parse_syn, ptr_at},
+    parse::{Syn, load, parse_syn, ptr_at},
 };
 
 #[map]
@@ -92,31 +92,29 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         return Outcome::Pass;
     };
     let class = classify(&syn, policy);
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = unsafe { bpf_jiffies64() };
     let stale = globals.heartbeat_ns == 0
         || now.saturating_sub(globals.heartbeat_ns) > globals.heartbeat_timeout_ns;
     if stale {
         bump(&SHEDDER_STATS, STAT_FALLBACK);
     }
 
-    let window = if globals.pending_window_ns == 0 {
-        DEFAULT_PENDING_WINDOW_NS
+    let shift = if globals.pending_epoch_shift == 0 || globals.pending_epoch_shift > 63 {
+        DEFAULT_PENDING_EPOCH_SHIFT
     } else {
-        globals.pending_window_ns
+        globals.pending_epoch_shift
     };
-    let epoch = now / window;
+    let epoch = now >> shift;
     let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) else {
         return Outcome::Pass;
     };
-    let mut occupancy = match SHEDDER_INFLIGHT.get(service) {
-        Some(inflight) => inflight.class,
-        None => [0; NUM_CLASSES],
-    };
-    for (c, occ) in occupancy.iter_mut().enumerate() {
-        *occ = occ.saturating_add(unsafe { (*pending).count(c, epoch) });
+    let (mut mine, mut total) = unsafe { (*pending).count(class as usize, epoch) };
+    if let Some(inflight) = SHEDDER_INFLIGHT.get(service) {
+        mine = mine.saturating_add(inflight.class[(class as usize) & (NUM_CLASSES - 1)]);
+        total = total.saturating_add(inflight.total());
     }
 
-    let mut decision = decide(policy, class, &occupancy, stale);
+    let mut decision = decide(policy, class, mine, total, stale);
     if decision.admit == 1 && !take_token(service, class, policy, now) {
         decision.admit = 0;
         decision.reason = shedder_common::REASON_RATE;
@@ -167,7 +165,7 @@ fn lookup_service(syn: &Syn) -> Option<u32> {
     let mut id_plus_one = entry & PORT_SERVICE_MASK;
     if entry & PORT_HAS_ADDR_SERVICES != 0 {
         let key = ServiceAddrKey {
-            addr: syn.dst,
+            addr: as_bytes(syn.dst),
             port: syn.dport,
             family: if syn.v6 == 1 { 6 } else { 4 },
             _pad: 0,
@@ -186,12 +184,9 @@ fn lookup_service(syn: &Syn) -> Option<u32> {
 #[inline(always)]
 fn classify(syn: &Syn, policy: &ServicePolicy) -> u32 {
     let rule = if syn.v6 == 1 {
-        SHEDDER_CLASS_V6.get(Key::new(128, syn.src))
+        SHEDDER_CLASS_V6.get(Key::new(128, as_bytes(syn.src)))
     } else {
-        SHEDDER_CLASS_V4.get(Key::new(
-            32,
-            [syn.src[0], syn.src[1], syn.src[2], syn.src[3]],
-        ))
+        SHEDDER_CLASS_V4.get(Key::new(32, syn.src[0].to_ne_bytes()))
     };
     let class = match rule {
         Some(rule) => rule.class,
@@ -229,23 +224,35 @@ fn take_token(service: u32, class: u32, policy: &ServicePolicy, now: u64) -> boo
     true
 }
 
-/// Count an admitted attempt in the current epoch's slot of its class.
+/// Count an admitted attempt in the current epoch's slot.
 #[inline(always)]
 fn count_pending(pending: *mut Pending, class: u32, epoch: u64) {
-    let index = ((class as usize) * 2 + (epoch & 1) as usize) & (NUM_CLASSES * 2 - 1);
     unsafe {
-        let slot = &raw mut (*pending).slots[index];
+        let slot = &raw mut (*pending).slots[(epoch & 1) as usize];
         if (*slot).epoch != epoch {
             // A new epoch reuses the slot two epochs old. Racing CPUs may both reset it;
             // at worst an attempt admitted in the same instant is forgotten one epoch early.
+            (*slot).class = [0; NUM_CLASSES];
             (*slot).epoch = epoch;
-            (*slot).count = 0;
         }
-        atomic::add(&raw mut (*slot).count, 1);
+        atomic::add32(
+            &raw mut (*slot).class[(class as usize) & (NUM_CLASSES - 1)],
+            1,
+        );
     }
 }
 
-const ETH_ALEN: usize = 6;
+/// Address words as the bytes they hold in the packet.
+#[inline(always)]
+fn as_bytes(words: [u32; 4]) -> [u8; 16] {
+    // SAFETY: [u32; 4] and [u8; 16] have the same size and every bit pattern is valid.
+    unsafe { core::mem::transmute(words) }
+}
+
+#[inline(always)]
+unsafe fn store<T>(base: *const u8, off: usize, value: T) {
+    unsafe { core::ptr::write(base.add(off).cast_mut().cast::<T>(), value) }
+}
 
 /// Rewrite the SYN in place into the RST|ACK answering it: MACs and addresses swapped,
 /// IP and TCP headers without options, checksums computed from scratch.
@@ -260,7 +267,7 @@ fn write_rst<F: Frame>(frame: &F, syn: &Syn) -> bool {
     }
     let data = frame.data();
     let data_end = frame.data_end();
-    let Some(macs) = ptr_at::<[u8; 2 * ETH_ALEN]>(data, data_end, 0) else {
+    let Some(eth) = ptr_at::<[u8; 12]>(data, data_end, 0) else {
         return false;
     };
     let Some(tcp) = ptr_at::<[u8; 20]>(data, data_end, syn.l3_off + ip_len) else {
@@ -271,65 +278,51 @@ fn write_rst<F: Frame>(frame: &F, syn: &Syn) -> bool {
         let Some(ip) = ptr_at::<[u8; 40]>(data, data_end, syn.l3_off) else {
             return false;
         };
-        let mut h = [0u8; 40];
-        h[0] = 0x60;
-        h[5] = 20;
-        h[6] = 6;
-        h[7] = RST_TTL;
-        h[8..24].copy_from_slice(&syn.dst);
-        h[24..40].copy_from_slice(&syn.src);
-        unsafe { *(ip as *mut [u8; 40]) = h };
-        pseudo_v6(&syn.dst, &syn.src)
+        let ip = ip.cast::<u8>();
+        unsafe {
+            store(ip, 0, u32::from_ne_bytes([0x60, 0, 0, 0]));
+            store(ip, 4, u32::from_ne_bytes([0, 20, 6, RST_TTL]));
+            let mut i = 0;
+            while i < 4 {
+                store(ip, 8 + 4 * i, syn.dst[i]);
+                store(ip, 24 + 4 * i, syn.src[i]);
+                i += 1;
+            }
+        }
+        pseudo_v6(&as_bytes(syn.dst), &as_bytes(syn.src))
     } else {
         let Some(ip) = ptr_at::<[u8; 20]>(data, data_end, syn.l3_off) else {
             return false;
         };
-        let src = u32::from_be_bytes([syn.dst[0], syn.dst[1], syn.dst[2], syn.dst[3]]);
-        let dst = u32::from_be_bytes([syn.src[0], syn.src[1], syn.src[2], syn.src[3]]);
-        let csum = ipv4_rst_header_checksum(src, dst).to_be_bytes();
-        let s = src.to_be_bytes();
-        let d = dst.to_be_bytes();
-        let h = [
-            0x45, 0, 0, 40, 0, 0, 0x40, 0, RST_TTL, 6, csum[0], csum[1], s[0], s[1], s[2], s[3],
-            d[0], d[1], d[2], d[3],
-        ];
-        unsafe { *(ip as *mut [u8; 20]) = h };
+        let ip = ip.cast::<u8>();
+        let (src, dst) = (u32::from_be(syn.dst[0]), u32::from_be(syn.src[0]));
+        let [c0, c1] = ipv4_rst_header_checksum(src, dst).to_be_bytes();
+        unsafe {
+            store(ip, 0, u32::from_ne_bytes([0x45, 0, 0, 40]));
+            store(ip, 4, u32::from_ne_bytes([0, 0, 0x40, 0]));
+            store(ip, 8, u32::from_ne_bytes([RST_TTL, 6, c0, c1]));
+            store(ip, 12, syn.dst[0]);
+            store(ip, 16, syn.src[0]);
+        }
         pseudo_v4(src, dst)
     };
+    let [c0, c1] = tcp_rst_checksum(pseudo, syn.dport, syn.sport, 0, ack).to_be_bytes();
+    let eth = eth.cast::<u8>();
+    let tcp = tcp.cast::<u8>();
     unsafe {
-        let macs = macs as *mut [u8; 2 * ETH_ALEN];
-        let m = *macs;
-        *macs = [
-            m[6], m[7], m[8], m[9], m[10], m[11], m[0], m[1], m[2], m[3], m[4], m[5],
-        ];
+        // Swap the MAC addresses.
+        let (d0, d1): (u32, u16) = (load(eth, 0), load(eth, 4));
+        let (s0, s1): (u16, u32) = (load(eth, 6), load(eth, 8));
+        store(eth, 0, s0);
+        store(eth, 2, s1);
+        store(eth, 6, d0);
+        store(eth, 10, d1);
+        store(tcp, 0, syn.dport.to_be());
+        store(tcp, 2, syn.sport.to_be());
+        store(tcp, 4, 0u32);
+        store(tcp, 8, ack.to_be());
+        store(tcp, 12, u32::from_ne_bytes([0x50, TCP_RST | TCP_ACK, 0, 0]));
+        store(tcp, 16, u32::from_ne_bytes([c0, c1, 0, 0]));
     }
-    let csum = tcp_rst_checksum(pseudo, syn.dport, syn.sport, 0, ack).to_be_bytes();
-    let sp = syn.dport.to_be_bytes();
-    let dp = syn.sport.to_be_bytes();
-    let a = ack.to_be_bytes();
-    unsafe {
-        *(tcp as *mut [u8; 20]) = [
-            sp[0],
-            sp[1],
-            dp[0],
-            dp[1],
-            0,
-            0,
-            0,
-            0,
-            a[0],
-            a[1],
-            a[2],
-            a[3],
-            0x50,
-            TCP_RST | TCP_ACK,
-            0,
-            0,
-            csum[0],
-            csum[1],
-            0,
-            0,
-        ]
-    };
     true
 }

@@ -23,6 +23,11 @@ use shedder_common::{
 /// The eBPF object built by build.rs.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shedder"));
 
+/// An XDP program that returns XDP_PASS and nothing else (program `baseline_xdp`): the
+/// baseline `cargo xtask bench xdp` measures the shed path against. Never attached.
+pub static BASELINE_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shedder-baseline"));
+
 /// Default root of everything shedder pins.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/shedder";
 
