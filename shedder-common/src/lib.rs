@@ -147,30 +147,44 @@ pub mod maps {
 pub mod programs {
     pub const XDP: &str = "shedder_xdp";
     pub const TC: &str = "shedder_tc";
+    /// Stamps jiffies into the globals; run by the daemon with BPF_PROG_TEST_RUN, never
+    /// attached.
+    pub const CLOCK: &str = "shedder_clock";
 }
 
 /// Node-wide settings and the daemon's heartbeat (single-entry array).
 ///
-/// The packet path reads the coarse monotonic clock (`bpf_ktime_get_coarse_ns`, one jiffy of
-/// resolution, far cheaper than the fine clock); the daemon writes `CLOCK_MONOTONIC`. The two
-/// differ by less than a jiffy, which no timeout here is close to.
+/// Time on the packet path is `jiffies` (`bpf_jiffies64`, which the verifier inlines into a
+/// single load; every helper call costs tens of nanoseconds on machines with return-thunk
+/// mitigations). Userspace cannot read jiffies directly, so the heartbeat is stamped by the
+/// kernel: the daemon runs the `shedder_clock` program (BPF_PROG_TEST_RUN) each tick, which
+/// writes the current jiffies into `heartbeat_jiffies` (and always into `clock_jiffies`,
+/// which the daemon also uses to calibrate HZ for converting milliseconds).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Globals {
-    /// `CLOCK_MONOTONIC` nanoseconds of the daemon's last tick (0 = never).
-    pub heartbeat_ns: u64,
-    /// A heartbeat older than this puts the fallback limits in force.
-    pub heartbeat_timeout_ns: u64,
-    /// Pending-attempt epochs are `2^shift` ns long (admitted, not yet established attempts
-    /// are counted for one to two epochs); 0 selects [`DEFAULT_PENDING_EPOCH_SHIFT`].
+    /// Jiffies of the daemon's last tick (0 = never: the fallback limits are in force).
+    pub heartbeat_jiffies: u64,
+    /// A heartbeat older than this many jiffies puts the fallback limits in force.
+    pub heartbeat_timeout_jiffies: u64,
+    /// Jiffies at the last run of the clock program.
+    pub clock_jiffies: u64,
+    /// Pending-attempt epochs are `2^shift` jiffies long (admitted, not yet established
+    /// attempts are counted for one to two epochs); 0 selects
+    /// [`DEFAULT_PENDING_EPOCH_SHIFT`].
     pub pending_epoch_shift: u32,
-    pub _pad: u32,
+    /// The kernel's HZ as calibrated by the daemon (informational).
+    pub hz: u32,
     /// Bumped by the daemon whenever it rewrites the policy; informational.
     pub generation: u64,
 }
 
-/// 2^30 ns ≈ 1.07 s: longer than any handshake worth waiting for.
-pub const DEFAULT_PENDING_EPOCH_SHIFT: u32 = 30;
+/// 2^8 jiffies: 1.024 s at HZ=250, 0.256 s at HZ=1000, 2.56 s at HZ=100. The daemon picks
+/// the shift for about one second from the calibrated HZ.
+pub const DEFAULT_PENDING_EPOCH_SHIFT: u32 = 8;
+
+/// First byte of the clock program's input: also stamp the heartbeat.
+pub const CLOCK_STAMP_HEARTBEAT: u8 = 1;
 
 /// Limits of one class of one service.
 #[repr(C)]
@@ -304,7 +318,7 @@ pub struct ClassRule {
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<Globals>() == 32);
+    assert!(core::mem::size_of::<Globals>() == 40);
     assert!(core::mem::size_of::<ClassPolicy>() == 40);
     assert!(core::mem::size_of::<ServicePolicy>() == 176);
     assert!(core::mem::size_of::<Inflight>() == 16);

@@ -17,11 +17,13 @@ mod shed;
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
     helpers::generated::{
-        bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_xdp_adjust_tail,
+        bpf_jiffies64, bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_xdp_adjust_tail,
     },
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
+
+use shedder_common::CLOCK_STAMP_HEARTBEAT;
 
 use crate::shed::{Frame, Outcome};
 
@@ -93,6 +95,27 @@ pub fn shedder_tc(ctx: TcContext) -> i32 {
             bpf_redirect(ifindex, 0) as i32
         },
     }
+}
+
+/// Not attached anywhere: the daemon runs it with BPF_PROG_TEST_RUN to read the kernel's
+/// jiffies and, when the input's first byte is [`CLOCK_STAMP_HEARTBEAT`], to stamp the
+/// heartbeat in the packet path's clock.
+#[xdp]
+pub fn shedder_clock(ctx: XdpContext) -> u32 {
+    let now = unsafe { bpf_jiffies64() };
+    let stamp = match parse::ptr_at::<[u8; 14]>(ctx.data(), ctx.data_end(), 0) {
+        Some(p) => (unsafe { (*p)[0] }) == CLOCK_STAMP_HEARTBEAT,
+        None => false,
+    };
+    if let Some(g) = shed::SHEDDER_GLOBALS.get_ptr_mut(0) {
+        unsafe {
+            (*g).clock_jiffies = now;
+            if stamp {
+                (*g).heartbeat_jiffies = now;
+            }
+        }
+    }
+    xdp_action::XDP_PASS
 }
 
 #[cfg(not(test))]

@@ -27,7 +27,7 @@ use crate::{
 };
 
 #[map]
-static SHEDDER_GLOBALS: Array<Globals> = Array::with_max_entries(1, 0);
+pub static SHEDDER_GLOBALS: Array<Globals> = Array::with_max_entries(1, 0);
 #[map]
 static SHEDDER_PORTS: Array<u32> = Array::with_max_entries(PORT_MAP_ENTRIES, 0);
 #[map]
@@ -93,8 +93,8 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
     };
     let class = classify(&syn, policy);
     let now = unsafe { bpf_jiffies64() };
-    let stale = globals.heartbeat_ns == 0
-        || now.saturating_sub(globals.heartbeat_ns) > globals.heartbeat_timeout_ns;
+    let stale = globals.heartbeat_jiffies == 0
+        || now.saturating_sub(globals.heartbeat_jiffies) > globals.heartbeat_timeout_jiffies;
     if stale {
         bump(&SHEDDER_STATS, STAT_FALLBACK);
     }

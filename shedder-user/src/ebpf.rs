@@ -9,15 +9,15 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key},
     programs::{
-        ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode,
+        ProgramError, SchedClassifier, TcAttachType, TestRun, TestRunOptions, Xdp, XdpMode,
         links::{FdLink, PinnedLink},
         tc,
     },
 };
 use shedder_common::{
-    ClassRule, Globals, Inflight, NUM_CLASSES, NUM_REASONS, NUM_STATS, NUM_VERDICTS,
-    PORT_HAS_ADDR_SERVICES, PORT_SERVICE_MASK, ServiceAddrKey, ServicePolicy, counter_index, maps,
-    programs,
+    CLOCK_STAMP_HEARTBEAT, ClassRule, Globals, Inflight, NUM_CLASSES, NUM_REASONS, NUM_STATS,
+    NUM_VERDICTS, PORT_HAS_ADDR_SERVICES, PORT_SERVICE_MASK, ServiceAddrKey, ServicePolicy,
+    counter_index, maps, programs,
 };
 
 /// The eBPF object built by build.rs.
@@ -148,7 +148,7 @@ impl Shedder {
             }
         }
         let mut ebpf = loader.load(OBJECT)?;
-        for name in [programs::XDP, programs::TC] {
+        for name in [programs::XDP, programs::TC, programs::CLOCK] {
             let program = ebpf.program_mut(name).ok_or(Error::MissingProgram(name))?;
             let result = match program {
                 aya::programs::Program::Xdp(p) => p.load(),
@@ -178,14 +178,56 @@ impl Shedder {
     }
 
     pub fn xdp(&mut self) -> Result<&mut Xdp> {
+        self.xdp_program(programs::XDP)
+    }
+
+    fn xdp_program(&mut self, name: &'static str) -> Result<&mut Xdp> {
         self.ebpf
-            .program_mut(programs::XDP)
-            .ok_or(Error::MissingProgram(programs::XDP))?
+            .program_mut(name)
+            .ok_or(Error::MissingProgram(name))?
             .try_into()
             .map_err(|source| Error::Program {
-                program: programs::XDP,
+                program: name,
                 source,
             })
+    }
+
+    /// The kernel's jiffies, read by running the clock program; with `stamp_heartbeat` the
+    /// program also records them as the daemon's heartbeat.
+    pub fn clock(&mut self, stamp_heartbeat: bool) -> Result<u64> {
+        let mut frame = [0u8; 64];
+        if stamp_heartbeat {
+            frame[0] = CLOCK_STAMP_HEARTBEAT;
+        }
+        let prog = self.xdp_program(programs::CLOCK)?;
+        prog.test_run(TestRunOptions {
+            data_in: Some(&frame),
+            ..Default::default()
+        })
+        .map_err(|source| Error::Program {
+            program: programs::CLOCK,
+            source,
+        })?;
+        Ok(self.globals()?.clock_jiffies)
+    }
+
+    /// Stamp the heartbeat: the packet path's adaptive limits stay in force for the
+    /// configured timeout from now.
+    pub fn heartbeat(&mut self) -> Result<u64> {
+        self.clock(true)
+    }
+
+    /// Measure the kernel's HZ over `window` (at least 50 ms), snapped to the usual
+    /// CONFIG_HZ values when within 5% of one.
+    pub fn calibrate_hz(&mut self, window: std::time::Duration) -> Result<u32> {
+        let window = window.max(std::time::Duration::from_millis(50));
+        let j0 = self.clock(false)?;
+        let t0 = std::time::Instant::now();
+        std::thread::sleep(window);
+        let j1 = self.clock(false)?;
+        let secs = t0.elapsed().as_secs_f64();
+        let measured = (j1.saturating_sub(j0)) as f64 / secs;
+        Ok(snap_hz(measured))
     }
 
     pub fn tc(&mut self) -> Result<&mut SchedClassifier> {
@@ -425,6 +467,38 @@ impl Shedder {
     }
 }
 
+/// The usual CONFIG_HZ values, to snap a measurement to.
+const KNOWN_HZ: [u32; 5] = [100, 250, 300, 1000, 1200];
+
+fn snap_hz(measured: f64) -> u32 {
+    for hz in KNOWN_HZ {
+        if (measured - hz as f64).abs() <= hz as f64 * 0.05 {
+            return hz;
+        }
+    }
+    measured.round().max(1.0) as u32
+}
+
+/// The epoch shift (in jiffies) giving pending-attempt epochs closest to one second.
+pub fn epoch_shift_for(hz: u32) -> u32 {
+    let mut best = 0;
+    let mut best_err = f64::MAX;
+    for shift in 0..32u32 {
+        let secs = (1u64 << shift) as f64 / hz.max(1) as f64;
+        let err = (secs - 1.0).abs();
+        if err < best_err {
+            best = shift;
+            best_err = err;
+        }
+    }
+    best
+}
+
+/// Milliseconds to jiffies at `hz`, rounded up.
+pub fn ms_to_jiffies(ms: u64, hz: u32) -> u64 {
+    (ms * hz as u64).div_ceil(1000)
+}
+
 fn check_service(id: u32) -> Result<()> {
     if id >= shedder_common::MAX_SERVICES || id + 1 > PORT_SERVICE_MASK {
         return Err(Error::Range(
@@ -454,13 +528,29 @@ pub fn addr_key(addr: IpAddr, port: u16) -> ServiceAddrKey {
     key
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns` reads.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hz_snaps_to_known_values() {
+        assert_eq!(snap_hz(251.7), 250);
+        assert_eq!(snap_hz(990.0), 1000);
+        assert_eq!(snap_hz(101.0), 100);
+        assert_eq!(snap_hz(500.0), 500);
+    }
+
+    #[test]
+    fn epoch_about_one_second() {
+        assert_eq!(epoch_shift_for(250), 8);
+        assert_eq!(epoch_shift_for(1000), 10);
+        assert_eq!(epoch_shift_for(100), 7);
+    }
+
+    #[test]
+    fn ms_round_up() {
+        assert_eq!(ms_to_jiffies(3000, 250), 750);
+        assert_eq!(ms_to_jiffies(1, 250), 1);
+        assert_eq!(ms_to_jiffies(0, 250), 0);
+    }
 }

@@ -14,7 +14,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use shedder::ebpf::{Shedder, monotonic_ns};
+use shedder::ebpf::Shedder;
 use shedder_common::{
     ACTION_DROP, ACTION_RST, CLASS_CRITICAL, CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE,
     ClassPolicy, Globals, MODE_DRY_RUN, MODE_ENFORCE, ServicePolicy,
@@ -144,21 +144,21 @@ pub fn install_standard(s: &mut Shedder) {
     fresh_heartbeat(s);
 }
 
-/// Heartbeat now, timeout one hour: the adaptive limits are in force.
+/// Heartbeat now, timeout of 2^32 jiffies (weeks at any HZ): the adaptive limits are in force.
 pub fn fresh_heartbeat(s: &mut Shedder) {
     s.set_globals(&Globals {
-        heartbeat_ns: monotonic_ns(),
-        heartbeat_timeout_ns: 3_600_000_000_000,
+        heartbeat_timeout_jiffies: 1 << 32,
         ..Default::default()
     })
     .expect("globals");
+    s.heartbeat().expect("heartbeat");
 }
 
-/// Heartbeat long past its one-second timeout: the fallback limits are in force.
+/// A heartbeat from long ago with a one-jiffy timeout: the fallback limits are in force.
 pub fn stale_heartbeat(s: &mut Shedder) {
     s.set_globals(&Globals {
-        heartbeat_ns: 1,
-        heartbeat_timeout_ns: 1_000_000_000,
+        heartbeat_jiffies: 1,
+        heartbeat_timeout_jiffies: 1,
         ..Default::default()
     })
     .expect("globals");
