@@ -5,6 +5,7 @@
 pub mod netns;
 pub mod packet;
 pub mod policy;
+pub mod tcp;
 
 use std::sync::Once;
 

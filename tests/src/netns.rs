@@ -146,6 +146,7 @@ impl Pair {
         for addr in [
             "198.18.0.1/16",
             "198.18.10.1/16",
+            "198.18.10.200/16",
             "198.18.20.1/16",
             "198.18.99.1/16",
         ] {
@@ -161,14 +162,11 @@ impl Pair {
         }
         server.ip(&["addr", "add", "198.18.0.2/16", "dev", IFACE]);
         server.ip(&["addr", "add", "2001:db8::2/64", "dev", IFACE, "nodad"]);
+        client.ip(&["link", "set", IFACE, "up"]);
+        server.ip(&["link", "set", IFACE, "up"]);
         // The extra client IPv6 sources live outside 2001:db8::/64: route them via veth.
         server.ip(&["-6", "route", "add", "2001:db8::/32", "dev", IFACE]);
         client.ip(&["-6", "route", "add", "2001:db8::/32", "dev", IFACE]);
-        client.ip(&["link", "set", IFACE, "up"]);
-        server.ip(&["link", "set", IFACE, "up"]);
-        // A frame sent back with XDP_TX reaches the peer only if the peer's NAPI is enabled:
-        // GRO on the client side turns it on without an XDP program there.
-        client.exec(&["ethtool", "-K", IFACE, "gro", "on"]);
         Self { client, server }
     }
 }
