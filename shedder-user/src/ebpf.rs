@@ -499,6 +499,132 @@ pub fn ms_to_jiffies(ms: u64, hz: u32) -> u64 {
     (ms * hz as u64).div_ceil(1000)
 }
 
+impl Shedder {
+    /// Write a compiled policy: service policies and class rules first, then the port and
+    /// address maps that switch protection on; entries of a previous policy that are no
+    /// longer wanted are removed last. The heartbeat already in the maps is kept.
+    pub fn apply(&mut self, compiled: &crate::policy::Compiled) -> Result<()> {
+        for s in &compiled.services {
+            self.set_policy(s.id, &s.policy)?;
+        }
+        self.replace_class_rules(&compiled.class_rules)?;
+
+        let mut ports = vec![0u32; shedder_common::PORT_MAP_ENTRIES as usize];
+        let mut addr = std::collections::HashMap::new();
+        for s in &compiled.services {
+            check_service(s.id)?;
+            for &port in &s.ports {
+                if s.addresses.is_empty() {
+                    ports[port as usize] =
+                        (ports[port as usize] & PORT_HAS_ADDR_SERVICES) | (s.id + 1);
+                } else {
+                    ports[port as usize] |= PORT_HAS_ADDR_SERVICES;
+                    for a in &s.addresses {
+                        addr.insert(addr_key(*a, port), s.id + 1);
+                    }
+                }
+            }
+        }
+        {
+            let mut m: HashMap<&mut MapData, ServiceAddrKey, u32> =
+                HashMap::try_from(self.map_mut(maps::ADDR_SERVICES)?)
+                    .map_err(map_err(maps::ADDR_SERVICES))?;
+            for (k, v) in &addr {
+                m.insert(k, v, 0).map_err(map_err(maps::ADDR_SERVICES))?;
+            }
+        }
+        {
+            let mut m: Array<&mut MapData, u32> =
+                Array::try_from(self.map_mut(maps::PORTS)?).map_err(map_err(maps::PORTS))?;
+            for (port, want) in ports.iter().enumerate() {
+                let port = port as u32;
+                if m.get(&port, 0).map_err(map_err(maps::PORTS))? != *want {
+                    m.set(port, want, 0).map_err(map_err(maps::PORTS))?;
+                }
+            }
+        }
+        {
+            let mut m: HashMap<&mut MapData, ServiceAddrKey, u32> =
+                HashMap::try_from(self.map_mut(maps::ADDR_SERVICES)?)
+                    .map_err(map_err(maps::ADDR_SERVICES))?;
+            let stale: Vec<ServiceAddrKey> = m
+                .keys()
+                .filter_map(|k| k.ok())
+                .filter(|k| !addr.contains_key(k))
+                .collect();
+            for k in stale {
+                m.remove(&k).map_err(map_err(maps::ADDR_SERVICES))?;
+            }
+        }
+        let mut globals = compiled.globals;
+        let current = self.globals()?;
+        globals.heartbeat_jiffies = current.heartbeat_jiffies;
+        globals.generation = current.generation.wrapping_add(1);
+        self.set_globals(&globals)
+    }
+
+    /// Make the class tries hold exactly `rules`.
+    pub fn replace_class_rules(&mut self, rules: &[(crate::config::Prefix, u32)]) -> Result<()> {
+        for (p, class) in rules {
+            self.add_class_rule(p.addr, p.len, *class)?;
+        }
+        let want: std::collections::HashSet<(IpAddr, u32)> =
+            rules.iter().map(|(p, _)| (p.addr, p.len)).collect();
+        {
+            let mut m: LpmTrie<&mut MapData, [u8; 4], ClassRule> =
+                LpmTrie::try_from(self.map_mut(maps::CLASS_V4)?)
+                    .map_err(map_err(maps::CLASS_V4))?;
+            let stale: Vec<Key<[u8; 4]>> = m
+                .keys()
+                .filter_map(|k| k.ok())
+                .filter(|k| !want.contains(&(IpAddr::from(k.data()), k.prefix_len())))
+                .collect();
+            for k in stale {
+                m.remove(&k).map_err(map_err(maps::CLASS_V4))?;
+            }
+        }
+        let mut m: LpmTrie<&mut MapData, [u8; 16], ClassRule> =
+            LpmTrie::try_from(self.map_mut(maps::CLASS_V6)?).map_err(map_err(maps::CLASS_V6))?;
+        let stale: Vec<Key<[u8; 16]>> = m
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !want.contains(&(IpAddr::from(k.data()), k.prefix_len())))
+            .collect();
+        for k in stale {
+            m.remove(&k).map_err(map_err(maps::CLASS_V6))?;
+        }
+        Ok(())
+    }
+}
+
+/// Remove everything pinned under `dir`: the links first (which detaches the programs),
+/// then the maps. Returns the interfaces that were detached.
+pub fn unpin_all(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut detached = Vec::new();
+    for sub in ["links", "maps"] {
+        let d = dir.join(sub);
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            std::fs::remove_file(entry.path())?;
+            if sub == "links" {
+                detached.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        std::fs::remove_dir(&d)?;
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    Ok(detached)
+}
+
 fn check_service(id: u32) -> Result<()> {
     if id >= shedder_common::MAX_SERVICES || id + 1 > PORT_SERVICE_MASK {
         return Err(Error::Range(

@@ -1,3 +1,6 @@
-//! shedder's userspace: loader, maps, and (later) daemon, controller and CLI.
+//! shedder's userspace: configuration, policy compilation, loader and maps; the daemon,
+//! controller and CLI build on these.
+pub mod config;
 pub mod ebpf;
+pub mod policy;
 pub mod sysfs;

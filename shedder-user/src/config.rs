@@ -1,0 +1,790 @@
+//! The TOML configuration: parsing with documented defaults, and validation that names the
+//! field at fault and checks every value against the map capacities before anything is
+//! written.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    fmt,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use serde::Deserialize;
+use shedder_common::{CLASS_NAMES, MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES, NUM_CLASSES};
+
+/// A configuration error: which file, which field, what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: Option<PathBuf>,
+    /// Dotted path of the offending field, e.g. `service[0].max_limit`.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(file) = &self.file {
+            write!(f, "{}: ", file.display())?;
+        }
+        if self.field.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        file: None,
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub daemon: Daemon,
+    #[serde(default)]
+    pub classes: Classes,
+    #[serde(default, rename = "service")]
+    pub services: Vec<Service>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Attach {
+    /// Native XDP, generic XDP where the driver has none.
+    #[default]
+    Auto,
+    Native,
+    Generic,
+    Tc,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Daemon {
+    /// Interfaces to attach to.
+    #[serde(default)]
+    pub interfaces: Vec<String>,
+    #[serde(default)]
+    pub attach: Attach,
+    #[serde(default = "defaults::metrics_listen")]
+    pub metrics_listen: String,
+    #[serde(default = "defaults::control_socket")]
+    pub control_socket: PathBuf,
+    #[serde(default = "defaults::tick_ms")]
+    pub tick_ms: u64,
+    /// An older heartbeat puts the kernel side on the fallback limits.
+    #[serde(default = "defaults::heartbeat_timeout_ms")]
+    pub heartbeat_timeout_ms: u64,
+    /// Where maps and links are pinned.
+    #[serde(default = "defaults::pin_dir")]
+    pub pin_dir: PathBuf,
+}
+
+impl Default for Daemon {
+    fn default() -> Self {
+        Self {
+            interfaces: Vec::new(),
+            attach: Attach::Auto,
+            metrics_listen: defaults::metrics_listen(),
+            control_socket: defaults::control_socket(),
+            tick_ms: defaults::tick_ms(),
+            heartbeat_timeout_ms: defaults::heartbeat_timeout_ms(),
+            pin_dir: defaults::pin_dir(),
+        }
+    }
+}
+
+/// One rung of the criticality ladder.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Class {
+    /// Source prefixes (CIDR) in this class.
+    #[serde(default)]
+    pub sources: Vec<String>,
+    /// Fraction of the service limit this class keeps under overload (not for critical).
+    pub floor: Option<f64>,
+    /// Fraction of the service's max_limit this class may never exceed.
+    pub ceiling: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Classes {
+    #[serde(default = "defaults::critical")]
+    pub critical: Class,
+    #[serde(default)]
+    pub high: Class,
+    #[serde(default)]
+    pub medium: Class,
+    #[serde(default)]
+    pub sheddable: Class,
+}
+
+impl Default for Classes {
+    fn default() -> Self {
+        Self {
+            critical: defaults::critical(),
+            high: Class::default(),
+            medium: Class::default(),
+            sheddable: Class::default(),
+        }
+    }
+}
+
+impl Classes {
+    pub fn by_id(&self) -> [&Class; NUM_CLASSES] {
+        [&self.critical, &self.high, &self.medium, &self.sheddable]
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ClassName {
+    Critical,
+    High,
+    #[default]
+    Medium,
+    Sheddable,
+}
+
+impl ClassName {
+    pub fn id(self) -> u32 {
+        match self {
+            Self::Critical => 0,
+            Self::High => 1,
+            Self::Medium => 2,
+            Self::Sheddable => 3,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Controller {
+    #[default]
+    Aimd,
+    Gradient2,
+    Fixed,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Answer RST|ACK: the client fails at once.
+    #[default]
+    Rst,
+    /// Drop the SYN: the client's kernel retransmits it after about a second.
+    Drop,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    /// Count what would be shed; shed nothing.
+    DryRun,
+}
+
+/// A token bucket for new connections of one class.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Rate {
+    pub per_second: u64,
+    pub burst: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Service {
+    pub name: String,
+    pub ports: Vec<u16>,
+    /// Destination addresses the service listens on; empty = any address.
+    #[serde(default)]
+    pub addresses: Vec<IpAddr>,
+    #[serde(default)]
+    pub default_class: ClassName,
+    /// cgroup of the service, relative to the cgroup v2 mount.
+    pub cgroup: Option<String>,
+    #[serde(default = "defaults::target_latency_ms")]
+    pub target_latency_ms: u64,
+    #[serde(default)]
+    pub controller: Controller,
+    #[serde(default = "defaults::min_limit")]
+    pub min_limit: u32,
+    /// Hard ceiling of the service's concurrency limit.
+    #[serde(default = "defaults::max_limit")]
+    pub max_limit: u32,
+    /// Limit in force when the daemon's heartbeat is stale.
+    #[serde(default = "defaults::fallback_limit")]
+    pub fallback_limit: u32,
+    #[serde(default)]
+    pub action: Action,
+    #[serde(default)]
+    pub mode: Mode,
+    /// Optional per-class new-connection rates, keyed by class name.
+    #[serde(default)]
+    pub rate: BTreeMap<String, Rate>,
+}
+
+pub mod defaults {
+    use std::path::PathBuf;
+
+    use super::Class;
+
+    pub fn metrics_listen() -> String {
+        "127.0.0.1:9464".into()
+    }
+    pub fn control_socket() -> PathBuf {
+        "/run/shedder/shedder.sock".into()
+    }
+    pub fn tick_ms() -> u64 {
+        200
+    }
+    pub fn heartbeat_timeout_ms() -> u64 {
+        3000
+    }
+    pub fn pin_dir() -> PathBuf {
+        crate::ebpf::DEFAULT_PIN_DIR.into()
+    }
+    pub fn critical() -> Class {
+        Class {
+            sources: Vec::new(),
+            floor: None,
+            ceiling: Some(0.05),
+        }
+    }
+    pub fn target_latency_ms() -> u64 {
+        200
+    }
+    pub fn min_limit() -> u32 {
+        8
+    }
+    pub fn max_limit() -> u32 {
+        4096
+    }
+    pub fn fallback_limit() -> u32 {
+        256
+    }
+}
+
+/// Largest concurrency limit accepted: far above any real service, far below overflow.
+pub const LIMIT_CEILING: u32 = 1 << 24;
+
+/// A parsed IP prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Prefix {
+    pub addr: IpAddr,
+    pub len: u32,
+}
+
+impl Prefix {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (addr, len) = match s.split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (s, None),
+        };
+        let addr: IpAddr = addr
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{s}` is not an IP prefix (expected e.g. 198.18.10.0/24)"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let len = match len {
+            Some(l) => l
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|&l| l <= max)
+                .ok_or_else(|| format!("`{s}`: prefix length must be 0..={max}"))?,
+            None => max,
+        };
+        // Host bits must be zero: `198.18.10.1/24` is almost always a typo.
+        let masked = mask(addr, len);
+        if masked != addr {
+            return Err(format!(
+                "`{s}` has host bits set (did you mean {masked}/{len}?)"
+            ));
+        }
+        Ok(Self { addr, len })
+    }
+}
+
+fn mask(addr: IpAddr, len: u32) -> IpAddr {
+    match addr {
+        IpAddr::V4(a) => {
+            let m = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+            IpAddr::V4((u32::from(a) & m).into())
+        }
+        IpAddr::V6(a) => {
+            let m = if len == 0 {
+                0
+            } else {
+                u128::MAX << (128 - len)
+            };
+            IpAddr::V6((u128::from(a) & m).into())
+        }
+    }
+}
+
+impl fmt::Display for Prefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+impl Config {
+    /// Parse and validate a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let with_file = |mut e: ConfigError| {
+            e.file = Some(path.to_path_buf());
+            e
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| with_file(err("", format!("cannot read: {e}"))))?;
+        Self::parse(&text).map_err(with_file)
+    }
+
+    /// Parse and validate configuration text.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
+            let message = e.message().to_string();
+            match line {
+                Some(l) => err(format!("line {l}"), message),
+                None => err("", message),
+            }
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Check every value; the first problem is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let d = &self.daemon;
+        if d.tick_ms < 10 || d.tick_ms > 60_000 {
+            return Err(err(
+                "daemon.tick_ms",
+                format!("{} is outside 10..=60000", d.tick_ms),
+            ));
+        }
+        if d.heartbeat_timeout_ms < 2 * d.tick_ms {
+            return Err(err(
+                "daemon.heartbeat_timeout_ms",
+                format!(
+                    "{} must be at least twice tick_ms ({}), or every late tick drops to the fallback limits",
+                    d.heartbeat_timeout_ms, d.tick_ms
+                ),
+            ));
+        }
+        if d.heartbeat_timeout_ms > 3_600_000 {
+            return Err(err(
+                "daemon.heartbeat_timeout_ms",
+                format!("{} is longer than an hour", d.heartbeat_timeout_ms),
+            ));
+        }
+        for (i, iface) in d.interfaces.iter().enumerate() {
+            if iface.is_empty() || iface.len() > 15 || iface.contains('/') {
+                return Err(err(
+                    format!("daemon.interfaces[{i}]"),
+                    format!("`{iface}` is not a valid interface name"),
+                ));
+            }
+        }
+        self.validate_classes()?;
+        self.validate_services()
+    }
+
+    fn validate_classes(&self) -> Result<(), ConfigError> {
+        let mut seen: HashMap<Prefix, &str> = HashMap::new();
+        let (mut v4, mut v6) = (0u32, 0u32);
+        let mut floors = 0.0;
+        for (id, class) in self.classes.by_id().into_iter().enumerate() {
+            let name = CLASS_NAMES[id];
+            let field = |f: &str| format!("classes.{name}.{f}");
+            if id == 0 {
+                if class.floor.is_some() {
+                    return Err(err(
+                        field("floor"),
+                        "critical is never shed by pressure, so it has no floor; bound it with `ceiling`",
+                    ));
+                }
+                match class.ceiling {
+                    Some(c) if c > 0.0 && c <= 1.0 => {}
+                    Some(c) => {
+                        return Err(err(field("ceiling"), format!("{c} is outside (0, 1]")));
+                    }
+                    None => {
+                        return Err(err(
+                            field("ceiling"),
+                            "critical needs a finite ceiling (seed 000 R4: unsheddable, not unbounded)",
+                        ));
+                    }
+                }
+            } else {
+                if let Some(f) = class.floor {
+                    if !(0.0..=1.0).contains(&f) {
+                        return Err(err(field("floor"), format!("{f} is outside [0, 1]")));
+                    }
+                    floors += f;
+                }
+                if let Some(c) = class.ceiling
+                    && !(c > 0.0 && c <= 1.0)
+                {
+                    return Err(err(field("ceiling"), format!("{c} is outside (0, 1]")));
+                }
+                if let (Some(f), Some(c)) = (class.floor, class.ceiling)
+                    && f > c
+                {
+                    return Err(err(
+                        field("floor"),
+                        format!("floor {f} is above the class ceiling {c}"),
+                    ));
+                }
+            }
+            for (i, s) in class.sources.iter().enumerate() {
+                let p =
+                    Prefix::parse(s).map_err(|m| err(format!("{}[{i}]", field("sources")), m))?;
+                if let Some(other) = seen.insert(p, name) {
+                    return Err(err(
+                        format!("{}[{i}]", field("sources")),
+                        format!("{p} is already listed under classes.{other}"),
+                    ));
+                }
+                if p.addr.is_ipv4() {
+                    v4 += 1;
+                } else {
+                    v6 += 1;
+                }
+            }
+        }
+        if floors > 1.0 + 1e-9 {
+            return Err(err(
+                "classes",
+                format!("the floors add up to {floors:.2}, more than the whole limit"),
+            ));
+        }
+        for (family, n) in [("IPv4", v4), ("IPv6", v6)] {
+            if n > MAX_CLASS_RULES {
+                return Err(err(
+                    "classes",
+                    format!("{n} {family} source prefixes; the class map holds {MAX_CLASS_RULES}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_services(&self) -> Result<(), ConfigError> {
+        if self.services.len() > MAX_SERVICES as usize {
+            return Err(err(
+                "service",
+                format!(
+                    "{} services; the maps hold {MAX_SERVICES}",
+                    self.services.len()
+                ),
+            ));
+        }
+        let mut names = HashSet::new();
+        // (address or None for any, port) → service name
+        let mut bound: HashMap<(Option<IpAddr>, u16), &str> = HashMap::new();
+        let mut addr_entries = 0u32;
+        for (i, s) in self.services.iter().enumerate() {
+            let field = |f: &str| format!("service[{i}].{f}");
+            if s.name.is_empty()
+                || s.name.len() > 64
+                || !s
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+            {
+                return Err(err(
+                    field("name"),
+                    format!(
+                        "`{}`: use 1 to 64 characters from [A-Za-z0-9._-] (it becomes a metric label)",
+                        s.name
+                    ),
+                ));
+            }
+            let field = |f: &str| format!("service[{i}] ({}).{f}", s.name);
+            if !names.insert(s.name.as_str()) {
+                return Err(err(field("name"), "another service has this name"));
+            }
+            if s.ports.is_empty() {
+                return Err(err(field("ports"), "at least one port is needed"));
+            }
+            for (j, &port) in s.ports.iter().enumerate() {
+                if port == 0 {
+                    return Err(err(
+                        format!("{}[{j}]", field("ports")),
+                        "port 0 is not a port",
+                    ));
+                }
+                let targets: Vec<Option<IpAddr>> = if s.addresses.is_empty() {
+                    vec![None]
+                } else {
+                    s.addresses.iter().copied().map(Some).collect()
+                };
+                for t in targets {
+                    if let Some(other) = bound.insert((t, port), &s.name) {
+                        let at = t.map_or("any address".to_string(), |a| a.to_string());
+                        return Err(err(
+                            format!("{}[{j}]", field("ports")),
+                            format!(
+                                "port {port} on {at} is already protected by service `{other}`"
+                            ),
+                        ));
+                    }
+                    if t.is_some() {
+                        addr_entries += 1;
+                    }
+                }
+            }
+            if s.min_limit == 0 {
+                return Err(err(
+                    field("min_limit"),
+                    "must be at least 1, so some traffic always flows and the controller can learn",
+                ));
+            }
+            if s.max_limit > LIMIT_CEILING {
+                return Err(err(
+                    field("max_limit"),
+                    format!("{} is above the supported {LIMIT_CEILING}", s.max_limit),
+                ));
+            }
+            if s.max_limit < s.min_limit {
+                return Err(err(
+                    field("max_limit"),
+                    format!("{} is below min_limit ({})", s.max_limit, s.min_limit),
+                ));
+            }
+            if s.fallback_limit < s.min_limit || s.fallback_limit > s.max_limit {
+                return Err(err(
+                    field("fallback_limit"),
+                    format!(
+                        "{} is outside [min_limit, max_limit] = [{}, {}]",
+                        s.fallback_limit, s.min_limit, s.max_limit
+                    ),
+                ));
+            }
+            if s.target_latency_ms == 0 || s.target_latency_ms > 600_000 {
+                return Err(err(
+                    field("target_latency_ms"),
+                    format!("{} is outside 1..=600000", s.target_latency_ms),
+                ));
+            }
+            if let Some(cg) = &s.cgroup
+                && (cg.is_empty() || cg.split('/').any(|c| c == ".."))
+            {
+                return Err(err(
+                    field("cgroup"),
+                    format!("`{cg}` must be a path relative to the cgroup v2 mount, without `..`"),
+                ));
+            }
+            for (class, rate) in &s.rate {
+                let f = format!("{}.{class}", field("rate"));
+                if !CLASS_NAMES.contains(&class.as_str()) {
+                    return Err(err(f, format!("unknown class; use one of {CLASS_NAMES:?}")));
+                }
+                if shedder_common::gcra::BucketParams::new(rate.per_second, rate.burst).is_none() {
+                    return Err(err(
+                        f,
+                        format!(
+                            "per_second must be 1..=1e9 and burst at least 1 (got {} and {})",
+                            rate.per_second, rate.burst
+                        ),
+                    ));
+                }
+            }
+        }
+        if addr_entries > MAX_ADDR_SERVICES {
+            return Err(err(
+                "service",
+                format!(
+                    "{addr_entries} (address, port) pairs; the address map holds {MAX_ADDR_SERVICES}"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = r#"
+[daemon]
+interfaces = ["eth0"]
+attach = "auto"
+metrics_listen = "127.0.0.1:9464"
+control_socket = "/run/shedder/shedder.sock"
+tick_ms = 200
+heartbeat_timeout_ms = 3000
+
+[classes]
+critical  = { sources = ["198.18.10.0/24"], ceiling = 0.05 }
+high      = { sources = ["198.18.20.0/24"], floor = 0.60 }
+medium    = { sources = [], floor = 0.05 }
+sheddable = { sources = ["198.18.99.0/24", "2001:db8:99::/48"], floor = 0.0 }
+
+[[service]]
+name = "checkout"
+ports = [8080]
+default_class = "medium"
+cgroup = "system.slice/haproxy.service"
+target_latency_ms = 200
+controller = "aimd"
+min_limit = 8
+max_limit = 4000
+fallback_limit = 256
+action = "rst"
+mode = "enforce"
+rate = { sheddable = { per_second = 200, burst = 400 } }
+"#;
+
+    #[test]
+    fn design_example_parses() {
+        let c = Config::parse(EXAMPLE).unwrap();
+        assert_eq!(c.daemon.interfaces, ["eth0"]);
+        assert_eq!(c.classes.high.floor, Some(0.6));
+        assert_eq!(c.services[0].max_limit, 4000);
+        assert_eq!(c.services[0].rate["sheddable"].burst, 400);
+    }
+
+    #[test]
+    fn defaults_are_documented_values() {
+        let c = Config::parse("[[service]]\nname = \"a\"\nports = [80]\n").unwrap();
+        assert_eq!(c.daemon.tick_ms, 200);
+        assert_eq!(c.daemon.heartbeat_timeout_ms, 3000);
+        assert_eq!(c.daemon.attach, Attach::Auto);
+        assert_eq!(c.classes.critical.ceiling, Some(0.05));
+        let s = &c.services[0];
+        assert_eq!((s.min_limit, s.max_limit, s.fallback_limit), (8, 4096, 256));
+        assert_eq!(
+            (s.action, s.mode, s.default_class),
+            (Action::Rst, Mode::Enforce, ClassName::Medium)
+        );
+    }
+
+    fn error_of(toml: &str) -> String {
+        Config::parse(toml).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn bad_files_name_the_field() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "[daemon]\ntick_ms = 5\n",
+                "daemon.tick_ms: 5 is outside 10..=60000",
+            ),
+            (
+                "[daemon]\ntick_ms = 200\nheartbeat_timeout_ms = 300\n",
+                "daemon.heartbeat_timeout_ms: 300 must be at least twice tick_ms (200)",
+            ),
+            (
+                "[classes]\ncritical = { floor = 0.1, ceiling = 0.05 }\n",
+                "classes.critical.floor",
+            ),
+            (
+                "[classes]\ncritical = { sources = [] }\n",
+                "classes.critical.ceiling: critical needs a finite ceiling",
+            ),
+            (
+                "[classes]\nhigh = { floor = 1.5 }\n",
+                "classes.high.floor: 1.5 is outside [0, 1]",
+            ),
+            (
+                "[classes]\nhigh = { floor = 0.7 }\nmedium = { floor = 0.5 }\n",
+                "classes: the floors add up to 1.20",
+            ),
+            (
+                "[classes]\nhigh = { sources = [\"198.18.20.1/24\"] }\n",
+                "classes.high.sources[0]: `198.18.20.1/24` has host bits set (did you mean 198.18.20.0/24?)",
+            ),
+            (
+                "[classes]\nhigh = { sources = [\"198.18.20.0/33\"] }\n",
+                "classes.high.sources[0]: `198.18.20.0/33`: prefix length must be 0..=32",
+            ),
+            (
+                "[classes]\nhigh = { sources = [\"10.0.0.0/8\"] }\nsheddable = { sources = [\"10.0.0.0/8\"] }\n",
+                "classes.sheddable.sources[0]: 10.0.0.0/8 is already listed under classes.high",
+            ),
+            (
+                "[[service]]\nname = \"a b\"\nports = [1]\n",
+                "service[0].name: `a b`",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = []\n",
+                "service[0] (a).ports: at least one port is needed",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\n[[service]]\nname = \"b\"\nports = [80]\n",
+                "service[1] (b).ports[0]: port 80 on any address is already protected by service `a`",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\nmin_limit = 10\nmax_limit = 5\n",
+                "service[0] (a).max_limit: 5 is below min_limit (10)",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\nmax_limit = 100\nfallback_limit = 500\n",
+                "service[0] (a).fallback_limit: 500 is outside [min_limit, max_limit] = [8, 100]",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\nmin_limit = 0\n",
+                "service[0] (a).min_limit: must be at least 1",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\nrate = { vip = { per_second = 1, burst = 1 } }\n",
+                "service[0] (a).rate.vip: unknown class",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\nrate = { high = { per_second = 0, burst = 1 } }\n",
+                "service[0] (a).rate.high: per_second must be 1..=1e9",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\naction = \"reject\"\n",
+                "line 4: unknown variant `reject`",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\nmax_limt = 5\n",
+                "line 4: unknown field `max_limt`",
+            ),
+            ("[[service]]\nname = \"a\"\nports = [70000]\n", "line 3:"),
+        ];
+        for (toml, expected) in cases {
+            let got = error_of(toml);
+            assert!(
+                got.contains(expected),
+                "for\n{toml}\nexpected `{expected}` in `{got}`"
+            );
+        }
+    }
+
+    #[test]
+    fn file_errors_name_the_file() {
+        let e = Config::load(Path::new("/nonexistent/shedder.toml")).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("/nonexistent/shedder.toml: cannot read"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn address_bound_services_may_share_a_port() {
+        let c = Config::parse(
+            "[[service]]\nname = \"a\"\nports = [80]\naddresses = [\"198.18.0.2\"]\n\
+             [[service]]\nname = \"b\"\nports = [80]\naddresses = [\"198.18.0.3\"]\n\
+             [[service]]\nname = \"c\"\nports = [80]\n",
+        );
+        assert!(c.is_ok(), "{c:?}");
+    }
+}

@@ -1,0 +1,290 @@
+//! From a validated configuration to the values the packet path reads: per-class limits
+//! from a service limit (floors, ceilings, priority), token buckets, class rules, globals.
+
+use std::net::IpAddr;
+
+use shedder_common::{
+    ACTION_DROP, ACTION_RST, CLASS_CRITICAL, ClassPolicy, Globals, MODE_DRY_RUN, MODE_ENFORCE,
+    NUM_CLASSES, ServicePolicy, gcra::BucketParams,
+};
+
+use crate::{
+    config::{Action, Config, Mode, Prefix, Service},
+    ebpf::{epoch_shift_for, ms_to_jiffies},
+};
+
+/// Per-class concurrency bounds derived from one service limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassLimits {
+    /// Occupancy at which the class is shed.
+    pub share: u32,
+    /// Occupancy below which the class is admitted whatever the pressure.
+    pub floor: u32,
+    /// Occupancy the class may never exceed.
+    pub ceiling: u32,
+}
+
+/// Class fractions from the `[classes]` section: floors of the service limit, ceilings of
+/// the service's hard maximum.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ladder {
+    pub floor: [f64; NUM_CLASSES],
+    pub ceiling: [f64; NUM_CLASSES],
+}
+
+impl Ladder {
+    pub fn from_config(cfg: &Config) -> Self {
+        let classes = cfg.classes.by_id();
+        let mut floor = [0.0; NUM_CLASSES];
+        let mut ceiling = [1.0; NUM_CLASSES];
+        for (id, c) in classes.into_iter().enumerate() {
+            if id != CLASS_CRITICAL as usize {
+                floor[id] = c.floor.unwrap_or(0.0);
+            }
+            ceiling[id] = c.ceiling.unwrap_or(1.0);
+        }
+        Self { floor, ceiling }
+    }
+}
+
+/// Split a service limit `total` among the classes (the static part of the allocation):
+///
+/// - CRITICAL is bounded only by its ceiling (a fraction of `max_limit`): never shed by
+///   pressure, never unbounded;
+/// - every other class keeps `floor × total` (at least one connection when its floor is
+///   above zero, so a class with a floor is never starved to zero);
+/// - a class may grow to `total` minus the floors of the classes above it, so as the
+///   service fills up SHEDDABLE is refused first, then MEDIUM, then HIGH.
+pub fn allocate(total: u32, max_limit: u32, ladder: &Ladder) -> [ClassLimits; NUM_CLASSES] {
+    let mut out = [ClassLimits::default(); NUM_CLASSES];
+    let mut reserved_above: u32 = 0;
+    for (id, limits) in out.iter_mut().enumerate() {
+        let ceiling = ((ladder.ceiling[id] * max_limit as f64).ceil() as u32).max(1);
+        if id == CLASS_CRITICAL as usize {
+            *limits = ClassLimits {
+                share: ceiling,
+                floor: 0,
+                ceiling,
+            };
+            continue;
+        }
+        let mut floor = (ladder.floor[id] * total as f64).floor() as u32;
+        if ladder.floor[id] > 0.0 {
+            floor = floor.max(1);
+        }
+        let floor = floor.min(ceiling);
+        let share = total.saturating_sub(reserved_above).max(floor).min(ceiling);
+        *limits = ClassLimits {
+            share,
+            floor,
+            ceiling,
+        };
+        reserved_above = reserved_above.saturating_add(floor);
+    }
+    out
+}
+
+/// The kernel's view of one configured service.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompiledService {
+    pub id: u32,
+    pub name: String,
+    pub ports: Vec<u16>,
+    pub addresses: Vec<IpAddr>,
+    pub policy: ServicePolicy,
+}
+
+/// Everything to write into the maps for a configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Compiled {
+    pub services: Vec<CompiledService>,
+    pub class_rules: Vec<(Prefix, u32)>,
+    pub globals: Globals,
+}
+
+/// Build the service policy for `total` (the adaptive limit) and the fallback limit.
+pub fn service_policy(s: &Service, ladder: &Ladder, total: u32) -> ServicePolicy {
+    let total = total.clamp(s.min_limit, s.max_limit);
+    let live = allocate(total, s.max_limit, ladder);
+    let fallback = allocate(s.fallback_limit, s.max_limit, ladder);
+    let mut classes = [ClassPolicy::default(); NUM_CLASSES];
+    for (id, c) in classes.iter_mut().enumerate() {
+        let bucket = shedder_common::CLASS_NAMES
+            .get(id)
+            .and_then(|name| s.rate.get(*name))
+            .and_then(|r| BucketParams::new(r.per_second, r.burst));
+        *c = ClassPolicy {
+            limit: live[id].share,
+            fallback_limit: fallback[id].share,
+            floor: live[id].floor,
+            fallback_floor: fallback[id].floor,
+            ceiling: live[id].ceiling,
+            _pad: 0,
+            rate_interval_ns: bucket.map_or(0, |b| b.interval_ns),
+            burst_ns: bucket.map_or(0, |b| b.burst_ns),
+        };
+    }
+    ServicePolicy {
+        classes,
+        total_limit: total,
+        fallback_total: s.fallback_limit,
+        action: match s.action {
+            Action::Drop => ACTION_DROP,
+            Action::Rst => ACTION_RST,
+        },
+        mode: match s.mode {
+            Mode::Enforce => MODE_ENFORCE,
+            Mode::DryRun => MODE_DRY_RUN,
+        },
+        default_class: s.default_class.id() as u8,
+        ..Default::default()
+    }
+}
+
+/// Compile a validated configuration. Services start at their fallback limit until a
+/// controller moves them. `hz` converts the heartbeat timeout to jiffies.
+pub fn compile(cfg: &Config, hz: u32) -> Compiled {
+    let ladder = Ladder::from_config(cfg);
+    let services = cfg
+        .services
+        .iter()
+        .enumerate()
+        .map(|(i, s)| CompiledService {
+            id: i as u32,
+            name: s.name.clone(),
+            ports: s.ports.clone(),
+            addresses: s.addresses.clone(),
+            policy: service_policy(s, &ladder, s.fallback_limit),
+        })
+        .collect();
+    let mut class_rules = Vec::new();
+    for (id, class) in cfg.classes.by_id().into_iter().enumerate() {
+        for src in &class.sources {
+            // Validated already; a parse failure here would be a bug in validate().
+            let p = Prefix::parse(src).expect("validated prefix");
+            class_rules.push((p, id as u32));
+        }
+    }
+    Compiled {
+        services,
+        class_rules,
+        globals: Globals {
+            heartbeat_jiffies: 0,
+            heartbeat_timeout_jiffies: ms_to_jiffies(cfg.daemon.heartbeat_timeout_ms, hz),
+            clock_jiffies: 0,
+            pending_epoch_shift: epoch_shift_for(hz),
+            hz,
+            generation: 0,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seed_000_ladder() -> Ladder {
+        // critical never shed (ceiling 5%), paid (high) floor 60%, free (medium) floor 5%,
+        // batch (sheddable) no floor: seed 000 §7.
+        Ladder {
+            floor: [0.0, 0.60, 0.05, 0.0],
+            ceiling: [0.05, 1.0, 1.0, 1.0],
+        }
+    }
+
+    #[test]
+    fn seed_000_table() {
+        let a = allocate(100, 1000, &seed_000_ladder());
+        assert_eq!(
+            a[0],
+            ClassLimits {
+                share: 50,
+                floor: 0,
+                ceiling: 50
+            },
+            "critical: ceiling only"
+        );
+        assert_eq!(
+            a[1],
+            ClassLimits {
+                share: 100,
+                floor: 60,
+                ceiling: 1000
+            },
+            "paid: floor 60%"
+        );
+        assert_eq!(
+            a[2],
+            ClassLimits {
+                share: 40,
+                floor: 5,
+                ceiling: 1000
+            },
+            "free: floor 5%"
+        );
+        assert_eq!(
+            a[3],
+            ClassLimits {
+                share: 35,
+                floor: 0,
+                ceiling: 1000
+            },
+            "batch goes first"
+        );
+        // Batch is refused first as the service fills: its share is the smallest.
+        assert!(a[3].share < a[2].share && a[2].share < a[1].share);
+    }
+
+    #[test]
+    fn a_class_with_a_floor_is_never_starved() {
+        let a = allocate(8, 4000, &seed_000_ladder());
+        // 5% of 8 rounds down to 0, but a class with a floor keeps one connection.
+        assert_eq!(a[2].floor, 1);
+        assert!(a.iter().skip(1).all(|c| c.share >= c.floor));
+    }
+
+    #[test]
+    fn floors_are_capped_by_ceilings() {
+        let ladder = Ladder {
+            floor: [0.0, 0.5, 0.0, 0.0],
+            ceiling: [0.05, 0.1, 1.0, 1.0],
+        };
+        let a = allocate(1000, 1000, &ladder);
+        assert_eq!(
+            a[1],
+            ClassLimits {
+                share: 100,
+                floor: 100,
+                ceiling: 100
+            }
+        );
+    }
+
+    #[test]
+    fn compile_example() {
+        let cfg = Config::parse(
+            "[classes]\ncritical = { sources = [\"198.18.10.0/24\"], ceiling = 0.05 }\n\
+             high = { floor = 0.6 }\n\
+             [[service]]\nname = \"checkout\"\nports = [8080, 8443]\nmax_limit = 1000\n\
+             fallback_limit = 200\naction = \"drop\"\n\
+             rate = { sheddable = { per_second = 200, burst = 400 } }\n",
+        )
+        .unwrap();
+        let c = compile(&cfg, 250);
+        assert_eq!(c.globals.heartbeat_timeout_jiffies, 750);
+        assert_eq!(c.globals.pending_epoch_shift, 8);
+        assert_eq!(c.class_rules.len(), 1);
+        let s = &c.services[0];
+        assert_eq!(s.ports, [8080, 8443]);
+        let p = &s.policy;
+        assert_eq!(
+            (p.total_limit, p.fallback_total, p.action),
+            (200, 200, ACTION_DROP)
+        );
+        assert_eq!(p.classes[0].ceiling, 50);
+        assert_eq!(p.classes[1].floor, 120);
+        assert_eq!(p.classes[3].rate_interval_ns, 5_000_000);
+        assert_eq!(p.classes[3].burst_ns, 2_000_000_000);
+        assert_eq!(p.classes[2].rate_interval_ns, 0);
+    }
+}
