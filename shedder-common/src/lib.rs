@@ -104,6 +104,9 @@ pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
 /// Per-service action when an attempt is shed.
 pub const ACTION_DROP: u8 = 0;
 pub const ACTION_RST: u8 = 1;
+/// Marks a written [`ServicePolicy`].
+pub const POLICY_CONFIGURED: u8 = 0xa5;
+
 /// Per-service mode.
 pub const MODE_ENFORCE: u8 = 0;
 pub const MODE_DRY_RUN: u8 = 1;
@@ -222,7 +225,10 @@ pub struct ServicePolicy {
     pub mode: u8,
     /// Class of sources no prefix rule matches.
     pub default_class: u8,
-    pub _pad0: u8,
+    /// [`POLICY_CONFIGURED`] once userspace has written this entry. The policy array starts
+    /// zeroed; a port mapped to an unwritten entry passes (fail open) instead of meeting
+    /// all-zero limits.
+    pub configured: u8,
     pub _pad1: u32,
 }
 

@@ -87,8 +87,8 @@ pub fn shedder_tc(ctx: TcContext) -> i32 {
         unsafe { bpf_skb_pull_data(ctx.skb.skb, want) };
     }
     match shed::run(&TcFrame(&ctx)) {
-        Outcome::Pass => TC_ACT_OK as i32,
-        Outcome::Drop => TC_ACT_SHOT as i32,
+        Outcome::Pass => TC_ACT_OK,
+        Outcome::Drop => TC_ACT_SHOT,
         // Send the reset back out of the interface the SYN arrived on.
         Outcome::Reply => unsafe {
             let ifindex = (*ctx.skb.skb).ifindex;

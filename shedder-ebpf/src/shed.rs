@@ -2,16 +2,16 @@
 //! [`run`] through the [`Frame`] abstraction.
 
 use aya_ebpf::{
-    helpers::generated::bpf_jiffies64,
+    helpers::generated::{bpf_jiffies64, bpf_ktime_get_ns},
     macros::map,
     maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
 };
 use shedder_common::{
     ACTION_RST, Bucket, COUNTER_ENTRIES, ClassRule, DEFAULT_PENDING_EPOCH_SHIFT, Globals, Inflight,
     MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS,
-    PORT_HAS_ADDR_SERVICES, PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, STAT_FALLBACK,
-    STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_RST_ERROR, ServiceAddrKey, ServicePolicy,
-    VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
+    POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES, PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending,
+    STAT_FALLBACK, STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_RST_ERROR, ServiceAddrKey,
+    ServicePolicy, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
     admit::decide,
     counter_index,
     csum::{
@@ -84,9 +84,12 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
     let Some(service) = lookup_service(&syn) else {
         return Outcome::Pass;
     };
-    let Some(policy) = SHEDDER_POLICY.get(service) else {
-        bump(&SHEDDER_STATS, STAT_NO_POLICY);
-        return Outcome::Pass;
+    let policy = match SHEDDER_POLICY.get(service) {
+        Some(p) if p.configured == POLICY_CONFIGURED => p,
+        _ => {
+            bump(&SHEDDER_STATS, STAT_NO_POLICY);
+            return Outcome::Pass;
+        }
     };
     let Some(globals) = SHEDDER_GLOBALS.get(0) else {
         return Outcome::Pass;
@@ -115,7 +118,7 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
     }
 
     let mut decision = decide(policy, class, mine, total, stale);
-    if decision.admit == 1 && !take_token(service, class, policy, now) {
+    if decision.admit == 1 && !take_token(service, class, policy) {
         decision.admit = 0;
         decision.reason = shedder_common::REASON_RATE;
     }
@@ -170,7 +173,7 @@ fn lookup_service(syn: &Syn) -> Option<u32> {
             family: if syn.v6 == 1 { 6 } else { 4 },
             _pad: 0,
         };
-        if let Some(v) = unsafe { SHEDDER_ADDR_SVC.get(&key) } {
+        if let Some(v) = unsafe { SHEDDER_ADDR_SVC.get(key) } {
             id_plus_one = *v & PORT_SERVICE_MASK;
         }
     }
@@ -197,11 +200,15 @@ fn classify(syn: &Syn, policy: &ServicePolicy) -> u32 {
 
 /// Take one token from the (service, class) bucket; true if admitted or there is no bucket.
 #[inline(always)]
-fn take_token(service: u32, class: u32, policy: &ServicePolicy, now: u64) -> bool {
+fn take_token(service: u32, class: u32, policy: &ServicePolicy) -> bool {
     let cp = &policy.classes[(class as usize) & (NUM_CLASSES - 1)];
     if cp.rate_interval_ns == 0 {
         return true;
     }
+    // The bucket is kept in nanoseconds (interval, burst and TAT), so it needs a nanosecond
+    // clock: jiffies would make it refill 10^6-10^7 times too slowly. The helper call is
+    // only paid on the admitted attempts of classes that have a bucket.
+    let now = unsafe { bpf_ktime_get_ns() };
     let Some(bucket) = SHEDDER_BUCKETS.get_ptr_mut(service * NUM_CLASSES as u32 + class) else {
         return true;
     };

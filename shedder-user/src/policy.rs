@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use shedder_common::{
     ACTION_DROP, ACTION_RST, CLASS_CRITICAL, ClassPolicy, Globals, MODE_DRY_RUN, MODE_ENFORCE,
-    NUM_CLASSES, ServicePolicy, gcra::BucketParams,
+    NUM_CLASSES, POLICY_CONFIGURED, ServicePolicy, gcra::BucketParams,
 };
 
 use crate::{
@@ -137,6 +137,7 @@ pub fn service_policy(s: &Service, ladder: &Ladder, total: u32) -> ServicePolicy
             Mode::DryRun => MODE_DRY_RUN,
         },
         default_class: s.default_class.id() as u8,
+        configured: POLICY_CONFIGURED,
         ..Default::default()
     }
 }

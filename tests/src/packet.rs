@@ -197,7 +197,7 @@ impl Packet {
         }
         let t = &self.tcp;
         let mut opts = t.options.clone();
-        while opts.len() % 4 != 0 {
+        while !opts.len().is_multiple_of(4) {
             opts.push(0);
         }
         let doff = t.doff_override.unwrap_or(((20 + opts.len()) / 4) as u8);
@@ -230,7 +230,7 @@ impl Packet {
             Ip::V4(v4) => {
                 f.extend_from_slice(&0x0800u16.to_be_bytes());
                 let mut opts = v4.options.clone();
-                while opts.len() % 4 != 0 {
+                while !opts.len().is_multiple_of(4) {
                     opts.push(0);
                 }
                 let hlen = 20 + opts.len();

@@ -17,7 +17,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use shedder::ebpf::Shedder;
 use shedder_common::{
     ACTION_DROP, ACTION_RST, CLASS_CRITICAL, CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE,
-    ClassPolicy, Globals, MODE_DRY_RUN, MODE_ENFORCE, ServicePolicy,
+    ClassPolicy, Globals, MODE_DRY_RUN, MODE_ENFORCE, POLICY_CONFIGURED, ServicePolicy,
 };
 
 pub const SVC_DROP: u32 = 0;
@@ -69,6 +69,7 @@ pub fn open_policy(action: u8, mode: u8) -> ServicePolicy {
         action,
         mode,
         default_class: CLASS_MEDIUM as u8,
+        configured: POLICY_CONFIGURED,
         ..Default::default()
     }
 }
