@@ -1,1 +1,58 @@
-fn main() {}
+//! shedder's development tasks: `cargo xtask <command>` (alias in .cargo/config.toml).
+//!
+//! xtask depends on nothing that builds the eBPF object, so it builds and runs on a fresh
+//! machine and installs what that build needs.
+//!
+//! xtask's own messages go to stderr; stdout is left to the commands it runs (so
+//! `cargo xtask bench xdp > bench.md` keeps just the benchmark's Markdown).
+
+mod bench;
+mod cmd;
+mod setup;
+mod test;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "xtask",
+    bin_name = "cargo xtask",
+    about = "shedder's development tasks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Install what is missing: nightly's rust-src, bpf-linker on the nightly's LLVM, the
+    /// Debian packages the tests use; mount bpffs. Idempotent.
+    Setup,
+    /// Setup, then build, unit tests, root-only integration tests, clippy (host crates and
+    /// the eBPF crate) and rustfmt, with a summary. Non-zero exit if any step fails.
+    Test,
+    /// Setup, then run a benchmark.
+    Bench {
+        #[command(subcommand)]
+        bench: bench::Bench,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = cmd::cargo_bin_on_path().and_then(|()| match &cli.command {
+        Command::Setup => setup::run_all(),
+        Command::Test => test::run_all(),
+        Command::Bench { bench } => bench::run_bench(bench),
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! `cargo xtask bench <name>`: set-up, then one of the benchmark binaries of shedder-tests
+//! (`tests/src/bin/bench_<name>.rs`), in release mode, with any further arguments passed on.
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+
+use crate::{
+    cmd::{cmd, root, run},
+    setup,
+};
+
+#[derive(Debug, Subcommand)]
+pub enum Bench {
+    /// Per-packet cost of the XDP program on each path (BPF_PROG_TEST_RUN), as a ratio to
+    /// an empty XDP program measured in the same run. Root only.
+    Xdp(PassThrough),
+}
+
+#[derive(Debug, Args)]
+pub struct PassThrough {
+    /// Arguments for the benchmark binary; `cargo xtask bench <name> -- --help` lists them.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
+impl Bench {
+    /// The binary in shedder-tests, and its arguments.
+    fn target(&self) -> (&'static str, &[String]) {
+        match self {
+            Self::Xdp(p) => ("bench_xdp", &p.args),
+        }
+    }
+}
+
+pub fn run_bench(bench: &Bench) -> Result<()> {
+    setup::run_all()?;
+    let (bin, args) = bench.target();
+    let manifest = root().join("Cargo.toml");
+    let mut c = cmd(
+        "cargo",
+        ["run", "--release", "-p", "shedder-tests", "--bin", bin],
+    );
+    c.arg("--manifest-path").arg(manifest).arg("--").args(args);
+    // Keep the caller's directory, so relative paths among the arguments (--json FILE)
+    // mean what they meant where `cargo xtask` was typed.
+    c.current_dir(std::env::current_dir()?);
+    run(&mut c)
+}

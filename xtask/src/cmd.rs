@@ -1,0 +1,112 @@
+//! Running child processes: from the workspace root, echoed, with their failures as errors.
+
+use std::{
+    env,
+    ffi::OsString,
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+/// The workspace root (the parent of this crate).
+pub fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives inside the workspace")
+}
+
+/// `program args…`, to run in the workspace root.
+pub fn cmd<S: AsRef<std::ffi::OsStr>>(program: &str, args: impl IntoIterator<Item = S>) -> Command {
+    let mut c = Command::new(program);
+    c.args(args).current_dir(root());
+    c
+}
+
+/// `cargo args…` in the workspace root.
+pub fn cargo<'a>(args: impl IntoIterator<Item = &'a str>) -> Command {
+    cmd("cargo", args)
+}
+
+/// The command line, for messages.
+pub fn show(c: &Command) -> String {
+    let mut s = c.get_program().to_string_lossy().into_owned();
+    for a in c.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+/// Run with inherited stdio (echoing the command first); an error unless it succeeds.
+pub fn run(c: &mut Command) -> Result<()> {
+    eprintln!("==> {}", show(c));
+    let status = c
+        .status()
+        .with_context(|| format!("starting `{}`", show(c)))?;
+    if !status.success() {
+        bail!("`{}` failed ({status})", show(c));
+    }
+    Ok(())
+}
+
+/// Run silently and return the output whatever the exit status; an error only if the
+/// program cannot be started.
+pub fn capture(c: &mut Command) -> Result<Output> {
+    c.stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("starting `{}`", show(c)))
+}
+
+/// Run silently and return its stdout; an error unless it succeeds.
+pub fn stdout(c: &mut Command) -> Result<String> {
+    let out = capture(c)?;
+    if !out.status.success() {
+        bail!(
+            "`{}` failed ({}): {}",
+            show(c),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    String::from_utf8(out.stdout).with_context(|| format!("non-UTF-8 output of `{}`", show(c)))
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// An error naming what needs root unless we are root.
+pub fn require_root(what: &str) -> Result<()> {
+    if !is_root() {
+        bail!("{what} needs root: run this command as root (e.g. with sudo)");
+    }
+    Ok(())
+}
+
+pub fn home() -> Result<PathBuf> {
+    env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .context("HOME is not set")
+}
+
+/// Put cargo's bin directory (where `cargo install` puts bpf-linker) first on PATH, for this
+/// process and every child. Call before any thread is started.
+pub fn cargo_bin_on_path() -> Result<()> {
+    let cargo_home = match env::var_os("CARGO_HOME").filter(|h| !h.is_empty()) {
+        Some(h) => PathBuf::from(h),
+        None => home()?.join(".cargo"),
+    };
+    let bin = cargo_home.join("bin");
+    let old = env::var_os("PATH").unwrap_or_default();
+    if env::split_paths(&old).any(|p| p == bin) {
+        return Ok(());
+    }
+    let new: OsString = env::join_paths(std::iter::once(bin).chain(env::split_paths(&old)))
+        .context("joining PATH")?;
+    // SAFETY: called at the start of main, before any other thread exists.
+    unsafe { env::set_var("PATH", new) };
+    Ok(())
+}
