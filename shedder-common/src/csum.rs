@@ -32,38 +32,51 @@ const fn add32(sum: u32, v: u32) -> u32 {
 }
 
 /// Header checksum of the IPv4 header shedder emits: version 4, IHL 5, TOS 0, id 0,
-/// DF set, TTL [`RST_TTL`], protocol TCP, total length 40.
+/// DF set, TTL [`RST_TTL`], protocol TCP, the given total length.
 #[inline(always)]
-pub const fn ipv4_rst_header_checksum(src: u32, dst: u32) -> u16 {
-    let mut sum: u32 = 0x4500 + 40 + 0x4000 + ((RST_TTL as u32) << 8 | 6);
+pub const fn ipv4_rst_header_checksum(src: u32, dst: u32, total_len: u16) -> u16 {
+    let mut sum: u32 = 0x4500 + total_len as u32 + 0x4000 + ((RST_TTL as u32) << 8 | 6);
     sum = add32(sum, src);
     sum = add32(sum, dst);
     fold(sum)
 }
 
-/// TCP checksum of a 20-byte RST|ACK header without options or payload.
-/// `pseudo` is the pseudo-header sum from [`pseudo_v4`] or [`pseudo_v6`].
+/// Option byte that fills a reset's option space (TCP "no operation").
+pub const TCP_OPT_NOP: u8 = 1;
+
+/// TCP checksum of a RST|ACK header of `tcp_len` bytes (20 to 60, a multiple of 4) whose
+/// option space is filled with [`TCP_OPT_NOP`], without payload. `pseudo` is the
+/// pseudo-header sum from [`pseudo_v4`] or [`pseudo_v6`] for the same length.
 #[inline(always)]
-pub const fn tcp_rst_checksum(pseudo: u32, sport: u16, dport: u16, seq: u32, ack: u32) -> u16 {
+pub const fn tcp_rst_checksum(
+    pseudo: u32,
+    sport: u16,
+    dport: u16,
+    seq: u32,
+    ack: u32,
+    tcp_len: u32,
+) -> u16 {
     let mut sum = pseudo + sport as u32 + dport as u32;
     sum = add32(sum, seq);
     sum = add32(sum, ack);
-    // data offset 5, flags RST|ACK, window 0, urgent pointer 0
-    sum += (5 << 12) | (TCP_RST | TCP_ACK) as u32;
+    // data offset, flags RST|ACK, window 0, urgent pointer 0
+    sum += ((tcp_len / 4) << 12) | (TCP_RST | TCP_ACK) as u32;
+    // NOP options: one 0x0101 word per two bytes
+    sum += (tcp_len.saturating_sub(20) / 2) * 0x0101;
     fold(sum)
 }
 
-/// Pseudo-header sum for IPv4 (addresses as big-endian numbers) and a 20-byte segment.
+/// Pseudo-header sum for IPv4 (addresses as big-endian numbers) and a segment of `tcp_len`.
 #[inline(always)]
-pub const fn pseudo_v4(src: u32, dst: u32) -> u32 {
+pub const fn pseudo_v4(src: u32, dst: u32, tcp_len: u32) -> u32 {
     let sum = add32(0, src);
-    add32(sum, dst) + 6 + 20
+    add32(sum, dst) + 6 + tcp_len
 }
 
-/// Pseudo-header sum for IPv6 and a 20-byte segment.
+/// Pseudo-header sum for IPv6 and a segment of `tcp_len`.
 #[inline(always)]
-pub fn pseudo_v6(src: &[u8; 16], dst: &[u8; 16]) -> u32 {
-    let mut sum: u32 = 6 + 20;
+pub fn pseudo_v6(src: &[u8; 16], dst: &[u8; 16], tcp_len: u32) -> u32 {
+    let mut sum: u32 = 6 + tcp_len;
     let mut i = 0;
     while i < 16 {
         sum += u16::from_be_bytes([src[i], src[i + 1]]) as u32;
@@ -83,6 +96,8 @@ pub const fn rst_ack_number(syn_seq: u32, payload_len: u32) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use std::{vec, vec::Vec};
+
     use super::*;
 
     /// Straightforward RFC 1071 checksum over bytes, to check the field arithmetic against.
@@ -112,26 +127,28 @@ mod tests {
             ([0, 0, 0, 0], [0, 0, 0, 1]),
         ] {
             let mut hdr = [
-                0x45, 0, 0, 40, 0, 0, 0x40, 0, RST_TTL, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                0x45, 0, 0, 60, 0, 0, 0x40, 0, RST_TTL, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
             ];
             hdr[12..16].copy_from_slice(&src);
             hdr[16..20].copy_from_slice(&dst);
             let expected = checksum_bytes(&[&hdr]);
-            let got = ipv4_rst_header_checksum(u32::from_be_bytes(src), u32::from_be_bytes(dst));
+            let got =
+                ipv4_rst_header_checksum(u32::from_be_bytes(src), u32::from_be_bytes(dst), 60);
             assert_eq!(got, expected);
             hdr[10..12].copy_from_slice(&got.to_be_bytes());
             assert_eq!(checksum_bytes(&[&hdr]), 0, "a correct header sums to zero");
         }
     }
 
-    fn rst_tcp_bytes(sport: u16, dport: u16, seq: u32, ack: u32) -> [u8; 20] {
-        let mut t = [0u8; 20];
+    fn rst_tcp_bytes(sport: u16, dport: u16, seq: u32, ack: u32, len: usize) -> Vec<u8> {
+        let mut t = vec![TCP_OPT_NOP; len];
         t[0..2].copy_from_slice(&sport.to_be_bytes());
         t[2..4].copy_from_slice(&dport.to_be_bytes());
         t[4..8].copy_from_slice(&seq.to_be_bytes());
         t[8..12].copy_from_slice(&ack.to_be_bytes());
-        t[12] = 0x50;
+        t[12] = ((len / 4) as u8) << 4;
         t[13] = TCP_RST | TCP_ACK;
+        t[14..20].fill(0);
         t
     }
 
@@ -139,20 +156,21 @@ mod tests {
     fn tcp_checksum_v4_matches_byte_sum() {
         let src = [198, 18, 0, 2];
         let dst = [198, 18, 0, 1];
-        for (sport, dport, seq, ack) in [
-            (8080u16, 40000u16, 0u32, 0x1234_5679u32),
-            (65535, 65535, 0, u32::MAX),
-            (1, 1, 0, 0),
+        for (sport, dport, seq, ack, len) in [
+            (8080u16, 40000u16, 0u32, 0x1234_5679u32, 20u32),
+            (65535, 65535, 0, u32::MAX, 60),
+            (1, 1, 0, 0, 40),
         ] {
-            let tcp = rst_tcp_bytes(sport, dport, seq, ack);
-            let pseudo = [&src[..], &dst[..], &[0, 6, 0, 20]].concat();
+            let tcp = rst_tcp_bytes(sport, dport, seq, ack, len as usize);
+            let pseudo = [&src[..], &dst[..], &[0, 6, 0, len as u8]].concat();
             let expected = checksum_bytes(&[&pseudo, &tcp]);
             let got = tcp_rst_checksum(
-                pseudo_v4(u32::from_be_bytes(src), u32::from_be_bytes(dst)),
+                pseudo_v4(u32::from_be_bytes(src), u32::from_be_bytes(dst), len),
                 sport,
                 dport,
                 seq,
                 ack,
+                len,
             );
             assert_eq!(got, expected);
         }
@@ -162,11 +180,13 @@ mod tests {
     fn tcp_checksum_v6_matches_byte_sum() {
         let src = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
         let dst = [0xff; 16];
-        let tcp = rst_tcp_bytes(443, 51000, 0, 0xdead_beef);
-        let pseudo = [&src[..], &dst[..], &[0, 0, 0, 20, 0, 0, 0, 6]].concat();
-        let expected = checksum_bytes(&[&pseudo, &tcp]);
-        let got = tcp_rst_checksum(pseudo_v6(&src, &dst), 443, 51000, 0, 0xdead_beef);
-        assert_eq!(got, expected);
+        for len in [20u32, 40] {
+            let tcp = rst_tcp_bytes(443, 51000, 0, 0xdead_beef, len as usize);
+            let pseudo = [&src[..], &dst[..], &[0, 0, 0, len as u8, 0, 0, 0, 6]].concat();
+            let expected = checksum_bytes(&[&pseudo, &tcp]);
+            let got = tcp_rst_checksum(pseudo_v6(&src, &dst, len), 443, 51000, 0, 0xdead_beef, len);
+            assert_eq!(got, expected);
+        }
     }
 
     #[test]

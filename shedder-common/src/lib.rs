@@ -7,6 +7,9 @@
 //! can never disagree about a layout silently.
 #![no_std]
 
+#[cfg(test)]
+extern crate std;
+
 pub mod admit;
 pub mod csum;
 pub mod gcra;
@@ -19,6 +22,11 @@ pub const PORT_MAP_ENTRIES: u32 = 65536;
 pub const MAX_ADDR_SERVICES: u32 = 1024;
 /// Source-prefix class rules, per address family.
 pub const MAX_CLASS_RULES: u32 = 16384;
+/// IPv4 class lookup table, first level: one entry per /16.
+pub const CLASS_L1_ENTRIES: u32 = 65536;
+/// IPv4 class lookup table, second level: blocks of 256 /24 cells, in two halves that
+/// alternate between policy generations (so a reader never sees a block rewritten under it).
+pub const CLASS_L2_BLOCKS: u32 = 2048;
 /// Longest IPv6 extension-header chain walked before giving up (and passing).
 pub const MAX_IPV6_EXT_HEADERS: usize = 6;
 
@@ -129,9 +137,11 @@ pub mod maps {
     pub const BUCKETS: &str = "SHEDDER_BUCKETS";
     pub const CLASS_V4: &str = "SHEDDER_CLASS_V4";
     pub const CLASS_V6: &str = "SHEDDER_CLASS_V6";
+    pub const CLASS_L1: &str = "SHEDDER_CLASS_L1";
+    pub const CLASS_L2: &str = "SHEDDER_CLASS_L2";
     pub const COUNTERS: &str = "SHEDDER_COUNTERS";
     pub const STATS: &str = "SHEDDER_STATS";
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 13] = [
         GLOBALS,
         PORTS,
         ADDR_SERVICES,
@@ -141,6 +151,8 @@ pub mod maps {
         BUCKETS,
         CLASS_V4,
         CLASS_V6,
+        CLASS_L1,
+        CLASS_L2,
         COUNTERS,
         STATS,
     ];
@@ -316,6 +328,45 @@ pub struct ServiceAddrKey {
     pub _pad: u8,
 }
 
+/// IPv4 classes by direct lookup (DIR-16-8), an exact accelerator of the IPv4 trie: the
+/// first level has one `u32` per /16 source prefix, the second level blocks of 256 `u8`
+/// cells, one per /24. A first-level entry or a cell is
+/// - [`CLASS_CELL_NONE`]: no rule covers any of it (the service default applies);
+/// - `1 + class`: every address in it has that class;
+/// - [`CLASS_CELL_TRIE`]: it holds a rule longer than the table resolves: ask the trie;
+///
+/// and a first-level entry with [`CLASS_L1_BLOCK`] set points at second-level block
+/// `entry & 0xffff`. Userspace builds both levels from the same rules as the trie.
+pub mod classmap {
+    pub const CLASS_CELL_NONE: u32 = 0;
+    pub const CLASS_CELL_TRIE: u32 = 0xff;
+    pub const CLASS_L1_BLOCK: u32 = 1 << 16;
+
+    /// What a cell says: `Some(Some(class))`, `Some(None)` (no rule: the default), or
+    /// `None` (ask the trie).
+    #[inline(always)]
+    pub fn decode(cell: u32) -> Option<Option<u32>> {
+        match cell {
+            CLASS_CELL_NONE => Some(None),
+            1..=4 => Some(Some(cell - 1)),
+            _ => None,
+        }
+    }
+}
+
+/// A second-level block of the IPv4 class table: one cell per /24.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassBlock {
+    pub cell: [u8; 256],
+}
+
+impl Default for ClassBlock {
+    fn default() -> Self {
+        Self { cell: [0; 256] }
+    }
+}
+
 /// Value of the class tries: the class id.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -333,6 +384,7 @@ const _: () = {
     assert!(core::mem::size_of::<Bucket>() == 8);
     assert!(core::mem::size_of::<ServiceAddrKey>() == 20);
     assert!(core::mem::size_of::<ClassRule>() == 4);
+    assert!(core::mem::size_of::<ClassBlock>() == 256);
     assert!(NUM_CLASSES.is_power_of_two());
 };
 
@@ -350,4 +402,5 @@ mod pod {
     unsafe impl aya::Pod for Bucket {}
     unsafe impl aya::Pod for ServiceAddrKey {}
     unsafe impl aya::Pod for ClassRule {}
+    unsafe impl aya::Pod for ClassBlock {}
 }

@@ -46,6 +46,10 @@ pub struct Syn {
     pub seq: u32,
     /// Bytes of data carried by the SYN (TCP Fast Open).
     pub payload_len: u32,
+    /// Offset of the TCP header.
+    pub l4_off: usize,
+    /// Length of the TCP header with options (data offset × 4).
+    pub tcp_len: usize,
 }
 
 /// Bounds-checked pointer to a `T` at `off` bytes into the packet.
@@ -155,6 +159,8 @@ fn parse_v4(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
         dport,
         seq,
         payload_len: (total_len - ihl - doff) as u32,
+        l4_off,
+        tcp_len: doff,
     })
 }
 
@@ -216,5 +222,7 @@ fn parse_v6(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
         dport,
         seq,
         payload_len: (end_off - l4_off - doff) as u32,
+        l4_off,
+        tcp_len: doff,
     })
 }

@@ -7,16 +7,17 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
 };
 use shedder_common::{
-    ACTION_RST, Bucket, COUNTER_ENTRIES, ClassRule, DEFAULT_PENDING_EPOCH_SHIFT, Globals, Inflight,
-    MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS,
-    POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES, PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending,
-    STAT_FALLBACK, STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_RST_ERROR, ServiceAddrKey,
-    ServicePolicy, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
+    ACTION_RST, Bucket, CLASS_L1_ENTRIES, CLASS_L2_BLOCKS, COUNTER_ENTRIES, ClassBlock, ClassRule,
+    DEFAULT_PENDING_EPOCH_SHIFT, Globals, Inflight, MAX_ADDR_SERVICES, MAX_CLASS_RULES,
+    MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS, POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES,
+    PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, STAT_FALLBACK, STAT_NO_POLICY,
+    STAT_RATE_CONTENDED, STAT_RST_ERROR, ServiceAddrKey, ServicePolicy, VERDICT_DROP,
+    VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
     admit::decide,
-    counter_index,
+    classmap, counter_index,
     csum::{
-        RST_TTL, TCP_ACK, TCP_RST, ipv4_rst_header_checksum, pseudo_v4, pseudo_v6, rst_ack_number,
-        tcp_rst_checksum,
+        RST_TTL, TCP_ACK, TCP_OPT_NOP, TCP_RST, ipv4_rst_header_checksum, pseudo_v4, pseudo_v6,
+        rst_ack_number, tcp_rst_checksum,
     },
     gcra,
 };
@@ -48,6 +49,10 @@ static SHEDDER_CLASS_V4: LpmTrie<[u8; 4], ClassRule> =
 #[map]
 static SHEDDER_CLASS_V6: LpmTrie<[u8; 16], ClassRule> =
     LpmTrie::with_max_entries(MAX_CLASS_RULES, 0);
+#[map]
+static SHEDDER_CLASS_L1: Array<u32> = Array::with_max_entries(CLASS_L1_ENTRIES, 0);
+#[map]
+static SHEDDER_CLASS_L2: Array<ClassBlock> = Array::with_max_entries(CLASS_L2_BLOCKS, 0);
 #[map]
 static SHEDDER_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_ENTRIES, 0);
 #[map]
@@ -183,19 +188,43 @@ fn lookup_service(syn: &Syn) -> Option<u32> {
     Some(id_plus_one - 1)
 }
 
-/// Class of the source: longest-prefix match, else the service's default.
+/// Class of the source: longest-prefix match, else the service's default. IPv4 sources are
+/// resolved by the direct table (two inlined array loads) unless their /24 holds a longer
+/// rule; the tries answer the rest.
 #[inline(always)]
 fn classify(syn: &Syn, policy: &ServicePolicy) -> u32 {
-    let rule = if syn.v6 == 1 {
-        SHEDDER_CLASS_V6.get(Key::new(128, as_bytes(syn.src)))
+    let found = if syn.v6 == 1 {
+        SHEDDER_CLASS_V6
+            .get(Key::new(128, as_bytes(syn.src)))
+            .map(|r| r.class)
     } else {
-        SHEDDER_CLASS_V4.get(Key::new(32, syn.src[0].to_ne_bytes()))
+        match classmap::decode(direct_cell(u32::from_be(syn.src[0]))) {
+            Some(class) => class,
+            None => SHEDDER_CLASS_V4
+                .get(Key::new(32, syn.src[0].to_ne_bytes()))
+                .map(|r| r.class),
+        }
     };
-    let class = match rule {
-        Some(rule) => rule.class,
+    let class = match found {
+        Some(class) => class,
         None => policy.default_class as u32,
     };
     class & (NUM_CLASSES as u32 - 1)
+}
+
+/// The IPv4 direct table's cell for `src` (host byte order).
+#[inline(always)]
+fn direct_cell(src: u32) -> u32 {
+    let Some(&l1) = SHEDDER_CLASS_L1.get(src >> 16) else {
+        return classmap::CLASS_CELL_TRIE;
+    };
+    if l1 & classmap::CLASS_L1_BLOCK == 0 {
+        return l1;
+    }
+    match SHEDDER_CLASS_L2.get(l1 & 0xffff) {
+        Some(block) => block.cell[((src >> 8) & 0xff) as usize] as u32,
+        None => classmap::CLASS_CELL_TRIE,
+    }
 }
 
 /// Take one token from the (service, class) bucket; true if admitted or there is no bucket.
@@ -261,15 +290,21 @@ unsafe fn store<T>(base: *const u8, off: usize, value: T) {
     unsafe { core::ptr::write(base.add(off).cast_mut().cast::<T>(), value) }
 }
 
-/// Rewrite the SYN in place into the RST|ACK answering it: MACs and addresses swapped,
-/// IP and TCP headers without options, checksums computed from scratch.
+/// Rewrite the SYN in place into the RST|ACK answering it: MACs and addresses swapped, no
+/// IP options or extension headers, checksums computed from scratch.
+///
+/// In the common case — no IP options or extension headers, no data in the SYN — the reset
+/// takes the SYN's place byte for byte: same TCP header length, the option space filled
+/// with NOPs, the frame length unchanged, so no helper call is needed. Otherwise the frame
+/// is cut to a reset with a 20-byte TCP header.
 #[inline(always)]
 fn write_rst<F: Frame>(frame: &F, syn: &Syn) -> bool {
     let ip_len = if syn.v6 == 1 { 40 } else { 20 };
-    let new_len = syn.l3_off + ip_len + 20;
-    // Everything the reset needs is already in `syn`; shrinking first means a refusal leaves
+    let in_place = syn.payload_len == 0 && syn.l4_off == syn.l3_off + ip_len;
+    let tcp_len = if in_place { syn.tcp_len } else { 20 };
+    // Everything the reset needs is already in `syn`; cutting first means a refusal leaves
     // the SYN untouched, so the caller can still pass it.
-    if !frame.truncate(new_len) {
+    if !in_place && !frame.truncate(syn.l3_off + ip_len + 20) {
         return false;
     }
     let data = frame.data();
@@ -277,9 +312,22 @@ fn write_rst<F: Frame>(frame: &F, syn: &Syn) -> bool {
     let Some(eth) = ptr_at::<[u8; 12]>(data, data_end, 0) else {
         return false;
     };
-    let Some(tcp) = ptr_at::<[u8; 20]>(data, data_end, syn.l3_off + ip_len) else {
+    let l4_off = syn.l3_off + ip_len;
+    let Some(tcp) = ptr_at::<[u8; 20]>(data, data_end, l4_off) else {
         return false;
     };
+    // Option space: at most 40 bytes, NOP-filled word by word.
+    let mut off = 20;
+    while off < 60 {
+        if off >= tcp_len {
+            break;
+        }
+        let Some(word) = ptr_at::<[u8; 4]>(data, data_end, l4_off + off) else {
+            return false;
+        };
+        unsafe { store(word.cast(), 0, u32::from_ne_bytes([TCP_OPT_NOP; 4])) };
+        off += 4;
+    }
     let ack = rst_ack_number(syn.seq, syn.payload_len);
     let pseudo = if syn.v6 == 1 {
         let Some(ip) = ptr_at::<[u8; 40]>(data, data_end, syn.l3_off) else {
@@ -288,7 +336,7 @@ fn write_rst<F: Frame>(frame: &F, syn: &Syn) -> bool {
         let ip = ip.cast::<u8>();
         unsafe {
             store(ip, 0, u32::from_ne_bytes([0x60, 0, 0, 0]));
-            store(ip, 4, u32::from_ne_bytes([0, 20, 6, RST_TTL]));
+            store(ip, 4, u32::from_ne_bytes([0, tcp_len as u8, 6, RST_TTL]));
             let mut i = 0;
             while i < 4 {
                 store(ip, 8 + 4 * i, syn.dst[i]);
@@ -296,24 +344,27 @@ fn write_rst<F: Frame>(frame: &F, syn: &Syn) -> bool {
                 i += 1;
             }
         }
-        pseudo_v6(&as_bytes(syn.dst), &as_bytes(syn.src))
+        pseudo_v6(&as_bytes(syn.dst), &as_bytes(syn.src), tcp_len as u32)
     } else {
         let Some(ip) = ptr_at::<[u8; 20]>(data, data_end, syn.l3_off) else {
             return false;
         };
         let ip = ip.cast::<u8>();
         let (src, dst) = (u32::from_be(syn.dst[0]), u32::from_be(syn.src[0]));
-        let [c0, c1] = ipv4_rst_header_checksum(src, dst).to_be_bytes();
+        let total = (20 + tcp_len) as u16;
+        let [c0, c1] = ipv4_rst_header_checksum(src, dst, total).to_be_bytes();
+        let [t0, t1] = total.to_be_bytes();
         unsafe {
-            store(ip, 0, u32::from_ne_bytes([0x45, 0, 0, 40]));
+            store(ip, 0, u32::from_ne_bytes([0x45, 0, t0, t1]));
             store(ip, 4, u32::from_ne_bytes([0, 0, 0x40, 0]));
             store(ip, 8, u32::from_ne_bytes([RST_TTL, 6, c0, c1]));
             store(ip, 12, syn.dst[0]);
             store(ip, 16, syn.src[0]);
         }
-        pseudo_v4(src, dst)
+        pseudo_v4(src, dst, tcp_len as u32)
     };
-    let [c0, c1] = tcp_rst_checksum(pseudo, syn.dport, syn.sport, 0, ack).to_be_bytes();
+    let [c0, c1] =
+        tcp_rst_checksum(pseudo, syn.dport, syn.sport, 0, ack, tcp_len as u32).to_be_bytes();
     let eth = eth.cast::<u8>();
     let tcp = tcp.cast::<u8>();
     unsafe {
@@ -328,7 +379,11 @@ fn write_rst<F: Frame>(frame: &F, syn: &Syn) -> bool {
         store(tcp, 2, syn.sport.to_be());
         store(tcp, 4, 0u32);
         store(tcp, 8, ack.to_be());
-        store(tcp, 12, u32::from_ne_bytes([0x50, TCP_RST | TCP_ACK, 0, 0]));
+        store(
+            tcp,
+            12,
+            u32::from_ne_bytes([((tcp_len / 4) as u8) << 4, TCP_RST | TCP_ACK, 0, 0]),
+        );
         store(tcp, 16, u32::from_ne_bytes([c0, c1, 0, 0]));
     }
     true

@@ -15,9 +15,9 @@ use aya::{
     },
 };
 use shedder_common::{
-    CLOCK_STAMP_HEARTBEAT, ClassRule, Globals, Inflight, NUM_CLASSES, NUM_REASONS, NUM_STATS,
-    NUM_VERDICTS, PORT_HAS_ADDR_SERVICES, PORT_SERVICE_MASK, ServiceAddrKey, ServicePolicy,
-    counter_index, maps, programs,
+    CLASS_L2_BLOCKS, CLOCK_STAMP_HEARTBEAT, ClassBlock, ClassRule, Globals, Inflight, NUM_CLASSES,
+    NUM_REASONS, NUM_STATS, NUM_VERDICTS, PORT_HAS_ADDR_SERVICES, PORT_SERVICE_MASK,
+    ServiceAddrKey, ServicePolicy, classmap, counter_index, maps, programs,
 };
 
 /// The eBPF object built by build.rs.
@@ -121,6 +121,9 @@ pub struct Shedder {
     pin_dir: Option<PathBuf>,
     /// Unpinned attachments, detached when dropped.
     links: Vec<FdLink>,
+    /// What the first level of the IPv4 direct class table holds (we are its only writer):
+    /// known to be empty for fresh maps, read once from adopted pinned maps.
+    class_l1: Option<Vec<u32>>,
 }
 
 impl Shedder {
@@ -174,6 +177,9 @@ impl Shedder {
             ebpf,
             pin_dir: pin_dir.map(Path::to_path_buf),
             links: Vec::new(),
+            class_l1: pin_dir.is_none().then(|| {
+                vec![classmap::CLASS_CELL_NONE; shedder_common::CLASS_L1_ENTRIES as usize]
+            }),
         })
     }
 
@@ -404,8 +410,9 @@ impl Shedder {
         m.set(service, inflight, 0).map_err(map_err(maps::INFLIGHT))
     }
 
-    /// Sources in `addr/prefix_len` belong to `class`.
-    pub fn add_class_rule(&mut self, addr: IpAddr, prefix_len: u32, class: u32) -> Result<()> {
+    /// Insert one rule into the trie of its family (the direct table is rebuilt by
+    /// [`Shedder::replace_class_rules`]).
+    fn insert_class_rule(&mut self, addr: IpAddr, prefix_len: u32, class: u32) -> Result<()> {
         if class as usize >= NUM_CLASSES {
             return Err(Error::Range("class", class.to_string()));
         }
@@ -563,11 +570,15 @@ impl Shedder {
         self.set_globals(&globals)
     }
 
-    /// Make the class tries hold exactly `rules`.
+    /// Make the class tries and the IPv4 direct table hold exactly `rules` (prefixes with
+    /// host bits clear). New rules go into the tries first, then the direct table is
+    /// rewritten (blocks into the half not in use, then the first level), and only then
+    /// are stale trie entries removed, so a concurrent lookup never sees a hole.
     pub fn replace_class_rules(&mut self, rules: &[(crate::config::Prefix, u32)]) -> Result<()> {
         for (p, class) in rules {
-            self.add_class_rule(p.addr, p.len, *class)?;
+            self.insert_class_rule(p.addr, p.len, *class)?;
         }
+        self.write_direct_table(rules)?;
         let want: std::collections::HashSet<(IpAddr, u32)> =
             rules.iter().map(|(p, _)| (p.addr, p.len)).collect();
         {
@@ -595,8 +606,51 @@ impl Shedder {
         }
         Ok(())
     }
-}
 
+    fn write_direct_table(&mut self, rules: &[(crate::config::Prefix, u32)]) -> Result<()> {
+        let v4: Vec<(std::net::Ipv4Addr, u32, u32)> = rules
+            .iter()
+            .filter_map(|(p, class)| match p.addr {
+                IpAddr::V4(a) => Some((a, p.len, *class)),
+                IpAddr::V6(_) => None,
+            })
+            .collect();
+        let current: Vec<u32> = match self.class_l1.take() {
+            Some(l1) => l1,
+            None => {
+                let m: Array<&MapData, u32> =
+                    Array::try_from(self.map(maps::CLASS_L1)?).map_err(map_err(maps::CLASS_L1))?;
+                m.iter()
+                    .collect::<Result<_, _>>()
+                    .map_err(map_err(maps::CLASS_L1))?
+            }
+        };
+        let half = CLASS_L2_BLOCKS / 2;
+        let upper_in_use = current
+            .iter()
+            .any(|&e| e & classmap::CLASS_L1_BLOCK != 0 && (e & 0xffff) >= half);
+        let base = if upper_in_use { 0 } else { half };
+        let table = crate::classmap::build(&v4, base, half as usize);
+        {
+            let mut m: Array<&mut MapData, ClassBlock> =
+                Array::try_from(self.map_mut(maps::CLASS_L2)?).map_err(map_err(maps::CLASS_L2))?;
+            for (i, block) in table.blocks.iter().enumerate() {
+                m.set(base + i as u32, block, 0)
+                    .map_err(map_err(maps::CLASS_L2))?;
+            }
+        }
+        let mut m: Array<&mut MapData, u32> =
+            Array::try_from(self.map_mut(maps::CLASS_L1)?).map_err(map_err(maps::CLASS_L1))?;
+        for (i, (&want, &have)) in table.l1.iter().zip(&current).enumerate() {
+            if want != have {
+                // On failure the cache is dropped, so the next write reads the map again.
+                m.set(i as u32, want, 0).map_err(map_err(maps::CLASS_L1))?;
+            }
+        }
+        self.class_l1 = Some(table.l1);
+        Ok(())
+    }
+}
 /// Remove everything pinned under `dir`: the links first (which detaches the programs),
 /// then the maps. Returns the interfaces that were detached.
 pub fn unpin_all(dir: &Path) -> std::io::Result<Vec<String>> {

@@ -1,5 +1,6 @@
 //! shedder's userspace: configuration, policy compilation, loader and maps; the daemon,
 //! controller and CLI build on these.
+pub mod classmap;
 pub mod config;
 pub mod ebpf;
 pub mod policy;

@@ -282,11 +282,31 @@ impl Packet {
         f
     }
 
+    /// Length of the TCP header (data offset × 4) this packet's bytes carry.
+    fn tcp_header_len(&self) -> usize {
+        let mut opts = self.tcp.options.len();
+        opts = opts.div_ceil(4) * 4;
+        self.tcp.doff_override.map_or(20 + opts, |d| d as usize * 4)
+    }
+
     /// The RST|ACK shedder must send for this SYN, built from the specification (RFC 9293
     /// §3.10.7.1): same VLAN tags, MACs and addresses swapped, IPv4 id 0 with DF and TTL 64 /
     /// IPv6 hop limit 64 without extension headers, ports swapped, seq 0,
-    /// ack = SYN seq + 1 + data length, window 0, no options.
+    /// ack = SYN seq + 1 + data length, window 0. When the SYN has no IPv4 options, no IPv6
+    /// extension headers and no data, the reset takes its place byte for byte: the same TCP
+    /// header length with the option space filled with NOPs. Otherwise the TCP header is the
+    /// bare 20 bytes.
     pub fn expected_rst(&self) -> Vec<u8> {
+        let plain_ip = match &self.ip {
+            Ip::V4(v4) => v4.options.is_empty() && v4.ihl_override.is_none(),
+            Ip::V6(v6) => v6.ext.is_empty(),
+        };
+        let in_place = plain_ip && self.tcp.payload.is_empty();
+        let options = if in_place {
+            vec![shedder_common::csum::TCP_OPT_NOP; self.tcp_header_len() - 20]
+        } else {
+            Vec::new()
+        };
         let ip = match &self.ip {
             Ip::V4(v4) => Ip::V4(V4 {
                 src: v4.dst,
@@ -324,7 +344,7 @@ impl Packet {
                     .wrapping_add(self.tcp.payload.len() as u32),
                 flags: TCP_RST | TCP_ACK,
                 window: 0,
-                options: Vec::new(),
+                options,
                 payload: Vec::new(),
                 doff_override: None,
             },

@@ -14,7 +14,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use shedder::ebpf::Shedder;
+use shedder::{config::Prefix, ebpf::Shedder};
 use shedder_common::{
     ACTION_DROP, ACTION_RST, CLASS_CRITICAL, CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE,
     ClassPolicy, Globals, MODE_DRY_RUN, MODE_ENFORCE, POLICY_CONFIGURED, ServicePolicy,
@@ -139,9 +139,11 @@ pub fn install_standard(s: &mut Shedder) {
             CLASS_SHEDDABLE,
         ),
     ];
-    for (addr, len, class) in rules {
-        s.add_class_rule(addr, len, class).expect("class rule");
-    }
+    let rules: Vec<(Prefix, u32)> = rules
+        .into_iter()
+        .map(|(addr, len, class)| (Prefix { addr, len }, class))
+        .collect();
+    s.replace_class_rules(&rules).expect("class rules");
     fresh_heartbeat(s);
 }
 

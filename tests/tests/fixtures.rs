@@ -118,7 +118,16 @@ impl Case {
     }
 
     /// Send these bytes instead of the packet's (for frames the crafter cannot express).
+    /// Bytes appended after the packet (an Ethernet trailer) stay in place behind a reset
+    /// that is written over the SYN, so they are expected in the output too.
     fn bytes(mut self, bytes: Vec<u8>) -> Self {
+        if let Verdict::Rst(expected) = &mut self.expect
+            && bytes.len() > self.packet.len()
+            && bytes.starts_with(&self.packet)
+            && expected.len() == self.packet.len()
+        {
+            expected.extend_from_slice(&bytes[self.packet.len()..]);
+        }
         self.packet = bytes;
         self
     }
