@@ -461,6 +461,13 @@ mod tests {
         );
         v6.vlans = vec![(ETH_P_8021AD, 10), (ETH_P_8021Q, 20)];
         verify_checksums(&v6.bytes()).unwrap();
+        // Written in place: the same size as the SYN, options turned into NOPs.
+        let rst = v6.expected_rst();
+        assert_eq!(rst.len(), v6.bytes().len());
+        assert!(rst[rst.len() - 20..].iter().all(|&b| b == 1));
+        verify_checksums(&rst).unwrap();
+        // With data in the SYN, cut to a bare 20-byte TCP header.
+        v6.tcp.payload = vec![7; 10];
         let rst = v6.expected_rst();
         assert_eq!(rst.len(), 14 + 8 + 40 + 20);
         verify_checksums(&rst).unwrap();
