@@ -581,28 +581,29 @@ impl Shedder {
         self.write_direct_table(rules)?;
         let want: std::collections::HashSet<(IpAddr, u32)> =
             rules.iter().map(|(p, _)| (p.addr, p.len)).collect();
-        {
-            let mut m: LpmTrie<&mut MapData, [u8; 4], ClassRule> =
-                LpmTrie::try_from(self.map_mut(maps::CLASS_V4)?)
-                    .map_err(map_err(maps::CLASS_V4))?;
-            let stale: Vec<Key<[u8; 4]>> = m
-                .keys()
-                .filter_map(|k| k.ok())
-                .filter(|k| !want.contains(&(IpAddr::from(k.data()), k.prefix_len())))
-                .collect();
-            for k in stale {
-                m.remove(&k).map_err(map_err(maps::CLASS_V4))?;
-            }
-        }
-        let mut m: LpmTrie<&mut MapData, [u8; 16], ClassRule> =
-            LpmTrie::try_from(self.map_mut(maps::CLASS_V6)?).map_err(map_err(maps::CLASS_V6))?;
-        let stale: Vec<Key<[u8; 16]>> = m
+        self.remove_stale_rules::<4>(maps::CLASS_V4, &want, IpAddr::from)?;
+        self.remove_stale_rules::<16>(maps::CLASS_V6, &want, IpAddr::from)
+    }
+
+    /// Remove the entries of a class trie that `want` does not hold.
+    fn remove_stale_rules<const N: usize>(
+        &mut self,
+        name: &'static str,
+        want: &std::collections::HashSet<(IpAddr, u32)>,
+        to_ip: fn([u8; N]) -> IpAddr,
+    ) -> Result<()>
+    where
+        [u8; N]: aya::Pod,
+    {
+        let mut m: LpmTrie<&mut MapData, [u8; N], ClassRule> =
+            LpmTrie::try_from(self.map_mut(name)?).map_err(map_err(name))?;
+        let stale: Vec<Key<[u8; N]>> = m
             .keys()
             .filter_map(|k| k.ok())
-            .filter(|k| !want.contains(&(IpAddr::from(k.data()), k.prefix_len())))
+            .filter(|k| !want.contains(&(to_ip(k.data()), k.prefix_len())))
             .collect();
         for k in stale {
-            m.remove(&k).map_err(map_err(maps::CLASS_V6))?;
+            m.remove(&k).map_err(map_err(name))?;
         }
         Ok(())
     }
