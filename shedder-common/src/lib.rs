@@ -346,10 +346,15 @@ pub mod classmap {
     /// `None` (ask the trie).
     #[inline(always)]
     pub fn decode(cell: u32) -> Option<Option<u32>> {
-        match cell {
-            CLASS_CELL_NONE => Some(None),
-            1..=4 => Some(Some(cell - 1)),
-            _ => None,
+        // One range test rather than a match, so the packet path carries the class as a
+        // range [0, 3], not four constants the verifier would explore separately.
+        let class = cell.wrapping_sub(1);
+        if class < 4 {
+            Some(Some(class))
+        } else if cell == CLASS_CELL_NONE {
+            Some(None)
+        } else {
+            None
         }
     }
 }

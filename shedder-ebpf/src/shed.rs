@@ -300,7 +300,7 @@ unsafe fn store<T>(base: *const u8, off: usize, value: T) {
 #[inline(always)]
 fn write_rst<F: Frame>(frame: &F, syn: &Syn) -> bool {
     let ip_len = if syn.v6 == 1 { 40 } else { 20 };
-    let in_place = syn.payload_len == 0 && syn.l4_off == syn.l3_off + ip_len;
+    let in_place = syn.payload_len == 0 && syn.plain_ip == 1;
     let tcp_len = if in_place { syn.tcp_len } else { 20 };
     // Everything the reset needs is already in `syn`; cutting first means a refusal leaves
     // the SYN untouched, so the caller can still pass it.
@@ -316,14 +316,15 @@ fn write_rst<F: Frame>(frame: &F, syn: &Syn) -> bool {
     let Some(tcp) = ptr_at::<[u8; 20]>(data, data_end, l4_off) else {
         return false;
     };
-    // Option space: at most 40 bytes, NOP-filled word by word.
+    // Option space (at most 40 bytes): NOP-filled word by word to the end of the frame,
+    // which in place is the end of the SYN's TCP header (plus any Ethernet padding, which
+    // lies outside the IP datagram), and when cut is the end of the bare header. Bounding
+    // the loop by the frame rather than by the header length keeps that length out of the
+    // verifier's pointer arithmetic.
     let mut off = 20;
     while off < 60 {
-        if off >= tcp_len {
-            break;
-        }
         let Some(word) = ptr_at::<[u8; 4]>(data, data_end, l4_off + off) else {
-            return false;
+            break;
         };
         unsafe { store(word.cast(), 0, u32::from_ne_bytes([TCP_OPT_NOP; 4])) };
         off += 4;

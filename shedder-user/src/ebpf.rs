@@ -198,6 +198,22 @@ impl Shedder {
             })
     }
 
+    /// Instructions the verifier processed for each program (kernel 5.16+; `None` before):
+    /// the verification complexity, tracked so a change that blows it up is noticed.
+    pub fn verified_insns(&self) -> Vec<(&'static str, Option<u32>)> {
+        [programs::XDP, programs::TC, programs::CLOCK]
+            .into_iter()
+            .map(|name| {
+                let count = self.ebpf.program(name).and_then(|p| match p {
+                    aya::programs::Program::Xdp(p) => p.info().ok(),
+                    aya::programs::Program::SchedClassifier(p) => p.info().ok(),
+                    _ => None,
+                });
+                (name, count.and_then(|i| i.verified_instruction_count()))
+            })
+            .collect()
+    }
+
     /// The kernel's jiffies, read by running the clock program; with `stamp_heartbeat` the
     /// program also records them as the daemon's heartbeat.
     pub fn clock(&mut self, stamp_heartbeat: bool) -> Result<u64> {

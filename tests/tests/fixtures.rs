@@ -30,7 +30,7 @@ use shedder_common::{
     NUM_STATS, NUM_VERDICTS, REASON_CEILING, REASON_CLASS_LIMIT, REASON_CRITICAL, REASON_FLOOR,
     REASON_RATE, REASON_SERVICE_LIMIT, REASON_UNDER_LIMIT, STAT_FALLBACK, STAT_NO_POLICY,
     ServicePolicy, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST, counter_index,
-    gcra::BucketParams,
+    csum::TCP_OPT_NOP, gcra::BucketParams,
 };
 use shedder_tests::{packet::*, policy::*};
 
@@ -118,15 +118,19 @@ impl Case {
     }
 
     /// Send these bytes instead of the packet's (for frames the crafter cannot express).
-    /// Bytes appended after the packet (an Ethernet trailer) stay in place behind a reset
-    /// that is written over the SYN, so they are expected in the output too.
+    /// Bytes appended after the packet (an Ethernet trailer) stay behind a reset that is
+    /// written over the SYN in place, NOP-filled in whole 4-byte words like the option
+    /// space before them (they lie outside the IP datagram either way).
     fn bytes(mut self, bytes: Vec<u8>) -> Self {
         if let Verdict::Rst(expected) = &mut self.expect
             && bytes.len() > self.packet.len()
             && bytes.starts_with(&self.packet)
             && expected.len() == self.packet.len()
         {
-            expected.extend_from_slice(&bytes[self.packet.len()..]);
+            let trailer = &bytes[self.packet.len()..];
+            let words = trailer.len() / 4 * 4;
+            expected.extend(std::iter::repeat_n(TCP_OPT_NOP, words));
+            expected.extend_from_slice(&trailer[words..]);
         }
         self.packet = bytes;
         self

@@ -465,6 +465,8 @@ struct Report {
     single_calls: usize,
     rows: Vec<Row>,
     rst_estimate: Option<RstEstimate>,
+    /// Instructions the verifier processed per program (verification complexity).
+    verified_insns: Vec<(String, Option<u32>)>,
 }
 
 /// The RST path on the repeated basis, estimated: the repeated SYN-drop figure plus what
@@ -601,6 +603,19 @@ fn markdown(report: &Report) -> String {
             e.ns, e.ratio
         ));
     }
+    let verifier: Vec<String> = report
+        .verified_insns
+        .iter()
+        .map(|(name, n)| match n {
+            Some(n) => format!("{name} {}", thousands((*n).into())),
+            None => format!("{name} (not reported by this kernel)"),
+        })
+        .collect();
+    md.push_str(&format!(
+        "
+Verifier: instructions processed per program: {}.\n",
+        verifier.join(", ")
+    ));
     md
 }
 
@@ -688,9 +703,16 @@ fn run() -> Result<bool> {
         "bench_xdp: repeat {} × {} rounds, {} single-shot calls",
         args.repeat, args.rounds, args.single_calls
     );
+    let verified_insns = Shedder::load()
+        .context("loading shedder")?
+        .verified_insns()
+        .into_iter()
+        .map(|(name, n)| (name.to_string(), n))
+        .collect();
     let subjects = measure(&args)?;
     let rows = rows(&subjects);
     let report = Report {
+        verified_insns,
         machine,
         repeat: args.repeat,
         rounds: args.rounds,
