@@ -284,3 +284,72 @@ fn tc_ingress() {
 fn generic_xdp() {
     scenario("gen", AttachMode::Generic, Attached::XdpGeneric);
 }
+
+/// Removes a test's pin directory on drop (also on panic).
+struct PinDir(std::path::PathBuf);
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = shedder::ebpf::unpin_all(&self.0);
+    }
+}
+
+/// Maps and the link pinned under a pin directory keep protecting after the loading process
+/// lets go of them; removing the pins detaches.
+#[test]
+fn pinned_attachment_outlives_its_loader() {
+    require_root();
+    shedder_tests::ensure_fs();
+    let pins = PinDir(std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/shedder-test-{}",
+        std::process::id()
+    )));
+    let pair = Pair::new("pin");
+    let _server = pair.server.run(|| EchoServer::start(PORT_RST));
+    let connect = || {
+        pair.client.run(|| {
+            connect_from(
+                IpAddr::V4(CLIENT_V4),
+                IpAddr::V4(SERVER_V4),
+                PORT_RST,
+                ADMIT_WAIT,
+            )
+        })
+    };
+
+    {
+        let mut shedder = Shedder::load_pinned(&pins.0).expect("load pinned");
+        install_standard(&mut shedder);
+        shedder
+            .set_policy(SVC_RST, &closed_policy(ACTION_RST, MODE_ENFORCE))
+            .expect("policy");
+        pair.server
+            .run(|| shedder.attach(IFACE, AttachMode::Tc))
+            .expect("attach");
+        // The loader goes away here; only the pins hold the program and its maps.
+    }
+    for name in [
+        "links/veth0",
+        "maps/SHEDDER_POLICY",
+        "maps/SHEDDER_COUNTERS",
+    ] {
+        assert!(pins.0.join(name).exists(), "{name} is pinned");
+    }
+    assert_refused_fast(connect(), "still protected after the loader exited");
+
+    // A new process adopts the pinned maps and sees what the kernel counted.
+    let adopted = Shedder::load_pinned(&pins.0).expect("adopt pinned maps");
+    assert_eq!(
+        adopted
+            .counter(SVC_RST, CLASS_MEDIUM, VERDICT_RST, REASON_CLASS_LIMIT)
+            .expect("counter"),
+        1,
+        "the adopted counters hold the reset sent above"
+    );
+    drop(adopted);
+
+    let detached = shedder::ebpf::unpin_all(&pins.0).expect("unpin");
+    assert_eq!(detached, ["veth0"]);
+    assert!(!pins.0.exists(), "the pin directory is gone");
+    assert_admitted(connect(), "admitted once the pins are removed");
+}
