@@ -13,6 +13,8 @@ extern crate std;
 pub mod admit;
 pub mod csum;
 pub mod gcra;
+pub mod hist;
+pub mod tp;
 
 /// Services one node can protect. Sizes the policy, in-flight and counter maps.
 pub const MAX_SERVICES: u32 = 256;
@@ -22,6 +24,10 @@ pub const PORT_MAP_ENTRIES: u32 = 65536;
 pub const MAX_ADDR_SERVICES: u32 = 1024;
 /// Source-prefix class rules, per address family.
 pub const MAX_CLASS_RULES: u32 = 16384;
+/// Connections of protected services tracked at once (socket map entries). The daemon may
+/// size the map differently at load time; when it is full new connections go uncounted
+/// (and `STAT_UNTRACKED` says so).
+pub const DEFAULT_TRACKED_SOCKETS: u32 = 65536;
 /// IPv4 class lookup table, first level: one entry per /16.
 pub const CLASS_L1_ENTRIES: u32 = 65536;
 /// IPv4 class lookup table, second level: blocks of 256 /24 cells, in two halves that
@@ -79,13 +85,54 @@ pub const REASON_NAMES: [&str; NUM_REASONS as usize] = [
     "reserved",
 ];
 
-/// Entries of the per-CPU decision counter array.
-pub const COUNTER_ENTRIES: u32 = MAX_SERVICES * NUM_CLASSES as u32 * NUM_VERDICTS * NUM_REASONS;
+/// Decision counters of one service: one per (class, verdict, reason).
+pub const COUNTERS_PER_SERVICE: usize = NUM_CLASSES * NUM_VERDICTS as usize * NUM_REASONS as usize;
 
-/// Index into the decision counters for (service, class, verdict, reason).
+/// Index of (class, verdict, reason) within [`ServiceCounters`].
+#[inline(always)]
+pub const fn decision_index(class: u32, verdict: u32, reason: u32) -> u32 {
+    (class * NUM_VERDICTS + verdict) * NUM_REASONS + reason
+}
+
+/// A flat numbering of every decision counter of every service (service-major), for
+/// callers that keep all counters in one vector.
 #[inline(always)]
 pub const fn counter_index(service: u32, class: u32, verdict: u32, reason: u32) -> u32 {
-    ((service * NUM_CLASSES as u32 + class) * NUM_VERDICTS + verdict) * NUM_REASONS + reason
+    service * COUNTERS_PER_SERVICE as u32 + decision_index(class, verdict, reason)
+}
+
+/// The per-CPU decision counters of one service (one map entry per service, so the daemon
+/// reads a service's counters with one lookup).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceCounters {
+    pub n: [u64; COUNTERS_PER_SERVICE],
+}
+
+impl Default for ServiceCounters {
+    fn default() -> Self {
+        Self {
+            n: [0; COUNTERS_PER_SERVICE],
+        }
+    }
+}
+
+/// Histogram buckets of one service: `b[kind * hist::BUCKETS + bucket]`.
+pub const HIST_PER_SERVICE: usize = (hist::KINDS * hist::BUCKETS) as usize;
+
+/// The per-CPU histograms of one service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceHist {
+    pub b: [u64; HIST_PER_SERVICE],
+}
+
+impl Default for ServiceHist {
+    fn default() -> Self {
+        Self {
+            b: [0; HIST_PER_SERVICE],
+        }
+    }
 }
 
 /// Node-wide per-CPU statistics (exceptional paths only; the hot non-SYN path counts nothing).
@@ -98,13 +145,19 @@ pub const STAT_RST_ERROR: u32 = 1;
 pub const STAT_NO_POLICY: u32 = 2;
 /// The token bucket could not be updated under contention; admitted (fail-open).
 pub const STAT_RATE_CONTENDED: u32 = 3;
+/// A connection to a protected service could not be tracked (socket map full): it is
+/// missing from the in-flight count.
+pub const STAT_UNTRACKED: u32 = 4;
+/// A connection was established with no admitted attempt pending for it (e.g. admitted
+/// before shedder was attached, or a retransmitted SYN answered by the stack).
+pub const STAT_PENDING_MISS: u32 = 5;
 pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
     "fallback_decisions",
     "rst_errors",
     "missing_policy",
     "rate_contended",
-    "reserved4",
-    "reserved5",
+    "untracked_sockets",
+    "pending_miss",
     "reserved6",
     "reserved7",
 ];
@@ -139,9 +192,11 @@ pub mod maps {
     pub const CLASS_V6: &str = "SHEDDER_CLASS_V6";
     pub const CLASS_L1: &str = "SHEDDER_CLASS_L1";
     pub const CLASS_L2: &str = "SHEDDER_CLASS_L2";
+    pub const SOCKS: &str = "SHEDDER_SOCKS";
+    pub const HIST: &str = "SHEDDER_HIST";
     pub const COUNTERS: &str = "SHEDDER_COUNTERS";
     pub const STATS: &str = "SHEDDER_STATS";
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 15] = [
         GLOBALS,
         PORTS,
         ADDR_SERVICES,
@@ -153,6 +208,8 @@ pub mod maps {
         CLASS_V6,
         CLASS_L1,
         CLASS_L2,
+        SOCKS,
+        HIST,
         COUNTERS,
         STATS,
     ];
@@ -165,6 +222,18 @@ pub mod programs {
     /// Stamps jiffies into the globals; run by the daemon with BPF_PROG_TEST_RUN, never
     /// attached.
     pub const CLOCK: &str = "shedder_clock";
+    /// sock:inet_sock_set_state: in-flight connections, establishment time.
+    pub const SOCK_STATE: &str = "shedder_sock_state";
+    /// sock:sock_recv_length: accept-queue age (first read), start of a request.
+    pub const SOCK_RECV: &str = "shedder_sock_recv";
+    /// sock:sock_send_length: response latency (read → next write).
+    pub const SOCK_SEND: &str = "shedder_sock_send";
+    /// (program, tracepoint category, tracepoint name) of the tracking programs.
+    pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
+        (SOCK_STATE, "sock", "inet_sock_set_state"),
+        (SOCK_RECV, "sock", "sock_recv_length"),
+        (SOCK_SEND, "sock", "sock_send_length"),
+    ];
 }
 
 /// Node-wide settings and the daemon's heartbeat (single-entry array).
@@ -257,7 +326,7 @@ pub struct Inflight {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PendingSlot {
     pub epoch: u64,
-    pub class: [u32; NUM_CLASSES],
+    pub class: [u64; NUM_CLASSES],
 }
 
 /// Admitted attempts of one service in two epoch slots, `slots[epoch & 1]`. An attempt is
@@ -267,6 +336,15 @@ pub struct PendingSlot {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Pending {
     pub slots: [PendingSlot; 2],
+}
+
+#[inline(always)]
+fn clamp32(v: u64) -> u32 {
+    if v > u32::MAX as u64 {
+        u32::MAX
+    } else {
+        v as u32
+    }
 }
 
 /// Sum of per-class counts, saturating.
@@ -299,8 +377,10 @@ impl Pending {
         while i < 2 {
             let slot = &self.slots[i];
             if slot.epoch == epoch || slot.epoch.wrapping_add(1) == epoch {
-                mine = mine.saturating_add(slot.class[class]);
-                total = total.saturating_add(sum(&slot.class));
+                mine = mine.saturating_add(clamp32(slot.class[class]));
+                total = total.saturating_add(clamp32(
+                    slot.class[0] + slot.class[1] + slot.class[2] + slot.class[3],
+                ));
             }
             i += 1;
         }
@@ -372,6 +452,24 @@ impl Default for ClassBlock {
     }
 }
 
+/// Per-connection state of the tracking programs, keyed by the kernel socket address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockState {
+    /// ktime (ns) the connection became established; 0 until then.
+    pub established_ns: u64,
+    /// ktime (ns) of the first read since the last write (start of a request); 0 if none.
+    pub read_ns: u64,
+    pub service: u16,
+    pub class: u8,
+    /// [`SOCK_AGE_SEEN`] once the accept-queue age has been recorded.
+    pub flags: u8,
+    pub _pad: u32,
+}
+
+/// [`SockState::flags`]: the first read (end of the accept-queue wait) was seen.
+pub const SOCK_AGE_SEEN: u8 = 1;
+
 /// Value of the class tries: the class id.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -384,12 +482,14 @@ const _: () = {
     assert!(core::mem::size_of::<ClassPolicy>() == 40);
     assert!(core::mem::size_of::<ServicePolicy>() == 176);
     assert!(core::mem::size_of::<Inflight>() == 16);
-    assert!(core::mem::size_of::<PendingSlot>() == 24);
-    assert!(core::mem::size_of::<Pending>() == 48);
+    assert!(core::mem::size_of::<PendingSlot>() == 40);
+    assert!(core::mem::size_of::<Pending>() == 80);
     assert!(core::mem::size_of::<Bucket>() == 8);
     assert!(core::mem::size_of::<ServiceAddrKey>() == 20);
     assert!(core::mem::size_of::<ClassRule>() == 4);
     assert!(core::mem::size_of::<ClassBlock>() == 256);
+    assert!(core::mem::size_of::<SockState>() == 24);
+    assert!(COUNTERS_PER_SERVICE.is_power_of_two());
     assert!(NUM_CLASSES.is_power_of_two());
 };
 
@@ -408,4 +508,7 @@ mod pod {
     unsafe impl aya::Pod for ServiceAddrKey {}
     unsafe impl aya::Pod for ClassRule {}
     unsafe impl aya::Pod for ClassBlock {}
+    unsafe impl aya::Pod for SockState {}
+    unsafe impl aya::Pod for ServiceCounters {}
+    unsafe impl aya::Pod for ServiceHist {}
 }

@@ -13,14 +13,15 @@
 mod atomic;
 mod parse;
 mod shed;
+mod track;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
     helpers::generated::{
         bpf_jiffies64, bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_xdp_adjust_tail,
     },
-    macros::{classifier, xdp},
-    programs::{TcContext, XdpContext},
+    macros::{classifier, tracepoint, xdp},
+    programs::{TcContext, TracePointContext, XdpContext},
 };
 
 use shedder_common::CLOCK_STAMP_HEARTBEAT;
@@ -116,6 +117,27 @@ pub fn shedder_clock(ctx: XdpContext) -> u32 {
         }
     }
     xdp_action::XDP_PASS
+}
+
+/// sock:inet_sock_set_state — in-flight connections of protected services.
+#[tracepoint]
+pub fn shedder_sock_state(ctx: TracePointContext) -> u32 {
+    track::on_state_change(&ctx);
+    0
+}
+
+/// sock:sock_recv_length — accept-queue age, request start.
+#[tracepoint]
+pub fn shedder_sock_recv(ctx: TracePointContext) -> u32 {
+    track::on_recv(&ctx);
+    0
+}
+
+/// sock:sock_send_length — response latency.
+#[tracepoint]
+pub fn shedder_sock_send(ctx: TracePointContext) -> u32 {
+    track::on_send(&ctx);
+    0
 }
 
 #[cfg(not(test))]

@@ -7,19 +7,19 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
 };
 use shedder_common::{
-    ACTION_RST, Bucket, CLASS_L1_ENTRIES, CLASS_L2_BLOCKS, COUNTER_ENTRIES, ClassBlock, ClassRule,
-    DEFAULT_PENDING_EPOCH_SHIFT, Globals, Inflight, MAX_ADDR_SERVICES, MAX_CLASS_RULES,
+    ACTION_RST, Bucket, CLASS_L1_ENTRIES, CLASS_L2_BLOCKS, COUNTERS_PER_SERVICE, ClassBlock,
+    ClassRule, DEFAULT_PENDING_EPOCH_SHIFT, Globals, Inflight, MAX_ADDR_SERVICES, MAX_CLASS_RULES,
     MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS, POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES,
     PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, STAT_FALLBACK, STAT_NO_POLICY,
-    STAT_RATE_CONTENDED, STAT_RST_ERROR, ServiceAddrKey, ServicePolicy, VERDICT_DROP,
-    VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
+    STAT_RATE_CONTENDED, STAT_RST_ERROR, ServiceAddrKey, ServiceCounters, ServicePolicy,
+    VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
     admit::decide,
-    classmap, counter_index,
+    classmap,
     csum::{
         RST_TTL, TCP_ACK, TCP_OPT_NOP, TCP_RST, ipv4_rst_header_checksum, pseudo_v4, pseudo_v6,
         rst_ack_number, tcp_rst_checksum,
     },
-    gcra,
+    decision_index, gcra,
 };
 
 use crate::{
@@ -35,11 +35,11 @@ static SHEDDER_PORTS: Array<u32> = Array::with_max_entries(PORT_MAP_ENTRIES, 0);
 static SHEDDER_ADDR_SVC: HashMap<ServiceAddrKey, u32> =
     HashMap::with_max_entries(MAX_ADDR_SERVICES, 0);
 #[map]
-static SHEDDER_POLICY: Array<ServicePolicy> = Array::with_max_entries(MAX_SERVICES, 0);
+pub static SHEDDER_POLICY: Array<ServicePolicy> = Array::with_max_entries(MAX_SERVICES, 0);
 #[map]
-static SHEDDER_INFLIGHT: Array<Inflight> = Array::with_max_entries(MAX_SERVICES, 0);
+pub static SHEDDER_INFLIGHT: Array<Inflight> = Array::with_max_entries(MAX_SERVICES, 0);
 #[map]
-static SHEDDER_PENDING: Array<Pending> = Array::with_max_entries(MAX_SERVICES, 0);
+pub static SHEDDER_PENDING: Array<Pending> = Array::with_max_entries(MAX_SERVICES, 0);
 #[map]
 static SHEDDER_BUCKETS: Array<Bucket> =
     Array::with_max_entries(MAX_SERVICES * NUM_CLASSES as u32, 0);
@@ -54,9 +54,10 @@ static SHEDDER_CLASS_L1: Array<u32> = Array::with_max_entries(CLASS_L1_ENTRIES, 
 #[map]
 static SHEDDER_CLASS_L2: Array<ClassBlock> = Array::with_max_entries(CLASS_L2_BLOCKS, 0);
 #[map]
-static SHEDDER_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_ENTRIES, 0);
+static SHEDDER_COUNTERS: PerCpuArray<ServiceCounters> =
+    PerCpuArray::with_max_entries(MAX_SERVICES, 0);
 #[map]
-static SHEDDER_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NUM_STATS, 0);
+pub static SHEDDER_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NUM_STATS, 0);
 
 /// What the entry point should do with the frame.
 pub enum Outcome {
@@ -74,8 +75,17 @@ pub trait Frame {
     fn truncate(&self, new_len: usize) -> bool;
 }
 
+/// Count a decision in the service's per-CPU counters.
 #[inline(always)]
-fn bump(map: &PerCpuArray<u64>, index: u32) {
+fn count_decision(service: u32, class: u32, verdict: u32, reason: u32) {
+    if let Some(c) = SHEDDER_COUNTERS.get_ptr_mut(service) {
+        let i = decision_index(class, verdict, reason) as usize & (COUNTERS_PER_SERVICE - 1);
+        unsafe { (*c).n[i] += 1 };
+    }
+}
+
+#[inline(always)]
+pub fn bump(map: &PerCpuArray<u64>, index: u32) {
     if let Some(slot) = map.get_ptr_mut(index) {
         unsafe { *slot += 1 };
     }
@@ -86,7 +96,7 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
     let Some(syn) = parse_syn(frame.data(), frame.data_end()) else {
         return Outcome::Pass;
     };
-    let Some(service) = lookup_service(&syn) else {
+    let Some(service) = lookup_service(syn.dport, syn.dst, syn.v6) else {
         return Outcome::Pass;
     };
     let policy = match SHEDDER_POLICY.get(service) {
@@ -99,7 +109,7 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
     let Some(globals) = SHEDDER_GLOBALS.get(0) else {
         return Outcome::Pass;
     };
-    let class = classify(&syn, policy);
+    let class = classify(syn.src, syn.v6, policy);
     let now = unsafe { bpf_jiffies64() };
     let stale = globals.heartbeat_jiffies == 0
         || now.saturating_sub(globals.heartbeat_jiffies) > globals.heartbeat_timeout_jiffies;
@@ -130,52 +140,37 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
 
     if decision.admit == 1 {
         count_pending(pending, class, epoch);
-        bump(
-            &SHEDDER_COUNTERS,
-            counter_index(service, class, VERDICT_PASS, decision.reason),
-        );
+        count_decision(service, class, VERDICT_PASS, decision.reason);
         return Outcome::Pass;
     }
     if policy.mode == MODE_DRY_RUN {
-        bump(
-            &SHEDDER_COUNTERS,
-            counter_index(service, class, VERDICT_DRY_RUN, decision.reason),
-        );
+        count_decision(service, class, VERDICT_DRY_RUN, decision.reason);
         return Outcome::Pass;
     }
     if policy.action == ACTION_RST {
         if write_rst(frame, &syn) {
-            bump(
-                &SHEDDER_COUNTERS,
-                counter_index(service, class, VERDICT_RST, decision.reason),
-            );
+            count_decision(service, class, VERDICT_RST, decision.reason);
             return Outcome::Reply;
         }
         // Fail open: the reset could not be built, the attempt goes through.
         bump(&SHEDDER_STATS, STAT_RST_ERROR);
-        bump(
-            &SHEDDER_COUNTERS,
-            counter_index(service, class, VERDICT_PASS, decision.reason),
-        );
+        count_decision(service, class, VERDICT_PASS, decision.reason);
         return Outcome::Pass;
     }
-    bump(
-        &SHEDDER_COUNTERS,
-        counter_index(service, class, VERDICT_DROP, decision.reason),
-    );
+    count_decision(service, class, VERDICT_DROP, decision.reason);
     Outcome::Drop
 }
 
 /// Service id of the attempt's destination, `None` if it is not protected.
 #[inline(always)]
-fn lookup_service(syn: &Syn) -> Option<u32> {
-    let entry = *SHEDDER_PORTS.get(syn.dport as u32)?;
+pub fn lookup_service(port: u16, addr: [u32; 4], v6: u32) -> Option<u32> {
+    let entry = *SHEDDER_PORTS.get(port as u32)?;
     let mut id_plus_one = entry & PORT_SERVICE_MASK;
     if entry & PORT_HAS_ADDR_SERVICES != 0 {
         let key = ServiceAddrKey {
-            addr: as_bytes(syn.dst),
-            port: syn.dport,
-            family: if syn.v6 == 1 { 6 } else { 4 },
+            addr: as_bytes(addr),
+            port,
+            family: if v6 == 1 { 6 } else { 4 },
             _pad: 0,
         };
         if let Some(v) = unsafe { SHEDDER_ADDR_SVC.get(key) } {
@@ -192,16 +187,16 @@ fn lookup_service(syn: &Syn) -> Option<u32> {
 /// resolved by the direct table (two inlined array loads) unless their /24 holds a longer
 /// rule; the tries answer the rest.
 #[inline(always)]
-fn classify(syn: &Syn, policy: &ServicePolicy) -> u32 {
-    let found = if syn.v6 == 1 {
+pub fn classify(src: [u32; 4], v6: u32, policy: &ServicePolicy) -> u32 {
+    let found = if v6 == 1 {
         SHEDDER_CLASS_V6
-            .get(Key::new(128, as_bytes(syn.src)))
+            .get(Key::new(128, as_bytes(src)))
             .map(|r| r.class)
     } else {
-        match classmap::decode(direct_cell(u32::from_be(syn.src[0]))) {
+        match classmap::decode(direct_cell(u32::from_be(src[0]))) {
             Some(class) => class,
             None => SHEDDER_CLASS_V4
-                .get(Key::new(32, syn.src[0].to_ne_bytes()))
+                .get(Key::new(32, src[0].to_ne_bytes()))
                 .map(|r| r.class),
         }
     };
@@ -271,7 +266,7 @@ fn count_pending(pending: *mut Pending, class: u32, epoch: u64) {
             (*slot).class = [0; NUM_CLASSES];
             (*slot).epoch = epoch;
         }
-        atomic::add32(
+        atomic::add(
             &raw mut (*slot).class[(class as usize) & (NUM_CLASSES - 1)],
             1,
         );

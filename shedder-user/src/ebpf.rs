@@ -15,9 +15,10 @@ use aya::{
     },
 };
 use shedder_common::{
-    CLASS_L2_BLOCKS, CLOCK_STAMP_HEARTBEAT, ClassBlock, ClassRule, Globals, Inflight, NUM_CLASSES,
-    NUM_REASONS, NUM_STATS, NUM_VERDICTS, PORT_HAS_ADDR_SERVICES, PORT_SERVICE_MASK,
-    ServiceAddrKey, ServicePolicy, classmap, counter_index, maps, programs,
+    CLASS_L2_BLOCKS, CLOCK_STAMP_HEARTBEAT, COUNTERS_PER_SERVICE, ClassBlock, ClassRule, Globals,
+    HIST_PER_SERVICE, Inflight, NUM_CLASSES, NUM_REASONS, NUM_STATS, NUM_VERDICTS,
+    PORT_HAS_ADDR_SERVICES, PORT_SERVICE_MASK, ServiceAddrKey, ServiceCounters, ServiceHist,
+    ServicePolicy, classmap, decision_index, hist, maps, programs,
 };
 
 /// The eBPF object built by build.rs.
@@ -68,6 +69,8 @@ pub enum Error {
     Range(&'static str, String),
     #[error("pinning under {path}: {reason}")]
     Pin { path: PathBuf, reason: String },
+    #[error("connection tracking: {0}")]
+    Tracing(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -151,11 +154,16 @@ impl Shedder {
             }
         }
         let mut ebpf = loader.load(OBJECT)?;
-        for name in [programs::XDP, programs::TC, programs::CLOCK] {
+        let tracking = programs::TRACEPOINTS.map(|(name, _, _)| name);
+        for name in [programs::XDP, programs::TC, programs::CLOCK]
+            .into_iter()
+            .chain(tracking)
+        {
             let program = ebpf.program_mut(name).ok_or(Error::MissingProgram(name))?;
             let result = match program {
                 aya::programs::Program::Xdp(p) => p.load(),
                 aya::programs::Program::SchedClassifier(p) => p.load(),
+                aya::programs::Program::TracePoint(p) => p.load(),
                 _ => return Err(Error::MissingProgram(name)),
             };
             result.map_err(|e| match e {
@@ -203,10 +211,12 @@ impl Shedder {
     pub fn verified_insns(&self) -> Vec<(&'static str, Option<u32>)> {
         [programs::XDP, programs::TC, programs::CLOCK]
             .into_iter()
+            .chain(programs::TRACEPOINTS.map(|(name, _, _)| name))
             .map(|name| {
                 let count = self.ebpf.program(name).and_then(|p| match p {
                     aya::programs::Program::Xdp(p) => p.info().ok(),
                     aya::programs::Program::SchedClassifier(p) => p.info().ok(),
+                    aya::programs::Program::TracePoint(p) => p.info().ok(),
                     _ => None,
                 });
                 (name, count.and_then(|i| i.verified_instruction_count()))
@@ -325,6 +335,44 @@ impl Shedder {
         };
         self.keep_link(iface, link)?;
         Ok(attached)
+    }
+
+    /// Attach the tracking programs to the `sock` tracepoints (in-flight connections,
+    /// accept-queue age, response latency), after checking the running kernel's record
+    /// layouts. With a pin directory the links are pinned as `links/tp-<tracepoint>`; links
+    /// already pinned there are kept (a restarted daemon adopts them).
+    pub fn attach_tracking(&mut self) -> Result<()> {
+        crate::sysfs::ensure_tracefs().map_err(|e| Error::Tracing(e.to_string()))?;
+        check_tracepoint_formats().map_err(Error::Tracing)?;
+        for (program, category, name) in programs::TRACEPOINTS {
+            let pin_name = format!("tp-{name}");
+            if let Some(dir) = &self.pin_dir
+                && dir.join("links").join(&pin_name).exists()
+            {
+                continue;
+            }
+            let prog: &mut aya::programs::TracePoint = self
+                .ebpf
+                .program_mut(program)
+                .ok_or(Error::MissingProgram(program))?
+                .try_into()
+                .map_err(|source| Error::Program { program, source })?;
+            let id = prog
+                .attach(category, name)
+                .map_err(|source| Error::Program { program, source })?;
+            let link = prog
+                .take_link(id)
+                .map_err(|source| Error::Program { program, source })?;
+            let link: FdLink = link
+                .try_into()
+                .map_err(|e: aya::programs::links::LinkError| {
+                    Error::Tracing(format!(
+                        "{category}:{name} attached without a bpf link: {e}"
+                    ))
+                })?;
+            self.keep_link(&pin_name, link)?;
+        }
+        Ok(())
     }
 
     fn keep_link(&mut self, iface: &str, link: FdLink) -> Result<()> {
@@ -466,12 +514,62 @@ impl Shedder {
                 format!("class {class} verdict {verdict} reason {reason}"),
             ));
         }
-        let m: PerCpuArray<&MapData, u64> =
+        Ok(self.counters(service)?[decision_index(class, verdict, reason) as usize])
+    }
+
+    /// Every decision counter of a service summed over CPUs, indexed by `decision_index`
+    /// (one map lookup).
+    pub fn counters(&self, service: u32) -> Result<[u64; COUNTERS_PER_SERVICE]> {
+        check_service(service)?;
+        let m: PerCpuArray<&MapData, ServiceCounters> =
             PerCpuArray::try_from(self.map(maps::COUNTERS)?).map_err(map_err(maps::COUNTERS))?;
-        let values = m
-            .get(&counter_index(service, class, verdict, reason), 0)
-            .map_err(map_err(maps::COUNTERS))?;
-        Ok(values.iter().sum())
+        let per_cpu = m.get(&service, 0).map_err(map_err(maps::COUNTERS))?;
+        let mut out = [0u64; COUNTERS_PER_SERVICE];
+        for cpu in per_cpu.iter() {
+            for (o, v) in out.iter_mut().zip(cpu.n.iter()) {
+                *o += v;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Established connections per class of a service, as the kernel counts them.
+    pub fn inflight(&self, service: u32) -> Result<Inflight> {
+        check_service(service)?;
+        let m: Array<&MapData, Inflight> =
+            Array::try_from(self.map(maps::INFLIGHT)?).map_err(map_err(maps::INFLIGHT))?;
+        m.get(&service, 0).map_err(map_err(maps::INFLIGHT))
+    }
+
+    /// Admitted attempts not yet established, per epoch slot.
+    pub fn pending(&self, service: u32) -> Result<shedder_common::Pending> {
+        check_service(service)?;
+        let m: Array<&MapData, shedder_common::Pending> =
+            Array::try_from(self.map(maps::PENDING)?).map_err(map_err(maps::PENDING))?;
+        m.get(&service, 0).map_err(map_err(maps::PENDING))
+    }
+
+    /// A service's cumulative histograms summed over CPUs, indexed by `hist::index`
+    /// (one map lookup).
+    pub fn histograms(&self, service: u32) -> Result<Vec<u64>> {
+        check_service(service)?;
+        let m: PerCpuArray<&MapData, ServiceHist> =
+            PerCpuArray::try_from(self.map(maps::HIST)?).map_err(map_err(maps::HIST))?;
+        let per_cpu = m.get(&service, 0).map_err(map_err(maps::HIST))?;
+        let mut out = vec![0u64; HIST_PER_SERVICE];
+        for cpu in per_cpu.iter() {
+            for (o, v) in out.iter_mut().zip(cpu.b.iter()) {
+                *o += v;
+            }
+        }
+        Ok(out)
+    }
+
+    /// One of a service's cumulative histograms (`hist::KIND_*`).
+    pub fn histogram(&self, service: u32, kind: u32) -> Result<Vec<u64>> {
+        let all = self.histograms(service)?;
+        let start = hist::index(kind, 0) as usize;
+        Ok(all[start..start + hist::BUCKETS as usize].to_vec())
     }
 
     /// Node-wide statistics summed over CPUs, indexed by `STAT_*`.
@@ -488,6 +586,66 @@ impl Shedder {
         }
         Ok(out)
     }
+}
+
+/// Check that the running kernel's `sock` tracepoint records have the layout the tracking
+/// programs read (see `shedder_common::tp`).
+pub fn check_tracepoint_formats() -> std::result::Result<(), String> {
+    use shedder_common::tp;
+    let checks: [(&str, &[(&str, usize, usize)]); 3] = [
+        ("inet_sock_set_state", &tp::state::FIELDS),
+        ("sock_recv_length", &tp::length::FIELDS),
+        ("sock_send_length", &tp::length::FIELDS),
+    ];
+    for (event, fields) in checks {
+        let path = format!("{}/events/sock/{event}/format", crate::sysfs::TRACEFS);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            format!("cannot read {path}: {e} (this kernel lacks the sock:{event} tracepoint)")
+        })?;
+        let found = parse_format(&text);
+        for &(name, offset, size) in fields {
+            match found.iter().find(|(n, _, _)| n == name) {
+                Some(&(_, o, s)) if o == offset && s == size => {}
+                Some(&(_, o, s)) => {
+                    return Err(format!(
+                        "sock:{event} field `{name}` is at offset {o} size {s} on this kernel,                          shedder reads offset {offset} size {size}"
+                    ));
+                }
+                None => {
+                    return Err(format!("sock:{event} has no field `{name}` on this kernel"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `(name, offset, size)` of each field line of a tracefs `format` file.
+fn parse_format(text: &str) -> Vec<(String, usize, usize)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut name = None;
+        let mut offset = None;
+        let mut size = None;
+        for part in line.split(';') {
+            let part = part.trim();
+            if let Some(decl) = part.strip_prefix("field:") {
+                // `unsigned short common_type` or `__u8 saddr[4]`: the last word, sans array.
+                name = decl
+                    .split_whitespace()
+                    .last()
+                    .map(|n| n.split('[').next().unwrap_or(n).to_string());
+            } else if let Some(v) = part.strip_prefix("offset:") {
+                offset = v.parse().ok();
+            } else if let Some(v) = part.strip_prefix("size:") {
+                size = v.parse().ok();
+            }
+        }
+        if let (Some(n), Some(o), Some(s)) = (name, offset, size) {
+            out.push((n, o, s));
+        }
+    }
+    out
 }
 
 /// The usual CONFIG_HZ values, to snap a measurement to.
@@ -728,6 +886,18 @@ pub fn addr_key(addr: IpAddr, port: u16) -> ServiceAddrKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tracefs_format_lines_parse() {
+        let text = "name: x\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:__u8 saddr_v6[16];\toffset:40;\tsize:16;\tsigned:0;\n\nprint fmt: \"%d\"\n";
+        assert_eq!(
+            parse_format(text),
+            [
+                ("common_type".to_string(), 0, 2),
+                ("saddr_v6".to_string(), 40, 16)
+            ]
+        );
+    }
 
     #[test]
     fn hz_snaps_to_known_values() {

@@ -2,8 +2,10 @@
 //! chosen source address with a deadline.
 
 use std::{
+    collections::HashMap,
     io::{self, Read, Write},
     net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream},
+    os::fd::AsRawFd,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -14,54 +16,20 @@ use std::{
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-/// An echo server on `[::]:port` (dual-stack). Every connection is echoed until EOF on its
-/// own thread. Dropping it stops the accept loop and shuts every connection down, so no
-/// socket keeps a test namespace alive.
-pub struct EchoServer {
+/// A server for the tests: listens on `[::]:port` (dual-stack) and runs `handler` on each
+/// connection in its own thread. Before each accept it waits `accept_delay` once a
+/// connection is pending, so every connection sits in the accept queue for at least that
+/// long. Dropping it stops accepting and shuts down the connections still open, so no socket
+/// keeps a test namespace alive; a handler that returns closes its connection.
+pub struct TestServer {
     stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
+    conns: Arc<Mutex<HashMap<u64, TcpStream>>>,
     accept: Option<thread::JoinHandle<()>>,
+    pub port: u16,
 }
 
-impl EchoServer {
-    /// Call from a thread inside the server's namespace.
-    pub fn start(port: u16) -> Self {
-        let listener =
-            TcpListener::bind(("::", port)).unwrap_or_else(|e| panic!("bind [::]:{port}: {e}"));
-        listener
-            .set_nonblocking(true)
-            .expect("nonblocking listener");
-        let stop = Arc::new(AtomicBool::new(false));
-        let conns = Arc::new(Mutex::new(Vec::new()));
-        let accept = {
-            let (stop, conns) = (stop.clone(), conns.clone());
-            thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((conn, _)) => {
-                            conn.set_nonblocking(false).expect("blocking connection");
-                            if let Ok(clone) = conn.try_clone() {
-                                conns.lock().expect("conns").push(clone);
-                            }
-                            thread::spawn(move || echo(conn));
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            thread::sleep(Duration::from_millis(5));
-                        }
-                        Err(_) => break,
-                    }
-                }
-            })
-        };
-        Self {
-            stop,
-            conns,
-            accept: Some(accept),
-        }
-    }
-}
-
-fn echo(mut conn: TcpStream) {
+/// Echo everything until EOF.
+pub fn echo(mut conn: TcpStream) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         match conn.read(&mut buf) {
@@ -75,13 +43,99 @@ fn echo(mut conn: TcpStream) {
     }
 }
 
-impl Drop for EchoServer {
+/// Answer each read with the same bytes after `service_time` (a request/response server
+/// with a known service time), until EOF.
+pub fn respond_after(service_time: Duration) -> impl Fn(TcpStream) + Send + Sync + Clone + 'static {
+    move |mut conn: TcpStream| {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match conn.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    thread::sleep(service_time);
+                    if conn.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl TestServer {
+    /// An echo server without accept delay. Call from a thread inside the server's namespace.
+    pub fn echo(port: u16) -> Self {
+        Self::start(port, Duration::ZERO, echo)
+    }
+
+    /// Call from a thread inside the server's namespace.
+    pub fn start<F>(port: u16, accept_delay: Duration, handler: F) -> Self
+    where
+        F: Fn(TcpStream) + Send + Sync + Clone + 'static,
+    {
+        let listener =
+            TcpListener::bind(("::", port)).unwrap_or_else(|e| panic!("bind [::]:{port}: {e}"));
+        let port = listener.local_addr().expect("local addr").port();
+        listener
+            .set_nonblocking(true)
+            .expect("nonblocking listener");
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<HashMap<u64, TcpStream>>> = Arc::default();
+        let accept = {
+            let (stop, conns) = (stop.clone(), conns.clone());
+            thread::spawn(move || {
+                let mut next_id = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if !readable(&listener, Duration::from_millis(5)) {
+                        continue;
+                    }
+                    thread::sleep(accept_delay);
+                    let Ok((conn, _)) = listener.accept() else {
+                        continue;
+                    };
+                    conn.set_nonblocking(false).expect("blocking connection");
+                    let id = next_id;
+                    next_id += 1;
+                    if let Ok(clone) = conn.try_clone() {
+                        conns.lock().expect("conns").insert(id, clone);
+                    }
+                    let (handler, conns) = (handler.clone(), conns.clone());
+                    thread::spawn(move || {
+                        handler(conn);
+                        // The handler's copy is closed when it returns; drop ours too.
+                        conns.lock().expect("conns").remove(&id);
+                    });
+                }
+            })
+        };
+        Self {
+            stop,
+            conns,
+            accept: Some(accept),
+            port,
+        }
+    }
+}
+
+/// Wait up to `timeout` for `listener` to have a connection to accept.
+fn readable(listener: &TcpListener, timeout: Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
+    n > 0 && pfd.revents & libc::POLLIN != 0
+}
+
+impl Drop for TestServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
-        for c in self.conns.lock().expect("conns").drain(..) {
+        for (_, c) in self.conns.lock().expect("conns").drain() {
             let _ = c.shutdown(Shutdown::Both);
         }
     }

@@ -1193,19 +1193,10 @@ fn run(s: &mut Shedder, prog: Prog, input: &[u8]) -> (u32, Vec<u8>) {
 
 /// Every decision counter of the standard services, indexed by `counter_index`.
 fn decisions(s: &Shedder) -> Vec<u64> {
-    let mut all =
-        vec![0; (NUM_TEST_SERVICES * NUM_CLASSES as u32 * NUM_VERDICTS * NUM_REASONS) as usize];
-    for svc in 0..NUM_TEST_SERVICES {
-        for class in 0..NUM_CLASSES as u32 {
-            for verdict in 0..NUM_VERDICTS {
-                for reason in 0..NUM_REASONS {
-                    all[counter_index(svc, class, verdict, reason) as usize] =
-                        s.counter(svc, class, verdict, reason).expect("counter");
-                }
-            }
-        }
-    }
-    all
+    // `counter_index` numbers counters service-major, as `counters` returns them per service.
+    (0..NUM_TEST_SERVICES)
+        .flat_map(|svc| s.counters(svc).expect("counters"))
+        .collect()
 }
 
 /// Describe a counter index as (service, class, verdict, reason) names.

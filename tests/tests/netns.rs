@@ -20,7 +20,7 @@ use shedder_tests::{
     netns::{IFACE, Pair},
     policy::*,
     require_root,
-    tcp::{Attempt, EchoServer, connect_from, echo_roundtrip},
+    tcp::{Attempt, TestServer, connect_from, echo_roundtrip},
 };
 
 /// What a refused attempt may take at most: the RST comes back in well under a millisecond.
@@ -35,7 +35,7 @@ const NESTED_SHEDDABLE_V4_ADDR: Ipv4Addr = NESTED_SHEDDABLE_V4;
 /// A client and a server namespace, echo servers on every test port, shedder attached on
 /// the server's interface. Field order matters: servers and shedder go before the namespaces.
 struct Lab {
-    _servers: Vec<EchoServer>,
+    _servers: Vec<TestServer>,
     _client_xdp: Option<aya::Ebpf>,
     shedder: Shedder,
     pair: Pair,
@@ -69,7 +69,7 @@ impl Lab {
         let servers = pair.server.run(|| {
             [PORT_DROP, PORT_RST, PORT_DRY, PORT_OPEN]
                 .into_iter()
-                .map(EchoServer::start)
+                .map(TestServer::echo)
                 .collect::<Vec<_>>()
         });
         let attached = pair
@@ -305,7 +305,7 @@ fn pinned_attachment_outlives_its_loader() {
         std::process::id()
     )));
     let pair = Pair::new("pin");
-    let _server = pair.server.run(|| EchoServer::start(PORT_RST));
+    let _server = pair.server.run(|| TestServer::echo(PORT_RST));
     let connect = || {
         pair.client.run(|| {
             connect_from(

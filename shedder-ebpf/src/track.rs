@@ -1,0 +1,264 @@
+//! Connection tracking from the `sock` tracepoints (the stable ABI; kprobes and fentry are not
+//! available everywhere): in-flight connections per (service, class), admitted attempts
+//! retired when they become connections, accept-queue age and response latency histograms.
+//!
+//! Only children of listening sockets on protected ports are tracked, in a hash map keyed by
+//! the kernel socket address. Every other socket costs the tracepoint one failed lookup.
+//!
+//! Record layouts (offsets) are those of `/sys/kernel/tracing/events/sock/*/format`, stable
+//! since Linux 4.16/5.x; the daemon checks them against the running kernel before attaching.
+
+use aya_ebpf::{
+    EbpfContext,
+    helpers::generated::{bpf_jiffies64, bpf_ktime_get_ns},
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+    programs::TracePointContext,
+};
+use shedder_common::{
+    DEFAULT_PENDING_EPOCH_SHIFT, DEFAULT_TRACKED_SOCKETS, HIST_PER_SERVICE, MAX_SERVICES,
+    NUM_CLASSES, POLICY_CONFIGURED, SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, ServiceHist,
+    SockState, hist,
+    tp::{length, state},
+};
+
+use crate::{
+    atomic,
+    shed::{
+        SHEDDER_GLOBALS, SHEDDER_INFLIGHT, SHEDDER_PENDING, SHEDDER_POLICY, SHEDDER_STATS, bump,
+        classify, lookup_service,
+    },
+};
+
+#[map]
+static SHEDDER_SOCKS: HashMap<u64, SockState> =
+    HashMap::with_max_entries(DEFAULT_TRACKED_SOCKETS, 0);
+#[map]
+static SHEDDER_HIST: PerCpuArray<ServiceHist> = PerCpuArray::with_max_entries(MAX_SERVICES, 0);
+
+const TCP_ESTABLISHED: i32 = 1;
+const TCP_SYN_RECV: i32 = 3;
+const TCP_FIN_WAIT1: i32 = 4;
+const TCP_CLOSE: i32 = 7;
+const TCP_LAST_ACK: i32 = 9;
+const TCP_LISTEN: i32 = 10;
+const TCP_CLOSING: i32 = 11;
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
+const IPPROTO_TCP: u16 = 6;
+const MSG_PEEK: i32 = 2;
+const BPF_NOEXIST: u64 = 1;
+
+/// A naturally aligned field of the tracepoint record.
+#[inline(always)]
+fn field<T: Copy>(ctx: &TracePointContext, off: usize) -> T {
+    unsafe { core::ptr::read(ctx.as_ptr().cast::<u8>().add(off).cast::<T>()) }
+}
+
+fn addr_v6(ctx: &TracePointContext, off: usize) -> [u32; 4] {
+    [
+        field(ctx, off),
+        field(ctx, off + 4),
+        field(ctx, off + 8),
+        field(ctx, off + 12),
+    ]
+}
+
+/// `::ffff:a.b.c.d`: an IPv4 connection on a dual-stack IPv6 socket.
+#[inline(always)]
+fn v4_mapped(a: &[u32; 4]) -> bool {
+    a[0] == 0 && a[1] == 0 && a[2] == u32::from_ne_bytes([0, 0, 0xff, 0xff])
+}
+
+#[inline(always)]
+pub fn on_state_change(ctx: &TracePointContext) {
+    if field::<u16>(ctx, state::PROTOCOL) != IPPROTO_TCP {
+        return;
+    }
+    let old: i32 = field(ctx, state::OLDSTATE);
+    let new: i32 = field(ctx, state::NEWSTATE);
+    let sk: u64 = field(ctx, state::SKADDR);
+    if old == TCP_LISTEN && new == TCP_SYN_RECV {
+        child_created(ctx, sk);
+    } else if old == TCP_SYN_RECV && new == TCP_ESTABLISHED {
+        if let Some(st) = SHEDDER_SOCKS.get_ptr_mut(sk) {
+            unsafe { (*st).established_ns = bpf_ktime_get_ns() };
+        }
+    } else if new == TCP_FIN_WAIT1 || new == TCP_LAST_ACK || new == TCP_CLOSING || new == TCP_CLOSE
+    {
+        // The server closed its end, or the connection died: it no longer occupies the
+        // service. (A peer's FIN alone, ESTABLISHED → CLOSE_WAIT, does not end it: the
+        // application may still be working on the request.)
+        connection_ended(sk);
+    }
+}
+
+/// A listener on a protected port made a child: count it and retire its pending attempt.
+#[inline(always)]
+fn child_created(ctx: &TracePointContext, sk: u64) {
+    let family: u16 = field(ctx, state::FAMILY);
+    let (v6, local, remote) = if family == AF_INET {
+        (
+            0,
+            [field(ctx, state::SADDR), 0, 0, 0],
+            [field(ctx, state::DADDR), 0, 0, 0],
+        )
+    } else if family == AF_INET6 {
+        let local = addr_v6(ctx, state::SADDR_V6);
+        let remote = addr_v6(ctx, state::DADDR_V6);
+        if v4_mapped(&remote) {
+            (0, [local[3], 0, 0, 0], [remote[3], 0, 0, 0])
+        } else {
+            (1, local, remote)
+        }
+    } else {
+        return;
+    };
+    let port: u16 = field(ctx, state::SPORT);
+    let Some(service) = lookup_service(port, local, v6) else {
+        return;
+    };
+    let policy = match SHEDDER_POLICY.get(service) {
+        Some(p) if p.configured == POLICY_CONFIGURED => p,
+        _ => return,
+    };
+    let class = classify(remote, v6, policy);
+    let state = SockState {
+        service: service as u16,
+        class: class as u8,
+        ..Default::default()
+    };
+    if SHEDDER_SOCKS.insert(sk, state, BPF_NOEXIST).is_err() {
+        bump(&SHEDDER_STATS, STAT_UNTRACKED);
+        return;
+    }
+    if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service) {
+        unsafe {
+            atomic::add32(
+                &raw mut (*inflight).class[(class as usize) & (NUM_CLASSES - 1)],
+                1,
+            )
+        };
+    }
+    retire_pending(service, class);
+}
+
+/// The attempt admitted for this connection is no longer pending: take one off the older
+/// live epoch of its class first (attempts complete roughly in order), else the current.
+#[inline(always)]
+fn retire_pending(service: u32, class: u32) {
+    let (Some(globals), Some(pending)) =
+        (SHEDDER_GLOBALS.get(0), SHEDDER_PENDING.get_ptr_mut(service))
+    else {
+        return;
+    };
+    let shift = if globals.pending_epoch_shift == 0 || globals.pending_epoch_shift > 63 {
+        DEFAULT_PENDING_EPOCH_SHIFT
+    } else {
+        globals.pending_epoch_shift
+    };
+    let epoch = unsafe { bpf_jiffies64() } >> shift;
+    let c = (class as usize) & (NUM_CLASSES - 1);
+    let mut i = 0;
+    while i < 2 {
+        let e = if i == 0 { epoch.wrapping_sub(1) } else { epoch };
+        let slot = unsafe { &raw mut (*pending).slots[(e & 1) as usize] };
+        if unsafe { (*slot).epoch } == e
+            && unsafe { atomic::decrement_if_positive(&raw mut (*slot).class[c]) }
+        {
+            return;
+        }
+        i += 1;
+    }
+    bump(&SHEDDER_STATS, STAT_PENDING_MISS);
+}
+
+#[inline(always)]
+fn connection_ended(sk: u64) {
+    let Some(st) = SHEDDER_SOCKS.get_ptr(sk) else {
+        return;
+    };
+    let (service, class) = unsafe { ((*st).service as u32, (*st).class as usize) };
+    // Only the caller that removes the entry decrements, so a connection ends once.
+    if SHEDDER_SOCKS.remove(sk).is_err() {
+        return;
+    }
+    if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service) {
+        unsafe {
+            atomic::add32(
+                &raw mut (*inflight).class[class & (NUM_CLASSES - 1)],
+                u32::MAX,
+            )
+        };
+    }
+}
+
+#[inline(always)]
+fn observe(service: u32, kind: u32, ns: u64) {
+    let i = hist::index(kind, hist::bucket(ns / 1000)) as usize;
+    if let Some(h) = SHEDDER_HIST.get_ptr_mut(service)
+        && i < HIST_PER_SERVICE
+    {
+        unsafe { (*h).b[i] += 1 };
+    }
+}
+
+#[inline(always)]
+fn tracked(ctx: &TracePointContext) -> Option<*mut SockState> {
+    if field::<u16>(ctx, length::PROTOCOL) != IPPROTO_TCP {
+        return None;
+    }
+    let sk: u64 = field(ctx, length::SK);
+    SHEDDER_SOCKS.get_ptr_mut(sk)
+}
+
+/// The application read from a tracked connection: its first read ends the accept-queue
+/// wait; the first read after a write starts a request.
+#[inline(always)]
+pub fn on_recv(ctx: &TracePointContext) {
+    let Some(st) = tracked(ctx) else {
+        return;
+    };
+    if field::<i32>(ctx, length::FLAGS) & MSG_PEEK != 0 {
+        return;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let ret: i32 = field(ctx, length::RET);
+    unsafe {
+        let service = (*st).service as u32;
+        if (*st).flags & SOCK_AGE_SEEN == 0 && (*st).established_ns != 0 {
+            observe(
+                service,
+                hist::KIND_QUEUE_AGE,
+                now.saturating_sub((*st).established_ns),
+            );
+            (*st).flags |= SOCK_AGE_SEEN;
+        }
+        if ret > 0 && (*st).read_ns == 0 {
+            (*st).read_ns = now;
+        }
+    }
+}
+
+/// The application wrote to a tracked connection: a response to the request read before.
+#[inline(always)]
+pub fn on_send(ctx: &TracePointContext) {
+    let Some(st) = tracked(ctx) else {
+        return;
+    };
+    if field::<i32>(ctx, length::RET) <= 0 {
+        return;
+    }
+    unsafe {
+        let read_ns = (*st).read_ns;
+        if read_ns != 0 {
+            let now = bpf_ktime_get_ns();
+            observe(
+                (*st).service as u32,
+                hist::KIND_LATENCY,
+                now.saturating_sub(read_ns),
+            );
+            (*st).read_ns = 0;
+        }
+    }
+}
