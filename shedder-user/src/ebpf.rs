@@ -243,6 +243,16 @@ impl Shedder {
         Ok(self.globals()?.clock_jiffies)
     }
 
+    /// The pending-attempt epoch the packet path is in now.
+    pub fn pending_epoch(&mut self) -> Result<u64> {
+        let jiffies = self.clock(false)?;
+        let shift = match self.globals()?.pending_epoch_shift {
+            0 | 64.. => shedder_common::DEFAULT_PENDING_EPOCH_SHIFT,
+            s => s,
+        };
+        Ok(jiffies >> shift)
+    }
+
     /// Stamp the heartbeat: the packet path's adaptive limits stay in force for the
     /// configured timeout from now.
     pub fn heartbeat(&mut self) -> Result<u64> {
@@ -592,7 +602,9 @@ impl Shedder {
 /// programs read (see `shedder_common::tp`).
 pub fn check_tracepoint_formats() -> std::result::Result<(), String> {
     use shedder_common::tp;
-    let checks: [(&str, &[(&str, usize, usize)]); 3] = [
+    /// (field, offset, size) as in `shedder_common::tp`.
+    type Layout = [(&'static str, usize, usize)];
+    let checks: [(&str, &Layout); 3] = [
         ("inet_sock_set_state", &tp::state::FIELDS),
         ("sock_recv_length", &tp::length::FIELDS),
         ("sock_send_length", &tp::length::FIELDS),

@@ -4,4 +4,5 @@ pub mod classmap;
 pub mod config;
 pub mod ebpf;
 pub mod policy;
+pub mod signals;
 pub mod sysfs;

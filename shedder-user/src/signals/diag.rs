@@ -4,7 +4,9 @@
 
 use std::{io, net::IpAddr};
 
-use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
+use netlink_packet_core::{
+    NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
 use netlink_packet_sock_diag::{
     SockDiagMessage,
     constants::{AF_INET, AF_INET6, IPPROTO_TCP},
@@ -29,7 +31,10 @@ pub fn listeners() -> io::Result<Vec<Listener>> {
     socket.bind_auto()?;
     socket.connect(&SocketAddr::new(0, 0))?;
     let mut out = Vec::new();
-    for (family, id) in [(AF_INET, SocketId::new_v4()), (AF_INET6, SocketId::new_v6())] {
+    for (family, id) in [
+        (AF_INET, SocketId::new_v4()),
+        (AF_INET6, SocketId::new_v6()),
+    ] {
         dump(&socket, family, id, &mut out)?;
     }
     Ok(out)

@@ -21,11 +21,18 @@ pub fn read() -> io::Result<ListenCounters> {
 pub fn parse(text: &str) -> io::Result<ListenCounters> {
     let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
     let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "no TcpExt lines"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "no TcpExt lines",
+        ));
     };
     let mut counters = ListenCounters::default();
     let mut found = 0;
-    for (name, value) in names.split_whitespace().zip(values.split_whitespace()).skip(1) {
+    for (name, value) in names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .skip(1)
+    {
         let slot = match name {
             "ListenOverflows" => &mut counters.overflows,
             "ListenDrops" => &mut counters.drops,

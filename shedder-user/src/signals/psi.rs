@@ -29,7 +29,10 @@ pub struct Throttling {
 /// host, `/sys/fs/cgroup/unified` on a hybrid one).
 pub fn cgroup2_mount() -> io::Result<PathBuf> {
     find_cgroup2(&std::fs::read_to_string("/proc/mounts")?).ok_or_else(|| {
-        io::Error::new(io::ErrorKind::NotFound, "no cgroup2 filesystem in /proc/mounts")
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            "no cgroup2 filesystem in /proc/mounts",
+        )
     })
 }
 
@@ -127,7 +130,10 @@ mod tests {
     fn finds_the_cgroup2_mount() {
         let hybrid = "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n\
                       cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n";
-        assert_eq!(find_cgroup2(hybrid), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(
+            find_cgroup2(hybrid),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
         assert_eq!(find_cgroup2("proc /proc proc rw 0 0\n"), None);
     }
 
@@ -142,15 +148,23 @@ mod tests {
         assert_eq!(p.some_total_us, 12345);
         assert_eq!(p.full_avg10, Some(0.25));
         assert_eq!(p.full_total_us, Some(678));
-        let cpu_only_some = parse_pressure("some avg10=0.00 avg60=0.00 avg300=0.00 total=9\n").unwrap();
+        let cpu_only_some =
+            parse_pressure("some avg10=0.00 avg60=0.00 avg300=0.00 total=9\n").unwrap();
         assert_eq!(cpu_only_some.full_total_us, None);
         assert!(parse_pressure("").is_err());
     }
 
     #[test]
     fn parses_throttling() {
-        let t = parse_throttling("usage_usec 10\nnr_periods 5\nnr_throttled 2\nthrottled_usec 900\n");
-        assert_eq!(t, Some(Throttling { nr_throttled: 2, throttled_usec: 900 }));
+        let t =
+            parse_throttling("usage_usec 10\nnr_periods 5\nnr_throttled 2\nthrottled_usec 900\n");
+        assert_eq!(
+            t,
+            Some(Throttling {
+                nr_throttled: 2,
+                throttled_usec: 900
+            })
+        );
         assert_eq!(parse_throttling("usage_usec 10\n"), None);
     }
 }
