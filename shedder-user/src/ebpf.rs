@@ -3,6 +3,7 @@
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use aya::{
@@ -220,6 +221,24 @@ impl Shedder {
                     _ => None,
                 });
                 (name, count.and_then(|i| i.verified_instruction_count()))
+            })
+            .collect()
+    }
+
+    /// Cumulative run time and run count of each attached program, from the kernel's BPF
+    /// statistics (only counted while statistics are enabled: `aya::sys::enable_stats`).
+    pub fn run_stats(&self) -> Vec<(&'static str, Duration, u64)> {
+        [programs::XDP, programs::TC]
+            .into_iter()
+            .chain(programs::TRACEPOINTS.map(|(name, _, _)| name))
+            .filter_map(|name| {
+                let info = match self.ebpf.program(name)? {
+                    aya::programs::Program::Xdp(p) => p.info().ok()?,
+                    aya::programs::Program::SchedClassifier(p) => p.info().ok()?,
+                    aya::programs::Program::TracePoint(p) => p.info().ok()?,
+                    _ => return None,
+                };
+                Some((name, info.run_time(), info.run_count()))
             })
             .collect()
     }

@@ -14,6 +14,9 @@ pub enum Bench {
     /// Per-packet cost of the XDP program on each path (BPF_PROG_TEST_RUN), as a ratio to
     /// an empty XDP program measured in the same run. Root only.
     Xdp(PassThrough),
+    /// Cost of the tracking tracepoint programs per event (kernel BPF stats) and the CPU of
+    /// one signal-reading tick at 1, 10 and 100 services. Root only.
+    Signals(PassThrough),
 }
 
 #[derive(Debug, Args)]
@@ -28,6 +31,7 @@ impl Bench {
     fn target(&self) -> (&'static str, &[String]) {
         match self {
             Self::Xdp(p) => ("bench_xdp", &p.args),
+            Self::Signals(p) => ("bench_signals", &p.args),
         }
     }
 }

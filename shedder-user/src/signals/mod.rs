@@ -199,6 +199,7 @@ struct ServiceReader {
     hist_prev: Option<Vec<u64>>,
     hist_window: VecDeque<Vec<u64>>,
     counters_prev: Option<[u64; COUNTERS_PER_SERVICE]>,
+    psi_files: Option<psi::CgroupFiles>,
     psi_prev: [Option<psi::Pressure>; 3],
     throttle_prev: Option<psi::Throttling>,
     inflight: Remembered<[u32; NUM_CLASSES]>,
@@ -214,8 +215,6 @@ pub struct SignalReader {
     last_tick: Option<Instant>,
 }
 
-const PSI_RESOURCES: [&str; 3] = ["cpu", "memory", "io"];
-
 impl SignalReader {
     /// `window_ticks` ticks of histogram increments make one percentile window.
     pub fn new(services: Vec<ServiceSpec>, window_ticks: usize) -> Self {
@@ -223,6 +222,7 @@ impl SignalReader {
             services: services
                 .into_iter()
                 .map(|spec| ServiceReader {
+                    psi_files: spec.cgroup.as_deref().map(psi::CgroupFiles::new),
                     spec,
                     hist_prev: None,
                     hist_window: VecDeque::new(),
@@ -433,7 +433,7 @@ impl ServiceReader {
     }
 
     fn pressure(&mut self, elapsed: Option<Duration>) -> Pressures {
-        let Some(cgroup) = self.spec.cgroup.clone() else {
+        let Some(files) = self.psi_files.as_mut() else {
             const WHY: &str = "no cgroup configured for this service";
             return Pressures {
                 cpu: Reading::missing(WHY),
@@ -443,41 +443,28 @@ impl ServiceReader {
             };
         };
         let secs = elapsed.map(|e| e.as_secs_f64() * 1e6);
-        let mut windows =
-            PSI_RESOURCES.iter().enumerate().map(|(i, res)| {
-                match psi::read_pressure(&cgroup, res) {
-                    Ok(p) => {
-                        let prev = self.psi_prev[i].replace(p);
-                        match (prev, secs) {
-                            (Some(prev), Some(us)) => Reading::Ok {
-                                value: PressureWindow {
-                                    some_avg10: p.some_avg10,
-                                    full_avg10: p.full_avg10,
-                                    some_ratio: p.some_total_us.saturating_sub(prev.some_total_us)
-                                        as f64
-                                        / us,
-                                    full_ratio: p
-                                        .full_total_us
-                                        .zip(prev.full_total_us)
-                                        .map(|(n, o)| n.saturating_sub(o) as f64 / us),
-                                },
-                            },
-                            _ => Reading::missing("first tick: no previous totals"),
-                        }
-                    }
-                    Err(e) => {
-                        self.psi_prev[i] = None;
-                        Reading::missing(e.to_string())
-                    }
-                }
-            });
-        let (cpu, memory, io) = (
-            windows.next().expect("cpu"),
-            windows.next().expect("memory"),
-            windows.next().expect("io"),
-        );
-        drop(windows);
-        let throttling = match psi::read_throttling(&cgroup) {
+        let prevs = &mut self.psi_prev;
+        let [cpu, memory, io] = std::array::from_fn(|i| match files.pressure(i) {
+            Ok(p) => match (prevs[i].replace(p), secs) {
+                (Some(prev), Some(us)) => Reading::Ok {
+                    value: PressureWindow {
+                        some_avg10: p.some_avg10,
+                        full_avg10: p.full_avg10,
+                        some_ratio: p.some_total_us.saturating_sub(prev.some_total_us) as f64 / us,
+                        full_ratio: p
+                            .full_total_us
+                            .zip(prev.full_total_us)
+                            .map(|(n, o)| n.saturating_sub(o) as f64 / us),
+                    },
+                },
+                _ => Reading::missing("first tick: no previous totals"),
+            },
+            Err(e) => {
+                prevs[i] = None;
+                Reading::missing(e.to_string())
+            }
+        });
+        let throttling = match files.throttling() {
             Ok(t) => match (self.throttle_prev.replace(t), elapsed) {
                 (Some(prev), Some(_)) => Reading::Ok {
                     value: ThrottlingWindow {

@@ -98,28 +98,72 @@ pub fn parse_throttling(text: &str) -> Option<Throttling> {
     (found == 2).then_some(t)
 }
 
-/// Read `<cgroup>/<resource>.pressure`.
-pub fn read_pressure(cgroup: &Path, resource: &str) -> io::Result<Pressure> {
-    let path = cgroup.join(format!("{resource}.pressure"));
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    parse_pressure(&text)
+/// A cgroup file kept open and re-read from offset 0 each time (cgroupfs regenerates it
+/// on every read), which saves an open and a close per read.
+#[derive(Debug)]
+pub struct OpenFile {
+    path: PathBuf,
+    file: Option<std::fs::File>,
 }
 
-/// Read the throttling counters of `<cgroup>/cpu.stat`.
-pub fn read_throttling(cgroup: &Path) -> io::Result<Throttling> {
-    let path = cgroup.join("cpu.stat");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    parse_throttling(&text).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::NotFound,
-            format!(
-                "{} has no throttling counters (the cpu controller is not enabled for it)",
-                path.display()
-            ),
-        )
-    })
+impl OpenFile {
+    pub fn new(path: PathBuf) -> Self {
+        Self { path, file: None }
+    }
+
+    /// The file's current content; on any error the file is reopened next time.
+    pub fn read(&mut self) -> io::Result<String> {
+        use std::os::unix::fs::FileExt;
+        let result = (|| {
+            if self.file.is_none() {
+                self.file = Some(std::fs::File::open(&self.path)?);
+            }
+            let file = self.file.as_ref().expect("opened above");
+            let mut buf = vec![0u8; 4096];
+            let n = file.read_at(&mut buf, 0)?;
+            buf.truncate(n);
+            String::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+        })();
+        if result.is_err() {
+            self.file = None;
+        }
+        result.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", self.path.display())))
+    }
+}
+
+/// The pressure and throttling files of one cgroup, kept open.
+#[derive(Debug)]
+pub struct CgroupFiles {
+    pub pressure: [OpenFile; 3],
+    pub cpu_stat: OpenFile,
+}
+
+impl CgroupFiles {
+    pub fn new(cgroup: &Path) -> Self {
+        Self {
+            pressure: ["cpu", "memory", "io"]
+                .map(|r| OpenFile::new(cgroup.join(format!("{r}.pressure")))),
+            cpu_stat: OpenFile::new(cgroup.join("cpu.stat")),
+        }
+    }
+
+    /// Pressure of resource `i` (0 cpu, 1 memory, 2 io).
+    pub fn pressure(&mut self, i: usize) -> io::Result<Pressure> {
+        parse_pressure(&self.pressure[i].read()?)
+    }
+
+    pub fn throttling(&mut self) -> io::Result<Throttling> {
+        let text = self.cpu_stat.read()?;
+        parse_throttling(&text).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{} has no throttling counters (the cpu controller is not enabled for it)",
+                    self.cpu_stat.path.display()
+                ),
+            )
+        })
+    }
 }
 
 #[cfg(test)]
