@@ -2,6 +2,7 @@
 //! controller and CLI build on these.
 pub mod classmap;
 pub mod config;
+pub mod controller;
 pub mod ebpf;
 pub mod policy;
 pub mod signals;

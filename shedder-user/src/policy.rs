@@ -84,6 +84,64 @@ pub fn allocate(total: u32, max_limit: u32, ladder: &Ladder) -> [ClassLimits; NU
     out
 }
 
+/// Split a service limit `total` among the classes by demand (the daemon's allocation):
+///
+/// - CRITICAL is bounded only by its ceiling;
+/// - every other class first gets what it wants of its floor (`floor × total`, at least one
+///   connection when its floor is above zero);
+/// - what is left goes by priority — HIGH, then MEDIUM, then SHEDDABLE — each class taking
+///   what it wants, up to its ceiling; so under overload SHEDDABLE is refused first;
+/// - capacity nobody wants is headroom every class may grow into (the total still bounds
+///   the sum);
+/// - a class's share never drops below its floor: a reservation lent to others is taken
+///   back as soon as its class wants it (the packet path admits a class below its floor
+///   whatever the total), so a class with a floor is never starved.
+///
+/// `demand[c]` is the concurrency class `c` would use if none of it were shed
+/// (`f64::INFINITY` when unknown but unsatisfied). Seed 003: a 4,000-unit capacity with
+/// premium reserved 60% and free 40%, premium wanting 3,000 and free 6,000, gives 2,400 and
+/// 1,600; when premium wants only 1,200, free borrows the slack (2,800).
+pub fn allocate_for_demand(
+    total: u32,
+    max_limit: u32,
+    ladder: &Ladder,
+    demand: &[f64; NUM_CLASSES],
+) -> [ClassLimits; NUM_CLASSES] {
+    let base = allocate(total, max_limit, ladder);
+    let mut give = [0f64; NUM_CLASSES];
+    let mut avail = total as f64;
+    for c in 1..NUM_CLASSES {
+        give[c] = demand[c].max(0.0).min(base[c].floor as f64);
+        avail -= give[c];
+    }
+    avail = avail.max(0.0);
+    for c in 1..NUM_CLASSES {
+        let room = (base[c].ceiling as f64 - give[c]).max(0.0);
+        let extra = (demand[c].max(0.0) - give[c]).max(0.0).min(avail).min(room);
+        give[c] += extra;
+        avail -= extra;
+    }
+    let mut out = base;
+    for c in 1..NUM_CLASSES {
+        let share = (give[c] + avail).floor() as u32;
+        out[c].share = share.max(base[c].floor).min(base[c].ceiling);
+    }
+    out
+}
+
+/// The concurrency a class would use if none of it were shed, by Little's law at the
+/// class's current connection duration: occupancy scaled by offered / admitted. Unknown
+/// (infinite) when everything offered is being shed; the occupancy when nothing is offered.
+pub fn class_demand(occupancy: u32, offered: f64, admitted: f64) -> f64 {
+    if offered <= 0.0 {
+        occupancy as f64
+    } else if admitted <= 0.0 {
+        f64::INFINITY
+    } else {
+        occupancy as f64 * (offered / admitted).max(1.0)
+    }
+}
+
 /// The kernel's view of one configured service.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompiledService {
@@ -102,10 +160,20 @@ pub struct Compiled {
     pub globals: Globals,
 }
 
-/// Build the service policy for `total` (the adaptive limit) and the fallback limit.
-pub fn service_policy(s: &Service, ladder: &Ladder, total: u32) -> ServicePolicy {
+/// Build the service policy for `total` (the adaptive limit), split by `demand` when known
+/// (see [`allocate_for_demand`]), else statically (see [`allocate`]); the fallback limits
+/// are always split statically.
+pub fn service_policy(
+    s: &Service,
+    ladder: &Ladder,
+    total: u32,
+    demand: Option<&[f64; NUM_CLASSES]>,
+) -> ServicePolicy {
     let total = total.clamp(s.min_limit, s.max_limit);
-    let live = allocate(total, s.max_limit, ladder);
+    let live = match demand {
+        Some(d) => allocate_for_demand(total, s.max_limit, ladder, d),
+        None => allocate(total, s.max_limit, ladder),
+    };
     let fallback = allocate(s.fallback_limit, s.max_limit, ladder);
     let mut classes = [ClassPolicy::default(); NUM_CLASSES];
     for (id, c) in classes.iter_mut().enumerate() {
@@ -155,7 +223,7 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
             name: s.name.clone(),
             ports: s.ports.clone(),
             addresses: s.addresses.clone(),
-            policy: service_policy(s, &ladder, s.fallback_limit),
+            policy: service_policy(s, &ladder, s.fallback_limit, None),
         })
         .collect();
     let mut class_rules = Vec::new();
@@ -234,6 +302,48 @@ mod tests {
         );
         // Batch is refused first as the service fills: its share is the smallest.
         assert!(a[3].share < a[2].share && a[2].share < a[1].share);
+    }
+
+    #[test]
+    fn seed_003_premium_and_free_reservations() {
+        // Capacity 4,000 units; premium (high) reserved 60%, free (medium) 40%.
+        let ladder = Ladder {
+            floor: [0.0, 0.60, 0.40, 0.0],
+            ceiling: [0.05, 1.0, 1.0, 1.0],
+        };
+        // Premium 1,000 req/s × 3 units, free 6,000 req/s × 1 unit: 9,000 offered.
+        let a = allocate_for_demand(4000, 4000, &ladder, &[0.0, 3000.0, 6000.0, 0.0]);
+        assert_eq!((a[1].share, a[2].share), (2400, 1600));
+        // 2,400 units of premium is 800 req/s; free gets 1,600 req/s.
+        assert_eq!(a[1].share / 3, 800);
+        // Premium wanting only 1,200: free borrows the slack, premium keeps its floor.
+        let a = allocate_for_demand(4000, 4000, &ladder, &[0.0, 1200.0, 6000.0, 0.0]);
+        assert_eq!((a[1].floor, a[1].share, a[2].share), (2400, 2400, 2800));
+    }
+
+    #[test]
+    fn seed_000_table_under_overload() {
+        // Every class wants more than the service has.
+        let inf = f64::INFINITY;
+        let a = allocate_for_demand(100, 1000, &seed_000_ladder(), &[inf; 4]);
+        assert_eq!(a[0].ceiling, 50, "critical: never shed by pressure, bounded by its ceiling");
+        assert_eq!((a[1].floor, a[1].share), (60, 95), "paid: its floor, then the surplus");
+        assert_eq!((a[2].floor, a[2].share), (5, 5), "free: kept at its floor, not starved");
+        assert_eq!((a[3].floor, a[3].share), (0, 0), "batch: shed first");
+        // Batch alone wants capacity: it gets what the others leave.
+        let a = allocate_for_demand(100, 1000, &seed_000_ladder(), &[0.0, 10.0, 3.0, inf]);
+        assert_eq!(a[3].share, 87, "100 - 10 - 3");
+        // Little demand: headroom for everybody.
+        let a = allocate_for_demand(100, 1000, &seed_000_ladder(), &[0.0, 10.0, 3.0, 2.0]);
+        assert_eq!((a[1].share, a[2].share, a[3].share), (95, 88, 87));
+    }
+
+    #[test]
+    fn demand_estimate() {
+        assert_eq!(class_demand(10, 0.0, 0.0), 10.0);
+        assert_eq!(class_demand(10, 300.0, 100.0), 30.0);
+        assert_eq!(class_demand(0, 50.0, 0.0), f64::INFINITY);
+        assert_eq!(class_demand(10, 100.0, 100.0), 10.0);
     }
 
     #[test]
