@@ -86,6 +86,13 @@ pub struct Daemon {
     /// Where maps and links are pinned.
     #[serde(default = "defaults::pin_dir")]
     pub pin_dir: PathBuf,
+    /// Percentiles of queue age and latency cover this much recent history.
+    #[serde(default = "defaults::signal_window_ms")]
+    pub signal_window_ms: u64,
+    /// Detach and remove the pins when the daemon stops (SIGTERM/SIGINT). With `false` the
+    /// programs stay attached and the fallback limits take over after the heartbeat timeout.
+    #[serde(default = "defaults::detach_on_exit")]
+    pub detach_on_exit: bool,
 }
 
 impl Default for Daemon {
@@ -98,6 +105,8 @@ impl Default for Daemon {
             tick_ms: defaults::tick_ms(),
             heartbeat_timeout_ms: defaults::heartbeat_timeout_ms(),
             pin_dir: defaults::pin_dir(),
+            signal_window_ms: defaults::signal_window_ms(),
+            detach_on_exit: defaults::detach_on_exit(),
         }
     }
 }
@@ -226,6 +235,11 @@ pub struct Service {
     /// Limit in force when the daemon's heartbeat is stale.
     #[serde(default = "defaults::fallback_limit")]
     pub fallback_limit: u32,
+    /// The limit of the `fixed` controller (default: fallback_limit).
+    pub fixed_limit: Option<u32>,
+    /// Expected request rate; when set, the hard ceiling is also bounded by Little's law:
+    /// `target_rps × target_latency × 1.5` (seed 000 R1).
+    pub target_rps: Option<f64>,
     #[serde(default)]
     pub action: Action,
     #[serde(default)]
@@ -254,6 +268,12 @@ pub mod defaults {
     }
     pub fn pin_dir() -> PathBuf {
         crate::ebpf::DEFAULT_PIN_DIR.into()
+    }
+    pub fn signal_window_ms() -> u64 {
+        1000
+    }
+    pub fn detach_on_exit() -> bool {
+        true
     }
     pub fn critical() -> Class {
         Class {
@@ -381,6 +401,15 @@ impl Config {
                 format!(
                     "{} must be at least twice tick_ms ({}), or every late tick drops to the fallback limits",
                     d.heartbeat_timeout_ms, d.tick_ms
+                ),
+            ));
+        }
+        if d.signal_window_ms < d.tick_ms || d.signal_window_ms > 60_000 {
+            return Err(err(
+                "daemon.signal_window_ms",
+                format!(
+                    "{} must be between tick_ms ({}) and 60000",
+                    d.signal_window_ms, d.tick_ms
                 ),
             ));
         }
@@ -572,6 +601,25 @@ impl Config {
                         "{} is outside [min_limit, max_limit] = [{}, {}]",
                         s.fallback_limit, s.min_limit, s.max_limit
                     ),
+                ));
+            }
+            if let Some(f) = s.fixed_limit
+                && (f < s.min_limit || f > s.max_limit)
+            {
+                return Err(err(
+                    field("fixed_limit"),
+                    format!(
+                        "{f} is outside [min_limit, max_limit] = [{}, {}]",
+                        s.min_limit, s.max_limit
+                    ),
+                ));
+            }
+            if let Some(r) = s.target_rps
+                && !(r > 0.0 && r.is_finite())
+            {
+                return Err(err(
+                    field("target_rps"),
+                    format!("{r} must be a positive number"),
                 ));
             }
             if s.target_latency_ms == 0 || s.target_latency_ms > 600_000 {

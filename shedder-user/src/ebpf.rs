@@ -496,6 +496,14 @@ impl Shedder {
         m.set(service, policy, 0).map_err(map_err(maps::POLICIES))
     }
 
+    /// The policy in the map for a service.
+    pub fn policy(&self, service: u32) -> Result<ServicePolicy> {
+        check_service(service)?;
+        let m: Array<&MapData, ServicePolicy> =
+            Array::try_from(self.map(maps::POLICIES)?).map_err(map_err(maps::POLICIES))?;
+        m.get(&service, 0).map_err(map_err(maps::POLICIES))
+    }
+
     pub fn set_inflight(&mut self, service: u32, inflight: &Inflight) -> Result<()> {
         check_service(service)?;
         let mut m: Array<&mut MapData, Inflight> =

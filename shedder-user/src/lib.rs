@@ -1,9 +1,23 @@
-//! shedder's userspace: configuration, policy compilation, loader and maps; the daemon,
-//! controller and CLI build on these.
+//! shedder's userspace: configuration, policy compilation, loader and maps, signals,
+//! controllers and the daemon.
 pub mod classmap;
 pub mod config;
 pub mod controller;
+pub mod daemon;
 pub mod ebpf;
 pub mod policy;
 pub mod signals;
 pub mod sysfs;
+
+/// An error in what the user gave (command line, configuration): the CLI exits with 2 and
+/// nothing was changed.
+#[derive(Debug)]
+pub struct BadInput(pub String);
+
+impl std::fmt::Display for BadInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadInput {}

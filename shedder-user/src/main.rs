@@ -8,6 +8,7 @@ use std::{path::PathBuf, process::ExitCode};
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand};
 use shedder::{
+    BadInput,
     config::{Attach, Config},
     ebpf::{self, AttachMode, Shedder},
     policy::compile,
@@ -29,6 +30,18 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the daemon: attach (or adopt what is pinned), then every tick measure each
+    /// service, run its controller, write the limits and stamp the heartbeat. SIGHUP reloads
+    /// the configuration; SIGTERM stops (and detaches unless told otherwise).
+    Run {
+        /// Configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// On SIGTERM leave the programs attached (the fallback limits take over after the
+        /// heartbeat timeout), whatever daemon.detach_on_exit says.
+        #[arg(long)]
+        keep_attached: bool,
+    },
     /// Load the programs, write the configured policy, attach to the interfaces and pin
     /// everything under the pin directory, then exit. Without the daemon the fallback
     /// limits are in force.
@@ -71,18 +84,6 @@ enum PolicyCommand {
     Validate { file: PathBuf },
 }
 
-/// An error in what the user gave us (exit code 2).
-#[derive(Debug)]
-struct BadInput(String);
-
-impl std::fmt::Display for BadInput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BadInput {}
-
 fn load_config(path: &std::path::Path) -> Result<Config> {
     Config::load(path).map_err(|e| BadInput(e.to_string()).into())
 }
@@ -104,6 +105,16 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Run {
+            config,
+            keep_attached,
+        } => {
+            init_logging();
+            shedder::daemon::run(shedder::daemon::Options {
+                config,
+                keep_attached,
+            })
+        }
         Command::Attach {
             config,
             interfaces,
@@ -135,6 +146,23 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
+    }
+}
+
+/// Structured logs on stderr; `RUST_LOG` filters (default `info`), `SHEDDER_LOG=json`
+/// switches to one JSON object per line.
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    if std::env::var("SHEDDER_LOG").as_deref() == Ok("json") {
+        builder.json().init();
+    } else {
+        builder.init();
     }
 }
 

@@ -326,9 +326,20 @@ mod tests {
         // Every class wants more than the service has.
         let inf = f64::INFINITY;
         let a = allocate_for_demand(100, 1000, &seed_000_ladder(), &[inf; 4]);
-        assert_eq!(a[0].ceiling, 50, "critical: never shed by pressure, bounded by its ceiling");
-        assert_eq!((a[1].floor, a[1].share), (60, 95), "paid: its floor, then the surplus");
-        assert_eq!((a[2].floor, a[2].share), (5, 5), "free: kept at its floor, not starved");
+        assert_eq!(
+            a[0].ceiling, 50,
+            "critical: never shed by pressure, bounded by its ceiling"
+        );
+        assert_eq!(
+            (a[1].floor, a[1].share),
+            (60, 95),
+            "paid: its floor, then the surplus"
+        );
+        assert_eq!(
+            (a[2].floor, a[2].share),
+            (5, 5),
+            "free: kept at its floor, not starved"
+        );
         assert_eq!((a[3].floor, a[3].share), (0, 0), "batch: shed first");
         // Batch alone wants capacity: it gets what the others leave.
         let a = allocate_for_demand(100, 1000, &seed_000_ladder(), &[0.0, 10.0, 3.0, inf]);

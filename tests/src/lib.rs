@@ -2,6 +2,8 @@
 //! a standard test policy, BPF_PROG_TEST_RUN helpers, and network namespaces that clean up
 //! after themselves (also on panic).
 
+pub mod daemon;
+pub mod load;
 pub mod netns;
 pub mod packet;
 pub mod policy;

@@ -66,12 +66,13 @@ impl<T> Reading<T> {
     }
 }
 
-/// Percentiles of a duration over the window, in milliseconds.
+/// Percentiles of a duration over the window, in milliseconds; `None` when the window
+/// holds no observation (a quiet service), which is not the same as a zero.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Quantiles {
-    pub p50_ms: f64,
-    pub p90_ms: f64,
-    pub p99_ms: f64,
+    pub p50_ms: Option<f64>,
+    pub p90_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
     pub samples: u64,
 }
 
@@ -371,23 +372,14 @@ impl ServiceReader {
             let start = hist::index(kind, 0) as usize;
             let counts = &sum[start..start + hist::BUCKETS as usize];
             let samples: u64 = counts.iter().sum();
-            match (
-                hist::quantile(counts, 0.50),
-                hist::quantile(counts, 0.90),
-                hist::quantile(counts, 0.99),
-            ) {
-                (Some(p50), Some(p90), Some(p99)) => Reading::Ok {
-                    value: Quantiles {
-                        p50_ms: p50 / 1000.0,
-                        p90_ms: p90 / 1000.0,
-                        p99_ms: p99 / 1000.0,
-                        samples,
-                    },
+            let ms = |q| hist::quantile(counts, q).map(|us| us / 1000.0);
+            Reading::Ok {
+                value: Quantiles {
+                    p50_ms: ms(0.50),
+                    p90_ms: ms(0.90),
+                    p99_ms: ms(0.99),
+                    samples,
                 },
-                _ => Reading::missing(format!(
-                    "no {} observations in the window",
-                    hist::KIND_NAMES[kind as usize]
-                )),
             }
         };
         (

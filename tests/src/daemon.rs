@@ -1,0 +1,145 @@
+//! Running the real `shedder` daemon in a test: in a chosen network namespace (entered with
+//! nsenter, so bpffs stays the host's and pins outlive the process), with its own pin
+//! directory, killed and unpinned when the guard drops.
+
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::netns::Netns;
+
+/// The `shedder` binary built beside this test (`cargo build` builds it; `cargo xtask test`
+/// always does).
+pub fn shedder_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> → target/<profile>/shedder
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target directory")
+        .join("shedder");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p shedder-user` (cargo xtask test does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A daemon process and the files it uses.
+pub struct Daemon {
+    child: Option<Child>,
+    pub config: PathBuf,
+    pub pin_dir: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// Write `config` (TOML; its `pin_dir` must be `pin_dir`) to a file and start
+    /// `shedder run` inside `ns`.
+    pub fn start(ns: &Netns, tag: &str, config: &str, pin_dir: &Path) -> Self {
+        let dir = std::env::temp_dir().join(format!("shedder-test-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("shedder.toml");
+        std::fs::File::create(&path)
+            .and_then(|mut f| f.write_all(config.as_bytes()))
+            .expect("write config");
+        let mut d = Self {
+            child: None,
+            config: path,
+            pin_dir: pin_dir.to_path_buf(),
+            log: dir.join("daemon.log"),
+        };
+        d.spawn(ns);
+        d
+    }
+
+    /// Start (again) with the same configuration, appending to the log.
+    pub fn spawn(&mut self, ns: &Netns) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/var/run/netns/{}", ns.name))
+            .arg(shedder_bin())
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn shedder run");
+        self.child = Some(child);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Wait until the log contains `needle` (panics with the log after `timeout`).
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.log().contains(needle) {
+            if Instant::now() > deadline {
+                panic!("daemon log never said {needle:?}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL: no cleanup at all.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit (panics if it does not exit within 5 s).
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        // SAFETY: plain kill(2) on our child's pid.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(status) = c.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("daemon ignored SIGTERM:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGHUP (reload the configuration).
+    pub fn hangup(&self) {
+        // SAFETY: plain kill(2) on our child's pid.
+        unsafe { libc::kill(self.pid() as i32, libc::SIGHUP) };
+    }
+
+    /// Replace the configuration file's content (for reload tests).
+    pub fn rewrite_config(&self, config: &str) {
+        std::fs::write(&self.config, config).expect("rewrite config");
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = shedder::ebpf::unpin_all(&self.pin_dir);
+        if let Some(dir) = self.config.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! The daemon as an operator runs it (`shedder run`, in the server's namespace): fail-static
+//! when it is killed, adoption without a gap when it restarts, clean detach on SIGTERM,
+//! reload that keeps the last good policy.
+
+use std::{
+    net::{IpAddr, TcpStream},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use shedder::ebpf::Shedder;
+use shedder_common::STAT_FALLBACK;
+use shedder_tests::{
+    daemon::Daemon,
+    netns::{IFACE, Pair},
+    policy::{CLIENT_V4, SERVER_V4},
+    require_root,
+    tcp::{Attempt, TestServer, connect_from},
+};
+
+// Tracking sees every namespace's sockets on a protected port, so tests that may run at
+// once use different ports.
+const KILL_PORT: u16 = 7600;
+const RESTART_PORT: u16 = 7601;
+const HUP_PORT: u16 = 7602;
+
+fn pin_dir(tag: &str) -> PathBuf {
+    PathBuf::from(format!(
+        "/sys/fs/bpf/shedder-test-{}-{tag}",
+        std::process::id()
+    ))
+}
+
+/// A service on `port` with a fixed live limit of 4 and a fallback limit of 1; resets.
+fn config(pin_dir: &std::path::Path, port: u16, heartbeat_timeout_ms: u64) -> String {
+    format!(
+        r#"
+[daemon]
+interfaces = ["{IFACE}"]
+attach = "tc"
+pin_dir = "{}"
+tick_ms = 100
+heartbeat_timeout_ms = {heartbeat_timeout_ms}
+
+[[service]]
+name = "web"
+ports = [{port}]
+controller = "fixed"
+min_limit = 1
+max_limit = 100
+fixed_limit = 4
+fallback_limit = 1
+action = "rst"
+"#,
+        pin_dir.display()
+    )
+}
+
+fn connect(pair: &Pair, port: u16) -> Attempt {
+    pair.client.run(|| {
+        connect_from(
+            IpAddr::V4(CLIENT_V4),
+            IpAddr::V4(SERVER_V4),
+            port,
+            Duration::from_secs(2),
+        )
+    })
+}
+
+fn admitted(pair: &Pair, port: u16, what: &str) -> TcpStream {
+    match connect(pair, port).result {
+        Ok(s) => s,
+        Err(e) => panic!("{what}: expected admission, got {e}"),
+    }
+}
+
+fn refused(pair: &Pair, port: u16, what: &str) {
+    let a = connect(pair, port);
+    match a.result {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+        other => panic!(
+            "{what}: expected a reset, got {other:?} after {:?}",
+            a.elapsed
+        ),
+    }
+}
+
+/// Wait until the kernel counts `n` connections in flight (connection teardown is
+/// asynchronous).
+fn settle(pin_dir: &std::path::Path, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let s = Shedder::load_pinned(pin_dir).expect("open pinned maps");
+        let got: u32 = s.inflight(0).expect("inflight").class.iter().sum();
+        if got == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "in-flight stuck at {got}, expected {n}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn killed_daemon_keeps_its_limits_until_the_heartbeat_times_out_then_falls_back() {
+    require_root();
+    shedder_tests::ensure_fs();
+    let pair = Pair::new("dkill");
+    let _server = pair.server.run(|| TestServer::echo(KILL_PORT));
+    let pins = pin_dir("kill");
+    let mut daemon = Daemon::start(&pair.server, "kill", &config(&pins, KILL_PORT, 1500), &pins);
+    daemon.wait_for_log("running", Duration::from_secs(10));
+
+    // The live limit, 4: four admitted, the fifth reset.
+    let mut held: Vec<TcpStream> = (0..4)
+        .map(|i| admitted(&pair, KILL_PORT, &format!("connection {i}")))
+        .collect();
+    settle(&pins, 4);
+    refused(&pair, KILL_PORT, "fifth connection at the live limit");
+
+    daemon.kill();
+    let killed = Instant::now();
+    // Fail-static: the last limits stay in force. Still 4 in flight: refused; one closed:
+    // admitted again under the live limit of 4.
+    refused(&pair, KILL_PORT, "right after the kill");
+    held.pop();
+    settle(&pins, 3);
+    held.push(admitted(
+        &pair,
+        KILL_PORT,
+        "after the kill, under the live limit",
+    ));
+    assert!(
+        killed.elapsed() < Duration::from_millis(1500),
+        "the checks above must finish before the heartbeat times out"
+    );
+
+    // After the heartbeat timeout the fallback limit (1) is in force.
+    std::thread::sleep(
+        Duration::from_millis(1500).saturating_sub(killed.elapsed()) + Duration::from_millis(500),
+    );
+    held.truncate(1);
+    settle(&pins, 1);
+    refused(&pair, KILL_PORT, "one in flight, fallback limit 1");
+    held.clear();
+    settle(&pins, 0);
+    let _one = admitted(&pair, KILL_PORT, "none in flight, fallback limit 1");
+    refused(&pair, KILL_PORT, "second under the fallback limit 1");
+    let s = Shedder::load_pinned(&pins).expect("pinned maps");
+    assert!(
+        s.stats().expect("stats")[STAT_FALLBACK as usize] > 0,
+        "decisions were taken on the fallback limits"
+    );
+}
+
+#[test]
+fn restart_adopts_the_pinned_attachment_without_a_gap_and_sigterm_detaches() {
+    use std::{
+        os::unix::fs::MetadataExt,
+        sync::atomic::{AtomicBool, AtomicU32, Ordering},
+    };
+    require_root();
+    shedder_tests::ensure_fs();
+    let pair = Pair::new("drst");
+    let _server = pair.server.run(|| TestServer::echo(RESTART_PORT));
+    let pins = pin_dir("restart");
+    let mut daemon = Daemon::start(
+        &pair.server,
+        "restart",
+        &config(&pins, RESTART_PORT, 3000),
+        &pins,
+    );
+    daemon.wait_for_log("running", Duration::from_secs(10));
+    let mut held: Vec<TcpStream> = (0..4)
+        .map(|i| admitted(&pair, RESTART_PORT, &format!("connection {i}")))
+        .collect();
+    settle(&pins, 4);
+    let link = pins.join("links").join(IFACE);
+    let inode = std::fs::metadata(&link).expect("pinned link").ino();
+
+    // Probe continuously while the daemon dies and a new one starts: at the limit, every
+    // probe must be reset; one admitted probe would be a moment without protection.
+    let stop = AtomicBool::new(false);
+    let (admitted_probes, probes) = (AtomicU32::new(0), AtomicU32::new(0));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pair.client.run(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let a = connect_from(
+                        IpAddr::V4(CLIENT_V4),
+                        IpAddr::V4(SERVER_V4),
+                        RESTART_PORT,
+                        Duration::from_secs(1),
+                    );
+                    probes.fetch_add(1, Ordering::Relaxed);
+                    if a.result.is_ok() {
+                        admitted_probes.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        });
+        daemon.kill();
+        std::thread::sleep(Duration::from_millis(300));
+        daemon.spawn(&pair.server);
+        daemon.wait_for_log("adopted the pinned attachment", Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(
+        probes.load(Ordering::Relaxed) > 20,
+        "the probe ran through the restart"
+    );
+    assert_eq!(
+        admitted_probes.load(Ordering::Relaxed),
+        0,
+        "no gap in protection"
+    );
+    assert_eq!(
+        std::fs::metadata(&link).expect("pinned link").ino(),
+        inode,
+        "the new daemon kept the pinned attachment"
+    );
+    // The new daemon enforces: still refused at 4; one closed, one admitted.
+    refused(&pair, RESTART_PORT, "after the restart, at the limit");
+    held.pop();
+    settle(&pins, 3);
+    held.push(admitted(
+        &pair,
+        RESTART_PORT,
+        "after the restart, under the limit",
+    ));
+
+    // SIGTERM: clean exit, everything detached and unpinned.
+    let status = daemon.terminate();
+    assert!(status.success(), "exit status {status}\n{}", daemon.log());
+    assert!(!pins.exists(), "pins removed");
+    held.push(admitted(
+        &pair,
+        RESTART_PORT,
+        "unprotected after the detach",
+    ));
+}
+
+#[test]
+fn sighup_reload_applies_a_good_policy_and_keeps_it_when_the_next_is_bad() {
+    require_root();
+    shedder_tests::ensure_fs();
+    let pair = Pair::new("dhup");
+    let _server = pair.server.run(|| TestServer::echo(HUP_PORT));
+    let pins = pin_dir("hup");
+    let cfg = config(&pins, HUP_PORT, 3000);
+    let daemon = Daemon::start(&pair.server, "hup", &cfg, &pins);
+    daemon.wait_for_log("running", Duration::from_secs(10));
+    let mut held: Vec<TcpStream> = (0..4)
+        .map(|i| admitted(&pair, HUP_PORT, &format!("connection {i}")))
+        .collect();
+    settle(&pins, 4);
+    refused(&pair, HUP_PORT, "at the limit of 4");
+
+    daemon.rewrite_config(&cfg.replace("fixed_limit = 4", "fixed_limit = 6"));
+    daemon.hangup();
+    daemon.wait_for_log("configuration reloaded", Duration::from_secs(5));
+    held.push(admitted(&pair, HUP_PORT, "fifth under the new limit of 6"));
+    held.push(admitted(&pair, HUP_PORT, "sixth under the new limit of 6"));
+    settle(&pins, 6);
+    refused(&pair, HUP_PORT, "at the new limit of 6");
+
+    // A bad file is refused and the running policy stays.
+    daemon.rewrite_config(&cfg.replace("fixed_limit = 4", "fixed_limit = 1000"));
+    daemon.hangup();
+    daemon.wait_for_log("reload refused", Duration::from_secs(5));
+    assert!(
+        daemon.log().contains("fixed_limit"),
+        "the refusal names the field:\n{}",
+        daemon.log()
+    );
+    refused(&pair, HUP_PORT, "still the limit of 6");
+    held.pop();
+    settle(&pins, 5);
+    held.push(admitted(
+        &pair,
+        HUP_PORT,
+        "under the limit of 6 after the refused reload",
+    ));
+}
