@@ -23,7 +23,7 @@ use tracing::{error, info, warn};
 use crate::{
     config::{Attach, Config, Controller as ControllerKind, Service},
     controller::{Aimd, Bounds, Controller, Decision, Fixed, Gradient2, Mode, Observation, Tuning},
-    ebpf::{AttachMode, Shedder},
+    ebpf::{AttachMode, MapReader, Shedder},
     policy::{Ladder, class_demand, compile, service_policy},
     signals::{ServiceSpec, SignalReader, Signals, psi},
 };

@@ -448,12 +448,6 @@ impl Shedder {
         m.set(0, globals, 0).map_err(map_err(maps::GLOBALS))
     }
 
-    pub fn globals(&self) -> Result<Globals> {
-        let m: Array<&MapData, Globals> =
-            Array::try_from(self.map(maps::GLOBALS)?).map_err(map_err(maps::GLOBALS))?;
-        m.get(&0, 0).map_err(map_err(maps::GLOBALS))
-    }
-
     /// Protect `port` with service `service` (any destination address); `None` unprotects it.
     pub fn set_port(&mut self, port: u16, service: Option<u32>) -> Result<()> {
         let value = match service {
@@ -496,14 +490,6 @@ impl Shedder {
         m.set(service, policy, 0).map_err(map_err(maps::POLICIES))
     }
 
-    /// The policy in the map for a service.
-    pub fn policy(&self, service: u32) -> Result<ServicePolicy> {
-        check_service(service)?;
-        let m: Array<&MapData, ServicePolicy> =
-            Array::try_from(self.map(maps::POLICIES)?).map_err(map_err(maps::POLICIES))?;
-        m.get(&service, 0).map_err(map_err(maps::POLICIES))
-    }
-
     pub fn set_inflight(&mut self, service: u32, inflight: &Inflight) -> Result<()> {
         check_service(service)?;
         let mut m: Array<&mut MapData, Inflight> =
@@ -541,9 +527,30 @@ impl Shedder {
             }
         }
     }
+}
+
+/// Reading the maps, from a loaded [`Shedder`] or from the maps pinned by another process
+/// ([`PinnedMaps`]).
+pub trait MapReader {
+    /// The map called `name`.
+    fn map_named(&self, name: &'static str) -> Result<&aya::maps::Map>;
+
+    fn globals(&self) -> Result<Globals> {
+        let m: Array<&MapData, Globals> =
+            Array::try_from(self.map_named(maps::GLOBALS)?).map_err(map_err(maps::GLOBALS))?;
+        m.get(&0, 0).map_err(map_err(maps::GLOBALS))
+    }
+
+    /// The policy in the map for a service.
+    fn policy(&self, service: u32) -> Result<ServicePolicy> {
+        check_service(service)?;
+        let m: Array<&MapData, ServicePolicy> =
+            Array::try_from(self.map_named(maps::POLICIES)?).map_err(map_err(maps::POLICIES))?;
+        m.get(&service, 0).map_err(map_err(maps::POLICIES))
+    }
 
     /// A decision counter summed over CPUs.
-    pub fn counter(&self, service: u32, class: u32, verdict: u32, reason: u32) -> Result<u64> {
+    fn counter(&self, service: u32, class: u32, verdict: u32, reason: u32) -> Result<u64> {
         check_service(service)?;
         if class as usize >= NUM_CLASSES || verdict >= NUM_VERDICTS || reason >= NUM_REASONS {
             return Err(Error::Range(
@@ -556,10 +563,11 @@ impl Shedder {
 
     /// Every decision counter of a service summed over CPUs, indexed by `decision_index`
     /// (one map lookup).
-    pub fn counters(&self, service: u32) -> Result<[u64; COUNTERS_PER_SERVICE]> {
+    fn counters(&self, service: u32) -> Result<[u64; COUNTERS_PER_SERVICE]> {
         check_service(service)?;
         let m: PerCpuArray<&MapData, ServiceCounters> =
-            PerCpuArray::try_from(self.map(maps::COUNTERS)?).map_err(map_err(maps::COUNTERS))?;
+            PerCpuArray::try_from(self.map_named(maps::COUNTERS)?)
+                .map_err(map_err(maps::COUNTERS))?;
         let per_cpu = m.get(&service, 0).map_err(map_err(maps::COUNTERS))?;
         let mut out = [0u64; COUNTERS_PER_SERVICE];
         for cpu in per_cpu.iter() {
@@ -571,27 +579,27 @@ impl Shedder {
     }
 
     /// Established connections per class of a service, as the kernel counts them.
-    pub fn inflight(&self, service: u32) -> Result<Inflight> {
+    fn inflight(&self, service: u32) -> Result<Inflight> {
         check_service(service)?;
         let m: Array<&MapData, Inflight> =
-            Array::try_from(self.map(maps::INFLIGHT)?).map_err(map_err(maps::INFLIGHT))?;
+            Array::try_from(self.map_named(maps::INFLIGHT)?).map_err(map_err(maps::INFLIGHT))?;
         m.get(&service, 0).map_err(map_err(maps::INFLIGHT))
     }
 
     /// Admitted attempts not yet established, per epoch slot.
-    pub fn pending(&self, service: u32) -> Result<shedder_common::Pending> {
+    fn pending(&self, service: u32) -> Result<shedder_common::Pending> {
         check_service(service)?;
         let m: Array<&MapData, shedder_common::Pending> =
-            Array::try_from(self.map(maps::PENDING)?).map_err(map_err(maps::PENDING))?;
+            Array::try_from(self.map_named(maps::PENDING)?).map_err(map_err(maps::PENDING))?;
         m.get(&service, 0).map_err(map_err(maps::PENDING))
     }
 
     /// A service's cumulative histograms summed over CPUs, indexed by `hist::index`
     /// (one map lookup).
-    pub fn histograms(&self, service: u32) -> Result<Vec<u64>> {
+    fn histograms(&self, service: u32) -> Result<Vec<u64>> {
         check_service(service)?;
         let m: PerCpuArray<&MapData, ServiceHist> =
-            PerCpuArray::try_from(self.map(maps::HIST)?).map_err(map_err(maps::HIST))?;
+            PerCpuArray::try_from(self.map_named(maps::HIST)?).map_err(map_err(maps::HIST))?;
         let per_cpu = m.get(&service, 0).map_err(map_err(maps::HIST))?;
         let mut out = vec![0u64; HIST_PER_SERVICE];
         for cpu in per_cpu.iter() {
@@ -603,16 +611,16 @@ impl Shedder {
     }
 
     /// One of a service's cumulative histograms (`hist::KIND_*`).
-    pub fn histogram(&self, service: u32, kind: u32) -> Result<Vec<u64>> {
+    fn histogram(&self, service: u32, kind: u32) -> Result<Vec<u64>> {
         let all = self.histograms(service)?;
         let start = hist::index(kind, 0) as usize;
         Ok(all[start..start + hist::BUCKETS as usize].to_vec())
     }
 
     /// Node-wide statistics summed over CPUs, indexed by `STAT_*`.
-    pub fn stats(&self) -> Result<[u64; NUM_STATS as usize]> {
+    fn stats(&self) -> Result<[u64; NUM_STATS as usize]> {
         let m: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(self.map(maps::STATS)?).map_err(map_err(maps::STATS))?;
+            PerCpuArray::try_from(self.map_named(maps::STATS)?).map_err(map_err(maps::STATS))?;
         let mut out = [0; NUM_STATS as usize];
         for (i, slot) in out.iter_mut().enumerate() {
             *slot = m
@@ -622,6 +630,40 @@ impl Shedder {
                 .sum();
         }
         Ok(out)
+    }
+}
+
+impl MapReader for Shedder {
+    fn map_named(&self, name: &'static str) -> Result<&aya::maps::Map> {
+        self.map(name)
+    }
+}
+
+/// The maps pinned under a pin directory, opened without loading any program: what the
+/// CLI and the tests read while a daemon runs (or after it was killed).
+pub struct PinnedMaps {
+    maps: std::collections::HashMap<&'static str, aya::maps::Map>,
+}
+
+impl PinnedMaps {
+    /// Open every pinned map under `dir/maps/`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let mut maps = std::collections::HashMap::new();
+        for name in maps::ALL {
+            let path = dir.join("maps").join(name);
+            let data =
+                MapData::from_pin(&path).map_err(|source| Error::Map { map: name, source })?;
+            let map = aya::maps::Map::from_map_data(data)
+                .map_err(|source| Error::Map { map: name, source })?;
+            maps.insert(name, map);
+        }
+        Ok(Self { maps })
+    }
+}
+
+impl MapReader for PinnedMaps {
+    fn map_named(&self, name: &'static str) -> Result<&aya::maps::Map> {
+        self.maps.get(name).ok_or(Error::MissingMap(name))
     }
 }
 

@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use shedder::{
     BadInput,
     config::{Attach, Config},
-    ebpf::{self, AttachMode, Shedder},
+    ebpf::{self, AttachMode, MapReader, Shedder},
     policy::compile,
 };
 use shedder_common::{
@@ -225,7 +225,7 @@ fn counters(config: PathBuf, json: bool) -> Result<()> {
             pin_dir.join("maps").display()
         );
     }
-    let shedder = Shedder::load_pinned(pin_dir).context("opening the pinned maps")?;
+    let shedder = ebpf::PinnedMaps::open(pin_dir).context("opening the pinned maps")?;
     let mut rows = Vec::new();
     for (id, svc) in cfg.services.iter().enumerate() {
         for class in 0..NUM_CLASSES as u32 {

@@ -2,13 +2,14 @@
 //! when it is killed, adoption without a gap when it restarts, clean detach on SIGTERM,
 //! reload that keeps the last good policy.
 
+use shedder::ebpf::MapReader;
 use std::{
     net::{IpAddr, TcpStream},
     path::PathBuf,
     time::{Duration, Instant},
 };
 
-use shedder::ebpf::Shedder;
+use shedder::ebpf::PinnedMaps;
 use shedder_common::STAT_FALLBACK;
 use shedder_tests::{
     daemon::Daemon,
@@ -90,7 +91,7 @@ fn refused(pair: &Pair, port: u16, what: &str) {
 fn settle(pin_dir: &std::path::Path, n: u32) {
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
-        let s = Shedder::load_pinned(pin_dir).expect("open pinned maps");
+        let s = PinnedMaps::open(pin_dir).expect("open pinned maps");
         let got: u32 = s.inflight(0).expect("inflight").class.iter().sum();
         if got == n {
             return;
@@ -148,7 +149,7 @@ fn killed_daemon_keeps_its_limits_until_the_heartbeat_times_out_then_falls_back(
     settle(&pins, 0);
     let _one = admitted(&pair, KILL_PORT, "none in flight, fallback limit 1");
     refused(&pair, KILL_PORT, "second under the fallback limit 1");
-    let s = Shedder::load_pinned(&pins).expect("pinned maps");
+    let s = PinnedMaps::open(&pins).expect("pinned maps");
     assert!(
         s.stats().expect("stats")[STAT_FALLBACK as usize] > 0,
         "decisions were taken on the fallback limits"

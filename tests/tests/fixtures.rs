@@ -12,6 +12,7 @@
 //! Parsing rows are sent to services whose every class is closed (limit 0): a frame that
 //! passes there passes because the parser declined it, not because it was admitted.
 
+use shedder::ebpf::MapReader;
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
     panic::{AssertUnwindSafe, catch_unwind},

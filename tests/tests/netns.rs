@@ -4,6 +4,7 @@
 //! Each test builds its own namespaces (removed on drop, also on panic) and uses only
 //! 198.18.0.0/15 and 2001:db8::/32.
 
+use shedder::ebpf::MapReader;
 use std::{
     io::ErrorKind,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},

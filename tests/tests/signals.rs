@@ -5,6 +5,7 @@
 //! The tracking programs hang off global tracepoints, so the tests here take a lock and run
 //! one at a time; each uses its own ports.
 
+use shedder::ebpf::MapReader;
 use std::{
     io::{Read, Write},
     net::{IpAddr, TcpListener, TcpStream},
@@ -30,7 +31,11 @@ use shedder_tests::{
 
 static TRACKING: Mutex<()> = Mutex::new(());
 
-/// A lab with one protected service on `port` (id 0), tracking attached, TC on the server.
+/// The lab's service id: not one of the standard policy's services (whose ports, like 8080,
+/// other tests may be using in their own namespaces: tracking sees every namespace).
+const SVC: u32 = 20;
+
+/// A lab with one protected service on `port` (id SVC), tracking attached, TC on the server.
 struct Lab {
     shedder: Shedder,
     pair: Pair,
@@ -44,9 +49,9 @@ impl Lab {
         let mut shedder = Shedder::load().expect("load");
         install_standard(&mut shedder);
         shedder
-            .set_policy(0, &open_policy(ACTION_RST, MODE_ENFORCE))
+            .set_policy(SVC, &open_policy(ACTION_RST, MODE_ENFORCE))
             .expect("policy");
-        shedder.set_port(port, Some(0)).expect("port");
+        shedder.set_port(port, Some(SVC)).expect("port");
         shedder.attach_tracking().expect("attach tracking");
         pair.server
             .run(|| shedder.attach(IFACE, AttachMode::Tc))
@@ -60,7 +65,7 @@ impl Lab {
 
     fn spec(&self, cgroup: Option<PathBuf>) -> ServiceSpec {
         ServiceSpec {
-            id: 0,
+            id: SVC,
             name: "svc".into(),
             ports: vec![self.port],
             addresses: Vec::new(),
@@ -91,7 +96,7 @@ impl Lab {
     }
 
     fn inflight(&self) -> [u32; 4] {
-        self.shedder.inflight(0).expect("inflight").class
+        self.shedder.inflight(SVC).expect("inflight").class
     }
 }
 

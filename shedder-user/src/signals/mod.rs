@@ -23,7 +23,7 @@ use shedder_common::{
     VERDICT_PASS, VERDICT_RST, decision_index, hist,
 };
 
-use crate::ebpf::Shedder;
+use crate::ebpf::{MapReader, Shedder};
 
 /// A value from one source, or why there is none.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -16,6 +16,7 @@
 //! show exactly the runs made (admissions for SYN-admit, drops for SYN-drop, resets for
 //! SYN-RST, none at all for the paths that take no decision).
 
+use shedder::ebpf::MapReader;
 use std::{
     io::IsTerminal as _,
     path::PathBuf,
