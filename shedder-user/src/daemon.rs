@@ -289,7 +289,10 @@ impl Daemon {
 
     fn tick(&mut self) {
         let now = Instant::now();
-        let signals = self.reader.tick(&mut self.shedder, now);
+        if let Err(e) = self.shedder.clock(false) {
+            warn!(error = %e, "reading the kernel clock");
+        }
+        let signals = self.reader.tick(&self.shedder, now);
         let t = now.duration_since(self.start);
         for (rt, sig) in self.services.iter_mut().zip(&signals) {
             let obs = observation(sig, t);

@@ -262,16 +262,6 @@ impl Shedder {
         Ok(self.globals()?.clock_jiffies)
     }
 
-    /// The pending-attempt epoch the packet path is in now.
-    pub fn pending_epoch(&mut self) -> Result<u64> {
-        let jiffies = self.clock(false)?;
-        let shift = match self.globals()?.pending_epoch_shift {
-            0 | 64.. => shedder_common::DEFAULT_PENDING_EPOCH_SHIFT,
-            s => s,
-        };
-        Ok(jiffies >> shift)
-    }
-
     /// Stamp the heartbeat: the packet path's adaptive limits stay in force for the
     /// configured timeout from now.
     pub fn heartbeat(&mut self) -> Result<u64> {

@@ -7,6 +7,7 @@ pub mod load;
 pub mod netns;
 pub mod packet;
 pub mod policy;
+pub mod scenario;
 pub mod tcp;
 
 use std::sync::Once;

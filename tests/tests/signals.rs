@@ -75,7 +75,8 @@ impl Lab {
 
     /// One tick of the reader, from inside the server's namespace.
     fn tick(&mut self, reader: &mut SignalReader) -> Signals {
-        let shedder = &mut self.shedder;
+        self.shedder.clock(false).expect("kernel clock");
+        let shedder = &self.shedder;
         self.pair
             .server
             .run(|| reader.tick(shedder, Instant::now()))

@@ -23,7 +23,7 @@ use shedder_common::{
     VERDICT_PASS, VERDICT_RST, decision_index, hist,
 };
 
-use crate::ebpf::{MapReader, Shedder};
+use crate::ebpf::MapReader;
 
 /// A value from one source, or why there is none.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -243,13 +243,25 @@ impl SignalReader {
     /// Read every source once. Call from a thread in the services' network namespace
     /// (listen queues and overflow counters are per namespace). The first tick has no
     /// previous values, so its rates, windows and deltas are missing.
-    pub fn tick(&mut self, shedder: &mut Shedder, now: Instant) -> Vec<Signals> {
+    /// The pending-attempt epoch is taken from the clock the heartbeat last stamped
+    /// (`Globals::clock_jiffies`), so the reader needs only read access to the maps: call
+    /// [`Shedder::clock`] first for an exact epoch.
+    pub fn tick(&mut self, shedder: &impl MapReader, now: Instant) -> Vec<Signals> {
         let elapsed = self.last_tick.map(|t| now.duration_since(t));
         self.last_tick = Some(now);
         let listeners = diag::listeners().map_err(|e| format!("sock_diag: {e}"));
         let listen = self.listen_window(elapsed);
         let window_ticks = self.window_ticks;
-        let epoch = shedder.pending_epoch().map_err(|e| e.to_string());
+        let epoch = shedder
+            .globals()
+            .map(|g| {
+                let shift = match g.pending_epoch_shift {
+                    0 | 64.. => shedder_common::DEFAULT_PENDING_EPOCH_SHIFT,
+                    s => s,
+                };
+                g.clock_jiffies >> shift
+            })
+            .map_err(|e| e.to_string());
         self.services
             .iter_mut()
             .map(|s| {
@@ -290,7 +302,7 @@ impl SignalReader {
 impl ServiceReader {
     fn tick(
         &mut self,
-        shedder: &Shedder,
+        shedder: &impl MapReader,
         now: Instant,
         elapsed: Option<Duration>,
         window_ticks: usize,
@@ -334,7 +346,7 @@ impl ServiceReader {
 
     fn histograms(
         &mut self,
-        shedder: &Shedder,
+        shedder: &impl MapReader,
         elapsed: Option<Duration>,
         window_ticks: usize,
     ) -> (Reading<Quantiles>, Reading<Quantiles>, u64) {
@@ -391,7 +403,7 @@ impl ServiceReader {
 
     fn rates(
         &mut self,
-        shedder: &Shedder,
+        shedder: &impl MapReader,
         elapsed: Option<Duration>,
     ) -> Reading<[ClassRates; NUM_CLASSES]> {
         let current = match shedder.counters(self.spec.id) {

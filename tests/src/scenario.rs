@@ -1,0 +1,281 @@
+//! The overload lab shared by the closed-loop tests, the demo and the overload benchmark: a
+//! client namespace with one source address per class, a server namespace ("the
+//! load-balancer node") with a [`Backend`] of known capacity, and, when protected, the real
+//! `shedder run` daemon attached to the server's interface.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use shedder::ebpf::{MapReader, PinnedMaps};
+
+use crate::{
+    daemon::Daemon,
+    load::{Backend, BackendConfig, LoadGen, measure_capacity, prepare_client_namespace},
+    netns::{IFACE, Pair},
+    policy::{CLIENT_V4, CRITICAL_V4, HIGH_V4, SERVER_V4, SHEDDABLE_V4},
+};
+
+/// Class labels and their share of the arrivals.
+pub const MIX: [(&str, Ipv4Addr, f64); 4] = [
+    ("critical", CRITICAL_V4, 0.05),
+    ("high", HIGH_V4, 0.25),
+    ("medium", CLIENT_V4, 0.50),
+    ("sheddable", SHEDDABLE_V4, 0.20),
+];
+
+/// How the lab is built and protected.
+#[derive(Clone, Debug)]
+pub struct LabConfig {
+    pub port: u16,
+    pub workers: usize,
+    pub service_time: Duration,
+    pub target_latency_ms: u64,
+    /// `aimd`, `gradient2` or `fixed`.
+    pub controller: &'static str,
+    /// `rst` or `drop`.
+    pub action: &'static str,
+    /// `tc`, `native` or `generic`.
+    pub attach: &'static str,
+}
+
+impl Default for LabConfig {
+    fn default() -> Self {
+        Self {
+            port: 8000,
+            workers: 4,
+            service_time: Duration::from_millis(20),
+            target_latency_ms: 50,
+            controller: "aimd",
+            action: "rst",
+            attach: "tc",
+        }
+    }
+}
+
+impl LabConfig {
+    /// The daemon's configuration for this lab.
+    pub fn daemon_config(&self, pin_dir: &Path) -> String {
+        format!(
+            r#"
+[daemon]
+interfaces = ["{IFACE}"]
+attach = "{attach}"
+pin_dir = "{pins}"
+tick_ms = 200
+heartbeat_timeout_ms = 2000
+signal_window_ms = 600
+
+[classes]
+critical  = {{ sources = ["198.18.10.0/25"], ceiling = 0.05 }}
+high      = {{ sources = ["198.18.20.0/24"], floor = 0.5 }}
+medium    = {{ floor = 0.1 }}
+sheddable = {{ sources = ["198.18.99.0/24", "198.18.10.128/25"], floor = 0.0 }}
+
+[[service]]
+name = "backend"
+ports = [{port}]
+default_class = "medium"
+target_latency_ms = {target}
+controller = "{controller}"
+min_limit = 4
+max_limit = 200
+fallback_limit = 16
+action = "{action}"
+"#,
+            attach = self.attach,
+            pins = pin_dir.display(),
+            port = self.port,
+            target = self.target_latency_ms,
+            controller = self.controller,
+            action = self.action,
+        )
+    }
+}
+
+pub struct Lab {
+    pub cfg: LabConfig,
+    pub daemon: Option<Daemon>,
+    pub backend: Backend,
+    _client_xdp: Option<aya::Ebpf>,
+    pub pair: Pair,
+    pub pins: PathBuf,
+    /// Measured requests per second the backend completes.
+    pub capacity: f64,
+}
+
+impl Lab {
+    /// Namespaces, the backend, the client side tuned for many connections, and the
+    /// backend's capacity measured with a closed loop.
+    pub fn new(tag: &str, cfg: LabConfig) -> Self {
+        crate::require_root();
+        crate::ensure_fs();
+        let pair = Pair::new(tag);
+        prepare_client_namespace(&pair.client);
+        let backend = Backend::start_in(
+            &pair.server,
+            BackendConfig::new(cfg.port, cfg.workers, cfg.service_time),
+        );
+        let target = SocketAddr::new(IpAddr::V4(SERVER_V4), cfg.port);
+        let capacity = pair
+            .client
+            .run(|| {
+                measure_capacity(
+                    target,
+                    IpAddr::V4(CLIENT_V4),
+                    cfg.workers * 2,
+                    Duration::from_secs(2),
+                )
+            })
+            .rps;
+        // Resets sent with XDP_TX reach a veth peer promptly only if it has an XDP program.
+        let client_xdp = (cfg.attach == "native").then(|| pass_program_on(&pair));
+        Self {
+            pins: PathBuf::from(format!(
+                "/sys/fs/bpf/shedder-lab-{}-{tag}",
+                std::process::id()
+            )),
+            cfg,
+            daemon: None,
+            backend,
+            _client_xdp: client_xdp,
+            pair,
+            capacity,
+        }
+    }
+
+    pub fn target(&self) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(SERVER_V4), self.cfg.port)
+    }
+
+    /// A load generator at the backend with the standard class mix.
+    pub fn load(&self) -> LoadGen {
+        MIX.iter()
+            .fold(LoadGen::new(self.target()), |g, (label, src, f)| {
+                g.class(label, IpAddr::V4(*src), *f)
+            })
+    }
+
+    /// Start the daemon protecting the backend and wait until it runs.
+    pub fn protect(&mut self) {
+        let daemon = Daemon::start(
+            &self.pair.server,
+            "lab",
+            &self.cfg.daemon_config(&self.pins),
+            &self.pins,
+        );
+        daemon.wait_for_log("running", Duration::from_secs(15));
+        self.daemon = Some(daemon);
+    }
+
+    /// Stop the daemon (it detaches and unpins).
+    pub fn unprotect(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            d.terminate();
+        }
+    }
+
+    /// Sample the daemon's service limit every `every` until the returned guard stops.
+    pub fn sample_limits(&self, every: Duration) -> LimitSampler {
+        LimitSampler::start(&self.pins, every)
+    }
+}
+
+/// A pass-everything XDP program on the client's veth.
+fn pass_program_on(pair: &Pair) -> aya::Ebpf {
+    let mut ebpf = aya::Ebpf::load(shedder::ebpf::BASELINE_OBJECT).expect("baseline object");
+    let prog: &mut aya::programs::Xdp = ebpf
+        .program_mut("baseline_xdp")
+        .expect("baseline program")
+        .try_into()
+        .expect("xdp program");
+    prog.load().expect("load baseline");
+    pair.client
+        .run(|| prog.attach(IFACE, aya::programs::XdpMode::Driver))
+        .expect("attach baseline to the client veth");
+    ebpf
+}
+
+/// The daemon's limit of service 0 over time.
+pub struct LimitSampler {
+    stop: Arc<AtomicBool>,
+    samples: Arc<Mutex<Vec<(Duration, u32)>>>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl LimitSampler {
+    fn start(pins: &Path, every: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let pins = pins.to_path_buf();
+        let thread = {
+            let (stop, samples) = (stop.clone(), samples.clone());
+            thread::spawn(move || {
+                let start = Instant::now();
+                let mut maps = None;
+                while !stop.load(Ordering::Relaxed) {
+                    if maps.is_none() {
+                        maps = PinnedMaps::open(&pins).ok();
+                    }
+                    if let Some(p) = maps.as_ref().and_then(|m| m.policy(0).ok()) {
+                        samples
+                            .lock()
+                            .expect("samples")
+                            .push((start.elapsed(), p.total_limit));
+                    }
+                    thread::sleep(every);
+                }
+            })
+        };
+        Self {
+            stop,
+            samples,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop and return every (time since start, limit).
+    pub fn finish(mut self) -> Vec<(Duration, u32)> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        std::mem::take(&mut *self.samples.lock().expect("samples"))
+    }
+
+    /// The samples so far.
+    pub fn snapshot(&self) -> Vec<(Duration, u32)> {
+        self.samples.lock().expect("samples").clone()
+    }
+}
+
+impl Drop for LimitSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Limits sampled within `[from, to)` seconds.
+pub fn limits_between(samples: &[(Duration, u32)], from: f64, to: f64) -> Vec<u32> {
+    samples
+        .iter()
+        .filter(|(t, _)| (from..to).contains(&t.as_secs_f64()))
+        .map(|(_, l)| *l)
+        .collect()
+}
+
+/// The median of some values (0 for none).
+pub fn median(mut v: Vec<u32>) -> u32 {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}

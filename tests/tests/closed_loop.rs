@@ -1,0 +1,143 @@
+//! The whole loop under real overload: a backend of known capacity (4 workers × 20 ms), an
+//! open-loop load generator with a 1 s deadline, and the real daemon adapting the limit.
+
+use std::time::Duration;
+
+use shedder_tests::{
+    load::Window,
+    scenario::{Lab, LabConfig, limits_between, median},
+};
+
+const DEADLINE: Duration = Duration::from_secs(1);
+
+fn p99_ms(w: &Window) -> f64 {
+    w.all
+        .p99()
+        .map_or(f64::INFINITY, |d| d.as_secs_f64() * 1000.0)
+}
+
+fn critical_success(w: &Window) -> f64 {
+    let c = w.class("critical").expect("critical class");
+    c.ok as f64 / c.offered.max(1) as f64
+}
+
+/// At 3× capacity the limit converges, the admitted requests' p99 stays within 2× the
+/// target and CRITICAL keeps succeeding; the same load unprotected does not keep its p99.
+#[test]
+fn overload_at_3x_converges_with_p99_within_twice_the_target() {
+    let cfg = LabConfig {
+        port: 8100,
+        ..LabConfig::default()
+    };
+    let target_ms = cfg.target_latency_ms as f64;
+    let mut lab = Lab::new("cl3x", cfg);
+    let rate = 3.0 * lab.capacity;
+    eprintln!("capacity {:.0}/s, offering {rate:.0}/s", lab.capacity);
+
+    lab.protect();
+    let sampler = lab.sample_limits(Duration::from_millis(200));
+    let protected = lab
+        .load()
+        .deadline(DEADLINE)
+        .phase(Duration::from_secs(16), rate)
+        .run_in(&lab.pair.client, |_| {});
+    let limits = sampler.finish();
+    eprintln!("protected:\n{}", protected.table());
+    let steady = protected.range(8..16);
+    let settled = limits_between(&limits, 8.0, 16.0);
+    eprintln!("limits in the last 8 s: {settled:?}");
+
+    // The same load with the kernel backlog only (after the protected run: an overloaded
+    // backlog would leave minutes of abandoned work behind).
+    lab.unprotect();
+    let unprotected = lab
+        .load()
+        .deadline(DEADLINE)
+        .phase(Duration::from_secs(8), rate)
+        .run_in(&lab.pair.client, |_| {});
+    let u = unprotected.range(4..8);
+    eprintln!("unprotected, last 4 s:\n{}", unprotected.table());
+
+    assert!(!settled.is_empty(), "the limit was sampled");
+    let (lo, hi) = (
+        *settled.iter().min().unwrap(),
+        *settled.iter().max().unwrap(),
+    );
+    assert!(
+        hi <= 3 * lo.max(4) && hi < 100,
+        "the limit settles in a band: {lo}..{hi}"
+    );
+    assert!(
+        p99_ms(&steady) <= 2.0 * target_ms,
+        "p99 of admitted requests {:.1} ms > 2 × {target_ms} ms",
+        p99_ms(&steady)
+    );
+    let critical = critical_success(&protected.total());
+    assert!(critical >= 0.99, "critical success {:.3}", critical);
+    assert!(
+        steady.goodput() >= 0.8 * lab.capacity,
+        "goodput {:.0}/s of {:.0}/s",
+        steady.goodput(),
+        lab.capacity
+    );
+    assert!(
+        p99_ms(&u) > 2.0 * target_ms || u.goodput() < 0.5 * lab.capacity,
+        "unprotected should not hold the latency: p99 {:.0} ms, goodput {:.0}/s",
+        p99_ms(&u),
+        u.goodput()
+    );
+}
+
+/// The backend slows down 2× mid-run: the limit falls within 5 s; it recovers: the limit
+/// climbs back; the overload ends: healthy within 5 s. CRITICAL succeeds throughout.
+#[test]
+fn the_limit_follows_capacity_down_and_up_and_recovers_after_overload() {
+    let cfg = LabConfig {
+        port: 8101,
+        ..LabConfig::default()
+    };
+    let (service, target_ms) = (cfg.service_time, cfg.target_latency_ms as f64);
+    let mut lab = Lab::new("clslow", cfg);
+    let rate = 3.0 * lab.capacity;
+    lab.protect();
+    let sampler = lab.sample_limits(Duration::from_millis(200));
+    let handle = lab
+        .load()
+        .deadline(DEADLINE)
+        .phase(Duration::from_secs(26), rate)
+        .phase(Duration::from_secs(8), 0.5 * lab.capacity)
+        .start_in(&lab.pair.client);
+    std::thread::sleep(Duration::from_secs(9));
+    lab.backend.set_service_time(service * 2);
+    std::thread::sleep(Duration::from_secs(8));
+    lab.backend.set_service_time(service);
+    let report = handle.wait();
+    let limits = sampler.finish();
+    eprintln!("{}", report.table());
+    eprintln!("limits: {limits:?}");
+
+    let before = median(limits_between(&limits, 5.0, 9.0));
+    let slow = limits_between(&limits, 9.0, 14.0);
+    let slowest = *slow.iter().min().expect("samples while slow");
+    assert!(
+        (slowest as f64) <= 0.75 * before as f64,
+        "within 5 s of the slowdown the limit fell from {before} to {slowest}"
+    );
+    let during = median(limits_between(&limits, 13.0, 17.0));
+    let after = median(limits_between(&limits, 21.0, 26.0));
+    assert!(
+        after > during,
+        "the limit climbs back: {during} while slow, {after} after"
+    );
+    // Overload ends at 26 s: healthy within 5 s.
+    let calm = report.range(28..31);
+    assert!(
+        p99_ms(&calm) <= target_ms && calm.all.timeout == 0 && calm.all.refused == 0,
+        "not healthy 2-5 s after the overload: p99 {:.1} ms, {} timeouts, {} refused",
+        p99_ms(&calm),
+        calm.all.timeout,
+        calm.all.refused
+    );
+    let critical = critical_success(&report.total());
+    assert!(critical >= 0.99, "critical success {:.3}", critical);
+}
