@@ -101,6 +101,7 @@ action = "{action}"
 }
 
 pub struct Lab {
+    tag: String,
     pub cfg: LabConfig,
     pub daemon: Option<Daemon>,
     pub backend: Backend,
@@ -138,6 +139,7 @@ impl Lab {
         // Resets sent with XDP_TX reach a veth peer promptly only if it has an XDP program.
         let client_xdp = (cfg.attach == "native").then(|| pass_program_on(&pair));
         Self {
+            tag: tag.to_string(),
             pins: PathBuf::from(format!(
                 "/sys/fs/bpf/shedder-lab-{}-{tag}",
                 std::process::id()
@@ -167,7 +169,7 @@ impl Lab {
     pub fn protect(&mut self) {
         let daemon = Daemon::start(
             &self.pair.server,
-            "lab",
+            &self.tag,
             &self.cfg.daemon_config(&self.pins),
             &self.pins,
         );
