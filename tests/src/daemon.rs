@@ -11,22 +11,28 @@ use std::{
 
 use crate::netns::Netns;
 
-/// The `shedder` binary built beside this test (`cargo build` builds it; `cargo xtask test`
-/// always does).
+/// The `shedder` binary built beside this executable: a test runs from
+/// `target/<profile>/deps/`, a binary such as the demo from `target/<profile>/`.
+/// (`cargo build` builds it; `cargo xtask test` and `cargo xtask demo` always do.)
 pub fn shedder_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    // target/<profile>/deps/<test> → target/<profile>/shedder
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target directory")
-        .join("shedder");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build -p shedder-user` (cargo xtask test does)",
-        bin.display()
-    );
-    bin
+    let dir = exe.parent().expect("executable directory");
+    let candidates = [
+        dir.join("shedder"),
+        dir.parent()
+            .map_or_else(PathBuf::new, |p| p.join("shedder")),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "no `shedder` binary beside {}: build it with `cargo build -p shedder-user` \
+                 (cargo xtask test and demo do)",
+                exe.display()
+            )
+        })
 }
 
 /// A daemon process and the files it uses.

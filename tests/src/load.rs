@@ -1198,6 +1198,11 @@ impl LoadHandle {
             .unwrap_or_else(|p| std::panic::resume_unwind(p))
     }
 
+    /// Whether the run has ended (its report is ready for [`LoadHandle::wait`]).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
     /// Call `on_second` for each second as it completes, then return the report.
     pub fn follow(self, mut on_second: impl FnMut(&SecondStats)) -> LoadReport {
         for s in self.seconds.iter() {

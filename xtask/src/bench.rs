@@ -37,9 +37,33 @@ impl Bench {
 }
 
 pub fn run_bench(bench: &Bench) -> Result<()> {
-    setup::run_all()?;
     let (bin, args) = bench.target();
+    run_release_bin(bin, args)
+}
+
+/// `cargo xtask demo`.
+pub fn run_demo(args: &PassThrough) -> Result<()> {
+    run_release_bin("demo", &args.args)
+}
+
+/// Setup, build the `shedder` binary (benchmarks and the demo run the real daemon), then
+/// run a binary of shedder-tests in release mode.
+fn run_release_bin(bin: &str, args: &[String]) -> Result<()> {
+    setup::run_all()?;
     let manifest = root().join("Cargo.toml");
+    run(cmd(
+        "cargo",
+        [
+            "build",
+            "--release",
+            "-p",
+            "shedder-user",
+            "--bin",
+            "shedder",
+        ],
+    )
+    .arg("--manifest-path")
+    .arg(&manifest))?;
     let mut c = cmd(
         "cargo",
         ["run", "--release", "-p", "shedder-tests", "--bin", bin],

@@ -34,6 +34,10 @@ enum Command {
     /// Setup, then build, unit tests, root-only integration tests, clippy (host crates and
     /// the eBPF crate) and rustfmt, with a summary. Non-zero exit if any step fails.
     Test,
+    /// Setup, then shedder under a 0.5x -> 3x -> 0.5x overload ramp in namespaces it makes,
+    /// then the same ramp unprotected, with a live table and a summary. Root only; about
+    /// two minutes; Ctrl-C removes everything it made.
+    Demo(bench::PassThrough),
     /// Setup, then run a benchmark.
     Bench {
         #[command(subcommand)]
@@ -46,6 +50,7 @@ fn main() -> ExitCode {
     let result = cmd::cargo_bin_on_path().and_then(|()| match &cli.command {
         Command::Setup => setup::run_all(),
         Command::Test => test::run_all(),
+        Command::Demo(args) => bench::run_demo(args),
         Command::Bench { bench } => bench::run_bench(bench),
     });
     match result {

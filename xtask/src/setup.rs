@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, bail};
 use crate::cmd::{capture, cargo, cmd, home, require_root, run, stdout};
 
 /// Debian packages the tests and benchmarks use.
-pub const DEBIAN_PACKAGES: &[&str] = &["iproute2", "ethtool"];
+pub const DEBIAN_PACKAGES: &[&str] = &["iproute2", "ethtool", "util-linux"];
 
 /// Pinned: a newer bpf-linker may default to another LLVM than the nightly's.
 const BPF_LINKER_VERSION: &str = "0.13.0";
