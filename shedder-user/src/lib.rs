@@ -5,6 +5,7 @@ pub mod config;
 pub mod controller;
 pub mod daemon;
 pub mod ebpf;
+pub mod metrics;
 pub mod policy;
 pub mod signals;
 pub mod sysfs;

@@ -1,0 +1,2 @@
+//! The Prometheus / OpenMetrics endpoint.
+pub mod names;

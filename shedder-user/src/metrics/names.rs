@@ -1,0 +1,172 @@
+//! Every metric the daemon exports (OpenMetrics text on `daemon.metrics_listen`), with its
+//! type and labels. Labels take only configured names (services, classes, interfaces,
+//! programs) and fixed enumerations — never client addresses or ports (seed 004).
+//!
+//! The alert rules and the dashboard in `deploy/` use these names; a test checks them.
+
+/// (name without the `_total`/`_bucket` suffixes, type, labels, help)
+pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
+    (
+        "shedder_connection_attempts",
+        "counter",
+        &["service", "class", "verdict", "reason"],
+        "New connection attempts decided by the packet path (verdict pass, drop, rst, dry_run).",
+    ),
+    (
+        "shedder_limit",
+        "gauge",
+        &["service"],
+        "The service's concurrency limit in force (controller output or manual override).",
+    ),
+    (
+        "shedder_fallback_limit",
+        "gauge",
+        &["service"],
+        "The limit the packet path falls back to when the heartbeat is stale.",
+    ),
+    (
+        "shedder_class_limit",
+        "gauge",
+        &["service", "class"],
+        "The class's share of the service limit.",
+    ),
+    (
+        "shedder_class_floor",
+        "gauge",
+        &["service", "class"],
+        "Connections the class keeps whatever the service's pressure.",
+    ),
+    (
+        "shedder_inflight",
+        "gauge",
+        &["service", "class"],
+        "Established connections, counted by the kernel.",
+    ),
+    (
+        "shedder_pending",
+        "gauge",
+        &["service", "class"],
+        "Admitted attempts not yet established.",
+    ),
+    (
+        "shedder_queue_age_seconds",
+        "histogram",
+        &["service"],
+        "Accept-queue age: ESTABLISHED to the application's first read, measured by the kernel.",
+    ),
+    (
+        "shedder_latency_seconds",
+        "histogram",
+        &["service"],
+        "Response latency: a read to the next write on the same connection, measured by the kernel.",
+    ),
+    (
+        "shedder_accept_queue_depth",
+        "gauge",
+        &["service"],
+        "Connections waiting for accept() on the service's listeners (sock_diag).",
+    ),
+    (
+        "shedder_accept_queue_backlog",
+        "gauge",
+        &["service"],
+        "Capacity of the service's accept queues.",
+    ),
+    (
+        "shedder_listen_overflows",
+        "counter",
+        &[],
+        "Connections dropped because an accept queue was full (TcpExt ListenOverflows).",
+    ),
+    (
+        "shedder_listen_drops",
+        "counter",
+        &[],
+        "All drops at listening sockets (TcpExt ListenDrops).",
+    ),
+    (
+        "shedder_pressure_stall_ratio",
+        "gauge",
+        &["service", "resource", "kind"],
+        "Share of the last tick the service's cgroup stalled on the resource (PSI).",
+    ),
+    (
+        "shedder_pressure_avg10",
+        "gauge",
+        &["service", "resource", "kind"],
+        "The kernel's 10 s PSI average for the service's cgroup, percent.",
+    ),
+    (
+        "shedder_controller_mode",
+        "gauge",
+        &["service", "mode"],
+        "1 for the controller's current mode (normal, shedding, recovering).",
+    ),
+    (
+        "shedder_override",
+        "gauge",
+        &["service"],
+        "1 while a manual limit override is in force.",
+    ),
+    (
+        "shedder_heartbeat_age_seconds",
+        "gauge",
+        &[],
+        "Time since the daemon last stamped the heartbeat.",
+    ),
+    (
+        "shedder_attach_mode",
+        "gauge",
+        &["interface", "mode"],
+        "1 for how each interface is attached (xdp-native, xdp-generic, tc).",
+    ),
+    (
+        "shedder_program_run_seconds",
+        "counter",
+        &["program"],
+        "Time the kernel spent running each program (BPF statistics).",
+    ),
+    (
+        "shedder_program_runs",
+        "counter",
+        &["program"],
+        "Runs of each program (BPF statistics).",
+    ),
+    (
+        "shedder_program_ns_per_run",
+        "gauge",
+        &["program"],
+        "Mean cost of one run over the last tick: the cost of saying no (seed 001).",
+    ),
+    (
+        "shedder_kernel_events",
+        "counter",
+        &["event"],
+        "Exceptional packet-path and tracking events (fallback decisions, rst errors, ...).",
+    ),
+    (
+        "shedder_build",
+        "info",
+        &["version"],
+        "The shedder build.",
+    ),
+];
+
+/// Every name as it appears in the exposition (counters end in `_total`, histograms have
+/// `_bucket`, `_sum`, `_count`, infos `_info`).
+pub fn exposed_names() -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, kind, _, _) in METRICS {
+        match *kind {
+            "counter" => out.push(format!("{name}_total")),
+            "histogram" => {
+                for s in ["_bucket", "_sum", "_count"] {
+                    out.push(format!("{name}{s}"));
+                }
+            }
+            "info" => out.push(format!("{name}_info")),
+            _ => out.push(name.to_string()),
+        }
+    }
+    out
+}
