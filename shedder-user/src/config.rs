@@ -16,6 +16,8 @@ use shedder_common::{CLASS_NAMES, MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVIC
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     pub file: Option<PathBuf>,
+    /// 1-based line of the offending value, when it can be found in the text.
+    pub line: Option<usize>,
     /// Dotted path of the offending field, e.g. `service[0].max_limit`.
     pub field: String,
     pub message: String,
@@ -23,8 +25,11 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(file) = &self.file {
-            write!(f, "{}: ", file.display())?;
+        match (&self.file, self.line) {
+            (Some(file), Some(line)) => write!(f, "{}:{line}: ", file.display())?,
+            (Some(file), None) => write!(f, "{}: ", file.display())?,
+            (None, Some(line)) => write!(f, "line {line}: ")?,
+            (None, None) => {}
         }
         if self.field.is_empty() {
             write!(f, "{}", self.message)
@@ -39,6 +44,7 @@ impl std::error::Error for ConfigError {}
 fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError {
         file: None,
+        line: None,
         field: field.into(),
         message: message.into(),
     }
@@ -299,6 +305,71 @@ pub mod defaults {
 /// Largest concurrency limit accepted: far above any real service, far below overflow.
 pub const LIMIT_CEILING: u32 = 1 << 24;
 
+/// The line (1-based) where the value a validation error names lies in the TOML text: the
+/// key's line inside its section (`[daemon]`, the n-th `[[service]]`, `[classes]` or
+/// `[classes.<name>]`), else the section's header. `None` when the field is not in the text
+/// (a default).
+fn locate(text: &str, field: &str) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    let header = |pred: &dyn Fn(&str) -> bool, nth: usize| {
+        lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| pred(l.trim()))
+            .nth(nth)
+            .map(|(i, _)| i)
+    };
+    let key_in = |start: usize, key: &str| {
+        lines[start + 1..]
+            .iter()
+            .take_while(|l| !l.trim_start().starts_with('['))
+            .position(|l| {
+                l.trim_start()
+                    .strip_prefix(key)
+                    .is_some_and(|r| r.trim_start().starts_with('='))
+            })
+            .map(|i| start + 1 + i)
+    };
+    // The first path component after the section, without any `[index]`.
+    let first = |rest: &str| rest.split(['.', '[']).next().unwrap_or("").to_string();
+    let found = if let Some(rest) = field.strip_prefix("service[") {
+        let n: usize = rest.split(']').next()?.parse().ok()?;
+        let start = header(&|l| l == "[[service]]", n)?;
+        let key = rest.split_once(").").map_or_else(
+            || {
+                rest.split_once("].")
+                    .map(|(_, k)| first(k))
+                    .unwrap_or_default()
+            },
+            |(_, k)| first(k),
+        );
+        key_in(start, &key).or(Some(start))
+    } else if let Some(rest) = field.strip_prefix("daemon.") {
+        let start = header(&|l| l == "[daemon]", 0)?;
+        key_in(start, &first(rest)).or(Some(start))
+    } else if let Some(rest) = field.strip_prefix("classes.") {
+        let class = first(rest);
+        let key = rest
+            .split_once('.')
+            .map(|(_, k)| first(k))
+            .unwrap_or_default();
+        match header(&|l| l == format!("[classes.{class}]"), 0) {
+            Some(start) => key_in(start, &key).or(Some(start)),
+            None => {
+                let start = header(&|l| l == "[classes]", 0)?;
+                key_in(start, &class).or(Some(start))
+            }
+        }
+    } else if field == "classes" {
+        header(&|l| l == "[classes]", 0)
+    } else if field == "service" {
+        header(&|l| l == "[[service]]", 0)
+    } else {
+        None
+    };
+    found.map(|i| i + 1)
+}
+
 /// A parsed IP prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Prefix {
@@ -375,14 +446,14 @@ impl Config {
     /// Parse and validate configuration text.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let cfg: Config = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
-            let message = e.message().to_string();
-            match line {
-                Some(l) => err(format!("line {l}"), message),
-                None => err("", message),
-            }
+            let mut error = err("", e.message().to_string());
+            error.line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
+            error
         })?;
-        cfg.validate()?;
+        cfg.validate().map_err(|mut e| {
+            e.line = locate(text, &e.field);
+            e
+        })?;
         Ok(cfg)
     }
 
@@ -727,92 +798,93 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
     }
 
     #[test]
-    fn bad_files_name_the_field() {
+    /// A table of bad files and the exact message each gets: line, field, what is wrong.
+    fn bad_files_name_the_line_and_field() {
         let cases: &[(&str, &str)] = &[
             (
                 "[daemon]\ntick_ms = 5\n",
-                "daemon.tick_ms: 5 is outside 10..=60000",
+                "line 2: daemon.tick_ms: 5 is outside 10..=60000",
             ),
             (
                 "[daemon]\ntick_ms = 200\nheartbeat_timeout_ms = 300\n",
-                "daemon.heartbeat_timeout_ms: 300 must be at least twice tick_ms (200)",
+                "line 3: daemon.heartbeat_timeout_ms: 300 must be at least twice tick_ms (200), or every late tick drops to the fallback limits",
             ),
             (
                 "[classes]\ncritical = { floor = 0.1, ceiling = 0.05 }\n",
-                "classes.critical.floor",
+                "line 2: classes.critical.floor: critical is never shed by pressure, so it has no floor; bound it with `ceiling`",
             ),
             (
                 "[classes]\ncritical = { sources = [] }\n",
-                "classes.critical.ceiling: critical needs a finite ceiling",
+                "line 2: classes.critical.ceiling: critical needs a finite ceiling (seed 000 R4: unsheddable, not unbounded)",
             ),
             (
                 "[classes]\nhigh = { floor = 1.5 }\n",
-                "classes.high.floor: 1.5 is outside [0, 1]",
+                "line 2: classes.high.floor: 1.5 is outside [0, 1]",
             ),
             (
                 "[classes]\nhigh = { floor = 0.7 }\nmedium = { floor = 0.5 }\n",
-                "classes: the floors add up to 1.20",
+                "line 1: classes: the floors add up to 1.20, more than the whole limit",
             ),
             (
                 "[classes]\nhigh = { sources = [\"198.18.20.1/24\"] }\n",
-                "classes.high.sources[0]: `198.18.20.1/24` has host bits set (did you mean 198.18.20.0/24?)",
+                "line 2: classes.high.sources[0]: `198.18.20.1/24` has host bits set (did you mean 198.18.20.0/24?)",
             ),
             (
                 "[classes]\nhigh = { sources = [\"198.18.20.0/33\"] }\n",
-                "classes.high.sources[0]: `198.18.20.0/33`: prefix length must be 0..=32",
+                "line 2: classes.high.sources[0]: `198.18.20.0/33`: prefix length must be 0..=32",
             ),
             (
                 "[classes]\nhigh = { sources = [\"10.0.0.0/8\"] }\nsheddable = { sources = [\"10.0.0.0/8\"] }\n",
-                "classes.sheddable.sources[0]: 10.0.0.0/8 is already listed under classes.high",
+                "line 3: classes.sheddable.sources[0]: 10.0.0.0/8 is already listed under classes.high",
             ),
             (
                 "[[service]]\nname = \"a b\"\nports = [1]\n",
-                "service[0].name: `a b`",
+                "line 2: service[0].name: `a b`: use 1 to 64 characters from [A-Za-z0-9._-] (it becomes a metric label)",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = []\n",
-                "service[0] (a).ports: at least one port is needed",
+                "line 3: service[0] (a).ports: at least one port is needed",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\n[[service]]\nname = \"b\"\nports = [80]\n",
-                "service[1] (b).ports[0]: port 80 on any address is already protected by service `a`",
+                "line 6: service[1] (b).ports[0]: port 80 on any address is already protected by service `a`",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nmin_limit = 10\nmax_limit = 5\n",
-                "service[0] (a).max_limit: 5 is below min_limit (10)",
+                "line 5: service[0] (a).max_limit: 5 is below min_limit (10)",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nmax_limit = 100\nfallback_limit = 500\n",
-                "service[0] (a).fallback_limit: 500 is outside [min_limit, max_limit] = [8, 100]",
+                "line 5: service[0] (a).fallback_limit: 500 is outside [min_limit, max_limit] = [8, 100]",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nmin_limit = 0\n",
-                "service[0] (a).min_limit: must be at least 1",
+                "line 4: service[0] (a).min_limit: must be at least 1, so some traffic always flows and the controller can learn",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nrate = { vip = { per_second = 1, burst = 1 } }\n",
-                "service[0] (a).rate.vip: unknown class",
+                "line 4: service[0] (a).rate.vip: unknown class; use one of [\"critical\", \"high\", \"medium\", \"sheddable\"]",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nrate = { high = { per_second = 0, burst = 1 } }\n",
-                "service[0] (a).rate.high: per_second must be 1..=1e9",
+                "line 4: service[0] (a).rate.high: per_second must be 1..=1e9 and burst at least 1 (got 0 and 1)",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\naction = \"reject\"\n",
-                "line 4: unknown variant `reject`",
+                "line 4: unknown variant `reject`, expected `rst` or `drop`",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nmax_limt = 5\n",
-                "line 4: unknown field `max_limt`",
+                "line 4: unknown field `max_limt`, expected one of `name`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`",
             ),
-            ("[[service]]\nname = \"a\"\nports = [70000]\n", "line 3:"),
+            (
+                "[[service]]\nname = \"a\"\nports = [70000]\n",
+                "line 3: invalid value: integer `70000`, expected u16",
+            ),
         ];
         for (toml, expected) in cases {
             let got = error_of(toml);
-            assert!(
-                got.contains(expected),
-                "for\n{toml}\nexpected `{expected}` in `{got}`"
-            );
+            assert_eq!(&got, expected, "for\n{toml}");
         }
     }
 
