@@ -120,17 +120,19 @@ impl Default for ServiceCounters {
 /// Histogram buckets of one service: `b[kind * hist::BUCKETS + bucket]`.
 pub const HIST_PER_SERVICE: usize = (hist::KINDS * hist::BUCKETS) as usize;
 
-/// The per-CPU histograms of one service.
+/// The per-CPU histograms of one service, with the sum of the observations (µs) per kind.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServiceHist {
     pub b: [u64; HIST_PER_SERVICE],
+    pub sum_us: [u64; hist::KINDS as usize],
 }
 
 impl Default for ServiceHist {
     fn default() -> Self {
         Self {
             b: [0; HIST_PER_SERVICE],
+            sum_us: [0; hist::KINDS as usize],
         }
     }
 }

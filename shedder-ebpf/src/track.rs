@@ -195,11 +195,15 @@ fn connection_ended(sk: u64) {
 
 #[inline(always)]
 fn observe(service: u32, kind: u32, ns: u64) {
-    let i = hist::index(kind, hist::bucket(ns / 1000)) as usize;
+    let us = ns / 1000;
+    let i = hist::index(kind, hist::bucket(us)) as usize;
     if let Some(h) = SHEDDER_HIST.get_ptr_mut(service)
         && i < HIST_PER_SERVICE
     {
-        unsafe { (*h).b[i] += 1 };
+        unsafe {
+            (*h).b[i] += 1;
+            (*h).sum_us[(kind & 1) as usize] += us;
+        }
     }
 }
 

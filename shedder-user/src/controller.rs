@@ -28,7 +28,7 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Limits a controller must respect.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -93,7 +93,7 @@ pub struct Observation {
 }
 
 /// What moved (or held) the limit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Signal {
     QueueAge,
@@ -110,7 +110,7 @@ pub enum Signal {
     Configured,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Action {
     Increase,
@@ -121,7 +121,7 @@ pub enum Action {
     Fallback,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     Normal,
@@ -140,7 +140,7 @@ impl Mode {
 }
 
 /// The outcome of one tick.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Decision {
     pub limit: u32,
     pub previous: u32,

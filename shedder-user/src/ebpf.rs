@@ -587,17 +587,29 @@ pub trait MapReader {
     /// A service's cumulative histograms summed over CPUs, indexed by `hist::index`
     /// (one map lookup).
     fn histograms(&self, service: u32) -> Result<Vec<u64>> {
+        Ok(self.histograms_with_sums(service)?.0)
+    }
+
+    /// The histograms and the sum of the observations per kind (µs).
+    fn histograms_with_sums(
+        &self,
+        service: u32,
+    ) -> Result<(Vec<u64>, [u64; hist::KINDS as usize])> {
         check_service(service)?;
         let m: PerCpuArray<&MapData, ServiceHist> =
             PerCpuArray::try_from(self.map_named(maps::HIST)?).map_err(map_err(maps::HIST))?;
         let per_cpu = m.get(&service, 0).map_err(map_err(maps::HIST))?;
         let mut out = vec![0u64; HIST_PER_SERVICE];
+        let mut sums = [0u64; hist::KINDS as usize];
         for cpu in per_cpu.iter() {
             for (o, v) in out.iter_mut().zip(cpu.b.iter()) {
                 *o += v;
             }
+            for (o, v) in sums.iter_mut().zip(cpu.sum_us.iter()) {
+                *o += v;
+            }
         }
-        Ok(out)
+        Ok((out, sums))
     }
 
     /// One of a service's cumulative histograms (`hist::KIND_*`).

@@ -17,7 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use shedder_common::{
     COUNTERS_PER_SERVICE, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, VERDICT_DROP, VERDICT_DRY_RUN,
     VERDICT_PASS, VERDICT_RST, decision_index, hist,
@@ -26,7 +26,7 @@ use shedder_common::{
 use crate::ebpf::MapReader;
 
 /// A value from one source, or why there is none.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Reading<T> {
     Ok {
@@ -68,7 +68,7 @@ impl<T> Reading<T> {
 
 /// Percentiles of a duration over the window, in milliseconds; `None` when the window
 /// holds no observation (a quiet service), which is not the same as a zero.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Quantiles {
     pub p50_ms: Option<f64>,
     pub p90_ms: Option<f64>,
@@ -77,7 +77,7 @@ pub struct Quantiles {
 }
 
 /// Connection attempts of one class per second over the last tick.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClassRates {
     /// Every new attempt that reached a decision.
     pub offered: f64,
@@ -89,7 +89,7 @@ pub struct ClassRates {
 }
 
 /// Accept queues of the service's listening sockets, summed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AcceptQueue {
     pub depth: u32,
     pub backlog: u32,
@@ -97,7 +97,7 @@ pub struct AcceptQueue {
 }
 
 /// Listen-queue failures in the network namespace during the last tick.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Overflows {
     pub overflows: u64,
     pub drops: u64,
@@ -105,7 +105,7 @@ pub struct Overflows {
 
 /// One resource's pressure: the kernel's 10 s average and the share of the last tick
 /// stalled, from the cumulative totals.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PressureWindow {
     pub some_avg10: f64,
     pub full_avg10: Option<f64>,
@@ -115,13 +115,13 @@ pub struct PressureWindow {
 }
 
 /// CPU throttling during the last tick.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ThrottlingWindow {
     pub periods_throttled: u64,
     pub throttled_us: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Pressures {
     pub cpu: Reading<PressureWindow>,
     pub memory: Reading<PressureWindow>,
@@ -130,7 +130,7 @@ pub struct Pressures {
 }
 
 /// Everything measured about one service at one tick.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Signals {
     pub service: String,
     /// Width of the window the percentiles cover.
@@ -198,6 +198,8 @@ struct ServiceReader {
     spec: ServiceSpec,
     /// Cumulative histograms at the previous tick, and the per-tick increments of the window.
     hist_prev: Option<Vec<u64>>,
+    /// Sums of the observations per kind (µs), cumulative, as last read.
+    hist_sums: Option<[u64; hist::KINDS as usize]>,
     hist_window: VecDeque<Vec<u64>>,
     counters_prev: Option<[u64; COUNTERS_PER_SERVICE]>,
     psi_files: Option<psi::CgroupFiles>,
@@ -226,6 +228,7 @@ impl SignalReader {
                     psi_files: spec.cgroup.as_deref().map(psi::CgroupFiles::new),
                     spec,
                     hist_prev: None,
+                    hist_sums: None,
                     hist_window: VecDeque::new(),
                     counters_prev: None,
                     psi_prev: [None; 3],
@@ -299,6 +302,34 @@ impl SignalReader {
     }
 }
 
+/// The cumulative kernel values a reader saw at its last tick (for the metrics endpoint,
+/// which exports counters and histograms as cumulative series).
+#[derive(Clone, Debug, Default)]
+pub struct Cumulative {
+    pub counters: Option<[u64; COUNTERS_PER_SERVICE]>,
+    pub histograms: Option<Vec<u64>>,
+    pub sums_us: Option<[u64; hist::KINDS as usize]>,
+}
+
+impl SignalReader {
+    /// Per service, the cumulative counters and histograms read at the last tick.
+    pub fn cumulative(&self) -> Vec<Cumulative> {
+        self.services
+            .iter()
+            .map(|s| Cumulative {
+                counters: s.counters_prev,
+                histograms: s.hist_prev.clone(),
+                sums_us: s.hist_sums,
+            })
+            .collect()
+    }
+
+    /// The namespace's listen counters (cumulative) at the last tick.
+    pub fn listen_counters(&self) -> Option<netstat::ListenCounters> {
+        self.netstat_prev
+    }
+}
+
 impl ServiceReader {
     fn tick(
         &mut self,
@@ -351,9 +382,13 @@ impl ServiceReader {
         window_ticks: usize,
     ) -> (Reading<Quantiles>, Reading<Quantiles>, u64) {
         let tick_ms = elapsed.map_or(0, |e| e.as_millis() as u64);
-        let current = match shedder.histograms(self.spec.id) {
-            Ok(h) => h,
+        let current = match shedder.histograms_with_sums(self.spec.id) {
+            Ok((h, sums)) => {
+                self.hist_sums = Some(sums);
+                h
+            }
             Err(e) => {
+                self.hist_sums = None;
                 self.hist_prev = None;
                 self.hist_window.clear();
                 let r = Reading::missing(format!("histograms: {e}"));
