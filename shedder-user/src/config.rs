@@ -84,6 +84,8 @@ pub struct Daemon {
     pub metrics_listen: String,
     #[serde(default = "defaults::control_socket")]
     pub control_socket: PathBuf,
+    /// A group whose members may use the control socket besides root.
+    pub control_group: Option<String>,
     #[serde(default = "defaults::tick_ms")]
     pub tick_ms: u64,
     /// An older heartbeat puts the kernel side on the fallback limits.
@@ -108,6 +110,7 @@ impl Default for Daemon {
             attach: Attach::Auto,
             metrics_listen: defaults::metrics_listen(),
             control_socket: defaults::control_socket(),
+            control_group: None,
             tick_ms: defaults::tick_ms(),
             heartbeat_timeout_ms: defaults::heartbeat_timeout_ms(),
             pin_dir: defaults::pin_dir(),
@@ -490,6 +493,23 @@ impl Config {
                 format!("{} is longer than an hour", d.heartbeat_timeout_ms),
             ));
         }
+        if d.metrics_listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(err(
+                "daemon.metrics_listen",
+                format!(
+                    "`{}` is not an address:port (e.g. 127.0.0.1:9464)",
+                    d.metrics_listen
+                ),
+            ));
+        }
+        if let Some(g) = &d.control_group
+            && (g.is_empty() || g.contains(['/', ':', ' ']))
+        {
+            return Err(err(
+                "daemon.control_group",
+                format!("`{g}` is not a group name"),
+            ));
+        }
         for (i, iface) in d.interfaces.iter().enumerate() {
             if iface.is_empty() || iface.len() > 15 || iface.contains('/') {
                 return Err(err(
@@ -797,8 +817,8 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
         Config::parse(toml).unwrap_err().to_string()
     }
 
-    #[test]
     /// A table of bad files and the exact message each gets: line, field, what is wrong.
+    #[test]
     fn bad_files_name_the_line_and_field() {
         let cases: &[(&str, &str)] = &[
             (

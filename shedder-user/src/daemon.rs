@@ -12,20 +12,26 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
-use shedder_common::{NUM_CLASSES, POLICY_CONFIGURED, ServicePolicy};
+use shedder_common::{CLASS_NAMES, NUM_CLASSES, POLICY_CONFIGURED, STAT_NAMES, ServicePolicy};
 use tracing::{error, info, warn};
 
 use crate::{
     config::{Attach, Config, Controller as ControllerKind, Service},
+    control::{self, ApiError, Request},
     controller::{Aimd, Bounds, Controller, Decision, Fixed, Gradient2, Mode, Observation, Tuning},
     ebpf::{AttachMode, MapReader, Shedder},
+    metrics,
     policy::{Ladder, class_demand, compile, service_policy},
     signals::{ServiceSpec, SignalReader, Signals, psi},
+    state::{Attachment, ClassState, Override, ProgramCost, ServiceState, State},
 };
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -54,6 +60,15 @@ pub struct Options {
     pub keep_attached: bool,
 }
 
+/// A manual limit in force.
+#[derive(Clone, Debug)]
+struct OverrideState {
+    limit: u32,
+    until: Instant,
+    by: String,
+    reason: Option<String>,
+}
+
 /// One service's controller and what was last written for it.
 struct Runtime {
     id: u32,
@@ -62,6 +77,60 @@ struct Runtime {
     written: Option<ServicePolicy>,
     last_log: Option<Instant>,
     mode: Mode,
+    override_limit: Option<OverrideState>,
+    decision: Option<Decision>,
+    signals: Option<Signals>,
+}
+
+impl Runtime {
+    fn new(id: u32, cfg: &Service, initial: u32, written: ServicePolicy) -> Self {
+        Self {
+            id,
+            cfg: cfg.clone(),
+            controller: controller(cfg, initial),
+            written: Some(written),
+            last_log: None,
+            mode: Mode::Normal,
+            override_limit: None,
+            decision: None,
+            signals: None,
+        }
+    }
+
+    /// The service's state, once it has been measured.
+    fn state(&self, now: Instant) -> Option<ServiceState> {
+        let signals = self.signals.clone()?;
+        let written = self.written?;
+        Some(ServiceState {
+            name: self.cfg.name.clone(),
+            ports: self.cfg.ports.clone(),
+            controller: self.controller.name().into(),
+            mode: self.decision.map_or(Mode::Normal, |d| d.mode),
+            limit: written.total_limit,
+            fallback_limit: self.cfg.fallback_limit,
+            min_limit: self.cfg.min_limit,
+            max_limit: self.cfg.max_limit,
+            target_latency_ms: self.cfg.target_latency_ms,
+            override_limit: self.override_limit.as_ref().map(|o| Override {
+                limit: o.limit,
+                remaining_s: o.until.saturating_duration_since(now).as_secs_f64(),
+                by: o.by.clone(),
+                reason: o.reason.clone(),
+            }),
+            decision: self.decision,
+            classes: CLASS_NAMES
+                .iter()
+                .zip(written.classes.iter())
+                .map(|(name, c)| ClassState {
+                    class: name.to_string(),
+                    share: c.limit,
+                    floor: c.floor,
+                    ceiling: c.ceiling,
+                })
+                .collect(),
+            signals,
+        })
+    }
 }
 
 fn tuning(s: &Service) -> Tuning {
@@ -159,44 +228,66 @@ pub fn demand(sig: &Signals) -> Option<[f64; NUM_CLASSES]> {
 struct Daemon {
     config_path: PathBuf,
     cfg: Config,
+    /// The text of the configuration in force (the file's, or the one applied over the API).
+    config_text: String,
     shedder: Shedder,
     reader: SignalReader,
     services: Vec<Runtime>,
     ladder: Ladder,
     hz: u32,
     start: Instant,
+    attach: Vec<Attachment>,
+    /// Keeps the kernel's BPF run-time statistics on while the daemon runs.
+    _stats: Option<std::os::fd::OwnedFd>,
+    last_run_stats: Vec<(&'static str, Duration, u64)>,
+    programs: Vec<ProgramCost>,
+    last_heartbeat: Instant,
+    metrics: metrics::Shared,
+    requests: mpsc::Receiver<Request>,
+    /// Set by a detach request: stop and detach whatever the configuration says.
+    detach_requested: bool,
 }
 
 pub fn run(opts: Options) -> Result<()> {
     install_signal_handlers();
-    let cfg = Config::load(&opts.config).map_err(|e| crate::BadInput(e.to_string()))?;
+    let text = std::fs::read_to_string(&opts.config)
+        .map_err(|e| crate::BadInput(format!("{}: cannot read: {e}", opts.config.display())))?;
+    let cfg = Config::parse(&text).map_err(|mut e| {
+        e.file = Some(opts.config.clone());
+        crate::BadInput(e.to_string())
+    })?;
     crate::sysfs::ensure_bpffs().context("mounting bpffs")?;
-    let mut daemon = Daemon::start(opts.config.clone(), cfg)?;
+    let mut daemon = Daemon::start(opts.config.clone(), cfg, text)?;
     info!(
         services = daemon.services.len(),
         interfaces = ?daemon.cfg.daemon.interfaces,
         tick_ms = daemon.cfg.daemon.tick_ms,
+        metrics = %daemon.cfg.daemon.metrics_listen,
+        control = %daemon.cfg.daemon.control_socket.display(),
         "running"
     );
-    let tick = Duration::from_millis(daemon.cfg.daemon.tick_ms);
     let mut next = Instant::now();
-    while !STOP.load(Ordering::SeqCst) {
+    while !STOP.load(Ordering::SeqCst) && !daemon.detach_requested {
         if RELOAD.swap(false, Ordering::SeqCst) {
-            daemon.reload();
+            daemon.reload_file();
         }
         daemon.tick();
-        next += tick;
+        next += Duration::from_millis(daemon.cfg.daemon.tick_ms);
         let now = Instant::now();
         if next < now {
             next = now;
         }
-        while Instant::now() < next && !STOP.load(Ordering::SeqCst) {
-            std::thread::sleep((next - Instant::now()).min(Duration::from_millis(50)));
+        while Instant::now() < next && !STOP.load(Ordering::SeqCst) && !daemon.detach_requested {
+            daemon.serve_requests();
+            std::thread::sleep((next - Instant::now()).min(Duration::from_millis(20)));
         }
     }
-    let detach = daemon.cfg.daemon.detach_on_exit && !opts.keep_attached;
+    let detach =
+        daemon.detach_requested || (daemon.cfg.daemon.detach_on_exit && !opts.keep_attached);
     let pin_dir = daemon.cfg.daemon.pin_dir.clone();
+    let socket = daemon.cfg.daemon.control_socket.clone();
     drop(daemon);
+    let _ = std::fs::remove_file(&socket);
     if detach {
         let gone = crate::ebpf::unpin_all(&pin_dir)
             .with_context(|| format!("removing the pins under {}", pin_dir.display()))?;
@@ -210,10 +301,33 @@ pub fn run(opts: Options) -> Result<()> {
     Ok(())
 }
 
+/// The largest change of the limit an override may make without `force`.
+pub const OVERRIDE_MAX_STEP: u32 = 4;
+/// The longest an override may last.
+pub const OVERRIDE_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+
 impl Daemon {
-    fn start(config_path: PathBuf, cfg: Config) -> Result<Self> {
+    fn start(config_path: PathBuf, cfg: Config, config_text: String) -> Result<Self> {
         let pin_dir = cfg.daemon.pin_dir.clone();
         let adopting = pin_dir.join("maps").exists();
+        // Endpoints first: a port or a socket in use fails the start before anything is
+        // attached.
+        let metrics_listener = std::net::TcpListener::bind(&cfg.daemon.metrics_listen)
+            .with_context(|| format!("listening for metrics on {}", cfg.daemon.metrics_listen))?;
+        let group = match &cfg.daemon.control_group {
+            Some(g) => Some(
+                control::group_id(g)
+                    .map_err(|e| crate::BadInput(format!("daemon.control_group: {e}")))?,
+            ),
+            None => None,
+        };
+        let control_listener =
+            control::bind(&cfg.daemon.control_socket, group).with_context(|| {
+                format!(
+                    "creating the control socket {}",
+                    cfg.daemon.control_socket.display()
+                )
+            })?;
         let mut shedder = Shedder::load_pinned(&pin_dir).with_context(|| {
             format!(
                 "loading the programs with the maps pinned under {} (if they come from an \
@@ -242,14 +356,7 @@ impl Daemon {
                 s.fallback_limit
             };
             compiled.services[i].policy = service_policy(s, &ladder, initial, None);
-            services.push(Runtime {
-                id,
-                cfg: s.clone(),
-                controller: controller(s, initial),
-                written: Some(compiled.services[i].policy),
-                last_log: None,
-                mode: Mode::Normal,
-            });
+            services.push(Runtime::new(id, s, initial, compiled.services[i].policy));
         }
         shedder.apply(&compiled).context("writing the policy")?;
         shedder.heartbeat().context("stamping the heartbeat")?;
@@ -262,28 +369,57 @@ impl Daemon {
             Attach::Generic => AttachMode::Generic,
             Attach::Tc => AttachMode::Tc,
         };
+        let mut attach = Vec::new();
         for iface in &cfg.daemon.interfaces {
             if pin_dir.join("links").join(iface).exists() {
                 info!(iface = %iface, "adopted the pinned attachment");
+                attach.push(Attachment {
+                    interface: iface.clone(),
+                    mode: "adopted".into(),
+                });
                 continue;
             }
             let how = shedder
                 .attach(iface, mode)
                 .with_context(|| format!("attaching to {iface}"))?;
             info!(iface = %iface, mode = how.as_str(), "attached");
+            attach.push(Attachment {
+                interface: iface.clone(),
+                mode: how.as_str().into(),
+            });
         }
+        let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                warn!(error = %e, "BPF run-time statistics unavailable: no per-program cost");
+                None
+            }
+        };
         let window_ticks = cfg.daemon.signal_window_ms.div_ceil(cfg.daemon.tick_ms) as usize;
         let cgroup_root = psi::cgroup2_mount().ok();
         let reader = SignalReader::new(specs(&cfg, cgroup_root.as_deref()), window_ticks);
+        let shared: metrics::Shared = Default::default();
+        metrics::serve(metrics_listener, shared.clone());
+        let (tx, requests) = mpsc::channel();
+        control::serve(control_listener, group, tx);
         Ok(Self {
             config_path,
             cfg,
+            config_text,
             shedder,
             reader,
             services,
             ladder,
             hz,
             start: Instant::now(),
+            attach,
+            _stats: stats,
+            last_run_stats: Vec::new(),
+            programs: Vec::new(),
+            last_heartbeat: Instant::now(),
+            metrics: shared,
+            requests,
+            detach_requested: false,
         })
     }
 
@@ -296,7 +432,17 @@ impl Daemon {
         let t = now.duration_since(self.start);
         for (rt, sig) in self.services.iter_mut().zip(&signals) {
             let obs = observation(sig, t);
-            let decision = rt.controller.update(&obs);
+            let mut decision = rt.controller.update(&obs);
+            if let Some(o) = &rt.override_limit
+                && now >= o.until
+            {
+                info!(service = %rt.cfg.name, limit = o.limit, "override expired; the controller resumes from it");
+                rt.controller = controller(&rt.cfg, o.limit);
+                rt.override_limit = None;
+            }
+            if let Some(o) = &rt.override_limit {
+                decision.limit = o.limit;
+            }
             let policy =
                 service_policy(&rt.cfg, &self.ladder, decision.limit, demand(sig).as_ref());
             if rt.written != Some(policy) {
@@ -305,35 +451,278 @@ impl Daemon {
                     Err(e) => error!(service = %rt.cfg.name, error = %e, "writing the limits"),
                 }
             }
-            log_decision(rt, &decision, now);
+            if rt.override_limit.is_none() {
+                log_decision(rt, &decision, now);
+            }
+            rt.decision = Some(decision);
+            rt.signals = Some(sig.clone());
         }
-        if let Err(e) = self.shedder.heartbeat() {
-            error!(error = %e, "stamping the heartbeat");
+        match self.shedder.heartbeat() {
+            Ok(_) => self.last_heartbeat = Instant::now(),
+            Err(e) => error!(error = %e, "stamping the heartbeat"),
+        }
+        self.update_program_costs();
+        let snapshot = self.snapshot();
+        if let Ok(mut m) = self.metrics.lock() {
+            *m = Some(snapshot);
         }
     }
 
-    /// Re-read the configuration; on any error keep the running one (seed 000 §8: stale
-    /// shedding beats no shedding).
-    fn reload(&mut self) {
-        let cfg = match Config::load(&self.config_path) {
-            Ok(c) => c,
+    fn update_program_costs(&mut self) {
+        if self._stats.is_none() {
+            return;
+        }
+        let now = self.shedder.run_stats();
+        self.programs = now
+            .iter()
+            .map(|&(name, time, runs)| {
+                let prev = self.last_run_stats.iter().find(|(n, _, _)| *n == name);
+                let ns_per_run = prev.and_then(|&(_, t0, r0)| {
+                    let dr = runs.saturating_sub(r0);
+                    (dr > 0).then(|| time.saturating_sub(t0).as_nanos() as f64 / dr as f64)
+                });
+                ProgramCost {
+                    program: name.to_string(),
+                    runs,
+                    run_seconds: time.as_secs_f64(),
+                    ns_per_run,
+                }
+            })
+            .collect();
+        self.last_run_stats = now;
+    }
+
+    /// The state as the API and the metrics report it.
+    fn state(&self) -> State {
+        let now = Instant::now();
+        let kernel_events = match self.shedder.stats() {
+            Ok(stats) => STAT_NAMES
+                .iter()
+                .zip(stats)
+                .filter(|(n, _)| !n.starts_with("reserved"))
+                .map(|(n, v)| (n.to_string(), v))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        State {
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            uptime_s: now.duration_since(self.start).as_secs_f64(),
+            config: self.config_path.display().to_string(),
+            pin_dir: self.cfg.daemon.pin_dir.display().to_string(),
+            tick_ms: self.cfg.daemon.tick_ms,
+            heartbeat_timeout_ms: self.cfg.daemon.heartbeat_timeout_ms,
+            heartbeat_age_ms: now.duration_since(self.last_heartbeat).as_millis() as u64,
+            attach: self.attach.clone(),
+            programs: self.programs.clone(),
+            kernel_events,
+            services: self
+                .services
+                .iter()
+                .filter_map(|rt| rt.state(now))
+                .collect(),
+        }
+    }
+
+    fn snapshot(&self) -> metrics::Snapshot {
+        metrics::Snapshot {
+            state: self.state(),
+            services: self
+                .reader
+                .cumulative()
+                .into_iter()
+                .map(|c| metrics::ServiceCumulative {
+                    counters: c.counters,
+                    histograms: c.histograms,
+                    sums_us: c.sums_us,
+                })
+                .collect(),
+            listen: self.reader.listen_counters(),
+            heartbeat: self.last_heartbeat,
+        }
+    }
+
+    /// Answer what the control socket asked, between ticks.
+    fn serve_requests(&mut self) {
+        while let Ok(request) = self.requests.try_recv() {
+            match request {
+                Request::State(reply) => {
+                    let _ = reply.send(
+                        serde_json::to_string(&self.state())
+                            .map_err(|e| ApiError::new(500, e.to_string())),
+                    );
+                }
+                Request::Policy(reply) => {
+                    let _ = reply.send(Ok(self.config_text.clone()));
+                }
+                Request::ApplyPolicy { text, peer, reply } => {
+                    let result = match Config::parse(&text) {
+                        Ok(cfg) => self.apply_config(cfg, text).map(|()| {
+                            info!(by = %peer, services = self.services.len(), "policy applied over the control socket");
+                            format!(r#"{{"applied":true,"services":{}}}"#, self.services.len())
+                        }),
+                        Err(e) => Err(ApiError::from(e)),
+                    };
+                    let _ = reply.send(result);
+                }
+                Request::SetOverride {
+                    service,
+                    request,
+                    peer,
+                    reply,
+                } => {
+                    let _ = reply.send(self.set_override(&service, &request, peer));
+                }
+                Request::ClearOverride {
+                    service,
+                    peer,
+                    reply,
+                } => {
+                    let result = match self.services.iter_mut().find(|r| r.cfg.name == service) {
+                        None => Err(ApiError::new(404, format!("no service named `{service}`"))),
+                        Some(rt) => match rt.override_limit.take() {
+                            Some(o) => {
+                                info!(service = %service, by = %peer, limit = o.limit, "override cleared");
+                                rt.controller = controller(&rt.cfg, o.limit);
+                                Ok(r#"{"cleared":true}"#.to_string())
+                            }
+                            None => Ok(r#"{"cleared":false}"#.to_string()),
+                        },
+                    };
+                    let _ = reply.send(result);
+                }
+                Request::Detach { peer, reply } => {
+                    info!(by = %peer, "detach requested over the control socket");
+                    self.detach_requested = true;
+                    let _ = reply.send(Ok(r#"{"detaching":true}"#.to_string()));
+                }
+            }
+        }
+    }
+
+    /// A bounded manual limit: inside [min, max], at most ×4 (or ÷4) from the limit in force
+    /// unless forced, for at most 24 h.
+    fn set_override(
+        &mut self,
+        service: &str,
+        req: &control::OverrideRequest,
+        peer: control::Peer,
+    ) -> Result<String, ApiError> {
+        let rt = self
+            .services
+            .iter_mut()
+            .find(|r| r.cfg.name == service)
+            .ok_or_else(|| ApiError::new(404, format!("no service named `{service}`")))?;
+        let (min, max) = (rt.cfg.min_limit, rt.cfg.max_limit);
+        if !(min..=max).contains(&req.limit) {
+            let mut e = ApiError::bad(format!(
+                "limit {} is outside [min_limit, max_limit] = [{min}, {max}] of `{service}`",
+                req.limit
+            ));
+            e.field = Some("limit".into());
+            return Err(e);
+        }
+        let current = rt
+            .override_limit
+            .as_ref()
+            .map_or(rt.controller.limit(), |o| o.limit)
+            .max(1);
+        let step_ok = req.limit <= current.saturating_mul(OVERRIDE_MAX_STEP)
+            && req.limit.saturating_mul(OVERRIDE_MAX_STEP) >= current;
+        if !step_ok && !req.force {
+            let mut e = ApiError::bad(format!(
+                "limit {} is more than {OVERRIDE_MAX_STEP}x away from the limit in force ({current}); \
+                 repeat with force to do it anyway",
+                req.limit
+            ));
+            e.field = Some("limit".into());
+            return Err(e);
+        }
+        let ttl = Duration::from_secs(req.ttl_s);
+        if ttl.is_zero() || ttl > OVERRIDE_MAX_TTL {
+            let mut e = ApiError::bad(format!("ttl {} s is outside 1..=86400", req.ttl_s));
+            e.field = Some("ttl_s".into());
+            return Err(e);
+        }
+        rt.override_limit = Some(OverrideState {
+            limit: req.limit,
+            until: Instant::now() + ttl,
+            by: peer.to_string(),
+            reason: req.reason.clone(),
+        });
+        info!(
+            service = %service,
+            by = %peer,
+            limit = req.limit,
+            previous = current,
+            ttl_s = req.ttl_s,
+            reason = req.reason.as_deref().unwrap_or(""),
+            "override set"
+        );
+        Ok(format!(
+            r#"{{"service":"{service}","limit":{},"ttl_s":{}}}"#,
+            req.limit, req.ttl_s
+        ))
+    }
+
+    /// SIGHUP: re-read the configuration file; on any error keep the running one (seed 000
+    /// §8: stale shedding beats no shedding).
+    fn reload_file(&mut self) {
+        let text = match std::fs::read_to_string(&self.config_path) {
+            Ok(t) => t,
             Err(e) => {
+                warn!(error = %e, "reload refused: cannot read the configuration; the running one stays in force");
+                return;
+            }
+        };
+        let cfg = match Config::parse(&text) {
+            Ok(c) => c,
+            Err(mut e) => {
+                e.file = Some(self.config_path.clone());
                 warn!(error = %e, "reload refused; the running configuration stays in force");
                 return;
             }
         };
-        if cfg.daemon.pin_dir != self.cfg.daemon.pin_dir
-            || cfg.daemon.interfaces != self.cfg.daemon.interfaces
-            || cfg.daemon.attach != self.cfg.daemon.attach
-        {
-            warn!("reload refused: pin_dir, interfaces and attach need a restart");
-            return;
+        match self.apply_config(cfg, text) {
+            Ok(()) => info!(services = self.services.len(), "configuration reloaded"),
+            Err(e) => {
+                warn!(error = %e.error, "reload refused; the running configuration stays in force")
+            }
+        }
+    }
+
+    /// Put a validated configuration in force without detaching. Settings that need a
+    /// restart are refused (and nothing changes).
+    fn apply_config(&mut self, cfg: Config, text: String) -> Result<(), ApiError> {
+        let (old, new) = (&self.cfg.daemon, &cfg.daemon);
+        for (field, same) in [
+            ("daemon.pin_dir", old.pin_dir == new.pin_dir),
+            ("daemon.interfaces", old.interfaces == new.interfaces),
+            ("daemon.attach", old.attach == new.attach),
+            (
+                "daemon.metrics_listen",
+                old.metrics_listen == new.metrics_listen,
+            ),
+            (
+                "daemon.control_socket",
+                old.control_socket == new.control_socket,
+            ),
+            (
+                "daemon.control_group",
+                old.control_group == new.control_group,
+            ),
+        ] {
+            if !same {
+                let mut e = ApiError::bad(format!("{field} changes only with a restart"));
+                e.field = Some(field.into());
+                return Err(e);
+            }
         }
         let ladder = Ladder::from_config(&cfg);
         let mut compiled = compile(&cfg, self.hz);
         let mut services = Vec::new();
         for (i, s) in cfg.services.iter().enumerate() {
-            // A service that keeps its name and controller keeps its state.
+            // A service that keeps its name and controller keeps its state and override.
             let old = self
                 .services
                 .iter()
@@ -343,26 +732,26 @@ impl Daemon {
                 .unwrap_or(s.fallback_limit)
                 .clamp(s.min_limit, s.max_limit);
             compiled.services[i].policy = service_policy(s, &ladder, initial, None);
-            services.push(Runtime {
-                id: i as u32,
-                cfg: s.clone(),
-                controller: controller(s, initial),
-                written: Some(compiled.services[i].policy),
-                last_log: None,
-                mode: Mode::Normal,
-            });
+            let mut rt = Runtime::new(i as u32, s, initial, compiled.services[i].policy);
+            if let Some(o) = old {
+                rt.override_limit = self.services[o]
+                    .override_limit
+                    .clone()
+                    .filter(|ov| (s.min_limit..=s.max_limit).contains(&ov.limit));
+            }
+            services.push(rt);
         }
-        if let Err(e) = self.shedder.apply(&compiled) {
-            error!(error = %e, "reload failed while writing the policy");
-            return;
-        }
+        self.shedder
+            .apply(&compiled)
+            .map_err(|e| ApiError::new(500, format!("writing the policy: {e}")))?;
         let window_ticks = cfg.daemon.signal_window_ms.div_ceil(cfg.daemon.tick_ms) as usize;
         let cgroup_root = psi::cgroup2_mount().ok();
         self.reader = SignalReader::new(specs(&cfg, cgroup_root.as_deref()), window_ticks);
         self.services = services;
         self.ladder = ladder;
         self.cfg = cfg;
-        info!(services = self.services.len(), "configuration reloaded");
+        self.config_text = text;
+        Ok(())
     }
 }
 

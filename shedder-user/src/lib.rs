@@ -2,12 +2,15 @@
 //! controllers and the daemon.
 pub mod classmap;
 pub mod config;
+pub mod control;
 pub mod controller;
 pub mod daemon;
+pub mod doctor;
 pub mod ebpf;
 pub mod metrics;
 pub mod policy;
 pub mod signals;
+pub mod state;
 pub mod sysfs;
 
 /// An error in what the user gave (command line, configuration): the CLI exits with 2 and

@@ -1,38 +1,75 @@
 //! The `shedder` command.
-//!
-//! Exit codes: 0 success; 1 the operation failed (kernel, permissions, I/O); 2 bad input
-//! (command line or configuration) — nothing was changed.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
 
 use anyhow::{Context as _, Result, bail};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use shedder::{
     BadInput,
     config::{Attach, Config},
+    control::{Client, ClientError, OverrideRequest},
     ebpf::{self, AttachMode, MapReader, Shedder},
     policy::compile,
+    state::State,
 };
 use shedder_common::{
     CLASS_NAMES, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, REASON_NAMES, VERDICT_NAMES,
 };
 
+const EXIT_CODES: &str = "Exit codes:
+  0  success
+  1  the operation failed (kernel, I/O, the daemon answered with an error)
+  2  bad input: command line, configuration or policy; nothing was changed
+  3  no daemon answers on the control socket
+  4  permission denied (the control socket is for root and daemon.control_group)";
+
 #[derive(Parser)]
 #[command(
     name = "shedder",
     version,
-    about = "Kernel-edge load shedder: refuses new TCP connections per service and class with XDP/TC"
+    about = "Kernel-edge load shedder: refuses new TCP connections per service and class with XDP/TC",
+    after_help = EXIT_CODES
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
+/// Where the daemon's control socket is.
+#[derive(Args, Clone)]
+struct Target {
+    /// The control socket (default: daemon.control_socket of --config, else
+    /// /run/shedder/shedder.sock).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Read the control socket's path from this configuration.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+}
+
+impl Target {
+    fn client(&self) -> Result<Client> {
+        if let Some(s) = &self.socket {
+            return Ok(Client::new(s));
+        }
+        if let Some(c) = &self.config {
+            return Ok(Client::new(load_config(c)?.daemon.control_socket));
+        }
+        Ok(Client::new(shedder::config::defaults::control_socket()))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the daemon: attach (or adopt what is pinned), then every tick measure each
-    /// service, run its controller, write the limits and stamp the heartbeat. SIGHUP reloads
-    /// the configuration; SIGTERM stops (and detaches unless told otherwise).
+    /// service, run its controller, write the limits and stamp the heartbeat. Serves the
+    /// control socket and the metrics endpoint. SIGHUP reloads the configuration; SIGTERM
+    /// stops (and detaches unless told otherwise).
+    #[command(after_help = EXIT_CODES)]
     Run {
         /// Configuration file.
         #[arg(long, short)]
@@ -42,9 +79,62 @@ enum Command {
         #[arg(long)]
         keep_attached: bool,
     },
-    /// Load the programs, write the configured policy, attach to the interfaces and pin
-    /// everything under the pin directory, then exit. Without the daemon the fallback
-    /// limits are in force.
+    /// Per service and class: limit, in-flight, queue age and latency, offered / admitted /
+    /// shed rates, controller mode; heartbeat age and attach mode.
+    #[command(after_help = EXIT_CODES)]
+    Status {
+        #[command(flatten)]
+        target: Target,
+        /// Print the daemon's state as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// `status`, refreshed every second in the terminal (Ctrl-C quits).
+    #[command(after_help = EXIT_CODES)]
+    Top {
+        #[command(flatten)]
+        target: Target,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Stop after this many refreshes (default: until interrupted).
+        #[arg(long)]
+        iterations: Option<u64>,
+    },
+    /// Policies: validate a file, apply it to the running daemon, show the one in force.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+    /// Manual limits: a bounded override that expires.
+    Limit {
+        #[command(subcommand)]
+        command: LimitCommand,
+    },
+    /// Check this host: kernel, BTF, bpffs/tracefs, capabilities, interfaces and XDP modes,
+    /// cgroup v2 and PSI, the daemon. Each failing check says how to fix it.
+    #[command(after_help = EXIT_CODES)]
+    Doctor {
+        /// Also check what this configuration needs (interfaces, cgroups, the daemon).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop the daemon and detach from every interface (through the daemon if it runs,
+    /// else by removing the pins directly).
+    #[command(after_help = EXIT_CODES)]
+    Detach {
+        #[command(flatten)]
+        target: Target,
+        /// Pin directory, when no daemon runs (default: /sys/fs/bpf/shedder).
+        #[arg(long, default_value = ebpf::DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+    },
+    /// Without a daemon: load the programs, write the configured policy, attach and pin
+    /// everything, then exit. The fallback limits are in force (a static limiter).
+    #[command(after_help = EXIT_CODES)]
     Attach {
         /// Configuration file.
         #[arg(long, short)]
@@ -56,54 +146,115 @@ enum Command {
         #[arg(long)]
         mode: Option<String>,
     },
-    /// Detach from every interface and remove the pinned maps.
-    Detach {
-        /// Pin directory (default: /sys/fs/bpf/shedder).
-        #[arg(long, default_value = ebpf::DEFAULT_PIN_DIR)]
-        pin_dir: PathBuf,
-    },
-    /// Show the decision counters of the attached programs.
+    /// The decision counters in the pinned maps (works without a daemon).
+    #[command(after_help = EXIT_CODES)]
     Counters {
-        /// Configuration file (for service names).
+        /// Configuration file (for service names and the pin directory).
         #[arg(long, short)]
         config: PathBuf,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
-    /// Policy files.
-    Policy {
-        #[command(subcommand)]
-        command: PolicyCommand,
-    },
 }
 
 #[derive(Subcommand)]
 enum PolicyCommand {
-    /// Check a configuration file; prints the first problem and exits 2 if there is one.
+    /// Check a configuration file; prints the first problem (file, line, field) and exits 2
+    /// if there is one.
+    #[command(after_help = EXIT_CODES)]
     Validate { file: PathBuf },
+    /// Validate a configuration file and put it in force in the running daemon without
+    /// detaching. Until the daemon restarts or is sent SIGHUP, which re-read its own file.
+    #[command(after_help = EXIT_CODES)]
+    Apply {
+        file: PathBuf,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// The configuration in force in the running daemon.
+    #[command(after_help = EXIT_CODES)]
+    Show {
+        #[command(flatten)]
+        target: Target,
+    },
 }
 
-fn load_config(path: &std::path::Path) -> Result<Config> {
+#[derive(Subcommand)]
+enum LimitCommand {
+    /// Hold SERVICE's limit at N for a while: inside [min_limit, max_limit], at most 4× away
+    /// from the limit in force unless --force, for at most 24 h. The controller resumes from
+    /// it when it expires.
+    #[command(after_help = EXIT_CODES)]
+    Set {
+        service: String,
+        limit: u32,
+        /// How long, e.g. 90s, 10m, 2h (default 10m).
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        ttl: Duration,
+        /// Allow a change of more than 4×.
+        #[arg(long)]
+        force: bool,
+        /// Why (recorded in the audit log and shown by status).
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// End SERVICE's override; the controller resumes.
+    #[command(after_help = EXIT_CODES)]
+    Clear {
+        service: String,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, "s"), |i| s.split_at(i));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("`{s}`: use a number with s, m or h, e.g. 90s, 10m, 2h"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return Err(format!("`{s}`: the unit must be s, m or h")),
+    };
+    Ok(Duration::from_secs(secs))
+}
+
+fn load_config(path: &Path) -> Result<Config> {
     Config::load(path).map_err(|e| BadInput(e.to_string()).into())
+}
+
+/// The exit code for an error.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    if e.downcast_ref::<BadInput>().is_some() {
+        return 2;
+    }
+    match e.downcast_ref::<ClientError>() {
+        Some(ClientError::NotRunning(_)) => 3,
+        Some(ClientError::Denied(_)) => 4,
+        Some(ClientError::Api(api)) if matches!(api.status, 400 | 404 | 422) => 2,
+        _ => 1,
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("shedder: {e:#}");
-            if e.downcast_ref::<BadInput>().is_some() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::from(1)
-            }
+            ExitCode::from(exit_code(&e))
         }
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
+fn run(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Run {
             config,
@@ -113,48 +264,168 @@ fn run(cli: Cli) -> Result<()> {
             shedder::daemon::run(shedder::daemon::Options {
                 config,
                 keep_attached,
-            })
+            })?;
+        }
+        Command::Status { target, json } => {
+            let body = target.client()?.call("GET", "/shedding/state", b"")?;
+            if json {
+                println!("{body}");
+            } else {
+                let state: State = serde_json::from_str(&body).context("the daemon's state")?;
+                print!("{}", shedder::state::render(&state));
+            }
+        }
+        Command::Top {
+            target,
+            interval,
+            iterations,
+        } => top(&target, interval, iterations)?,
+        Command::Policy { command } => match command {
+            PolicyCommand::Validate { file } => {
+                let cfg = load_config(&file)?;
+                println!(
+                    "{}: ok ({} services, {} interfaces)",
+                    file.display(),
+                    cfg.services.len(),
+                    cfg.daemon.interfaces.len()
+                );
+            }
+            PolicyCommand::Apply { file, target } => {
+                let text = std::fs::read_to_string(&file)
+                    .map_err(|e| BadInput(format!("{}: cannot read: {e}", file.display())))?;
+                // Validate here first: the error then names the file.
+                Config::parse(&text).map_err(|mut e| {
+                    e.file = Some(file.clone());
+                    BadInput(e.to_string())
+                })?;
+                let body = target
+                    .client()?
+                    .call("PUT", "/shedding/policy", text.as_bytes())
+                    .map_err(|e| match e {
+                        ClientError::Api(mut api) if api.status == 400 => {
+                            api.error = format!("{}: {}", file.display(), api.error);
+                            ClientError::Api(api)
+                        }
+                        other => other,
+                    })?;
+                let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                println!(
+                    "{}: applied ({} services)",
+                    file.display(),
+                    v["services"].as_u64().unwrap_or(0)
+                );
+            }
+            PolicyCommand::Show { target } => {
+                print!("{}", target.client()?.call("GET", "/shedding/policy", b"")?);
+            }
+        },
+        Command::Limit { command } => match command {
+            LimitCommand::Set {
+                service,
+                limit,
+                ttl,
+                force,
+                reason,
+                target,
+            } => {
+                let request = OverrideRequest {
+                    limit,
+                    ttl_s: ttl.as_secs(),
+                    force,
+                    reason,
+                };
+                target.client()?.call(
+                    "PUT",
+                    &format!("/shedding/override/{service}"),
+                    serde_json::to_string(&request)?.as_bytes(),
+                )?;
+                println!("{service}: limit held at {limit} for {} s", ttl.as_secs());
+            }
+            LimitCommand::Clear { service, target } => {
+                let body = target.client()?.call(
+                    "DELETE",
+                    &format!("/shedding/override/{service}"),
+                    b"",
+                )?;
+                let cleared = body.contains("true");
+                println!(
+                    "{service}: {}",
+                    if cleared {
+                        "override cleared; the controller resumes"
+                    } else {
+                        "no override was in force"
+                    }
+                );
+            }
+        },
+        Command::Doctor { config, json } => {
+            let cfg = config.as_deref().map(load_config).transpose()?;
+            let checks = shedder::doctor::run(cfg.as_ref());
+            if json {
+                println!("{}", serde_json::to_string_pretty(&checks)?);
+            } else {
+                print!("{}", shedder::doctor::render(&checks));
+            }
+            return Ok(shedder::doctor::exit_code(&checks));
+        }
+        Command::Detach { target, pin_dir } => {
+            match target.client()?.call("POST", "/shedding/detach", b"") {
+                Ok(_) => println!("the daemon is stopping and detaching"),
+                Err(ClientError::NotRunning(_)) => {
+                    let detached = ebpf::unpin_all(&pin_dir)
+                        .with_context(|| format!("removing pins under {}", pin_dir.display()))?;
+                    if detached.is_empty() {
+                        println!(
+                            "nothing was attached (no links under {})",
+                            pin_dir.display()
+                        );
+                    } else {
+                        println!("detached: {}", detached.join(", "));
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         Command::Attach {
             config,
             interfaces,
             mode,
-        } => attach(config, interfaces, mode),
-        Command::Detach { pin_dir } => {
-            let detached = ebpf::unpin_all(&pin_dir)
-                .with_context(|| format!("removing pins under {}", pin_dir.display()))?;
-            if detached.is_empty() {
-                println!(
-                    "nothing was attached (no links under {})",
-                    pin_dir.display()
-                );
-            } else {
-                println!("detached from {}", detached.join(", "));
-            }
-            Ok(())
+        } => attach(config, interfaces, mode)?,
+        Command::Counters { config, json } => counters(config, json)?,
+    }
+    Ok(0)
+}
+
+fn top(target: &Target, interval: f64, iterations: Option<u64>) -> Result<()> {
+    use std::io::{IsTerminal, Write};
+    let client = target.client()?;
+    let every = Duration::from_secs_f64(interval.max(0.1));
+    let clear = std::io::stdout().is_terminal();
+    let mut n = 0u64;
+    loop {
+        let body = client.call("GET", "/shedding/state", b"")?;
+        let state: State = serde_json::from_str(&body).context("the daemon's state")?;
+        let mut out = std::io::stdout().lock();
+        if clear {
+            write!(out, "\x1b[H\x1b[2J")?;
         }
-        Command::Counters { config, json } => counters(config, json),
-        Command::Policy {
-            command: PolicyCommand::Validate { file },
-        } => {
-            let cfg = load_config(&file)?;
-            println!(
-                "{}: ok ({} services, {} interfaces)",
-                file.display(),
-                cfg.services.len(),
-                cfg.daemon.interfaces.len()
-            );
-            Ok(())
+        write!(out, "{}", shedder::state::render(&state))?;
+        out.flush()?;
+        n += 1;
+        if iterations.is_some_and(|max| n >= max) {
+            return Ok(());
         }
+        std::thread::sleep(every);
     }
 }
 
 /// Structured logs on stderr; `RUST_LOG` filters (default `info`), `SHEDDER_LOG=json`
 /// switches to one JSON object per line.
 fn init_logging() {
+    use std::io::IsTerminal;
+
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
@@ -233,33 +504,34 @@ fn counters(config: PathBuf, json: bool) -> Result<()> {
                 for reason in 0..NUM_REASONS {
                     let n = shedder.counter(id as u32, class, verdict, reason)?;
                     if n > 0 {
-                        rows.push((svc.name.as_str(), class, verdict, reason, n));
+                        rows.push(serde_json::json!({
+                            "service": svc.name,
+                            "class": CLASS_NAMES[class as usize],
+                            "verdict": VERDICT_NAMES[verdict as usize],
+                            "reason": REASON_NAMES[reason as usize],
+                            "count": n,
+                        }));
                     }
                 }
             }
         }
     }
     if json {
-        let items: Vec<String> = rows
-            .iter()
-            .map(|(s, c, v, r, n)| {
-                format!(
-                    "{{\"service\":\"{s}\",\"class\":\"{}\",\"verdict\":\"{}\",\"reason\":\"{}\",\"count\":{n}}}",
-                    CLASS_NAMES[*c as usize], VERDICT_NAMES[*v as usize], REASON_NAMES[*r as usize]
-                )
-            })
-            .collect();
-        println!("[{}]", items.join(","));
+        println!("{}", serde_json::Value::Array(rows));
         return Ok(());
     }
     println!(
         "{:<20} {:<10} {:<8} {:<14} {:>12}",
         "SERVICE", "CLASS", "VERDICT", "REASON", "COUNT"
     );
-    for (s, c, v, r, n) in rows {
+    for r in rows {
         println!(
             "{:<20} {:<10} {:<8} {:<14} {:>12}",
-            s, CLASS_NAMES[c as usize], VERDICT_NAMES[v as usize], REASON_NAMES[r as usize], n
+            r["service"].as_str().unwrap_or(""),
+            r["class"].as_str().unwrap_or(""),
+            r["verdict"].as_str().unwrap_or(""),
+            r["reason"].as_str().unwrap_or(""),
+            r["count"]
         );
     }
     Ok(())

@@ -14,7 +14,13 @@ use anyhow::{Context as _, Result, bail};
 use crate::cmd::{capture, cargo, cmd, home, require_root, run, stdout};
 
 /// Debian packages the tests and benchmarks use.
-pub const DEBIAN_PACKAGES: &[&str] = &["iproute2", "ethtool", "util-linux"];
+pub const DEBIAN_PACKAGES: &[&str] = &[
+    "iproute2",
+    "ethtool",
+    "util-linux",
+    // The metrics test checks the endpoint with the reference OpenMetrics parser.
+    "python3-prometheus-client",
+];
 
 /// Pinned: a newer bpf-linker may default to another LLVM than the nightly's.
 const BPF_LINKER_VERSION: &str = "0.13.0";

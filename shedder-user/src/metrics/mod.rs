@@ -1,2 +1,510 @@
-//! The Prometheus / OpenMetrics endpoint.
+//! The Prometheus / OpenMetrics endpoint on `daemon.metrics_listen` (`GET /metrics`).
+//!
+//! Values come from the snapshot the daemon takes each tick: cumulative kernel counters and
+//! histograms, the limits and signals. Histograms are re-bucketed from the kernel's
+//! log-linear buckets to the fixed `le` bounds below; a kernel bucket is counted under an
+//! `le` once it lies wholly below it, so a bound may lag by at most one kernel bucket (≤ 1/8
+//! of the value).
+
 pub mod names;
+
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _, NoLabelSet},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
+    registry::Registry,
+};
+use shedder_common::{
+    CLASS_NAMES, COUNTERS_PER_SERVICE, NUM_REASONS, NUM_VERDICTS, REASON_CEILING, REASON_NAMES,
+    REASON_RATE, VERDICT_NAMES, VERDICT_PASS, decision_index, hist,
+};
+
+use crate::{controller::Mode, signals::netstat::ListenCounters, state::State};
+
+/// Histogram bounds (seconds) of the exported queue-age and latency histograms.
+pub const BUCKETS: [f64; 13] = [
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+];
+
+/// Cumulative kernel values of one service.
+#[derive(Clone, Debug, Default)]
+pub struct ServiceCumulative {
+    pub counters: Option<[u64; COUNTERS_PER_SERVICE]>,
+    pub histograms: Option<Vec<u64>>,
+    pub sums_us: Option<[u64; hist::KINDS as usize]>,
+}
+
+/// What a scrape reports.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub state: State,
+    pub services: Vec<ServiceCumulative>,
+    pub listen: Option<ListenCounters>,
+    /// When the heartbeat was last stamped.
+    pub heartbeat: Instant,
+}
+
+pub type Shared = Arc<Mutex<Option<Snapshot>>>;
+
+#[derive(Debug)]
+struct ShedderCollector(Shared);
+
+type Labels = Vec<(&'static str, String)>;
+
+fn family<F>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    series: &[(Labels, F)],
+    mut encode: impl FnMut(prometheus_client::encoding::MetricEncoder<'_>, &F) -> std::fmt::Result,
+) -> std::fmt::Result {
+    let mut m = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, value) in series {
+        encode(m.encode_family(labels)?, value)?;
+    }
+    Ok(())
+}
+
+fn help(name: &str) -> &'static str {
+    names::METRICS
+        .iter()
+        .find(|m| m.0 == name)
+        .map_or("", |m| m.3)
+}
+
+fn gauges(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    series: &[(Labels, f64)],
+) -> std::fmt::Result {
+    family(
+        encoder,
+        name,
+        help(name),
+        MetricType::Gauge,
+        series,
+        |f, v| ConstGauge::new(*v).encode(f),
+    )
+}
+
+fn counters(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    series: &[(Labels, f64)],
+) -> std::fmt::Result {
+    family(
+        encoder,
+        name,
+        help(name),
+        MetricType::Counter,
+        series,
+        |f, v| ConstCounter::new(*v).encode(f),
+    )
+}
+
+/// Whether a (verdict, reason) pair can happen, so its series is exported from zero on.
+fn possible(verdict: u32, reason: u32) -> bool {
+    if verdict == VERDICT_PASS {
+        reason < REASON_CEILING
+    } else {
+        (REASON_CEILING..=REASON_RATE).contains(&reason)
+    }
+}
+
+impl Collector for ShedderCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(snap) = self.0.lock().map(|s| s.clone()).unwrap_or(None) else {
+            return Ok(());
+        };
+        let st = &snap.state;
+        let svc = |i: usize| st.services[i].name.clone();
+
+        // Connection attempts.
+        let mut attempts = Vec::new();
+        for (i, c) in snap.services.iter().enumerate() {
+            let Some(c) = &c.counters else { continue };
+            for class in 0..CLASS_NAMES.len() as u32 {
+                for verdict in 0..NUM_VERDICTS {
+                    for reason in 0..NUM_REASONS {
+                        let n = c[decision_index(class, verdict, reason) as usize];
+                        if n > 0 || possible(verdict, reason) {
+                            attempts.push((
+                                vec![
+                                    ("service", svc(i)),
+                                    ("class", CLASS_NAMES[class as usize].to_string()),
+                                    ("verdict", VERDICT_NAMES[verdict as usize].to_string()),
+                                    ("reason", REASON_NAMES[reason as usize].to_string()),
+                                ],
+                                n as f64,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        counters(&mut encoder, "shedder_connection_attempts", &attempts)?;
+
+        let per_service =
+            |f: &dyn Fn(&crate::state::ServiceState) -> Option<f64>| -> Vec<(Labels, f64)> {
+                st.services
+                    .iter()
+                    .filter_map(|s| f(s).map(|v| (vec![("service", s.name.clone())], v)))
+                    .collect()
+            };
+        gauges(
+            &mut encoder,
+            "shedder_limit",
+            &per_service(&|s| Some(s.limit as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_fallback_limit",
+            &per_service(&|s| Some(s.fallback_limit as f64)),
+        )?;
+        let per_class =
+            |f: &dyn Fn(&crate::state::ServiceState, usize) -> Option<f64>| -> Vec<(Labels, f64)> {
+                let mut out = Vec::new();
+                for s in &st.services {
+                    for (c, name) in CLASS_NAMES.iter().enumerate() {
+                        if let Some(v) = f(s, c) {
+                            out.push((
+                                vec![("service", s.name.clone()), ("class", name.to_string())],
+                                v,
+                            ));
+                        }
+                    }
+                }
+                out
+            };
+        gauges(
+            &mut encoder,
+            "shedder_class_limit",
+            &per_class(&|s, c| s.classes.get(c).map(|x| x.share as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_class_floor",
+            &per_class(&|s, c| s.classes.get(c).map(|x| x.floor as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_inflight",
+            &per_class(&|s, c| s.signals.inflight.value().map(|v| v[c] as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_pending",
+            &per_class(&|s, c| s.signals.pending.value().map(|v| v[c] as f64)),
+        )?;
+
+        for (name, kind) in [
+            ("shedder_queue_age_seconds", hist::KIND_QUEUE_AGE),
+            ("shedder_latency_seconds", hist::KIND_LATENCY),
+        ] {
+            let mut series = Vec::new();
+            for (i, c) in snap.services.iter().enumerate() {
+                let (Some(h), Some(sums)) = (&c.histograms, &c.sums_us) else {
+                    continue;
+                };
+                let start = hist::index(kind, 0) as usize;
+                let counts = &h[start..start + hist::BUCKETS as usize];
+                series.push((
+                    vec![("service", svc(i))],
+                    rebucket(counts, sums[kind as usize]),
+                ));
+            }
+            family(
+                &mut encoder,
+                name,
+                help(name),
+                MetricType::Histogram,
+                &series,
+                |mut f, (sum, count, buckets)| {
+                    f.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)
+                },
+            )?;
+        }
+
+        gauges(
+            &mut encoder,
+            "shedder_accept_queue_depth",
+            &per_service(&|s| s.signals.accept_queue.value().map(|q| q.depth as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_accept_queue_backlog",
+            &per_service(&|s| s.signals.accept_queue.value().map(|q| q.backlog as f64)),
+        )?;
+        if let Some(l) = snap.listen {
+            counters(
+                &mut encoder,
+                "shedder_listen_overflows",
+                &[(Vec::new(), l.overflows as f64)],
+            )?;
+            counters(
+                &mut encoder,
+                "shedder_listen_drops",
+                &[(Vec::new(), l.drops as f64)],
+            )?;
+        }
+
+        let mut stall = Vec::new();
+        let mut avg10 = Vec::new();
+        for s in &st.services {
+            let p = &s.signals.pressure;
+            for (resource, r) in [("cpu", &p.cpu), ("memory", &p.memory), ("io", &p.io)] {
+                let Some(w) = r.value() else { continue };
+                let labels = |kind: &str| {
+                    vec![
+                        ("service", s.name.clone()),
+                        ("resource", resource.to_string()),
+                        ("kind", kind.to_string()),
+                    ]
+                };
+                stall.push((labels("some"), w.some_ratio));
+                avg10.push((labels("some"), w.some_avg10));
+                if let (Some(ratio), Some(a)) = (w.full_ratio, w.full_avg10) {
+                    stall.push((labels("full"), ratio));
+                    avg10.push((labels("full"), a));
+                }
+            }
+        }
+        gauges(&mut encoder, "shedder_pressure_stall_ratio", &stall)?;
+        gauges(&mut encoder, "shedder_pressure_avg10", &avg10)?;
+
+        let mut modes = Vec::new();
+        for s in &st.services {
+            for m in [Mode::Normal, Mode::Shedding, Mode::Recovering] {
+                modes.push((
+                    vec![
+                        ("service", s.name.clone()),
+                        ("mode", m.as_str().to_string()),
+                    ],
+                    if s.mode == m { 1.0 } else { 0.0 },
+                ));
+            }
+        }
+        gauges(&mut encoder, "shedder_controller_mode", &modes)?;
+        gauges(
+            &mut encoder,
+            "shedder_override",
+            &per_service(&|s| Some(if s.override_limit.is_some() { 1.0 } else { 0.0 })),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_heartbeat_age_seconds",
+            &[(Vec::new(), snap.heartbeat.elapsed().as_secs_f64())],
+        )?;
+        let attach: Vec<(Labels, f64)> = st
+            .attach
+            .iter()
+            .map(|a| {
+                (
+                    vec![("interface", a.interface.clone()), ("mode", a.mode.clone())],
+                    1.0,
+                )
+            })
+            .collect();
+        gauges(&mut encoder, "shedder_attach_mode", &attach)?;
+        let program =
+            |f: &dyn Fn(&crate::state::ProgramCost) -> Option<f64>| -> Vec<(Labels, f64)> {
+                st.programs
+                    .iter()
+                    .filter_map(|p| f(p).map(|v| (vec![("program", p.program.clone())], v)))
+                    .collect()
+            };
+        counters(
+            &mut encoder,
+            "shedder_program_run_seconds",
+            &program(&|p| Some(p.run_seconds)),
+        )?;
+        counters(
+            &mut encoder,
+            "shedder_program_runs",
+            &program(&|p| Some(p.runs as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_program_ns_per_run",
+            &program(&|p| p.ns_per_run),
+        )?;
+        let events: Vec<(Labels, f64)> = st
+            .kernel_events
+            .iter()
+            .map(|(e, n)| (vec![("event", e.clone())], *n as f64))
+            .collect();
+        counters(&mut encoder, "shedder_kernel_events", &events)?;
+        let info =
+            prometheus_client::metrics::info::Info::new(vec![("version", st.version.clone())]);
+        let m = encoder.encode_descriptor(
+            "shedder_build",
+            help("shedder_build"),
+            None,
+            MetricType::Info,
+        )?;
+        info.encode(m)?;
+        Ok(())
+    }
+}
+
+/// (sum in seconds, count, cumulative (le, count) pairs) from kernel buckets.
+fn rebucket(counts: &[u64], sum_us: u64) -> (f64, u64, Vec<(f64, u64)>) {
+    // prometheus-client sums the per-bucket counts into the cumulative
+    // `le` series itself and prints an upper bound of `f64::MAX` as `+Inf`,
+    // so each kernel bucket lands, uncumulated, in the first exported
+    // bucket that holds all of its values.
+    let total: u64 = counts.iter().sum();
+    let mut out: Vec<(f64, u64)> = BUCKETS.iter().map(|le| (*le, 0)).collect();
+    out.push((f64::MAX, 0));
+    for (i, c) in counts.iter().enumerate() {
+        let hi_us = hist::range(i as u32).1;
+        let slot = BUCKETS
+            .iter()
+            .position(|le| hi_us <= (le * 1e6).round() as u64)
+            .unwrap_or(BUCKETS.len());
+        out[slot].1 += c;
+    }
+    (sum_us as f64 / 1e6, total, out)
+}
+
+/// The registry the endpoint encodes.
+pub fn registry(shared: Shared) -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(ShedderCollector(shared)));
+    registry
+}
+
+/// Encode the current metrics (OpenMetrics text).
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
+        out.clear();
+        out.push_str("# EOF\n");
+    }
+    out
+}
+
+/// Serve `GET /metrics` on `listener` from a thread of its own.
+pub fn serve(listener: TcpListener, shared: Shared) {
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            let registry = registry(shared);
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let _ = answer(&mut conn, &registry);
+            }
+        })
+        .expect("spawning the metrics thread");
+}
+
+fn answer(conn: &mut TcpStream, registry: &Registry) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut buf = [0u8; 4096];
+    let mut req = Vec::new();
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 16 * 1024 {
+        let n = conn.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        req.extend_from_slice(&buf[..n]);
+    }
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut parsed = httparse::Request::new(&mut headers);
+    let ok = matches!(parsed.parse(&req), Ok(httparse::Status::Complete(_)))
+        && parsed.method == Some("GET")
+        && parsed
+            .path
+            .is_some_and(|p| p == "/metrics" || p.starts_with("/metrics?"));
+    if !ok {
+        let body = "shedder serves GET /metrics\n";
+        return write!(
+            conn,
+            "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    }
+    let body = encode(registry);
+    write!(
+        conn,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rebucketing_is_per_bucket_and_conservative() {
+        let mut counts = vec![0u64; hist::BUCKETS as usize];
+        counts[hist::bucket(500) as usize] += 3; // 0.5 ms
+        counts[hist::bucket(30_000) as usize] += 2; // 30 ms
+        counts[hist::bucket(3_000_000) as usize] += 1; // 3 s
+        counts[hist::bucket(500_000_000) as usize] += 1; // 500 s: past every bound
+        let (sum, count, b) = rebucket(&counts, 1_500 + 60_000 + 3_000_000 + 500_000_000);
+        assert_eq!(count, 7);
+        assert!((sum - 503.0615).abs() < 1e-9);
+        // The encoder accumulates, so the per-bucket counts must add to the total.
+        assert_eq!(b.iter().map(|(_, c)| c).sum::<u64>(), 7);
+        let cumulative = |le: f64| {
+            b.iter()
+                .filter(|(l, _)| *l <= le)
+                .map(|(_, c)| c)
+                .sum::<u64>()
+        };
+        assert_eq!(cumulative(0.001), 3);
+        assert_eq!(cumulative(0.02), 3);
+        assert_eq!(cumulative(0.05), 5);
+        assert_eq!(cumulative(5.0), 6);
+        assert_eq!(b.last().unwrap(), &(f64::MAX, 1), "+Inf bucket is f64::MAX");
+    }
+
+    #[test]
+    fn histogram_encodes_cumulative_buckets_and_inf() {
+        let mut counts = vec![0u64; hist::BUCKETS as usize];
+        counts[hist::bucket(500) as usize] += 3;
+        counts[hist::bucket(30_000) as usize] += 2;
+        let (sum, count, buckets) = rebucket(&counts, 61_500);
+        let mut out = String::new();
+        let mut reg = Registry::default();
+        struct H(f64, u64, Vec<(f64, u64)>);
+        impl std::fmt::Debug for H {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("H")
+            }
+        }
+        impl prometheus_client::collector::Collector for H {
+            fn encode(
+                &self,
+                mut enc: prometheus_client::encoding::DescriptorEncoder,
+            ) -> Result<(), std::fmt::Error> {
+                let mut m = enc.encode_descriptor("h_seconds", "h", None, MetricType::Histogram)?;
+                m.encode_histogram::<NoLabelSet>(self.0, self.1, &self.2, None)
+            }
+        }
+        reg.register_collector(Box::new(H(sum, count, buckets)));
+        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+        assert!(out.contains("h_seconds_bucket{le=\"0.001\"} 3\n"), "{out}");
+        assert!(out.contains("h_seconds_bucket{le=\"0.05\"} 5\n"), "{out}");
+        assert!(out.contains("h_seconds_bucket{le=\"+Inf\"} 5\n"), "{out}");
+        assert!(out.contains("h_seconds_count 5\n"), "{out}");
+    }
+
+    #[test]
+    fn possible_series() {
+        assert!(possible(VERDICT_PASS, 0));
+        assert!(!possible(VERDICT_PASS, REASON_CEILING));
+        assert!(possible(1, REASON_CEILING));
+        assert!(!possible(1, 0));
+    }
+}

@@ -144,12 +144,7 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         &["event"],
         "Exceptional packet-path and tracking events (fallback decisions, rst errors, ...).",
     ),
-    (
-        "shedder_build",
-        "info",
-        &["version"],
-        "The shedder build.",
-    ),
+    ("shedder_build", "info", &["version"], "The shedder build."),
 ];
 
 /// Every name as it appears in the exposition (counters end in `_total`, histograms have

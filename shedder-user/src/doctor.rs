@@ -1,0 +1,1788 @@
+//! `shedder doctor`: check everything shedder needs on this host — kernel, pseudo-filesystems,
+//! capabilities, BPF settings, the configured interfaces and cgroups, the daemon — each with a
+//! verdict and, when something is wrong, a concrete fix.
+//!
+//! Every check is independent and never panics: a check that cannot run reports why.
+//! Interfaces are looked up in the caller's network namespace.
+
+use std::{ffi::CString, fmt::Write as _, io, path::Path};
+
+use serde::Serialize;
+
+use crate::config::{Action, Attach, Config, Daemon, Mode};
+
+/// Below this kernel shedder cannot run (XDP links 5.9, BPF atomics cmpxchg 5.12, tracepoint
+/// links, `bpf_jiffies64`, ...): Fail.
+pub const MIN_KERNEL: KernelVersion = KernelVersion::new(5, 15, 0);
+/// Below this kernel shedder should run but is not validated: Warn.
+pub const VALIDATED_KERNEL: KernelVersion = KernelVersion::new(6, 1, 0);
+/// The kernel shedder is developed and tested on.
+pub const TESTED_KERNEL: &str = "6.18";
+/// From this kernel BPF memory is charged to the memory cgroup and RLIMIT_MEMLOCK no longer
+/// applies.
+pub const MEMCG_BPF_KERNEL: KernelVersion = KernelVersion::new(5, 11, 0);
+/// Below [`MEMCG_BPF_KERNEL`], a locked-memory limit under this is reported.
+const MIN_MEMLOCK_BYTES: u64 = 64 << 20;
+
+const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+const BPF_STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+const BPF_JIT_SYSCTL: &str = "/proc/sys/net/core/bpf_jit_enable";
+const PSI_CPU: &str = "/proc/pressure/cpu";
+/// The placeholder used in fixes for the configuration file.
+const CONFIG_ARG: &str = "--config FILE";
+
+/// Capabilities shedder needs: (number, name, what for).
+const CAPABILITIES: [(u32, &str, &str); 4] = [
+    (39, "CAP_BPF", "loading programs and maps"),
+    (
+        38,
+        "CAP_PERFMON",
+        "tracepoints and pointer arithmetic in programs",
+    ),
+    (12, "CAP_NET_ADMIN", "attaching to interfaces"),
+    (
+        21,
+        "CAP_SYS_ADMIN",
+        "BPF statistics, mounting bpffs/tracefs, reading program info",
+    ),
+];
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// Drivers known to have native XDP, used when the kernel cannot tell (before 6.3, which
+/// added the netdev family's `xdp-features`). A heuristic: the list is not exhaustive.
+const NATIVE_XDP_DRIVERS: &[&str] = &[
+    "veth",
+    "virtio_net",
+    "tun",
+    "bonding",
+    "i40e",
+    "ice",
+    "ixgbe",
+    "ixgbevf",
+    "igb",
+    "igc",
+    "mlx4_en",
+    "mlx5_core",
+    "bnxt_en",
+    "nfp",
+    "qede",
+    "ena",
+    "gve",
+    "hv_netvsc",
+    "sfc",
+    "mvneta",
+    "mvpp2",
+    "fec",
+];
+
+/// A check's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+/// One check: what was looked at, the verdict, what was found, and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub status: Status,
+    pub detail: String,
+    pub fix: Option<String>,
+}
+
+impl Check {
+    fn ok(name: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            name,
+            status: Status::Ok,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    fn warn(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self {
+            name,
+            status: Status::Warn,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+
+    fn fail(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self {
+            name,
+            status: Status::Fail,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+}
+
+/// Run every check. With a configuration, its interfaces, cgroups, pin directory and control
+/// socket are checked; without, the defaults.
+pub fn run(config: Option<&Config>) -> Vec<Check> {
+    let default_daemon = Daemon::default();
+    let daemon = config.map_or(&default_daemon, |c| &c.daemon);
+    let release = kernel_release();
+    let kernel = release.as_deref().ok().and_then(parse_kernel_release);
+    let caps = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| parse_cap_eff(&s));
+    let can_mount = caps.is_some_and(|c| has_cap(c, CAP_SYS_ADMIN));
+    let mounts = std::fs::read_to_string("/proc/mounts").map(|t| parse_mounts(&t));
+
+    let mut out = vec![
+        check_kernel(release.as_deref().map_err(|e| e.to_string())),
+        check_btf(Path::new(BTF_VMLINUX).exists()),
+        check_capabilities(caps),
+    ];
+    let tracefs_mounted = match &mounts {
+        Ok(m) => {
+            out.push(check_mount(m, MountSpec::BPFFS, can_mount));
+            out.push(check_mount(m, MountSpec::TRACEFS, can_mount));
+            is_mounted(m, MountSpec::TRACEFS.dir, MountSpec::TRACEFS.fstype)
+        }
+        Err(e) => {
+            for spec in [MountSpec::BPFFS, MountSpec::TRACEFS] {
+                out.push(Check::fail(
+                    spec.name,
+                    format!("cannot read /proc/mounts: {e}"),
+                    "mount procfs at /proc",
+                ));
+            }
+            false
+        }
+    };
+    out.push(check_tracepoints(tracefs_mounted));
+    out.push(check_jit(
+        std::fs::read_to_string(BPF_JIT_SYSCTL),
+        in_initial_netns(),
+    ));
+    out.push(check_bpf_stats(
+        std::fs::read_to_string(BPF_STATS_SYSCTL),
+        can_mount,
+    ));
+    if let Some(check) = check_memlock(kernel, memlock_limit()) {
+        out.push(check);
+    }
+    out.extend(check_cgroups(config));
+    match config {
+        None => out.push(Check::ok(
+            "config",
+            format!(
+                "none given: interfaces and cgroups not checked; daemon checked at {}",
+                daemon.pin_dir.display()
+            ),
+        )),
+        Some(cfg) if cfg.daemon.interfaces.is_empty() => out.push(Check::warn(
+            "interface",
+            "daemon.interfaces is empty: nothing is attached, nothing is protected",
+            "list the interfaces that receive the services' SYNs in daemon.interfaces",
+        )),
+        Some(cfg) => {
+            for iface in &cfg.daemon.interfaces {
+                out.extend(check_interface(cfg, iface));
+            }
+        }
+    }
+    let privileged = caps.is_some_and(|c| missing_capabilities(c).is_empty());
+    let (daemon_check, alive) = check_daemon(&daemon.pin_dir, privileged);
+    out.push(daemon_check);
+    out.push(check_control_socket(&daemon.control_socket, alive));
+    out
+}
+
+/// The human table: one line per check, the status first; a `fix:` line under each check
+/// that is not ok; a summary last.
+pub fn render(checks: &[Check]) -> String {
+    let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for c in checks {
+        let label = match c.status {
+            Status::Ok => "ok",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+        };
+        let _ = writeln!(out, "{label:<4}  {:<width$}  {}", c.name, c.detail);
+        if let (Some(fix), false) = (&c.fix, c.status == Status::Ok) {
+            let _ = writeln!(out, "{:indent$}fix: {fix}", "", indent = 4 + 2 + width + 2);
+        }
+    }
+    let count = |s| checks.iter().filter(|c| c.status == s).count();
+    let (warn, fail) = (count(Status::Warn), count(Status::Fail));
+    let plural = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
+    let _ = writeln!(
+        out,
+        "{}: {} ok, {}, {}",
+        plural(checks.len(), "check"),
+        count(Status::Ok),
+        plural(warn, "warning"),
+        plural(fail, "failure"),
+    );
+    out
+}
+
+/// 0 when nothing failed (warnings allowed), 1 otherwise.
+pub fn exit_code(checks: &[Check]) -> u8 {
+    u8::from(checks.iter().any(|c| c.status == Status::Fail))
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernel
+
+/// A kernel release's leading `major.minor.patch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KernelVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+}
+
+impl KernelVersion {
+    pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
+        Self {
+            major,
+            minor,
+            patch,
+        }
+    }
+}
+
+impl std::fmt::Display for KernelVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// `6.18.44-fc-v782` → 6.18.44; `5.15.0-91-generic` → 5.15.0; `6.1` → 6.1.0.
+pub fn parse_kernel_release(release: &str) -> Option<KernelVersion> {
+    let end = release
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(release.len());
+    let mut parts = release[..end].split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    let patch = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    Some(KernelVersion::new(major, minor, patch))
+}
+
+fn kernel_release() -> io::Result<String> {
+    // SAFETY: utsname is plain data; uname fills it.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    if unsafe { libc::uname(&mut uts) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let bytes: Vec<u8> = uts
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+fn check_kernel(release: Result<&str, String>) -> Check {
+    const NAME: &str = "kernel";
+    let release = match release {
+        Ok(r) => r,
+        Err(e) => {
+            return Check::fail(
+                NAME,
+                format!("uname failed: {e}"),
+                "cannot tell the kernel version",
+            );
+        }
+    };
+    let Some(v) = parse_kernel_release(release) else {
+        return Check::warn(
+            NAME,
+            format!("{release}: cannot parse the version"),
+            format!("shedder needs Linux {MIN_KERNEL} or newer; check it by hand"),
+        );
+    };
+    if v < MIN_KERNEL {
+        Check::fail(
+            NAME,
+            format!(
+                "{release}: shedder needs {MIN_KERNEL} or newer (XDP links, BPF atomics, tracepoint links)"
+            ),
+            format!("run a kernel ≥ {MIN_KERNEL} (tested on {TESTED_KERNEL})"),
+        )
+    } else if v < VALIDATED_KERNEL {
+        Check::warn(
+            NAME,
+            format!(
+                "{release}: should work, not validated (tested on {TESTED_KERNEL}; 6.1 and 6.12 are being validated)"
+            ),
+            format!("prefer a kernel ≥ {VALIDATED_KERNEL}"),
+        )
+    } else {
+        Check::ok(NAME, format!("{release} (tested on {TESTED_KERNEL})"))
+    }
+}
+
+fn check_btf(present: bool) -> Check {
+    if present {
+        Check::ok("btf", BTF_VMLINUX)
+    } else {
+        Check::warn(
+            "btf",
+            format!(
+                "{BTF_VMLINUX} missing: shedder does not need CO-RE, but verifier logs and bpftool are far better with it"
+            ),
+            "a kernel built with CONFIG_DEBUG_INFO_BTF=y",
+        )
+    }
+}
+
+fn check_memlock(kernel: Option<KernelVersion>, limit: Option<u64>) -> Option<Check> {
+    let v = kernel?;
+    let limit = limit?;
+    (v < MEMCG_BPF_KERNEL && limit < MIN_MEMLOCK_BYTES).then(|| {
+        Check::warn(
+            "memlock",
+            format!(
+                "RLIMIT_MEMLOCK is {} KiB and kernel {v} charges BPF maps to it: loading may fail with EPERM",
+                limit >> 10
+            ),
+            "LimitMEMLOCK=infinity in the systemd unit, or `ulimit -l unlimited` before starting shedder",
+        )
+    })
+}
+
+/// The soft locked-memory limit in bytes (`u64::MAX` when unlimited).
+fn memlock_limit() -> Option<u64> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: rl is a valid out-parameter.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) } != 0 {
+        return None;
+    }
+    // RLIM_INFINITY is u64::MAX.
+    Some(rl.rlim_cur)
+}
+
+// ---------------------------------------------------------------------------------------
+// Capabilities
+
+/// The `CapEff` mask of a `/proc/<pid>/status` text.
+pub fn parse_cap_eff(status: &str) -> Option<u64> {
+    status.lines().find_map(|line| {
+        let hex = line.strip_prefix("CapEff:")?.trim();
+        u64::from_str_radix(hex, 16).ok()
+    })
+}
+
+fn has_cap(mask: u64, cap: u32) -> bool {
+    mask & (1u64 << cap) != 0
+}
+
+/// Capabilities of [`CAPABILITIES`] missing from `mask`. CAP_SYS_ADMIN stands in for
+/// CAP_BPF and CAP_PERFMON (the kernel accepts either).
+pub fn missing_capabilities(mask: u64) -> Vec<&'static str> {
+    let admin = has_cap(mask, CAP_SYS_ADMIN);
+    CAPABILITIES
+        .iter()
+        .filter(|&&(cap, name, _)| {
+            let implied = admin && matches!(name, "CAP_BPF" | "CAP_PERFMON");
+            !has_cap(mask, cap) && !implied
+        })
+        .map(|&(_, name, _)| name)
+        .collect()
+}
+
+fn check_capabilities(cap_eff: Option<u64>) -> Check {
+    const NAME: &str = "capabilities";
+    let all: Vec<&str> = CAPABILITIES.iter().map(|c| c.1).collect();
+    let unit_fix = format!(
+        "run as root, or in the systemd unit: AmbientCapabilities={}",
+        all.join(" ")
+    );
+    let Some(mask) = cap_eff else {
+        return Check::fail(NAME, "cannot read CapEff from /proc/self/status", unit_fix);
+    };
+    let missing = missing_capabilities(mask);
+    if missing.is_empty() {
+        return Check::ok(NAME, format!("{} (effective)", all.join(" ")));
+    }
+    let why: Vec<String> = CAPABILITIES
+        .iter()
+        .filter(|c| missing.contains(&c.1))
+        .map(|&(_, name, what)| format!("{name} ({what})"))
+        .collect();
+    Check::fail(NAME, format!("missing {}", why.join(", ")), unit_fix)
+}
+
+// ---------------------------------------------------------------------------------------
+// Pseudo-filesystems
+
+/// `(mount point, filesystem type)` of each line of a `/proc/mounts` text.
+pub fn parse_mounts(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (_dev, dir, fstype) = (f.next()?, f.next()?, f.next()?);
+            Some((unescape_mount(dir), fstype.to_string()))
+        })
+        .collect()
+}
+
+/// `/proc/mounts` writes space, tab, newline and backslash as `\ooo`.
+fn unescape_mount(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && let Some(oct) = bytes.get(i + 1..i + 4)
+            && oct.iter().all(|b| (b'0'..=b'7').contains(b))
+            && let Ok(v) = u8::try_from(oct.iter().fold(0u32, |a, b| a * 8 + u32::from(b - b'0')))
+        {
+            out.push(v);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+pub fn is_mounted(mounts: &[(String, String)], dir: &str, fstype: &str) -> bool {
+    mounts.iter().any(|(d, t)| d == dir && t == fstype)
+}
+
+#[derive(Clone, Copy)]
+struct MountSpec {
+    name: &'static str,
+    dir: &'static str,
+    fstype: &'static str,
+    needed_for: &'static str,
+}
+
+impl MountSpec {
+    const BPFFS: Self = Self {
+        name: "bpffs",
+        dir: crate::sysfs::BPFFS,
+        fstype: "bpf",
+        needed_for: "pinned maps and links",
+    };
+    const TRACEFS: Self = Self {
+        name: "tracefs",
+        dir: crate::sysfs::TRACEFS,
+        fstype: "tracefs",
+        needed_for: "the sock tracepoints",
+    };
+}
+
+fn check_mount(mounts: &[(String, String)], spec: MountSpec, can_mount: bool) -> Check {
+    let MountSpec {
+        name,
+        dir,
+        fstype,
+        needed_for,
+    } = spec;
+    let fix = format!("mount -t {fstype} {fstype} {dir}");
+    if is_mounted(mounts, dir, fstype) {
+        Check::ok(name, format!("mounted at {dir}"))
+    } else if let Some((_, other)) = mounts.iter().rev().find(|(d, _)| d == dir) {
+        Check::fail(
+            name,
+            format!("{dir} holds a {other} filesystem, not {fstype} ({needed_for})"),
+            format!("umount {dir}; {fix}"),
+        )
+    } else if can_mount {
+        Check::warn(
+            name,
+            format!("not mounted at {dir} ({needed_for}); shedder mounts it when it starts"),
+            fix,
+        )
+    } else {
+        Check::fail(
+            name,
+            format!(
+                "not mounted at {dir} ({needed_for}), and shedder cannot mount it without CAP_SYS_ADMIN"
+            ),
+            fix,
+        )
+    }
+}
+
+fn check_tracepoints(tracefs_mounted: bool) -> Check {
+    const NAME: &str = "tracepoints";
+    if !tracefs_mounted {
+        return Check::warn(
+            NAME,
+            "not checked: tracefs is not mounted",
+            format!(
+                "mount -t tracefs tracefs {} and run doctor again",
+                crate::sysfs::TRACEFS
+            ),
+        );
+    }
+    let events = format!("{}/events/sock", crate::sysfs::TRACEFS);
+    if let Err(e) = std::fs::read_dir(&events)
+        && e.kind() == io::ErrorKind::PermissionDenied
+    {
+        return Check::warn(
+            NAME,
+            format!("not checked: {events}: {e}"),
+            "run doctor as root",
+        );
+    }
+    match crate::ebpf::check_tracepoint_formats() {
+        Ok(()) => Check::ok(
+            NAME,
+            "sock:inet_sock_set_state, sock_recv_length, sock_send_length have the layout shedder reads",
+        ),
+        Err(e) => Check::fail(
+            NAME,
+            e,
+            "without these tracepoints shedder cannot count connections nor measure queue age: use a kernel ≥ 5.15 with CONFIG_TRACEPOINTS=y, or report this kernel's layout",
+        ),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// BPF settings
+
+/// Whether this process is in the initial network namespace (`None`: cannot tell), from a
+/// sysctl registered there only (`net.core.netdev_max_backlog`, like `bpf_jit_enable`).
+fn in_initial_netns() -> Option<bool> {
+    let core = Path::new("/proc/sys/net/core");
+    core.is_dir()
+        .then(|| core.join("netdev_max_backlog").exists())
+}
+
+fn check_jit(sysctl: io::Result<String>, initial_netns: Option<bool>) -> Check {
+    const NAME: &str = "bpf jit";
+    let fix = "sysctl -w net.core.bpf_jit_enable=1";
+    if let (Err(e), Some(false)) = (&sysctl, initial_netns)
+        && e.kind() == io::ErrorKind::NotFound
+    {
+        return Check::warn(
+            NAME,
+            "not checked: net.core.bpf_jit_enable exists only in the initial network namespace",
+            "run doctor in the initial network namespace to check it",
+        );
+    }
+    match sysctl.as_deref().map(str::trim) {
+        Ok("1") => Check::ok(NAME, "enabled"),
+        Ok("2") => Check::warn(
+            NAME,
+            "enabled with debug output to the kernel log (bpf_jit_enable=2)",
+            fix,
+        ),
+        Ok("0") => Check::warn(
+            NAME,
+            "disabled: programs run interpreted, several times slower",
+            fix,
+        ),
+        Ok(other) => Check::warn(NAME, format!("bpf_jit_enable is `{other}`"), fix),
+        Err(e) => Check::warn(
+            NAME,
+            format!("cannot read {BPF_JIT_SYSCTL}: {e}"),
+            "a kernel with CONFIG_BPF_JIT=y",
+        ),
+    }
+}
+
+fn check_bpf_stats(sysctl: io::Result<String>, can_enable: bool) -> Check {
+    const NAME: &str = "bpf stats";
+    match sysctl {
+        Ok(v) if v.trim() == "1" => Check::ok(NAME, "enabled (kernel.bpf_stats_enabled=1)"),
+        Ok(_) if can_enable => Check::ok(
+            NAME,
+            "available: the daemon turns them on with BPF_ENABLE_STATS while it runs",
+        ),
+        Ok(_) => Check::warn(
+            NAME,
+            "available, but BPF_ENABLE_STATS needs CAP_SYS_ADMIN: no per-program cost metric",
+            "grant CAP_SYS_ADMIN, or sysctl -w kernel.bpf_stats_enabled=1",
+        ),
+        Err(e) => Check::warn(
+            NAME,
+            format!("{BPF_STATS_SYSCTL}: {e}: no per-program cost metric"),
+            "a kernel ≥ 5.8 (BPF run-time statistics)",
+        ),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// cgroups and PSI
+
+fn check_cgroups(config: Option<&Config>) -> Vec<Check> {
+    let services: Vec<(&str, &str)> = config
+        .map(|c| {
+            c.services
+                .iter()
+                .filter_map(|s| Some((s.name.as_str(), s.cgroup.as_deref()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let needed = !services.is_empty();
+    let mut out = Vec::new();
+    let mount = crate::signals::psi::cgroup2_mount();
+    out.push(match &mount {
+        Ok(m) => {
+            let hybrid = std::fs::read_to_string("/proc/mounts")
+                .map(|t| parse_mounts(&t).iter().any(|(_, t)| t == "cgroup"))
+                .unwrap_or(false);
+            let note = if hybrid {
+                " (hybrid: v1 controllers mounted too)"
+            } else {
+                ""
+            };
+            Check::ok("cgroup v2", format!("mounted at {}{note}", m.display()))
+        }
+        Err(e) => {
+            let detail = format!("{e}: cgroup pressure and throttling signals unavailable");
+            let fix = "mount -t cgroup2 none /sys/fs/cgroup (or boot with systemd.unified_cgroup_hierarchy=1)";
+            if needed {
+                Check::fail("cgroup v2", detail, fix)
+            } else {
+                Check::warn("cgroup v2", detail, fix)
+            }
+        }
+    });
+    let psi = std::fs::read_to_string(PSI_CPU);
+    out.push(match &psi {
+        Ok(_) => Check::ok("psi", "pressure stall information enabled"),
+        Err(e) => {
+            let detail = format!("{PSI_CPU}: {e}: no CPU pressure signal");
+            let fix = "boot with psi=1 (kernel with CONFIG_PSI=y)";
+            if needed {
+                Check::fail("psi", detail, fix)
+            } else {
+                Check::warn("psi", detail, fix)
+            }
+        }
+    });
+    if let Ok(mount) = &mount {
+        for (service, cgroup) in services {
+            out.push(check_service_cgroup(
+                service,
+                &mount.join(cgroup),
+                psi.is_ok(),
+            ));
+        }
+    }
+    out
+}
+
+fn check_service_cgroup(service: &str, dir: &Path, psi: bool) -> Check {
+    const NAME: &str = "cgroup";
+    if !dir.is_dir() {
+        return Check::fail(
+            NAME,
+            format!("{service}: {} does not exist", dir.display()),
+            format!(
+                "set service.cgroup of `{service}` to its cgroup relative to the cgroup v2 mount (for a systemd unit: system.slice/<unit>.service; `systemctl status <unit>` shows it)"
+            ),
+        );
+    }
+    let unreadable: Vec<String> = ["cpu", "memory", "io"]
+        .iter()
+        .filter_map(|r| {
+            let file = format!("{r}.pressure");
+            std::fs::read_to_string(dir.join(&file))
+                .err()
+                .map(|e| format!("{file} ({e})"))
+        })
+        .collect();
+    if !unreadable.is_empty() {
+        let fix = if psi {
+            "run doctor as the daemon's user; check the cgroup's files are readable".to_string()
+        } else {
+            "boot with psi=1 (kernel with CONFIG_PSI=y)".to_string()
+        };
+        return Check::fail(
+            NAME,
+            format!("{service}: cannot read {}", unreadable.join(", ")),
+            fix,
+        );
+    }
+    let throttling = std::fs::read_to_string(dir.join("cpu.stat"))
+        .ok()
+        .and_then(|t| crate::signals::psi::parse_throttling(&t));
+    if throttling.is_none() {
+        return Check::warn(
+            NAME,
+            format!(
+                "{service}: {}: pressure ok, but the cpu controller is not enabled for this cgroup in the v2 hierarchy (hybrid host?): CPU throttling is not reported",
+                dir.display()
+            ),
+            "enable it on every parent: echo +cpu > <parent>/cgroup.subtree_control (a hybrid host binds cpu to v1: boot with systemd.unified_cgroup_hierarchy=1)",
+        );
+    }
+    Check::ok(
+        NAME,
+        format!("{service}: {}: pressure and throttling", dir.display()),
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Interfaces
+
+/// What the kernel says about an interface's XDP (`NETDEV_XDP_ACT_*`).
+const XDP_ACT_BASIC: u64 = 1;
+const XDP_ACT_NDO_XMIT: u64 = 4;
+
+fn check_interface(cfg: &Config, iface: &str) -> Vec<Check> {
+    let Some(ifindex) = ifindex(iface) else {
+        return vec![Check::fail(
+            "interface",
+            format!("{iface}: no such interface in this network namespace"),
+            "fix daemon.interfaces (`ip link` lists the interfaces), or run doctor in the daemon's network namespace",
+        )];
+    };
+    let driver = ethtool_driver(iface)
+        .or_else(|| sysfs_driver(iface, ifindex))
+        .unwrap_or_else(|| "virtual".to_string());
+    let features = netlink::xdp_features(ifindex).ok();
+    let native = match features {
+        Some(f) => Some(f & XDP_ACT_BASIC != 0),
+        None if NATIVE_XDP_DRIVERS.contains(&driver.as_str()) => Some(true),
+        None => None,
+    };
+    let support = match (native, features.is_some()) {
+        (Some(true), true) => "native XDP",
+        (Some(true), false) => "native XDP likely",
+        (Some(false), _) => "no native XDP",
+        (None, _) => "native XDP unknown",
+    };
+    let attach = cfg.daemon.attach;
+    let head = format!("{iface}: {driver}, {support}");
+    let mut out = Vec::new();
+    out.push(match (attach, native) {
+        (Attach::Tc, _) => Check::ok("interface", format!("{head}; attach = tc")),
+        (Attach::Generic, _) => Check::ok("interface", format!("{head}; attach = generic")),
+        (Attach::Native, Some(false)) => Check::fail(
+            "interface",
+            format!("{head}; attach = native cannot work"),
+            "set daemon.attach = \"auto\" (generic XDP fallback) or \"tc\"",
+        ),
+        (Attach::Native, None) => Check::warn(
+            "interface",
+            format!("{head}; attach = native may fail"),
+            "if attaching fails, set daemon.attach = \"auto\" or \"tc\"",
+        ),
+        (Attach::Native, Some(true)) => Check::ok("interface", format!("{head}; attach = native")),
+        (Attach::Auto, Some(false)) => {
+            Check::ok("interface", format!("{head}; attach = auto → generic XDP"))
+        }
+        (Attach::Auto, _) => Check::ok("interface", format!("{head}; attach = auto → native")),
+    });
+    let xdp = netlink::xdp_attachment(ifindex);
+    let ours = match &xdp {
+        Ok(Some(a)) => {
+            let name = program_name(a.prog_id);
+            let ours = name.as_deref() == Some(shedder_common::programs::XDP);
+            Some((*a, name, ours))
+        }
+        _ => None,
+    };
+    out.push(check_attachment(cfg, iface, &xdp, ours.as_ref()));
+    let sends_rst = cfg
+        .services
+        .iter()
+        .any(|s| s.action == Action::Rst && s.mode == Mode::Enforce);
+    // What shedder's XDP program runs as: the attachment when there is one, else what the
+    // configuration would give.
+    let native_attach = match &ours {
+        Some((a, _, true)) => a.mode == netlink::XDP_ATTACHED_DRV,
+        _ => {
+            matches!(attach, Attach::Native)
+                || (matches!(attach, Attach::Auto) && native != Some(false))
+        }
+    };
+    if driver == "veth" && sends_rst && native_attach {
+        out.push(match features {
+            Some(f) if f & XDP_ACT_NDO_XMIT != 0 => Check::ok(
+                "veth rst",
+                format!(
+                    "{iface}: the peer takes XDP_TX frames now (it runs XDP or has GRO on): RST replies are delivered"
+                ),
+            ),
+            _ => Check::warn(
+                "veth rst",
+                format!(
+                    "{iface}: native XDP on veth delivers RST replies (XDP_TX) to the peer only if the peer has an XDP program (or GRO on)"
+                ),
+                "use daemon.attach = \"tc\" or \"generic\", or give the peer an XDP program (or `ethtool -K <peer> gro on`)",
+            ),
+        });
+    }
+    out
+}
+
+/// shedder's attachment to `iface`: the pinned link against the XDP program the kernel
+/// reports (`attached`: the attachment, the program's name, whether it is shedder's).
+fn check_attachment(
+    cfg: &Config,
+    iface: &str,
+    xdp: &io::Result<Option<netlink::XdpAttachment>>,
+    attached: Option<&(netlink::XdpAttachment, Option<String>, bool)>,
+) -> Check {
+    const NAME: &str = "attachment";
+    let pin = cfg.daemon.pin_dir.join("links").join(iface);
+    let pinned = match std::fs::metadata(&pin) {
+        Ok(_) => true,
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            return Check::warn(
+                NAME,
+                format!("{iface}: cannot look for {}: {e}", pin.display()),
+                "run doctor as root",
+            );
+        }
+        Err(_) => false,
+    };
+    let is_shedder = attached.is_some_and(|a| a.2);
+    let prog = attached.map(|(a, name, _)| (a, name.clone()));
+    let describe = |(a, name): &(&netlink::XdpAttachment, Option<String>)| {
+        format!(
+            "{} (prog id {}, {})",
+            a.mode_name(),
+            a.prog_id,
+            name.as_deref().unwrap_or("name unknown")
+        )
+    };
+    let start = format!("shedder run {CONFIG_ARG}");
+    match (pinned, &prog, cfg.daemon.attach) {
+        (true, Some(p), _) if is_shedder => Check::ok(
+            NAME,
+            format!("{iface}: {}, link pinned at {}", describe(p), pin.display()),
+        ),
+        (true, None, Attach::Tc) => Check::ok(
+            NAME,
+            format!("{iface}: tc link pinned at {}", pin.display()),
+        ),
+        (true, Some(p), _) => Check::warn(
+            NAME,
+            format!(
+                "{iface}: link pinned at {}, but the XDP program attached is {}",
+                pin.display(),
+                describe(p)
+            ),
+            format!(
+                "bpftool net show dev {iface}; if stale: shedder detach --pin-dir {}, then {start}",
+                cfg.daemon.pin_dir.display()
+            ),
+        ),
+        (true, None, _) => Check::warn(
+            NAME,
+            format!(
+                "{iface}: link pinned at {} but no XDP program attached (interface re-created, or attached with tc)",
+                pin.display()
+            ),
+            format!(
+                "shedder detach --pin-dir {}, then {start}",
+                cfg.daemon.pin_dir.display()
+            ),
+        ),
+        (false, Some(p), _) if is_shedder => Check::warn(
+            NAME,
+            format!(
+                "{iface}: {} attached but not pinned under {}",
+                describe(p),
+                cfg.daemon.pin_dir.display()
+            ),
+            "another pin directory or a process holds it: check daemon.pin_dir",
+        ),
+        (false, Some(p), Attach::Tc) => Check::warn(
+            NAME,
+            format!(
+                "{iface}: not attached; another XDP program runs before shedder's TC program: {}",
+                describe(p)
+            ),
+            format!("bpftool net show dev {iface} shows it; then {start}"),
+        ),
+        (false, Some(p), _) => Check::fail(
+            NAME,
+            format!(
+                "{iface}: another XDP program is attached, shedder cannot attach next to it: {}",
+                describe(p)
+            ),
+            format!(
+                "find its owner (`bpftool net show dev {iface}`) and remove it, or set daemon.attach = \"tc\""
+            ),
+        ),
+        (false, None, _) => {
+            let note = match xdp {
+                Err(e) => format!(" (XDP state unknown: {e})"),
+                Ok(_) => String::new(),
+            };
+            Check::warn(
+                NAME,
+                format!("{iface}: shedder is not attached{note}"),
+                start,
+            )
+        }
+    }
+}
+
+fn ifindex(iface: &str) -> Option<u32> {
+    let name = CString::new(iface).ok()?;
+    // SAFETY: a NUL-terminated name.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    (index != 0).then_some(index)
+}
+
+/// The driver's name through the ethtool ioctl (works in any network namespace).
+fn ethtool_driver(iface: &str) -> Option<String> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    const SIOCETHTOOL: u32 = 0x8946;
+    const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
+    #[repr(C)]
+    struct DrvInfo {
+        cmd: u32,
+        driver: [u8; 32],
+        version: [u8; 32],
+        fw_version: [u8; 32],
+        bus_info: [u8; 32],
+        erom_version: [u8; 32],
+        reserved2: [u8; 12],
+        n_priv_flags: u32,
+        n_stats: u32,
+        testinfo_len: u32,
+        eedump_len: u32,
+        regdump_len: u32,
+    }
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; libc::IFNAMSIZ],
+        data: *mut libc::c_void,
+        pad: [u8; 16],
+    }
+    if iface.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    // SAFETY: plain socket call; the fd is owned right after.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: fd is a fresh, valid descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: all-zero is a valid DrvInfo.
+    let mut info: DrvInfo = unsafe { std::mem::zeroed() };
+    info.cmd = ETHTOOL_GDRVINFO;
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        data: (&mut info as *mut DrvInfo).cast(),
+        pad: [0; 16],
+    };
+    req.name[..iface.len()].copy_from_slice(iface.as_bytes());
+    // SAFETY: req points at a live DrvInfo for the duration of the call.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), SIOCETHTOOL as _, &mut req) };
+    if rc != 0 {
+        return None;
+    }
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
+    let name = String::from_utf8_lossy(&info.driver[..end]).into_owned();
+    (!name.is_empty()).then_some(name)
+}
+
+/// The driver from sysfs, when sysfs shows this network namespace (same ifindex).
+fn sysfs_driver(iface: &str, ifindex: u32) -> Option<String> {
+    let base = Path::new("/sys/class/net").join(iface);
+    let index: u32 = std::fs::read_to_string(base.join("ifindex"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    if index != ifindex {
+        return None;
+    }
+    let link = std::fs::read_link(base.join("device/driver")).ok()?;
+    Some(link.file_name()?.to_string_lossy().into_owned())
+}
+
+/// The name of the loaded BPF program `id`.
+fn program_name(id: u32) -> Option<String> {
+    aya::programs::loaded_programs()
+        .flatten()
+        .find(|p| p.id() == id)
+        .and_then(|p| p.name_as_str().map(str::to_string))
+}
+
+// ---------------------------------------------------------------------------------------
+// The daemon
+
+/// Check the pinned state and the heartbeat; also says whether a daemon is alive.
+fn check_daemon(pin_dir: &Path, privileged: bool) -> (Check, bool) {
+    use crate::ebpf::MapReader;
+    const NAME: &str = "daemon";
+    let start = format!("shedder run {CONFIG_ARG}");
+    let maps = pin_dir.join("maps");
+    if let Err(e) = std::fs::metadata(&maps)
+        && e.kind() == io::ErrorKind::PermissionDenied
+    {
+        return (
+            Check::warn(
+                NAME,
+                format!("cannot look under {}: {e}", pin_dir.display()),
+                "run doctor as root",
+            ),
+            false,
+        );
+    }
+    if !maps.is_dir() {
+        return (
+            Check::warn(
+                NAME,
+                format!(
+                    "shedder is not attached: nothing pinned under {}",
+                    pin_dir.display()
+                ),
+                start,
+            ),
+            false,
+        );
+    }
+    let reset = if privileged {
+        format!(
+            "if they come from another shedder version: shedder detach --pin-dir {}, then {start}",
+            pin_dir.display()
+        )
+    } else {
+        "run doctor as root (reading pinned maps needs CAP_BPF)".to_string()
+    };
+    let globals = match crate::ebpf::PinnedMaps::open(pin_dir).and_then(|m| m.globals()) {
+        Ok(g) => g,
+        Err(e) => {
+            return (
+                Check::fail(
+                    NAME,
+                    format!("cannot read the maps under {}: {e}", pin_dir.display()),
+                    reset,
+                ),
+                false,
+            );
+        }
+    };
+    let links = describe_links(&pinned_links(pin_dir));
+    let now = current_jiffies();
+    let verdict = heartbeat_verdict(
+        globals.heartbeat_jiffies,
+        globals.heartbeat_timeout_jiffies,
+        now.unwrap_or(globals.clock_jiffies),
+        globals.hz,
+    );
+    let caveat = if now.is_none() {
+        " (as of the daemon's last clock reading: /proc/timer_list unreadable)"
+    } else {
+        ""
+    };
+    match verdict {
+        Heartbeat::Never => (
+            Check::warn(
+                NAME,
+                format!(
+                    "attached ({links}), no daemon has ever stamped the heartbeat: fallback limits in force"
+                ),
+                start,
+            ),
+            false,
+        ),
+        Heartbeat::Stale { age, timeout } => (
+            Check::warn(
+                NAME,
+                format!(
+                    "no daemon: heartbeat {age} old{caveat}, timeout {timeout}: fallback limits in force ({links})"
+                ),
+                start,
+            ),
+            false,
+        ),
+        Heartbeat::Fresh { age, timeout } => (
+            Check::ok(
+                NAME,
+                format!("alive: heartbeat {age} ago{caveat}, timeout {timeout} ({links})"),
+            ),
+            true,
+        ),
+    }
+}
+
+/// `links eth0 eth1 + 3 tracepoints`.
+fn describe_links(names: &[String]) -> String {
+    let (tracepoints, ifaces): (Vec<&String>, Vec<&String>) =
+        names.iter().partition(|n| n.starts_with("tp-"));
+    let mut parts: Vec<String> = ifaces.iter().map(|s| s.to_string()).collect();
+    if !tracepoints.is_empty() {
+        parts.push(format!("+ {} tracepoints", tracepoints.len()));
+    }
+    if parts.is_empty() {
+        "no links pinned".to_string()
+    } else {
+        format!("links {}", parts.join(" "))
+    }
+}
+
+fn pinned_links(pin_dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(pin_dir.join("links"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// The heartbeat's state, ages rendered in ms (or jiffies when HZ is unknown).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Heartbeat {
+    Never,
+    Stale { age: String, timeout: String },
+    Fresh { age: String, timeout: String },
+}
+
+/// Judge a heartbeat stamped at `heartbeat` jiffies with the kernel at `now`, as the packet
+/// path does: stale when older than `timeout` jiffies, or never stamped.
+pub fn heartbeat_verdict(heartbeat: u64, timeout: u64, now: u64, hz: u32) -> Heartbeat {
+    if heartbeat == 0 {
+        return Heartbeat::Never;
+    }
+    let show = |jiffies: u64| {
+        if hz == 0 {
+            format!("{jiffies} jiffies")
+        } else {
+            format!("{} ms", jiffies.saturating_mul(1000) / hz as u64)
+        }
+    };
+    let age = now.saturating_sub(heartbeat);
+    let (age_s, timeout_s) = (show(age), show(timeout));
+    if age > timeout {
+        Heartbeat::Stale {
+            age: age_s,
+            timeout: timeout_s,
+        }
+    } else {
+        Heartbeat::Fresh {
+            age: age_s,
+            timeout: timeout_s,
+        }
+    }
+}
+
+/// The kernel's jiffies now, from `/proc/timer_list` (root only).
+fn current_jiffies() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/timer_list").ok()?;
+    parse_timer_list_jiffies(&text)
+}
+
+fn parse_timer_list_jiffies(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("jiffies:")?.trim().parse().ok())
+}
+
+fn check_control_socket(path: &Path, daemon_alive: bool) -> Check {
+    use std::os::unix::fs::FileTypeExt;
+    const NAME: &str = "control socket";
+    let shown = path.display();
+    match std::fs::metadata(path) {
+        Ok(m) if m.file_type().is_socket() => match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => Check::ok(NAME, format!("{shown}: the daemon listens")),
+            Err(e) if daemon_alive => Check::warn(
+                NAME,
+                format!("{shown}: the daemon runs but nobody listens: {e}"),
+                "check daemon.control_socket matches the running daemon's configuration",
+            ),
+            Err(_) => Check::ok(
+                NAME,
+                format!("{shown}: stale (left by a daemon that is gone)"),
+            ),
+        },
+        Ok(_) => Check::warn(
+            NAME,
+            format!("{shown} exists but is not a socket"),
+            format!("remove {shown} and restart the daemon, or set daemon.control_socket"),
+        ),
+        Err(_) if daemon_alive => Check::warn(
+            NAME,
+            format!("the daemon runs but {shown} does not exist"),
+            "check daemon.control_socket matches the running daemon's configuration (and that its directory is writable)",
+        ),
+        Err(_) => Check::ok(NAME, format!("{shown} absent (no daemon)")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Netlink: the interface's XDP attachment (rtnetlink) and XDP features (netdev family).
+
+mod netlink {
+    use std::{
+        io,
+        os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    };
+
+    const NLMSG_HDR: usize = 16;
+    const NLMSG_ERROR: u16 = 2;
+    const NLMSG_DONE: u16 = 3;
+    const NLM_F_REQUEST: u16 = 1;
+    const NLA_TYPE_MASK: u16 = 0x3fff;
+    /// `XDP_ATTACHED_DRV`: native XDP.
+    pub const XDP_ATTACHED_DRV: u8 = 1;
+    const SEQ: u32 = 0x5eed;
+
+    const RTM_GETLINK: u16 = 18;
+    const IFINFOMSG_LEN: usize = 16;
+    const IFLA_XDP: u16 = 43;
+    const IFLA_XDP_ATTACHED: u16 = 2;
+    const IFLA_XDP_PROG_ID: u16 = 4;
+    const IFLA_XDP_DRV_PROG_ID: u16 = 5;
+    const IFLA_XDP_SKB_PROG_ID: u16 = 6;
+
+    const GENL_ID_CTRL: u16 = 0x10;
+    const GENL_HDR: usize = 4;
+    const CTRL_CMD_GETFAMILY: u8 = 3;
+    const CTRL_ATTR_FAMILY_ID: u16 = 1;
+    const CTRL_ATTR_FAMILY_NAME: u16 = 2;
+    const NETDEV_CMD_DEV_GET: u8 = 1;
+    const NETDEV_A_DEV_IFINDEX: u16 = 1;
+    const NETDEV_A_DEV_XDP_FEATURES: u16 = 3;
+
+    /// An XDP program attached to an interface.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct XdpAttachment {
+        /// `XDP_ATTACHED_*`: 1 driver, 2 generic, 3 offloaded, 4 several.
+        pub mode: u8,
+        pub prog_id: u32,
+    }
+
+    impl XdpAttachment {
+        pub fn mode_name(&self) -> &'static str {
+            match self.mode {
+                1 => "native XDP",
+                2 => "generic XDP",
+                3 => "offloaded XDP",
+                4 => "XDP in several modes",
+                _ => "XDP",
+            }
+        }
+    }
+
+    /// The XDP program attached to `ifindex`, if any.
+    pub fn xdp_attachment(ifindex: u32) -> io::Result<Option<XdpAttachment>> {
+        let mut body = vec![0u8; IFINFOMSG_LEN];
+        body[0] = libc::AF_UNSPEC as u8;
+        body[4..8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
+        let reply = request(libc::NETLINK_ROUTE, RTM_GETLINK, &body)?;
+        let Some(xdp) = attrs(reply.get(IFINFOMSG_LEN..).unwrap_or_default())
+            .into_iter()
+            .find_map(|(t, v)| (t == IFLA_XDP).then_some(v))
+        else {
+            return Ok(None);
+        };
+        let mut mode = 0;
+        let (mut prog, mut drv, mut skb) = (0, 0, 0);
+        for (t, v) in attrs(xdp) {
+            match t {
+                IFLA_XDP_ATTACHED => mode = v.first().copied().unwrap_or(0),
+                IFLA_XDP_PROG_ID => prog = u32_of(v),
+                IFLA_XDP_DRV_PROG_ID => drv = u32_of(v),
+                IFLA_XDP_SKB_PROG_ID => skb = u32_of(v),
+                _ => {}
+            }
+        }
+        let prog_id = [prog, drv, skb].into_iter().find(|&id| id != 0);
+        Ok(match (mode, prog_id) {
+            (0, _) | (_, None) => None,
+            (mode, Some(prog_id)) => Some(XdpAttachment { mode, prog_id }),
+        })
+    }
+
+    /// The interface's `NETDEV_XDP_ACT_*` mask (kernel 6.3+).
+    pub fn xdp_features(ifindex: u32) -> io::Result<u64> {
+        let mut body = vec![CTRL_CMD_GETFAMILY, 1, 0, 0];
+        push_attr(&mut body, CTRL_ATTR_FAMILY_NAME, b"netdev\0");
+        let reply = request(libc::NETLINK_GENERIC, GENL_ID_CTRL, &body)?;
+        let family = attrs(reply.get(GENL_HDR..).unwrap_or_default())
+            .into_iter()
+            .find_map(|(t, v)| {
+                (t == CTRL_ATTR_FAMILY_ID && v.len() >= 2).then(|| u16::from_ne_bytes([v[0], v[1]]))
+            })
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no netdev netlink family"))?;
+        let mut body = vec![NETDEV_CMD_DEV_GET, 1, 0, 0];
+        push_attr(&mut body, NETDEV_A_DEV_IFINDEX, &ifindex.to_ne_bytes());
+        let reply = request(libc::NETLINK_GENERIC, family, &body)?;
+        attrs(reply.get(GENL_HDR..).unwrap_or_default())
+            .into_iter()
+            .find_map(|(t, v)| {
+                (t == NETDEV_A_DEV_XDP_FEATURES && v.len() >= 8)
+                    .then(|| u64::from_ne_bytes(v[..8].try_into().unwrap_or_default()))
+            })
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no xdp-features attribute"))
+    }
+
+    fn u32_of(v: &[u8]) -> u32 {
+        v.get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_ne_bytes)
+            .unwrap_or(0)
+    }
+
+    fn push_attr(buf: &mut Vec<u8>, ty: u16, data: &[u8]) {
+        let len = 4 + data.len();
+        buf.extend_from_slice(&(len as u16).to_ne_bytes());
+        buf.extend_from_slice(&ty.to_ne_bytes());
+        buf.extend_from_slice(data);
+        buf.resize(buf.len() + (len.next_multiple_of(4) - len), 0);
+    }
+
+    /// The attributes of a netlink attribute stream: (type without flags, payload).
+    pub fn attrs(mut buf: &[u8]) -> Vec<(u16, &[u8])> {
+        let mut out = Vec::new();
+        while buf.len() >= 4 {
+            let len = u16::from_ne_bytes([buf[0], buf[1]]) as usize;
+            let ty = u16::from_ne_bytes([buf[2], buf[3]]) & NLA_TYPE_MASK;
+            if len < 4 || len > buf.len() {
+                break;
+            }
+            out.push((ty, &buf[4..len]));
+            buf = &buf[len.next_multiple_of(4).min(buf.len())..];
+        }
+        out
+    }
+
+    /// Send one request and return the payload of its reply (after the netlink header).
+    fn request(protocol: libc::c_int, msg_type: u16, body: &[u8]) -> io::Result<Vec<u8>> {
+        // SAFETY: plain socket call; the fd is owned right after.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                protocol,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh, valid descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let timeout = libc::timeval {
+            tv_sec: 2,
+            tv_usec: 0,
+        };
+        // SAFETY: a valid timeval of the size given.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&timeout as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        let len = NLMSG_HDR + body.len();
+        let mut msg = Vec::with_capacity(len);
+        msg.extend_from_slice(&(len as u32).to_ne_bytes());
+        msg.extend_from_slice(&msg_type.to_ne_bytes());
+        msg.extend_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+        msg.extend_from_slice(&SEQ.to_ne_bytes());
+        msg.extend_from_slice(&0u32.to_ne_bytes());
+        msg.extend_from_slice(body);
+        // SAFETY: all-zero is a valid sockaddr_nl (the kernel as destination).
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        // SAFETY: msg and addr are valid for the lengths given.
+        let sent = unsafe {
+            libc::sendto(
+                fd.as_raw_fd(),
+                msg.as_ptr().cast(),
+                msg.len(),
+                0,
+                (&addr as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // SAFETY: buf is valid for its length.
+            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut rest = &buf[..n as usize];
+            while rest.len() >= NLMSG_HDR {
+                let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+                let ty = u16::from_ne_bytes([rest[4], rest[5]]);
+                let seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
+                if len < NLMSG_HDR || len > rest.len() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "truncated netlink reply",
+                    ));
+                }
+                let payload = &rest[NLMSG_HDR..len];
+                rest = &rest[len.next_multiple_of(4).min(rest.len())..];
+                if seq != SEQ {
+                    continue;
+                }
+                match ty {
+                    NLMSG_ERROR => {
+                        let errno = payload
+                            .get(..4)
+                            .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                            .unwrap_or(0);
+                        if errno != 0 {
+                            return Err(io::Error::from_raw_os_error(-errno));
+                        }
+                    }
+                    NLMSG_DONE => {
+                        return Err(io::Error::new(io::ErrorKind::NotFound, "empty reply"));
+                    }
+                    _ => return Ok(payload.to_vec()),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_kernel_releases() {
+        assert_eq!(
+            parse_kernel_release("6.18.44-fc-v782"),
+            Some(KernelVersion::new(6, 18, 44))
+        );
+        assert_eq!(
+            parse_kernel_release("5.15.0-91-generic"),
+            Some(KernelVersion::new(5, 15, 0))
+        );
+        assert_eq!(
+            parse_kernel_release("6.1"),
+            Some(KernelVersion::new(6, 1, 0))
+        );
+        assert_eq!(
+            parse_kernel_release("6.8.0-rc3+"),
+            Some(KernelVersion::new(6, 8, 0))
+        );
+        assert_eq!(
+            parse_kernel_release("4.19.0"),
+            Some(KernelVersion::new(4, 19, 0))
+        );
+        assert_eq!(parse_kernel_release("6"), None);
+        assert_eq!(parse_kernel_release("linux"), None);
+        assert_eq!(parse_kernel_release(""), None);
+    }
+
+    #[test]
+    fn kernel_thresholds() {
+        let status = |r: &str| check_kernel(Ok(r)).status;
+        assert_eq!(status("4.19.0"), Status::Fail);
+        assert_eq!(status("5.10.200"), Status::Fail);
+        assert_eq!(status("5.14.21"), Status::Fail);
+        assert_eq!(status("5.15.0-91-generic"), Status::Warn);
+        assert_eq!(status("6.0.19"), Status::Warn);
+        assert_eq!(status("6.1.0-28-amd64"), Status::Ok);
+        assert_eq!(status("6.12.9"), Status::Ok);
+        assert_eq!(status("6.18.44-fc-v782"), Status::Ok);
+        assert_eq!(status("7.0"), Status::Ok);
+        assert_eq!(status("weird"), Status::Warn);
+        assert_eq!(check_kernel(Err("EFAULT".into())).status, Status::Fail);
+        assert!(check_kernel(Ok("5.10.0")).fix.is_some());
+        assert!(MIN_KERNEL < VALIDATED_KERNEL);
+    }
+
+    #[test]
+    fn parses_cap_eff() {
+        let status = "Name:\tcat\nCapInh:\t0000000000000000\nCapPrm:\t000001fffeffffff\nCapEff:\t000001fffeffffff\nCapBnd:\t000001fffeffffff\n";
+        let mask = parse_cap_eff(status).expect("CapEff");
+        assert_eq!(mask, 0x000001fffeffffff);
+        assert!(missing_capabilities(mask).is_empty());
+        assert_eq!(check_capabilities(Some(mask)).status, Status::Ok);
+        assert_eq!(parse_cap_eff("Name:\tcat\n"), None);
+        assert_eq!(parse_cap_eff("CapEff:\tzz\n"), None);
+    }
+
+    #[test]
+    fn missing_capabilities_are_listed() {
+        assert_eq!(
+            missing_capabilities(0),
+            ["CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN", "CAP_SYS_ADMIN"]
+        );
+        // CAP_SYS_ADMIN stands in for CAP_BPF and CAP_PERFMON.
+        let admin_net = (1 << 21) | (1 << 12);
+        assert!(missing_capabilities(admin_net).is_empty());
+        let bpf_only = (1u64 << 39) | (1 << 38) | (1 << 12);
+        assert_eq!(missing_capabilities(bpf_only), ["CAP_SYS_ADMIN"]);
+        let c = check_capabilities(Some(bpf_only));
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("CAP_SYS_ADMIN"), "{}", c.detail);
+        assert!(
+            c.fix.as_deref().unwrap().contains("AmbientCapabilities="),
+            "{c:?}"
+        );
+        assert_eq!(check_capabilities(None).status, Status::Fail);
+    }
+
+    const MOUNTS: &str = "\
+sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
+cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
+bpf /sys/fs/bpf bpf rw,relatime 0 0
+none /mnt/with\\040space tmpfs rw 0 0
+";
+
+    #[test]
+    fn parses_mounts() {
+        let m = parse_mounts(MOUNTS);
+        assert_eq!(m.len(), 5);
+        assert!(is_mounted(&m, "/sys/fs/bpf", "bpf"));
+        assert!(!is_mounted(&m, "/sys/kernel/tracing", "tracefs"));
+        assert!(!is_mounted(&m, "/sys/fs/bpf", "tmpfs"));
+        assert!(is_mounted(&m, "/mnt/with space", "tmpfs"));
+        assert_eq!(unescape_mount("a\\134b"), "a\\b");
+        assert_eq!(unescape_mount("trailing\\"), "trailing\\");
+        assert_eq!(unescape_mount("short\\04"), "short\\04");
+    }
+
+    #[test]
+    fn mount_verdicts() {
+        let m = parse_mounts(MOUNTS);
+        assert_eq!(check_mount(&m, MountSpec::BPFFS, false).status, Status::Ok);
+        let t = check_mount(&m, MountSpec::TRACEFS, true);
+        assert_eq!(t.status, Status::Warn);
+        assert_eq!(
+            t.fix.as_deref(),
+            Some("mount -t tracefs tracefs /sys/kernel/tracing")
+        );
+        assert_eq!(
+            check_mount(&m, MountSpec::TRACEFS, false).status,
+            Status::Fail
+        );
+        let shadowed = parse_mounts("tmpfs /sys/fs/bpf tmpfs rw 0 0\n");
+        assert_eq!(
+            check_mount(&shadowed, MountSpec::BPFFS, true).status,
+            Status::Fail
+        );
+    }
+
+    #[test]
+    fn sysctl_verdicts() {
+        assert_eq!(check_jit(Ok("1\n".into()), Some(true)).status, Status::Ok);
+        assert_eq!(check_jit(Ok("0\n".into()), Some(true)).status, Status::Warn);
+        assert_eq!(check_jit(Ok("2\n".into()), Some(true)).status, Status::Warn);
+        assert_eq!(
+            check_jit(Err(io::ErrorKind::NotFound.into()), Some(true)).status,
+            Status::Warn
+        );
+        let elsewhere = check_jit(Err(io::ErrorKind::NotFound.into()), Some(false));
+        assert!(
+            elsewhere.detail.contains("initial network namespace"),
+            "{elsewhere:?}"
+        );
+        assert_eq!(check_bpf_stats(Ok("0\n".into()), true).status, Status::Ok);
+        assert_eq!(
+            check_bpf_stats(Ok("0\n".into()), false).status,
+            Status::Warn
+        );
+        assert_eq!(check_bpf_stats(Ok("1\n".into()), false).status, Status::Ok);
+        assert_eq!(
+            check_bpf_stats(Err(io::ErrorKind::NotFound.into()), true).status,
+            Status::Warn
+        );
+    }
+
+    #[test]
+    fn memlock_only_matters_before_memcg_accounting() {
+        let old = Some(KernelVersion::new(5, 10, 0));
+        let new = Some(KernelVersion::new(5, 11, 0));
+        assert_eq!(
+            check_memlock(old, Some(64 << 10)).map(|c| c.status),
+            Some(Status::Warn)
+        );
+        assert_eq!(check_memlock(old, Some(u64::MAX)), None);
+        assert_eq!(check_memlock(new, Some(64 << 10)), None);
+        assert_eq!(check_memlock(None, Some(0)), None);
+    }
+
+    #[test]
+    fn heartbeat_ages() {
+        assert_eq!(heartbeat_verdict(0, 750, 1000, 250), Heartbeat::Never);
+        assert_eq!(
+            heartbeat_verdict(1000, 750, 1050, 250),
+            Heartbeat::Fresh {
+                age: "200 ms".into(),
+                timeout: "3000 ms".into()
+            }
+        );
+        assert_eq!(
+            heartbeat_verdict(1000, 750, 1751, 250),
+            Heartbeat::Stale {
+                age: "3004 ms".into(),
+                timeout: "3000 ms".into()
+            }
+        );
+        // Exactly the timeout is still fresh, as in the packet path.
+        assert!(matches!(
+            heartbeat_verdict(1000, 750, 1750, 250),
+            Heartbeat::Fresh { .. }
+        ));
+        // A clock behind the heartbeat is age 0; unknown HZ shows jiffies.
+        assert_eq!(
+            heartbeat_verdict(1000, 750, 900, 0),
+            Heartbeat::Fresh {
+                age: "0 jiffies".into(),
+                timeout: "750 jiffies".into()
+            }
+        );
+        let names = ["tp-a", "eth0", "tp-b"].map(String::from);
+        assert_eq!(describe_links(&names), "links eth0 + 2 tracepoints");
+        assert_eq!(describe_links(&[]), "no links pinned");
+        assert_eq!(
+            parse_timer_list_jiffies("now at 1 nsecs\n\njiffies: 4296587655\n"),
+            Some(4296587655)
+        );
+    }
+
+    #[test]
+    fn netlink_attributes_round_trip() {
+        let mut buf = Vec::new();
+        netlink_push(&mut buf, 2, &[1]);
+        netlink_push(&mut buf, 0x8000 | 4, &7u32.to_ne_bytes());
+        let a = netlink::attrs(&buf);
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0], (2, &[1u8][..]));
+        assert_eq!(a[1].0, 4, "the nested flag is masked");
+        assert_eq!(a[1].1, &7u32.to_ne_bytes()[..]);
+        // A length past the end stops the walk instead of panicking.
+        assert!(netlink::attrs(&[200, 0, 1, 0, 0]).is_empty());
+    }
+
+    fn netlink_push(buf: &mut Vec<u8>, ty: u16, data: &[u8]) {
+        let len = 4 + data.len();
+        buf.extend_from_slice(&(len as u16).to_ne_bytes());
+        buf.extend_from_slice(&ty.to_ne_bytes());
+        buf.extend_from_slice(data);
+        buf.resize(buf.len() + (len.next_multiple_of(4) - len), 0);
+    }
+
+    fn sample() -> Vec<Check> {
+        vec![
+            Check::ok("kernel", "6.18.44"),
+            Check::warn("btf", "missing", "CONFIG_DEBUG_INFO_BTF=y"),
+            Check::fail("capabilities", "missing CAP_BPF", "run as root"),
+        ]
+    }
+
+    #[test]
+    fn renders_an_aligned_table() {
+        let text = render(&sample());
+        let expected = "\
+ok    kernel        6.18.44
+WARN  btf           missing
+                    fix: CONFIG_DEBUG_INFO_BTF=y
+FAIL  capabilities  missing CAP_BPF
+                    fix: run as root
+3 checks: 1 ok, 1 warning, 1 failure
+";
+        assert_eq!(text, expected);
+        assert_eq!(render(&[]), "0 checks: 0 ok, 0 warnings, 0 failures\n");
+    }
+
+    #[test]
+    fn exit_codes() {
+        let mut checks = sample();
+        assert_eq!(exit_code(&checks), 1);
+        checks.pop();
+        assert_eq!(exit_code(&checks), 0, "warnings are allowed");
+        assert_eq!(exit_code(&[]), 0);
+    }
+
+    #[test]
+    fn serializes_lowercase_status() {
+        let json = serde_json::to_string(&sample()[1]).expect("json");
+        assert_eq!(
+            json,
+            r#"{"name":"btf","status":"warn","detail":"missing","fix":"CONFIG_DEBUG_INFO_BTF=y"}"#
+        );
+    }
+
+    #[test]
+    fn run_on_this_machine() {
+        let checks = run(None);
+        print!("{}", render(&checks));
+        let names: Vec<&str> = checks.iter().map(|c| c.name).collect();
+        for name in [
+            "kernel",
+            "btf",
+            "capabilities",
+            "bpffs",
+            "tracefs",
+            "tracepoints",
+            "bpf jit",
+            "bpf stats",
+            "cgroup v2",
+            "psi",
+            "config",
+            "daemon",
+            "control socket",
+        ] {
+            assert!(names.contains(&name), "no `{name}` check in {names:?}");
+        }
+        for c in &checks {
+            assert!(!c.detail.is_empty(), "{c:?}");
+            if c.status == Status::Fail {
+                assert!(c.fix.is_some(), "a failure without a fix: {c:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn run_with_a_config_reports_what_is_missing() {
+        let cfg = Config::parse(
+            r#"
+[daemon]
+interfaces = ["shedder-nope0"]
+pin_dir = "/sys/fs/bpf/shedder-doctor-test-none"
+
+[[service]]
+name = "web"
+ports = [8080]
+cgroup = "shedder-doctor-test/none.service"
+"#,
+        )
+        .expect("config");
+        let checks = run(Some(&cfg));
+        print!("{}", render(&checks));
+        let find = |name: &str| checks.iter().find(|c| c.name == name);
+        let iface = find("interface").expect("interface check");
+        assert_eq!(iface.status, Status::Fail, "{iface:?}");
+        assert!(iface.detail.contains("shedder-nope0"), "{iface:?}");
+        let cgroup = find("cgroup")
+            .or_else(|| find("cgroup v2"))
+            .expect("cgroup");
+        assert_eq!(cgroup.status, Status::Fail, "{cgroup:?}");
+        assert_eq!(find("daemon").map(|c| c.status), Some(Status::Warn));
+        assert_eq!(exit_code(&checks), 1);
+    }
+
+    /// `SHEDDER_DOCTOR_CONFIG=<file> cargo test -p shedder-user doctor::tests::with_config
+    /// -- --ignored --nocapture` (under `nsenter --net=...` for another namespace).
+    #[test]
+    #[ignore = "needs SHEDDER_DOCTOR_CONFIG"]
+    fn with_config() {
+        let path = std::env::var("SHEDDER_DOCTOR_CONFIG").expect("SHEDDER_DOCTOR_CONFIG");
+        let cfg = Config::load(Path::new(&path)).expect("config");
+        let checks = run(Some(&cfg));
+        print!("{}", render(&checks));
+        println!("{}", serde_json::to_string_pretty(&checks).expect("json"));
+    }
+}

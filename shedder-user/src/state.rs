@@ -1,0 +1,238 @@
+//! What the daemon reports about itself (`GET /shedding/state`, `shedder status`, `top`),
+//! and its rendering as a table.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    controller::{Decision, Mode},
+    signals::{Quantiles, Reading, Signals},
+};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    pub version: String,
+    pub pid: u32,
+    pub uptime_s: f64,
+    /// The configuration file the daemon was started with.
+    pub config: String,
+    pub pin_dir: String,
+    pub tick_ms: u64,
+    pub heartbeat_timeout_ms: u64,
+    /// Time since the heartbeat was stamped, when this state was served.
+    pub heartbeat_age_ms: u64,
+    pub attach: Vec<Attachment>,
+    pub programs: Vec<ProgramCost>,
+    /// Exceptional kernel events since load (`STAT_*`).
+    pub kernel_events: Vec<(String, u64)>,
+    pub services: Vec<ServiceState>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attachment {
+    pub interface: String,
+    /// xdp-native, xdp-generic, tc, or "adopted" (a pinned attachment of an earlier run).
+    pub mode: String,
+}
+
+/// A program's cost from the kernel's BPF statistics.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProgramCost {
+    pub program: String,
+    pub runs: u64,
+    pub run_seconds: f64,
+    /// Mean cost of a run over the last tick (`None` without runs or statistics).
+    pub ns_per_run: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Override {
+    pub limit: u32,
+    pub remaining_s: f64,
+    /// Who set it (`uid <n>`), and why, if they said.
+    pub by: String,
+    pub reason: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClassState {
+    pub class: String,
+    pub share: u32,
+    pub floor: u32,
+    pub ceiling: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceState {
+    pub name: String,
+    pub ports: Vec<u16>,
+    pub controller: String,
+    pub mode: Mode,
+    /// The limit in force (the controller's, or the override's).
+    pub limit: u32,
+    pub fallback_limit: u32,
+    pub min_limit: u32,
+    pub max_limit: u32,
+    pub target_latency_ms: u64,
+    #[serde(rename = "override")]
+    pub override_limit: Option<Override>,
+    pub decision: Option<Decision>,
+    pub classes: Vec<ClassState>,
+    pub signals: Signals,
+}
+
+fn ms(q: &Reading<Quantiles>, pick: fn(&Quantiles) -> Option<f64>) -> String {
+    match q {
+        Reading::Ok { value } | Reading::Stale { value, .. } => match pick(value) {
+            Some(v) => format!("{v:.1}"),
+            None => "idle".into(),
+        },
+        Reading::Missing { .. } => "n/a".into(),
+    }
+}
+
+fn rate(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// The human table of `shedder status`.
+pub fn render(state: &State) -> String {
+    let mut out = String::new();
+    let heartbeat = if state.heartbeat_age_ms > state.heartbeat_timeout_ms {
+        format!(
+            "{} ms — STALE (> {} ms): the fallback limits are in force",
+            state.heartbeat_age_ms, state.heartbeat_timeout_ms
+        )
+    } else {
+        format!("{} ms", state.heartbeat_age_ms)
+    };
+    let attach: Vec<String> = state
+        .attach
+        .iter()
+        .map(|a| format!("{} ({})", a.interface, a.mode))
+        .collect();
+    let _ = writeln!(
+        out,
+        "shedder {}  pid {}  up {:.0} s  tick {} ms  heartbeat {heartbeat}",
+        state.version, state.pid, state.uptime_s, state.tick_ms
+    );
+    let _ = writeln!(
+        out,
+        "attached: {}",
+        if attach.is_empty() {
+            "nothing".into()
+        } else {
+            attach.join(", ")
+        }
+    );
+    let costs: Vec<String> = state
+        .programs
+        .iter()
+        .filter_map(|p| {
+            p.ns_per_run
+                .map(|ns| format!("{} {ns:.0} ns/run", p.program))
+        })
+        .collect();
+    if !costs.is_empty() {
+        let _ = writeln!(out, "cost: {}", costs.join(", "));
+    }
+    let events: Vec<String> = state
+        .kernel_events
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(e, n)| format!("{e} {n}"))
+        .collect();
+    if !events.is_empty() {
+        let _ = writeln!(out, "kernel events: {}", events.join(", "));
+    }
+    for s in &state.services {
+        let sig = &s.signals;
+        let _ = writeln!(out);
+        let ov = match &s.override_limit {
+            Some(o) => format!(
+                "  OVERRIDE {} ({:.0} s left, by {})",
+                o.limit, o.remaining_s, o.by
+            ),
+            None => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "{} (ports {:?})  {}  mode {}  limit {} [{}..{}], fallback {}{ov}",
+            s.name,
+            s.ports,
+            s.controller,
+            s.mode.as_str(),
+            s.limit,
+            s.min_limit,
+            s.max_limit,
+            s.fallback_limit
+        );
+        let _ = writeln!(
+            out,
+            "  queue age p50/p99 {} / {} ms   latency p50/p99 {} / {} ms   target {} ms",
+            ms(&sig.queue_age, |q| q.p50_ms),
+            ms(&sig.queue_age, |q| q.p99_ms),
+            ms(&sig.latency, |q| q.p50_ms),
+            ms(&sig.latency, |q| q.p99_ms),
+            s.target_latency_ms
+        );
+        if let Some(d) = &s.decision {
+            let _ = writeln!(
+                out,
+                "  last decision: {:?} on {:?}{}",
+                d.action,
+                d.signal,
+                d.delay_ms
+                    .map_or(String::new(), |v| format!(" (delay {v:.1} ms)"))
+            );
+        }
+        let aq = match &sig.accept_queue {
+            Reading::Ok { value } | Reading::Stale { value, .. } => {
+                format!("{}/{}", value.depth, value.backlog)
+            }
+            Reading::Missing { reason } => format!("n/a ({reason})"),
+        };
+        let _ = writeln!(out, "  accept queue {aq}");
+        let _ = writeln!(
+            out,
+            "  {:<10} {:>6} {:>6} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8}",
+            "class",
+            "share",
+            "floor",
+            "ceiling",
+            "inflight",
+            "pending",
+            "offered/s",
+            "admitted/s",
+            "shed/s"
+        );
+        let inflight = sig.inflight.value();
+        let pending = sig.pending.value();
+        let rates = sig.rates.value();
+        for (i, c) in s.classes.iter().enumerate() {
+            let n = |v: Option<&[u32; 4]>| v.map_or("n/a".into(), |v| v[i].to_string());
+            let r = |f: fn(&crate::signals::ClassRates) -> f64| {
+                rates.map_or("n/a".into(), |r| rate(f(&r[i])))
+            };
+            let _ = writeln!(
+                out,
+                "  {:<10} {:>6} {:>6} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8}",
+                c.class,
+                c.share,
+                c.floor,
+                c.ceiling,
+                n(inflight),
+                n(pending),
+                r(|x| x.offered),
+                r(|x| x.admitted),
+                r(|x| x.shed + x.dry_run)
+            );
+        }
+    }
+    out
+}
