@@ -153,6 +153,9 @@ pub const STAT_UNTRACKED: u32 = 4;
 /// A connection was established with no admitted attempt pending for it (e.g. admitted
 /// before shedder was attached, or a retransmitted SYN answered by the stack).
 pub const STAT_PENDING_MISS: u32 = 5;
+/// A kernel debug log line was not written: over the per-CPU budget of
+/// [`KLOG_LINES_PER_SECOND`] (only with `daemon.kernel_debug_log`).
+pub const STAT_LOG_SUPPRESSED: u32 = 6;
 pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
     "fallback_decisions",
     "rst_errors",
@@ -160,9 +163,23 @@ pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
     "rate_contended",
     "untracked_sockets",
     "pending_miss",
-    "reserved6",
+    "log_suppressed",
     "reserved7",
 ];
+
+/// With `daemon.kernel_debug_log`, each CPU writes at most this many kernel log lines a
+/// second; the rest are counted in [`STAT_LOG_SUPPRESSED`].
+pub const KLOG_LINES_PER_SECOND: u32 = 20;
+
+/// A CPU's kernel-log budget: lines written in the current second.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogBudget {
+    /// `bpf_ktime_get_ns() / 1e9` of the current window.
+    pub second: u64,
+    pub used: u32,
+    pub _pad: u32,
+}
 
 /// Per-service action when an attempt is shed.
 pub const ACTION_DROP: u8 = 0;

@@ -6,13 +6,19 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
 };
+use aya_log_ebpf::{
+    debug,
+    macro_support::{Level, level_enabled},
+    warn,
+};
 use shedder_common::{
     ACTION_RST, Bucket, CLASS_L1_ENTRIES, CLASS_L2_BLOCKS, COUNTERS_PER_SERVICE, ClassBlock,
-    ClassRule, DEFAULT_PENDING_EPOCH_SHIFT, Globals, Inflight, MAX_ADDR_SERVICES, MAX_CLASS_RULES,
-    MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS, POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES,
-    PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, STAT_FALLBACK, STAT_NO_POLICY,
-    STAT_RATE_CONTENDED, STAT_RST_ERROR, ServiceAddrKey, ServiceCounters, ServicePolicy,
-    VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
+    ClassRule, DEFAULT_PENDING_EPOCH_SHIFT, Globals, Inflight, KLOG_LINES_PER_SECOND, LogBudget,
+    MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS,
+    POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES, PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending,
+    STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_RST_ERROR,
+    ServiceAddrKey, ServiceCounters, ServicePolicy, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS,
+    VERDICT_RST,
     admit::decide,
     classmap,
     csum::{
@@ -58,6 +64,37 @@ static SHEDDER_COUNTERS: PerCpuArray<ServiceCounters> =
     PerCpuArray::with_max_entries(MAX_SERVICES, 0);
 #[map]
 pub static SHEDDER_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NUM_STATS, 0);
+/// Per-CPU kernel-log budget (private to one load; only touched with logging enabled).
+#[map]
+static SHEDDER_LOG_BUDGET: PerCpuArray<LogBudget> = PerCpuArray::with_max_entries(1, 0);
+
+/// Whether a kernel log line at `level` may be written now. The level is a load-time
+/// constant (aya-log's `AYA_LOG_LEVEL`, off unless `daemon.kernel_debug_log`), so with
+/// logging off the verifier prunes every log site and the packet path pays nothing. With
+/// it on, each CPU writes at most [`KLOG_LINES_PER_SECOND`] lines a second and counts the
+/// rest in [`STAT_LOG_SUPPRESSED`].
+#[inline(always)]
+fn may_log(level: Level) -> bool {
+    if !level_enabled(level) {
+        return false;
+    }
+    let Some(b) = SHEDDER_LOG_BUDGET.get_ptr_mut(0) else {
+        return false;
+    };
+    let second = unsafe { bpf_ktime_get_ns() } / 1_000_000_000;
+    unsafe {
+        if (*b).second != second {
+            (*b).second = second;
+            (*b).used = 0;
+        }
+        if (*b).used >= KLOG_LINES_PER_SECOND {
+            bump(&SHEDDER_STATS, STAT_LOG_SUPPRESSED);
+            return false;
+        }
+        (*b).used += 1;
+    }
+    true
+}
 
 /// What the entry point should do with the frame.
 pub enum Outcome {
@@ -103,6 +140,12 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         Some(p) if p.configured == POLICY_CONFIGURED => p,
         _ => {
             bump(&SHEDDER_STATS, STAT_NO_POLICY);
+            if may_log(Level::Warn) {
+                warn!(
+                    &(),
+                    "port={} service={} has no policy: passed (fail-open)", syn.dport, service
+                );
+            }
             return Outcome::Pass;
         }
     };
@@ -143,6 +186,28 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         count_decision(service, class, VERDICT_PASS, decision.reason);
         return Outcome::Pass;
     }
+    if may_log(Level::Debug) {
+        let verdict = if policy.mode == MODE_DRY_RUN {
+            VERDICT_DRY_RUN
+        } else if policy.action == ACTION_RST {
+            VERDICT_RST
+        } else {
+            VERDICT_DROP
+        };
+        debug!(
+            &(),
+            "shed port={} service={} class={} verdict={} reason={} class_inflight={} inflight={} limit={} stale={}",
+            syn.dport,
+            service,
+            class,
+            verdict,
+            decision.reason,
+            mine,
+            total,
+            policy.total_limit,
+            stale as u32
+        );
+    }
     if policy.mode == MODE_DRY_RUN {
         count_decision(service, class, VERDICT_DRY_RUN, decision.reason);
         return Outcome::Pass;
@@ -154,6 +219,14 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         }
         // Fail open: the reset could not be built, the attempt goes through.
         bump(&SHEDDER_STATS, STAT_RST_ERROR);
+        if may_log(Level::Warn) {
+            warn!(
+                &(),
+                "port={} service={}: could not build the RST: passed (fail-open)",
+                syn.dport,
+                service
+            );
+        }
         count_decision(service, class, VERDICT_PASS, decision.reason);
         return Outcome::Pass;
     }

@@ -101,6 +101,11 @@ pub struct Daemon {
     /// programs stay attached and the fallback limits take over after the heartbeat timeout.
     #[serde(default = "defaults::detach_on_exit")]
     pub detach_on_exit: bool,
+    /// Debug lines from the packet path (each shed decision, each fail-open), at most
+    /// 20 a second per CPU, logged on the target `shedder::kernel`. Off: the log sites are
+    /// pruned at load and cost nothing. Changes with a restart.
+    #[serde(default)]
+    pub kernel_debug_log: bool,
 }
 
 impl Default for Daemon {
@@ -116,6 +121,7 @@ impl Default for Daemon {
             pin_dir: defaults::pin_dir(),
             signal_window_ms: defaults::signal_window_ms(),
             detach_on_exit: defaults::detach_on_exit(),
+            kernel_debug_log: false,
         }
     }
 }

@@ -366,6 +366,9 @@ fn handle(
     requests: &mpsc::Sender<Request>,
 ) -> Result<(String, &'static str), ApiError> {
     let peer = peer_of(conn).map_err(|e| ApiError::new(500, format!("peer credentials: {e}")))?;
+    // Read the (size-bounded) request before refusing, so the client is not cut off
+    // mid-write and gets the answer.
+    let request = read_request(conn);
     if !authorized(&peer, group) {
         warn!(target: "audit", %peer, "control request refused: not root and not in the control group");
         return Err(ApiError::new(
@@ -373,7 +376,7 @@ fn handle(
             format!("{peer} may not use the control API (root or the control group only)"),
         ));
     }
-    let (method, path, body) = read_request(conn)?;
+    let (method, path, body) = request?;
     let (tx, rx) = mpsc::channel();
     let json = "application/json";
     let (request, content_type) = match (method.as_str(), path.as_str()) {
@@ -492,16 +495,23 @@ impl Client {
             _ => ClientError::Io(format!("connecting to {}: {e}", self.socket.display())),
         })?;
         let _ = conn.set_read_timeout(Some(Duration::from_secs(15)));
-        write!(
+        let sent = write!(
             conn,
             "{method} {path} HTTP/1.1\r\nHost: shedder\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         )
-        .and_then(|()| conn.write_all(body))
-        .map_err(|e| ClientError::Io(format!("sending the request: {e}")))?;
+        .and_then(|()| conn.write_all(body));
+        // The daemon may answer (a refusal) before reading everything: read the answer
+        // whatever happened to the write.
+        let sent = sent.map_err(|e| ClientError::Io(format!("sending the request: {e}")));
         let mut raw = Vec::new();
-        conn.read_to_end(&mut raw)
-            .map_err(|e| ClientError::Io(format!("reading the answer: {e}")))?;
+        if let Err(e) = conn.read_to_end(&mut raw) {
+            sent?;
+            return Err(ClientError::Io(format!("reading the answer: {e}")));
+        }
+        if raw.is_empty() {
+            sent?;
+        }
         let mut headers = [httparse::EMPTY_HEADER; 16];
         let mut resp = httparse::Response::new(&mut headers);
         let head = match resp.parse(&raw) {

@@ -328,7 +328,8 @@ impl Daemon {
                     cfg.daemon.control_socket.display()
                 )
             })?;
-        let mut shedder = Shedder::load_pinned(&pin_dir).with_context(|| {
+        let kernel_log = cfg.daemon.kernel_debug_log;
+        let mut shedder = Shedder::load_pinned(&pin_dir, kernel_log).with_context(|| {
             format!(
                 "loading the programs with the maps pinned under {} (if they come from an \
                  incompatible version, `shedder detach` removes them)",
@@ -372,10 +373,16 @@ impl Daemon {
         let mut attach = Vec::new();
         for iface in &cfg.daemon.interfaces {
             if pin_dir.join("links").join(iface).exists() {
-                info!(iface = %iface, "adopted the pinned attachment");
+                let how = shedder.adopt(iface).with_context(|| {
+                    format!(
+                        "adopting the attachment pinned at {} (`shedder detach` removes it)",
+                        pin_dir.join("links").join(iface).display()
+                    )
+                })?;
+                info!(iface = %iface, mode = how.as_str(), "adopted the pinned attachment: now running this daemon's program");
                 attach.push(Attachment {
                     interface: iface.clone(),
-                    mode: "adopted".into(),
+                    mode: how.as_str().into(),
                 });
                 continue;
             }
@@ -387,6 +394,19 @@ impl Daemon {
                 interface: iface.clone(),
                 mode: how.as_str().into(),
             });
+        }
+        if kernel_log {
+            match shedder.kernel_logger() {
+                Ok(logger) => {
+                    crate::klog::forward(logger);
+                    info!(
+                        target = crate::klog::TARGET,
+                        per_cpu_per_second = shedder_common::KLOG_LINES_PER_SECOND,
+                        "kernel debug log on"
+                    );
+                }
+                Err(e) => warn!(error = %e, "kernel debug log unavailable"),
+            }
         }
         let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
             Ok(fd) => Some(fd),
@@ -443,13 +463,14 @@ impl Daemon {
             if let Some(o) = &rt.override_limit {
                 decision.limit = o.limit;
             }
-            let policy =
-                service_policy(&rt.cfg, &self.ladder, decision.limit, demand(sig).as_ref());
-            if rt.written != Some(policy) {
-                match self.shedder.set_policy(rt.id, &policy) {
-                    Ok(()) => rt.written = Some(policy),
-                    Err(e) => error!(service = %rt.cfg.name, error = %e, "writing the limits"),
-                }
+            if let Err(e) = write_limits(
+                &mut self.shedder,
+                &self.ladder,
+                rt,
+                decision.limit,
+                demand(sig).as_ref(),
+            ) {
+                error!(service = %rt.cfg.name, error = %e, "writing the limits");
             }
             if rt.override_limit.is_none() {
                 log_decision(rt, &decision, now);
@@ -578,13 +599,15 @@ impl Daemon {
                     peer,
                     reply,
                 } => {
-                    let result = match self.services.iter_mut().find(|r| r.cfg.name == service) {
+                    let result = match self.services.iter().position(|r| r.cfg.name == service) {
                         None => Err(ApiError::new(404, format!("no service named `{service}`"))),
-                        Some(rt) => match rt.override_limit.take() {
+                        Some(i) => match self.services[i].override_limit.take() {
                             Some(o) => {
                                 info!(service = %service, by = %peer, limit = o.limit, "override cleared");
+                                let rt = &mut self.services[i];
                                 rt.controller = controller(&rt.cfg, o.limit);
-                                Ok(r#"{"cleared":true}"#.to_string())
+                                self.enforce_now(i)
+                                    .map(|()| r#"{"cleared":true}"#.to_string())
                             }
                             None => Ok(r#"{"cleared":false}"#.to_string()),
                         },
@@ -659,10 +682,31 @@ impl Daemon {
             reason = req.reason.as_deref().unwrap_or(""),
             "override set"
         );
+        let i = self.services.iter().position(|r| r.cfg.name == service);
+        if let Some(i) = i {
+            self.enforce_now(i)?;
+        }
         Ok(format!(
             r#"{{"service":"{service}","limit":{},"ttl_s":{}}}"#,
             req.limit, req.ttl_s
         ))
+    }
+
+    /// Put service `i`'s limit in force now (not at the next tick), so that a control
+    /// request that returns has taken effect in the kernel.
+    fn enforce_now(&mut self, i: usize) -> Result<(), ApiError> {
+        let rt = &mut self.services[i];
+        let limit = rt
+            .override_limit
+            .as_ref()
+            .map_or(rt.controller.limit(), |o| o.limit);
+        let demand = rt.signals.as_ref().and_then(demand);
+        write_limits(&mut self.shedder, &self.ladder, rt, limit, demand.as_ref()).map_err(|e| {
+            ApiError::new(
+                500,
+                format!("writing the limits of `{}`: {e:#}", rt.cfg.name),
+            )
+        })
     }
 
     /// SIGHUP: re-read the configuration file; on any error keep the running one (seed 000
@@ -700,6 +744,10 @@ impl Daemon {
             ("daemon.interfaces", old.interfaces == new.interfaces),
             ("daemon.attach", old.attach == new.attach),
             (
+                "daemon.kernel_debug_log",
+                old.kernel_debug_log == new.kernel_debug_log,
+            ),
+            (
                 "daemon.metrics_listen",
                 old.metrics_listen == new.metrics_listen,
             ),
@@ -731,14 +779,23 @@ impl Daemon {
                 .map(|o| self.services[o].controller.limit())
                 .unwrap_or(s.fallback_limit)
                 .clamp(s.min_limit, s.max_limit);
-            compiled.services[i].policy = service_policy(s, &ladder, initial, None);
-            let mut rt = Runtime::new(i as u32, s, initial, compiled.services[i].policy);
+            let mut rt = Runtime::new(i as u32, s, initial, ServicePolicy::default());
             if let Some(o) = old {
                 rt.override_limit = self.services[o]
                     .override_limit
                     .clone()
                     .filter(|ov| (s.min_limit..=s.max_limit).contains(&ov.limit));
+                rt.signals = self.services[o].signals.clone();
             }
+            // What is in force from now: the kept override, else the new controller's
+            // limit (a fixed controller's new fixed_limit takes effect at once).
+            let limit = rt
+                .override_limit
+                .as_ref()
+                .map_or(rt.controller.limit(), |o| o.limit);
+            let demand = rt.signals.as_ref().and_then(demand);
+            compiled.services[i].policy = service_policy(s, &ladder, limit, demand.as_ref());
+            rt.written = Some(compiled.services[i].policy);
             services.push(rt);
         }
         self.shedder
@@ -753,6 +810,22 @@ impl Daemon {
         self.config_text = text;
         Ok(())
     }
+}
+
+/// Write `rt`'s policy for a total of `limit` if it differs from what the kernel holds.
+fn write_limits(
+    shedder: &mut Shedder,
+    ladder: &Ladder,
+    rt: &mut Runtime,
+    limit: u32,
+    demand: Option<&[f64; NUM_CLASSES]>,
+) -> Result<()> {
+    let policy = service_policy(&rt.cfg, ladder, limit, demand);
+    if rt.written != Some(policy) {
+        shedder.set_policy(rt.id, &policy)?;
+        rt.written = Some(policy);
+    }
+    Ok(())
 }
 
 /// Log a limit change with the signal that caused it (at most once a second per service),

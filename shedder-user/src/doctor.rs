@@ -5,11 +5,14 @@
 //! Every check is independent and never panics: a check that cannot run reports why.
 //! Interfaces are looked up in the caller's network namespace.
 
-use std::{ffi::CString, fmt::Write as _, io, path::Path};
+use std::{fmt::Write as _, io, path::Path};
 
 use serde::Serialize;
 
-use crate::config::{Action, Attach, Config, Daemon, Mode};
+use crate::{
+    config::{Action, Attach, Config, Daemon, Mode},
+    ebpf::ifindex,
+};
 
 /// Below this kernel shedder cannot run (XDP links 5.9, BPF atomics cmpxchg 5.12, tracepoint
 /// links, `bpf_jiffies64`, ...): Fail.
@@ -927,13 +930,6 @@ fn check_attachment(
     }
 }
 
-fn ifindex(iface: &str) -> Option<u32> {
-    let name = CString::new(iface).ok()?;
-    // SAFETY: a NUL-terminated name.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    (index != 0).then_some(index)
-}
-
 /// The driver's name through the ethtool ioctl (works in any network namespace).
 fn ethtool_driver(iface: &str) -> Option<String> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -1219,7 +1215,7 @@ fn check_control_socket(path: &Path, daemon_alive: bool) -> Check {
 // ---------------------------------------------------------------------------------------
 // Netlink: the interface's XDP attachment (rtnetlink) and XDP features (netdev family).
 
-mod netlink {
+pub(crate) mod netlink {
     use std::{
         io,
         os::fd::{AsRawFd, FromRawFd, OwnedFd},

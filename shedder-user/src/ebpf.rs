@@ -11,7 +11,7 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key},
     programs::{
         ProgramError, SchedClassifier, TcAttachType, TestRun, TestRunOptions, Xdp, XdpMode,
-        links::{FdLink, PinnedLink},
+        links::{FdLink, LinkType, PinnedLink},
         tc,
     },
 };
@@ -133,17 +133,26 @@ pub struct Shedder {
 impl Shedder {
     /// Load and verify both programs with private (unpinned) maps.
     pub fn load() -> Result<Self> {
-        Self::load_with(None)
+        Self::load_with(None, false)
     }
 
     /// Load and verify both programs with maps pinned under `dir/maps/`; maps already pinned
-    /// there are reused (a restarted daemon adopts the running state).
-    pub fn load_pinned(dir: &Path) -> Result<Self> {
-        Self::load_with(Some(dir))
+    /// there are reused (a restarted daemon adopts the running state). With `kernel_log`,
+    /// the packet path writes rate-limited debug lines (see [`Shedder::kernel_logger`]);
+    /// without it, every log site is pruned by the verifier.
+    pub fn load_pinned(dir: &Path, kernel_log: bool) -> Result<Self> {
+        Self::load_with(Some(dir), kernel_log)
     }
 
-    fn load_with(pin_dir: Option<&Path>) -> Result<Self> {
+    fn load_with(pin_dir: Option<&Path>, kernel_log: bool) -> Result<Self> {
         let mut loader = EbpfLoader::new();
+        // aya-log's level: 0 is off, Debug (4) lets the shed path's debug lines through.
+        let level: u8 = if kernel_log {
+            aya_log::Level::Debug as u8
+        } else {
+            0
+        };
+        loader.override_global(aya_log::LEVEL, &level, true);
         let map_dir = pin_dir.map(|d| d.join("maps"));
         if let Some(map_dir) = &map_dir {
             std::fs::create_dir_all(map_dir).map_err(|e| Error::Pin {
@@ -392,6 +401,74 @@ impl Shedder {
             self.keep_link(&pin_name, link)?;
         }
         Ok(())
+    }
+
+    /// The reader of the packet path's log records (written only when loaded with
+    /// `kernel_log`); forward it with [`crate::klog::forward`].
+    pub fn kernel_logger(&mut self) -> Result<aya_log::EbpfLogger<crate::klog::KernelLog>> {
+        aya_log::EbpfLogger::init_with_logger(&mut self.ebpf, crate::klog::KernelLog)
+            .map_err(|e| Error::Tracing(format!("kernel log: {e}")))
+    }
+
+    /// Take over the attachment pinned at `links/<iface>` by an earlier run: the link is
+    /// pointed at this instance's program with BPF_LINK_UPDATE, atomically, so no packet
+    /// goes unprotected, and the program that runs is the one this daemon loaded (its
+    /// version, its log level, its run-time statistics).
+    pub fn adopt(&mut self, iface: &str) -> Result<Attached> {
+        let dir = self.pin_dir.clone().ok_or_else(|| Error::Pin {
+            path: PathBuf::from(iface),
+            reason: "adopting needs a pin directory".into(),
+        })?;
+        let path = dir.join("links").join(iface);
+        let pin_err = |reason: String| Error::Pin {
+            path: path.clone(),
+            reason,
+        };
+        let link: FdLink = PinnedLink::from_pin(&path)
+            .map_err(|e| pin_err(e.to_string()))?
+            .into();
+        let kind = link
+            .info()
+            .and_then(|i| i.link_type())
+            .map_err(|e| pin_err(e.to_string()))?;
+        let attach_err = |mode: &'static str| {
+            let iface = iface.to_string();
+            move |source| Error::Attach {
+                iface: iface.clone(),
+                mode,
+                source,
+            }
+        };
+        let wrong = |e: aya::programs::links::LinkError| pin_err(e.to_string());
+        match kind {
+            LinkType::Xdp => {
+                let xdp = self.xdp()?;
+                let id = xdp
+                    .attach_to_link(link.try_into().map_err(wrong)?)
+                    .map_err(attach_err("xdp link update"))?;
+                // The pin holds the attachment; our handle can go.
+                drop(xdp.take_link(id));
+                let native = ifindex(iface)
+                    .and_then(|i| crate::doctor::netlink::xdp_attachment(i).ok().flatten())
+                    .is_some_and(|a| a.mode == crate::doctor::netlink::XDP_ATTACHED_DRV);
+                Ok(if native {
+                    Attached::XdpNative
+                } else {
+                    Attached::XdpGeneric
+                })
+            }
+            LinkType::Tcx => {
+                let tc = self.tc()?;
+                let id = tc
+                    .attach_to_link(link.try_into().map_err(wrong)?)
+                    .map_err(attach_err("tc link update"))?;
+                drop(tc.take_link(id));
+                Ok(Attached::Tc)
+            }
+            other => Err(pin_err(format!(
+                "a {other:?} link, not an XDP or TC attachment"
+            ))),
+        }
     }
 
     fn keep_link(&mut self, iface: &str, link: FdLink) -> Result<()> {
@@ -964,6 +1041,14 @@ pub fn addr_key(addr: IpAddr, port: u16) -> ServiceAddrKey {
         }
     }
     key
+}
+
+/// The index of interface `iface`, if it exists.
+pub fn ifindex(iface: &str) -> Option<u32> {
+    let name = std::ffi::CString::new(iface).ok()?;
+    // SAFETY: a valid NUL-terminated name.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    (index != 0).then_some(index)
 }
 
 #[cfg(test)]

@@ -7,6 +7,9 @@ pub mod controller;
 pub mod daemon;
 pub mod doctor;
 pub mod ebpf;
+#[doc(hidden)]
+pub mod golden;
+pub mod klog;
 pub mod metrics;
 pub mod policy;
 pub mod signals;

@@ -65,10 +65,12 @@ impl Target {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the daemon: attach (or adopt what is pinned), then every tick measure each
-    /// service, run its controller, write the limits and stamp the heartbeat. Serves the
-    /// control socket and the metrics endpoint. SIGHUP reloads the configuration; SIGTERM
-    /// stops (and detaches unless told otherwise).
+    /// Run the daemon (attach, measure, control, serve the API and metrics).
+    ///
+    /// Attach (or adopt what is pinned), then every tick measure each service, run its
+    /// controller, write the limits and stamp the heartbeat. Serves the control socket and
+    /// the metrics endpoint. SIGHUP reloads the configuration; SIGTERM stops (and detaches
+    /// unless told otherwise).
     #[command(after_help = EXIT_CODES)]
     Run {
         /// Configuration file.
@@ -79,6 +81,8 @@ enum Command {
         #[arg(long)]
         keep_attached: bool,
     },
+    /// What the daemon is doing: limits, pressure and rates per service and class.
+    ///
     /// Per service and class: limit, in-flight, queue age and latency, offered / admitted /
     /// shed rates, controller mode; heartbeat age and attach mode.
     #[command(after_help = EXIT_CODES)]
@@ -111,8 +115,10 @@ enum Command {
         #[command(subcommand)]
         command: LimitCommand,
     },
-    /// Check this host: kernel, BTF, bpffs/tracefs, capabilities, interfaces and XDP modes,
-    /// cgroup v2 and PSI, the daemon. Each failing check says how to fix it.
+    /// Check that this host can run shedder, and say how to fix what is missing.
+    ///
+    /// Kernel, BTF, bpffs/tracefs, capabilities, interfaces and XDP modes, cgroup v2 and
+    /// PSI, the daemon. Each failing check says how to fix it.
     #[command(after_help = EXIT_CODES)]
     Doctor {
         /// Also check what this configuration needs (interfaces, cgroups, the daemon).
@@ -122,8 +128,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Stop the daemon and detach from every interface (through the daemon if it runs,
-    /// else by removing the pins directly).
+    /// Stop the daemon and detach from every interface.
+    ///
+    /// Through the daemon if it runs, else by removing the pins directly.
     #[command(after_help = EXIT_CODES)]
     Detach {
         #[command(flatten)]
@@ -132,8 +139,10 @@ enum Command {
         #[arg(long, default_value = ebpf::DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
     },
-    /// Without a daemon: load the programs, write the configured policy, attach and pin
-    /// everything, then exit. The fallback limits are in force (a static limiter).
+    /// Attach without a daemon: a static limiter at the fallback limits.
+    ///
+    /// Load the programs, write the configured policy, attach and pin everything, then
+    /// exit. The fallback limits are in force.
     #[command(after_help = EXIT_CODES)]
     Attach {
         /// Configuration file.
@@ -160,12 +169,16 @@ enum Command {
 
 #[derive(Subcommand)]
 enum PolicyCommand {
-    /// Check a configuration file; prints the first problem (file, line, field) and exits 2
-    /// if there is one.
+    /// Check a configuration file.
+    ///
+    /// Prints the first problem (file:line: field: what is wrong) and exits 2 if there is
+    /// one.
     #[command(after_help = EXIT_CODES)]
     Validate { file: PathBuf },
-    /// Validate a configuration file and put it in force in the running daemon without
-    /// detaching. Until the daemon restarts or is sent SIGHUP, which re-read its own file.
+    /// Put a configuration in force in the running daemon, without detaching.
+    ///
+    /// The file is validated first; if it is refused, the running policy stays. It holds
+    /// until the daemon restarts or gets SIGHUP, which re-read the daemon's own file.
     #[command(after_help = EXIT_CODES)]
     Apply {
         file: PathBuf,
@@ -182,9 +195,11 @@ enum PolicyCommand {
 
 #[derive(Subcommand)]
 enum LimitCommand {
-    /// Hold SERVICE's limit at N for a while: inside [min_limit, max_limit], at most 4× away
-    /// from the limit in force unless --force, for at most 24 h. The controller resumes from
-    /// it when it expires.
+    /// Hold SERVICE's limit at LIMIT for a while.
+    ///
+    /// Inside [min_limit, max_limit], at most 4× away from the limit in force unless
+    /// --force, for at most 24 h. The controller resumes from it when it expires or is
+    /// cleared.
     #[command(after_help = EXIT_CODES)]
     Set {
         service: String,
@@ -360,7 +375,16 @@ fn run(cli: Cli) -> Result<u8> {
         },
         Command::Doctor { config, json } => {
             let cfg = config.as_deref().map(load_config).transpose()?;
-            let checks = shedder::doctor::run(cfg.as_ref());
+            let mut checks = shedder::doctor::run(cfg.as_ref());
+            if let Some(path) = &config {
+                // The checks do not know the file's path; their fixes say FILE.
+                for c in &mut checks {
+                    if let Some(fix) = &mut c.fix {
+                        *fix =
+                            fix.replace("--config FILE", &format!("--config {}", path.display()));
+                    }
+                }
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&checks)?);
             } else {
@@ -461,7 +485,7 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
     }
     shedder::sysfs::ensure_bpffs().context("mounting bpffs")?;
     let pin_dir = &cfg.daemon.pin_dir;
-    let mut shedder = Shedder::load_pinned(pin_dir).context("loading the eBPF programs")?;
+    let mut shedder = Shedder::load_pinned(pin_dir, false).context("loading the eBPF programs")?;
     let hz = shedder
         .calibrate_hz(std::time::Duration::from_millis(100))
         .context("reading the kernel clock")?;
@@ -535,4 +559,84 @@ fn counters(config: PathBuf, json: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every command path, e.g. `["policy", "apply"]`.
+    fn paths(cmd: &clap::Command, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+        out.push(prefix.clone());
+        for sub in cmd.get_subcommands() {
+            let mut p = prefix.clone();
+            p.push(sub.get_name().to_string());
+            paths(sub, p, out);
+        }
+    }
+
+    /// The help of every verb, as an operator reads it, must match `golden/help.txt`.
+    #[test]
+    fn help_texts_match_the_golden_file() {
+        let mut all = Vec::new();
+        paths(&Cli::command(), Vec::new(), &mut all);
+        let mut text = String::new();
+        for p in all {
+            let mut argv = vec!["shedder".to_string()];
+            argv.extend(p.iter().cloned());
+            argv.push("--help".into());
+            let err = match Cli::command().term_width(100).try_get_matches_from(&argv) {
+                Err(e) => e,
+                Ok(_) => panic!("{argv:?} did not print help"),
+            };
+            assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp, "{argv:?}");
+            text.push_str(&format!("==> {}\n{}\n", argv.join(" "), err.render()));
+        }
+        shedder::golden::check("help.txt", &text);
+    }
+
+    #[test]
+    fn every_verb_that_talks_to_the_daemon_documents_the_exit_codes() {
+        let help = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/help.txt"))
+            .unwrap();
+        for section in help.split("==> ").skip(1) {
+            let head = section.lines().next().unwrap();
+            let has_subcommands = section.contains("\nCommands:");
+            assert!(
+                has_subcommands || section.contains("3  no daemon answers"),
+                "`{head}` does not list the exit codes"
+            );
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert!(
+            parse_duration("5d")
+                .unwrap_err()
+                .contains("the unit must be s, m or h")
+        );
+        assert!(parse_duration("m").unwrap_err().contains("use a number"));
+    }
+
+    #[test]
+    fn exit_codes() {
+        let api = |status| {
+            anyhow::Error::new(ClientError::Api(shedder::control::ApiError::new(
+                status, "x",
+            )))
+        };
+        assert_eq!(exit_code(&anyhow::Error::new(BadInput("x".into()))), 2);
+        assert_eq!(exit_code(&api(400)), 2);
+        assert_eq!(exit_code(&api(404)), 2);
+        assert_eq!(exit_code(&api(500)), 1);
+        assert_eq!(exit_code(&ClientError::NotRunning("x".into()).into()), 3);
+        assert_eq!(exit_code(&ClientError::Denied("x".into()).into()), 4);
+        assert_eq!(exit_code(&anyhow::anyhow!("kernel said no")), 1);
+    }
 }

@@ -133,9 +133,16 @@ pub fn render(state: &State) -> String {
     let costs: Vec<String> = state
         .programs
         .iter()
-        .filter_map(|p| {
-            p.ns_per_run
-                .map(|ns| format!("{} {ns:.0} ns/run", p.program))
+        .filter_map(|p| match p.ns_per_run {
+            Some(ns) => Some(format!("{} {ns:.0} ns/run", p.program)),
+            // Idle over the last tick: the mean since load.
+            None if p.runs > 0 => Some(format!(
+                "{} {:.0} ns/run (mean of {} runs)",
+                p.program,
+                p.run_seconds * 1e9 / p.runs as f64,
+                p.runs
+            )),
+            None => None,
         })
         .collect();
     if !costs.is_empty() {
@@ -155,8 +162,13 @@ pub fn render(state: &State) -> String {
         let _ = writeln!(out);
         let ov = match &s.override_limit {
             Some(o) => format!(
-                "  OVERRIDE {} ({:.0} s left, by {})",
-                o.limit, o.remaining_s, o.by
+                "  OVERRIDE {} ({:.0} s left, by {}{})",
+                o.limit,
+                o.remaining_s,
+                o.by,
+                o.reason
+                    .as_deref()
+                    .map_or(String::new(), |r| format!(": {r}"))
             ),
             None => String::new(),
         };
@@ -235,4 +247,39 @@ pub fn render(state: &State) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> State {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/golden/state.json");
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    /// `golden/state.json` is a real daemon's `status --json` (two services, one
+    /// override); its table must read exactly as reviewed.
+    #[test]
+    fn status_table_matches_the_golden_file() {
+        crate::golden::check("status.txt", &render(&fixture()));
+    }
+
+    #[test]
+    fn a_stale_heartbeat_says_the_fallback_is_in_force() {
+        let mut s = fixture();
+        s.heartbeat_age_ms = 4_000;
+        let out = render(&s);
+        assert!(
+            out.contains("4000 ms — STALE (> 3000 ms): the fallback limits are in force"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn state_round_trips_through_json() {
+        let s = fixture();
+        let again: State = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(s, again);
+    }
 }

@@ -4,12 +4,19 @@
 
 use std::{
     io::Write,
+    net::{IpAddr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use crate::netns::Netns;
+use shedder::ebpf::{MapReader, PinnedMaps};
+
+use crate::{
+    netns::{Netns, Pair},
+    policy::{CLIENT_V4, SERVER_V4},
+    tcp::{Attempt, connect_from},
+};
 
 /// The `shedder` binary built beside this executable: a test runs from
 /// `target/<profile>/deps/`, a binary such as the demo from `target/<profile>/`.
@@ -147,5 +154,62 @@ impl Drop for Daemon {
         if let Some(dir) = self.config.parent() {
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+}
+
+// Helpers for tests that drive a daemon over a veth pair with the standard addresses.
+
+/// A pin directory unique to this test process and `tag`.
+pub fn pin_dir(tag: &str) -> PathBuf {
+    PathBuf::from(format!(
+        "/sys/fs/bpf/shedder-test-{}-{tag}",
+        std::process::id()
+    ))
+}
+
+pub fn connect(pair: &Pair, port: u16) -> Attempt {
+    pair.client.run(|| {
+        connect_from(
+            IpAddr::V4(CLIENT_V4),
+            IpAddr::V4(SERVER_V4),
+            port,
+            Duration::from_secs(2),
+        )
+    })
+}
+
+pub fn admitted(pair: &Pair, port: u16, what: &str) -> TcpStream {
+    match connect(pair, port).result {
+        Ok(s) => s,
+        Err(e) => panic!("{what}: expected admission, got {e}"),
+    }
+}
+
+pub fn refused(pair: &Pair, port: u16, what: &str) {
+    let a = connect(pair, port);
+    match a.result {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+        other => panic!(
+            "{what}: expected a reset, got {other:?} after {:?}",
+            a.elapsed
+        ),
+    }
+}
+
+/// Wait until the kernel counts `n` connections in flight (connection teardown is
+/// asynchronous).
+pub fn settle(pin_dir: &Path, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let s = PinnedMaps::open(pin_dir).expect("open pinned maps");
+        let got: u32 = s.inflight(0).expect("inflight").class.iter().sum();
+        if got == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "in-flight stuck at {got}, expected {n}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

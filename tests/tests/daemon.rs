@@ -2,21 +2,19 @@
 //! when it is killed, adoption without a gap when it restarts, clean detach on SIGTERM,
 //! reload that keeps the last good policy.
 
-use shedder::ebpf::MapReader;
 use std::{
     net::{IpAddr, TcpStream},
-    path::PathBuf,
     time::{Duration, Instant},
 };
 
-use shedder::ebpf::PinnedMaps;
+use shedder::ebpf::{MapReader, PinnedMaps};
 use shedder_common::STAT_FALLBACK;
 use shedder_tests::{
-    daemon::Daemon,
+    daemon::{Daemon, admitted, pin_dir, refused, settle},
     netns::{IFACE, Pair},
     policy::{CLIENT_V4, SERVER_V4},
     require_root,
-    tcp::{Attempt, TestServer, connect_from},
+    tcp::{TestServer, connect_from},
 };
 
 // Tracking sees every namespace's sockets on a protected port, so tests that may run at
@@ -24,13 +22,6 @@ use shedder_tests::{
 const KILL_PORT: u16 = 7600;
 const RESTART_PORT: u16 = 7601;
 const HUP_PORT: u16 = 7602;
-
-fn pin_dir(tag: &str) -> PathBuf {
-    PathBuf::from(format!(
-        "/sys/fs/bpf/shedder-test-{}-{tag}",
-        std::process::id()
-    ))
-}
 
 /// A service on `port` with a fixed live limit of 4 and a fallback limit of 1; resets.
 fn config(pin_dir: &std::path::Path, port: u16, heartbeat_timeout_ms: u64) -> String {
@@ -55,53 +46,6 @@ action = "rst"
 "#,
         pin_dir.display()
     )
-}
-
-fn connect(pair: &Pair, port: u16) -> Attempt {
-    pair.client.run(|| {
-        connect_from(
-            IpAddr::V4(CLIENT_V4),
-            IpAddr::V4(SERVER_V4),
-            port,
-            Duration::from_secs(2),
-        )
-    })
-}
-
-fn admitted(pair: &Pair, port: u16, what: &str) -> TcpStream {
-    match connect(pair, port).result {
-        Ok(s) => s,
-        Err(e) => panic!("{what}: expected admission, got {e}"),
-    }
-}
-
-fn refused(pair: &Pair, port: u16, what: &str) {
-    let a = connect(pair, port);
-    match a.result {
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
-        other => panic!(
-            "{what}: expected a reset, got {other:?} after {:?}",
-            a.elapsed
-        ),
-    }
-}
-
-/// Wait until the kernel counts `n` connections in flight (connection teardown is
-/// asynchronous).
-fn settle(pin_dir: &std::path::Path, n: u32) {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let s = PinnedMaps::open(pin_dir).expect("open pinned maps");
-        let got: u32 = s.inflight(0).expect("inflight").class.iter().sum();
-        if got == n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "in-flight stuck at {got}, expected {n}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -180,6 +124,13 @@ fn restart_adopts_the_pinned_attachment_without_a_gap_and_sigterm_detaches() {
     settle(&pins, 4);
     let link = pins.join("links").join(IFACE);
     let inode = std::fs::metadata(&link).expect("pinned link").ino();
+    let program_of = |link: &std::path::Path| {
+        let l: aya::programs::links::FdLink = aya::programs::links::PinnedLink::from_pin(link)
+            .expect("open the pinned link")
+            .into();
+        l.info().expect("link info").program_id()
+    };
+    let first_program = program_of(&link);
 
     // Probe continuously while the daemon dies and a new one starts: at the limit, every
     // probe must be reset; one admitted probe would be a moment without protection.
@@ -223,6 +174,11 @@ fn restart_adopts_the_pinned_attachment_without_a_gap_and_sigterm_detaches() {
         std::fs::metadata(&link).expect("pinned link").ino(),
         inode,
         "the new daemon kept the pinned attachment"
+    );
+    assert_ne!(
+        program_of(&link),
+        first_program,
+        "the link now runs the new daemon's program (updated in place)"
     );
     // The new daemon enforces: still refused at 4; one closed, one admitted.
     refused(&pair, RESTART_PORT, "after the restart, at the limit");

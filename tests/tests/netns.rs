@@ -319,7 +319,7 @@ fn pinned_attachment_outlives_its_loader() {
     };
 
     {
-        let mut shedder = Shedder::load_pinned(&pins.0).expect("load pinned");
+        let mut shedder = Shedder::load_pinned(&pins.0, false).expect("load pinned");
         install_standard(&mut shedder);
         shedder
             .set_policy(SVC_RST, &closed_policy(ACTION_RST, MODE_ENFORCE))
@@ -339,7 +339,7 @@ fn pinned_attachment_outlives_its_loader() {
     assert_refused_fast(connect(), "still protected after the loader exited");
 
     // A new process adopts the pinned maps and sees what the kernel counted.
-    let adopted = Shedder::load_pinned(&pins.0).expect("adopt pinned maps");
+    let adopted = Shedder::load_pinned(&pins.0, false).expect("adopt pinned maps");
     assert_eq!(
         adopted
             .counter(SVC_RST, CLASS_MEDIUM, VERDICT_RST, REASON_CLASS_LIMIT)

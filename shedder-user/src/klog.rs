@@ -1,0 +1,112 @@
+//! Kernel debug logs (`daemon.kernel_debug_log`): the packet path's aya-log records,
+//! read from their ring buffer and re-emitted as tracing events on the target
+//! `shedder::kernel`, with the numeric class, verdict and reason codes spelled out.
+//!
+//! The kernel side writes at most [`shedder_common::KLOG_LINES_PER_SECOND`] lines a second
+//! per CPU and counts the rest (`log_suppressed` in the kernel events).
+
+use std::{
+    os::fd::{AsFd as _, AsRawFd as _},
+    time::Duration,
+};
+
+use aya_log::EbpfLogger;
+use shedder_common::{CLASS_NAMES, REASON_NAMES, VERDICT_NAMES};
+use tracing::{debug, error, info, warn};
+
+/// The target of the re-emitted events (e.g. `RUST_LOG=info,shedder::kernel=off` hides them).
+pub const TARGET: &str = "shedder::kernel";
+
+/// Forwards aya-log records to tracing.
+pub struct KernelLog;
+
+impl log::Log for KernelLog {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        let line = spell_out(&record.args().to_string());
+        // Turning `daemon.kernel_debug_log` on is the request to see these lines: the
+        // kernel's debug lines come out at info, visible with the default filter.
+        match record.level() {
+            log::Level::Error => error!(target: TARGET, "{line}"),
+            log::Level::Warn => warn!(target: TARGET, "{line}"),
+            log::Level::Info | log::Level::Debug => info!(target: TARGET, "{line}"),
+            log::Level::Trace => debug!(target: TARGET, "{line}"),
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// Replace `class=N`, `verdict=N` and `reason=N` by their names (the kernel writes codes:
+/// formatting strings there would cost instructions on the packet path).
+pub fn spell_out(line: &str) -> String {
+    let names: [(&str, &[&str]); 3] = [
+        ("class=", &CLASS_NAMES),
+        ("verdict=", &VERDICT_NAMES),
+        ("reason=", &REASON_NAMES),
+    ];
+    line.split(' ')
+        .map(|word| {
+            for (key, table) in names {
+                if let Some(code) = word.strip_prefix(key)
+                    && let Some(name) = code.parse::<usize>().ok().and_then(|i| table.get(i))
+                {
+                    return format!("{key}{name}");
+                }
+            }
+            word.to_string()
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Read `logger`'s ring buffer from a thread of its own until the process exits.
+pub fn forward(mut logger: EbpfLogger<KernelLog>) {
+    std::thread::Builder::new()
+        .name("kernel-log".into())
+        .spawn(move || {
+            loop {
+                let mut pfd = libc::pollfd {
+                    fd: logger.as_fd().as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                let n = unsafe { libc::poll(&mut pfd, 1, 1000) };
+                if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+                {
+                    warn!(error = %std::io::Error::last_os_error(), "kernel log: poll failed; no more kernel logs");
+                    return;
+                }
+                logger.flush();
+                // Bound the wake-up rate whatever the kernel writes.
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+        .expect("spawning the kernel-log thread");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_spelled_out_and_the_rest_is_kept() {
+        assert_eq!(
+            spell_out(
+                "shed port=8080 service=0 class=3 verdict=2 reason=5 class_inflight=7 inflight=40 limit=40 stale=0"
+            ),
+            "shed port=8080 service=0 class=sheddable verdict=rst reason=service_limit \
+             class_inflight=7 inflight=40 limit=40 stale=0"
+        );
+        assert_eq!(
+            spell_out("class=99 reason=x"),
+            "class=99 reason=x",
+            "unknown codes stay"
+        );
+        assert_eq!(spell_out(""), "");
+    }
+}

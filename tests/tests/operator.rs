@@ -1,0 +1,597 @@
+//! The operator surface as an SRE meets it: the `shedder` verbs against a running daemon
+//! (exit codes, refusals that change nothing), the control socket's permissions, and the
+//! metrics endpoint read by the reference OpenMetrics parser.
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream},
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use shedder_tests::{
+    daemon::{Daemon, admitted, pin_dir, refused, settle, shedder_bin},
+    netns::{IFACE, Pair},
+    policy::SERVER_V4,
+    require_root,
+    tcp::TestServer,
+};
+
+// Tracking sees every namespace's sockets on a protected port: ports unique to this file.
+const VERBS_PORT: u16 = 7610;
+const METRICS_PORT: u16 = 7611;
+const PERMS_PORT: u16 = 7612;
+const METRICS_LISTEN_PORT: u16 = 9464;
+
+/// A service `web` on `port` with a fixed limit of 4, in [1, 100]; resets. The control
+/// socket lives beside the pins' test directory.
+fn config(pins: &Path, socket: &Path, port: u16, extra_daemon: &str) -> String {
+    format!(
+        r#"
+[daemon]
+interfaces = ["{IFACE}"]
+attach = "tc"
+pin_dir = "{}"
+control_socket = "{}"
+metrics_listen = "{SERVER_V4}:{METRICS_LISTEN_PORT}"
+tick_ms = 100
+{extra_daemon}
+
+[[service]]
+name = "web"
+ports = [{port}]
+controller = "fixed"
+min_limit = 1
+max_limit = 100
+fixed_limit = 4
+fallback_limit = 2
+action = "rst"
+"#,
+        pins.display(),
+        socket.display()
+    )
+}
+
+/// A directory of this test's own (0755, so unprivileged users can reach the socket).
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("shedder-op-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    dir
+}
+
+struct Scratch(PathBuf);
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Run `shedder args...`, optionally through `setpriv` with `as_user` options.
+fn shedder(bin: &Path, as_user: &[&str], args: &[&str]) -> Run {
+    let mut c = if as_user.is_empty() {
+        Command::new(bin)
+    } else {
+        let mut c = Command::new("setpriv");
+        c.args(as_user).arg(bin);
+        c
+    };
+    let out = c.args(args).output().expect("run shedder");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn ok(r: Run) -> Run {
+    assert_eq!(r.code, 0, "{r:?}");
+    r
+}
+
+fn status_json(bin: &Path, socket: &str) -> serde_json::Value {
+    let r = ok(shedder(bin, &[], &["status", "--json", "--socket", socket]));
+    serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("status --json: {e}\n{r:?}"))
+}
+
+fn limit_of(bin: &Path, socket: &str) -> u64 {
+    status_json(bin, socket)["services"][0]["limit"]
+        .as_u64()
+        .expect("services[0].limit")
+}
+
+#[test]
+fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
+    require_root();
+    shedder_tests::ensure_fs();
+    let pair = Pair::new("opverb");
+    let _server = pair.server.run(|| TestServer::echo(VERBS_PORT));
+    let dir = scratch("verbs");
+    let _cleanup = Scratch(dir.clone());
+    let pins = pin_dir("opverb");
+    let sock = dir.join("ctl.sock");
+    let s = sock.to_str().unwrap();
+    let bin = shedder_bin();
+    let cfg = config(&pins, &sock, VERBS_PORT, "");
+    let daemon = Daemon::start(&pair.server, "opverb", &cfg, &pins);
+    daemon.wait_for_log("running", Duration::from_secs(10));
+
+    // status, human and JSON.
+    let r = ok(shedder(&bin, &[], &["status", "--socket", s]));
+    assert!(r.stdout.contains("web (ports [7610])"), "{r:?}");
+    assert!(r.stdout.contains("limit 4 [1..100], fallback 2"), "{r:?}");
+    assert!(
+        r.stdout.contains(&format!("attached: {IFACE} (tc)")),
+        "{r:?}"
+    );
+    assert_eq!(limit_of(&bin, s), 4);
+
+    // policy show prints the policy in force, as a configuration that validates.
+    let r = ok(shedder(&bin, &[], &["policy", "show", "--socket", s]));
+    let shown = shedder::config::Config::parse(&r.stdout)
+        .unwrap_or_else(|e| panic!("policy show is not a valid configuration: {e}\n{r:?}"));
+    assert_eq!(shown.services[0].fixed_limit, Some(4));
+
+    // An override holds the limit, and the kernel enforces it.
+    ok(shedder(
+        &bin,
+        &[],
+        &[
+            "limit",
+            "set",
+            "web",
+            "2",
+            "--ttl",
+            "5m",
+            "--reason",
+            "test drill",
+            "--socket",
+            s,
+        ],
+    ));
+    let r = ok(shedder(&bin, &[], &["status", "--socket", s]));
+    assert!(r.stdout.contains("OVERRIDE 2"), "{r:?}");
+    assert_eq!(limit_of(&bin, s), 2);
+    std::thread::sleep(Duration::from_millis(300)); // a tick writes it
+    let mut held = vec![
+        admitted(&pair, VERBS_PORT, "first under the override of 2"),
+        admitted(&pair, VERBS_PORT, "second under the override of 2"),
+    ];
+    settle(&pins, 2);
+    refused(&pair, VERBS_PORT, "third under the override of 2");
+
+    // Refusals: exit 2, a message naming the problem, nothing changed.
+    let bad: &[(&[&str], &str)] = &[
+        (
+            &["limit", "set", "web", "1000"],
+            "outside [min_limit, max_limit] = [1, 100]",
+        ),
+        (
+            &["limit", "set", "web", "0"],
+            "outside [min_limit, max_limit]",
+        ),
+        (
+            &["limit", "set", "web", "50"],
+            "more than 4x away from the limit in force (2)",
+        ),
+        (
+            &["limit", "set", "nosuch", "3"],
+            "no service named `nosuch`",
+        ),
+        (
+            &["limit", "set", "web", "3", "--ttl", "25h"],
+            "ttl 90000 s is outside 1..=86400",
+        ),
+        (
+            &["limit", "set", "web", "3", "--ttl", "5d"],
+            "the unit must be s, m or h",
+        ),
+        (&["limit", "set", "web", "lots"], "invalid value 'lots'"),
+    ];
+    for (args, message) in bad {
+        let mut a = args.to_vec();
+        a.extend(["--socket", s]);
+        let r = shedder(&bin, &[], &a);
+        assert_eq!(r.code, 2, "{args:?}: {r:?}");
+        assert!(
+            r.stderr.contains(message),
+            "{args:?} should say {message:?}: {r:?}"
+        );
+        assert_eq!(limit_of(&bin, s), 2, "{args:?} changed the limit");
+    }
+    // --force allows the large step.
+    ok(shedder(
+        &bin,
+        &[],
+        &["limit", "set", "web", "50", "--force", "--socket", s],
+    ));
+    assert_eq!(limit_of(&bin, s), 50);
+    let r = ok(shedder(
+        &bin,
+        &[],
+        &["limit", "clear", "web", "--socket", s],
+    ));
+    assert!(r.stdout.contains("web"), "{r:?}");
+    assert_eq!(limit_of(&bin, s), 4);
+    let r = ok(shedder(&bin, &[], &["status", "--socket", s]));
+    assert!(!r.stdout.contains("OVERRIDE"), "{r:?}");
+
+    // A bad policy is refused with its line and field, and the running one stays.
+    let bad_file = dir.join("bad.toml");
+    std::fs::write(
+        &bad_file,
+        cfg.replace("fixed_limit = 4", "fixed_limit = 1000"),
+    )
+    .unwrap();
+    let line = cfg
+        .lines()
+        .position(|l| l.starts_with("fixed_limit"))
+        .unwrap()
+        + 1;
+    let r = shedder(
+        &bin,
+        &[],
+        &["policy", "validate", bad_file.to_str().unwrap()],
+    );
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(
+        r.stderr.contains(&format!(
+            "bad.toml:{line}: service[0] (web).fixed_limit: 1000 is outside"
+        )),
+        "{r:?}"
+    );
+    let r = shedder(
+        &bin,
+        &[],
+        &["policy", "apply", bad_file.to_str().unwrap(), "--socket", s],
+    );
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("fixed_limit"), "{r:?}");
+    let r2 = ok(shedder(&bin, &[], &["policy", "show", "--socket", s]));
+    assert_eq!(
+        shedder::config::Config::parse(&r2.stdout).unwrap().services[0].fixed_limit,
+        Some(4),
+        "the refused policy must not be in force"
+    );
+    assert_eq!(limit_of(&bin, s), 4);
+
+    // A good one is put in force without detaching: 6 admitted, the 7th reset.
+    let good_file = dir.join("good.toml");
+    std::fs::write(
+        &good_file,
+        cfg.replace("fixed_limit = 4", "fixed_limit = 6"),
+    )
+    .unwrap();
+    ok(shedder(
+        &bin,
+        &[],
+        &[
+            "policy",
+            "apply",
+            good_file.to_str().unwrap(),
+            "--socket",
+            s,
+        ],
+    ));
+    assert_eq!(limit_of(&bin, s), 6);
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 2..6 {
+        held.push(admitted(
+            &pair,
+            VERBS_PORT,
+            &format!("connection {i} under 6"),
+        ));
+    }
+    settle(&pins, 6);
+    refused(&pair, VERBS_PORT, "the seventh under 6");
+
+    // Every change is in the audit log with who made it.
+    let log = daemon.log();
+    for needle in [
+        "override set",
+        "override cleared",
+        "policy applied",
+        "uid 0",
+    ] {
+        assert!(log.contains(needle), "audit log lacks {needle:?}:\n{log}");
+    }
+    assert!(log.contains("control change refused"), "{log}");
+    drop(held);
+}
+
+/// GET `path` from `addr` over plain HTTP/1.1; (status line, headers+body).
+fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
+    let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    c.read_to_string(&mut raw).expect("read answer");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP head");
+    (head.to_string(), body.to_string())
+}
+
+/// The reference parser (Python prometheus_client, from Debian) turned into JSON:
+/// `[{"name", "type", "samples": [{"name", "labels", "value"}]}]`.
+const PARSE: &str = r#"
+import json, sys
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+out = []
+for f in text_string_to_metric_families(sys.stdin.read()):
+    out.append({"name": f.name, "type": f.type, "samples": [
+        {"name": s.name, "labels": s.labels, "value": s.value} for s in f.samples]})
+print(json.dumps(out))
+"#;
+
+fn parse_openmetrics(text: &str) -> serde_json::Value {
+    let mut child = Command::new("/usr/bin/python3")
+        .args(["-c", PARSE])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 (cargo xtask test installs python3-prometheus-client)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the OpenMetrics parser rejected the exposition: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("parser output")
+}
+
+fn samples<'a>(
+    families: &'a serde_json::Value,
+    family: &str,
+) -> (&'a str, &'a Vec<serde_json::Value>) {
+    let f = families
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == family)
+        .unwrap_or_else(|| panic!("no family {family}"));
+    (
+        f["type"].as_str().unwrap(),
+        f["samples"].as_array().unwrap(),
+    )
+}
+
+fn sum_where(samples: &[serde_json::Value], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s["name"] == name && labels.iter().all(|(k, v)| s["labels"][k] == *v))
+        .map(|s| s["value"].as_f64().unwrap())
+        .sum()
+}
+
+#[test]
+fn metrics_scrape_is_valid_openmetrics_and_counts_what_happened() {
+    require_root();
+    shedder_tests::ensure_fs();
+    let pair = Pair::new("opmet");
+    let _server = pair.server.run(|| TestServer::echo(METRICS_PORT));
+    let dir = scratch("metrics");
+    let _cleanup = Scratch(dir.clone());
+    let pins = pin_dir("opmet");
+    let cfg = config(&pins, &dir.join("ctl.sock"), METRICS_PORT, "");
+    let daemon = Daemon::start(&pair.server, "opmet", &cfg, &pins);
+    daemon.wait_for_log("running", Duration::from_secs(10));
+
+    // Four admitted connections that each exchange data, two reset.
+    let mut held: Vec<TcpStream> = (0..4)
+        .map(|i| admitted(&pair, METRICS_PORT, &format!("connection {i}")))
+        .collect();
+    for c in &mut held {
+        c.write_all(b"ping").unwrap();
+        let mut b = [0u8; 4];
+        c.read_exact(&mut b).unwrap();
+    }
+    settle(&pins, 4);
+    refused(&pair, METRICS_PORT, "fifth");
+    refused(&pair, METRICS_PORT, "sixth");
+    std::thread::sleep(Duration::from_millis(400)); // a tick or more: the snapshot is fresh
+
+    let addr = SocketAddr::from((SERVER_V4, METRICS_LISTEN_PORT));
+    let (head, body) = pair.server.run(|| http_get(addr, "/metrics"));
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    let families = parse_openmetrics(&body);
+
+    let (kind, s) = samples(&families, "shedder_connection_attempts");
+    assert_eq!(kind, "counter");
+    let name = "shedder_connection_attempts_total";
+    assert_eq!(
+        sum_where(s, name, &[("service", "web"), ("verdict", "pass")]),
+        4.0,
+        "{body}"
+    );
+    assert_eq!(
+        sum_where(s, name, &[("service", "web"), ("verdict", "rst")]),
+        2.0,
+        "{body}"
+    );
+
+    let (kind, s) = samples(&families, "shedder_limit");
+    assert_eq!(kind, "gauge");
+    assert_eq!(sum_where(s, "shedder_limit", &[("service", "web")]), 4.0);
+    let (_, s) = samples(&families, "shedder_inflight");
+    assert_eq!(sum_where(s, "shedder_inflight", &[("service", "web")]), 4.0);
+
+    // Four accepted connections were each dequeued once: the queue-age histogram counts
+    // them, its +Inf bucket equals its count, and the latency histogram saw the echoes.
+    let (kind, s) = samples(&families, "shedder_queue_age_seconds");
+    assert_eq!(kind, "histogram");
+    let count = sum_where(s, "shedder_queue_age_seconds_count", &[("service", "web")]);
+    assert_eq!(count, 4.0, "{body}");
+    let inf = sum_where(
+        s,
+        "shedder_queue_age_seconds_bucket",
+        &[("service", "web"), ("le", "+Inf")],
+    );
+    assert_eq!(inf, count);
+    let (_, s) = samples(&families, "shedder_latency_seconds");
+    assert!(sum_where(s, "shedder_latency_seconds_count", &[("service", "web")]) >= 4.0);
+
+    let (_, s) = samples(&families, "shedder_heartbeat_age_seconds");
+    let age = sum_where(s, "shedder_heartbeat_age_seconds", &[]);
+    assert!((0.0..1.0).contains(&age), "heartbeat age {age}");
+
+    // Anything but /metrics is a 404.
+    let (head, _) = pair.server.run(|| http_get(addr, "/nope"));
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    drop(held);
+}
+
+#[test]
+fn the_control_socket_admits_root_and_the_control_group_only() {
+    require_root();
+    shedder_tests::ensure_fs();
+    let pair = Pair::new("opperm");
+    let _server = pair.server.run(|| TestServer::echo(PERMS_PORT));
+    let dir = scratch("perms");
+    let _cleanup = Scratch(dir.clone());
+    // A copy of the binary any user can run, wherever the checkout is.
+    let bin = dir.join("shedder");
+    std::fs::copy(shedder_bin(), &bin).expect("copy shedder");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let pins = pin_dir("opperm");
+    let sock = dir.join("ctl.sock");
+    let s = sock.to_str().unwrap();
+
+    // No daemon: exit 3 with a hint.
+    let r = shedder(&bin, &[], &["status", "--socket", s]);
+    assert_eq!(r.code, 3, "{r:?}");
+    assert!(r.stderr.contains("shedder run"), "{r:?}");
+
+    let cfg = config(&pins, &sock, PERMS_PORT, "control_group = \"nogroup\"");
+    let daemon = Daemon::start(&pair.server, "opperm", &cfg, &pins);
+    daemon.wait_for_log("running", Duration::from_secs(10));
+    let meta = std::fs::metadata(&sock).expect("socket");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+
+    let stranger = ["--reuid=4242", "--regid=4242", "--clear-groups"];
+    let member = ["--reuid=4242", "--regid=4242", "--groups=65534"];
+    let primary = ["--reuid=nobody", "--regid=nogroup", "--clear-groups"];
+    // CAP_DAC_OVERRIDE gets past the file mode; the daemon's peer check still refuses.
+    let capable = [
+        "--reuid=4242",
+        "--regid=4242",
+        "--clear-groups",
+        "--inh-caps=+dac_override",
+        "--ambient-caps=+dac_override",
+    ];
+
+    let r = shedder(&bin, &stranger, &["status", "--socket", s]);
+    assert_eq!(r.code, 4, "{r:?}");
+    assert!(r.stderr.contains("permission denied"), "{r:?}");
+
+    let r = shedder(&bin, &capable, &["limit", "set", "web", "2", "--socket", s]);
+    assert_eq!(r.code, 4, "{r:?}");
+    assert!(r.stderr.contains("uid 4242"), "{r:?}");
+    assert!(r.stderr.contains("may not use the control API"), "{r:?}");
+    assert!(daemon.log().contains("control request refused"));
+    assert_eq!(
+        limit_of(&shedder_bin(), s),
+        4,
+        "the refused request changed nothing"
+    );
+
+    for who in [&member[..], &primary[..]] {
+        let r = shedder(&bin, who, &["status", "--socket", s]);
+        assert_eq!(r.code, 0, "{who:?}: {r:?}");
+        assert!(r.stdout.contains("web (ports [7612])"), "{r:?}");
+    }
+    ok(shedder(
+        &bin,
+        &member,
+        &["limit", "set", "web", "3", "--socket", s],
+    ));
+    assert_eq!(limit_of(&shedder_bin(), s), 3);
+    assert!(
+        daemon.log().contains("uid 4242"),
+        "the audit log names the caller"
+    );
+}
+
+const KLOG_PORT: u16 = 7613;
+
+#[test]
+fn kernel_debug_log_names_each_shed_decision_and_is_rate_limited() {
+    require_root();
+    shedder_tests::ensure_fs();
+    let pair = Pair::new("opklog");
+    let _server = pair.server.run(|| TestServer::echo(KLOG_PORT));
+    let dir = scratch("klog");
+    let _cleanup = Scratch(dir.clone());
+    let pins = pin_dir("opklog");
+    let sock = dir.join("ctl.sock");
+    let cfg = config(&pins, &sock, KLOG_PORT, "kernel_debug_log = true")
+        .replace("fixed_limit = 4", "fixed_limit = 1");
+    let daemon = Daemon::start(&pair.server, "opklog", &cfg, &pins);
+    daemon.wait_for_log("kernel debug log on", Duration::from_secs(10));
+
+    let _held = admitted(&pair, KLOG_PORT, "the one connection the limit allows");
+    settle(&pins, 1);
+    // Far more refusals than the budget of 20 lines a second per CPU.
+    const ATTEMPTS: usize = 300;
+    for _ in 0..ATTEMPTS {
+        refused(&pair, KLOG_PORT, "over the limit of 1");
+    }
+    let want =
+        format!("shed port={KLOG_PORT} service=0 class=medium verdict=rst reason=class_limit");
+    daemon.wait_for_log(&want, Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(300)); // the forwarder drains its buffer
+
+    let written = daemon.log().matches(&want).count();
+    let status = status_json(&shedder_bin(), sock.to_str().unwrap());
+    let suppressed = status["kernel_events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e[0] == "log_suppressed")
+        .and_then(|e| e[1].as_u64())
+        .expect("log_suppressed in kernel_events") as usize;
+    // Every shed decision was either written or counted as suppressed.
+    assert_eq!(
+        written + suppressed,
+        ATTEMPTS,
+        "written {written}, suppressed {suppressed}"
+    );
+    assert!(suppressed > 0, "the budget held back nothing");
+    assert!(
+        written >= 20,
+        "fewer lines than one second's budget: {written}"
+    );
+}
