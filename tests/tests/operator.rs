@@ -468,6 +468,36 @@ fn metrics_scrape_is_valid_openmetrics_and_counts_what_happened() {
     let age = sum_where(s, "shedder_heartbeat_age_seconds", &[]);
     assert!((0.0..1.0).contains(&age), "heartbeat age {age}");
 
+    // The exposition and the documented catalogue (names.rs, which deploy/ is checked
+    // against) agree: every family exported is documented with its type and labels, and
+    // every documented family is exported (PSI needs a cgroup, so it may be absent here).
+    let documented = shedder::metrics::names::METRICS;
+    for f in families.as_array().unwrap() {
+        let name = f["name"].as_str().unwrap();
+        let (_, kind, labels, _) = documented
+            .iter()
+            .find(|m| m.0 == name)
+            .unwrap_or_else(|| panic!("{name} is exported but not in names.rs"));
+        assert_eq!(f["type"], *kind, "{name}");
+        for sample in f["samples"].as_array().unwrap() {
+            for key in sample["labels"].as_object().unwrap().keys() {
+                assert!(
+                    labels.contains(&key.as_str()) || key == "le",
+                    "{name} has label {key}, not documented"
+                );
+            }
+        }
+    }
+    for (name, ..) in documented {
+        let optional = name.starts_with("shedder_pressure_") || *name == "shedder_override";
+        let present = families
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["name"] == *name);
+        assert!(present || optional, "{name} is documented but not exported");
+    }
+
     // Anything but /metrics is a 404.
     let (head, _) = pair.server.run(|| http_get(addr, "/nope"));
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");

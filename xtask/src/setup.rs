@@ -25,6 +25,9 @@ pub const DEBIAN_PACKAGES: &[&str] = &[
 /// Pinned: a newer bpf-linker may default to another LLVM than the nightly's.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
+/// Where `promtool` is unpacked, relative to $HOME (tests/tests/deploy.rs looks here).
+pub const PROMTOOL: &str = ".local/share/shedder/tools/promtool";
+
 /// Pseudo-filesystems to mount where absent: (mount point, filesystem type).
 const MOUNTS: &[(&str, &str)] = &[("/sys/fs/bpf", "bpf")];
 
@@ -47,6 +50,7 @@ pub fn run_all() -> Result<()> {
     rust_src()?;
     bpf_linker()?;
     debian_packages()?;
+    promtool()?;
     mounts()?;
     eprintln!("setup: done in {:.1} s", start.elapsed().as_secs_f64());
     Ok(())
@@ -255,6 +259,51 @@ fn debian_packages() -> Result<()> {
     let mut install = vec!["install", "-y", "--no-install-recommends"];
     install.extend(&missing);
     run(&mut apt(&install))
+}
+
+/// `promtool` checks the alert rules and runs their unit tests. Debian ships it only inside
+/// the `prometheus` package, whose installation would also create a user and (under
+/// systemd) start a Prometheus server, so the package is downloaded and only `promtool` is
+/// unpacked from it.
+fn promtool() -> Result<()> {
+    let item = "promtool (from Debian's prometheus)";
+    let dest = home()?.join(PROMTOOL);
+    let works =
+        |p: &Path| capture(Command::new(p).arg("--version")).is_ok_and(|o| o.status.success());
+    if works(&dest) {
+        ok(item);
+        return Ok(());
+    }
+    installing(item, "apt-get download");
+    let work = std::env::temp_dir().join(format!("shedder-promtool-{}", std::process::id()));
+    fs::create_dir_all(&work)?;
+    let download = || {
+        let mut c = cmd("apt-get", ["download", "prometheus"]);
+        c.current_dir(&work);
+        capture(&mut c).is_ok_and(|o| o.status.success())
+    };
+    if !download() {
+        // Fresh machines may have no package lists yet.
+        require_root("updating the package lists")?;
+        run(&mut cmd("apt-get", ["update"]))?;
+        if !download() {
+            bail!("apt-get download prometheus failed (in {})", work.display());
+        }
+    }
+    let deb = fs::read_dir(&work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .context("apt-get download left no .deb")?;
+    let tree = work.join("tree");
+    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tree))?;
+    fs::create_dir_all(dest.parent().expect("tools directory"))?;
+    fs::copy(tree.join("usr/bin/promtool"), &dest)
+        .with_context(|| format!("copying promtool to {}", dest.display()))?;
+    let _ = fs::remove_dir_all(&work);
+    if !works(&dest) {
+        bail!("{} does not run", dest.display());
+    }
+    Ok(())
 }
 
 fn mounted(mounts: &str, point: &str, fstype: &str) -> bool {
