@@ -136,6 +136,12 @@ impl Shedder {
         Self::load_with(None, false)
     }
 
+    /// [`Shedder::load`] with the packet path's kernel debug log compiled in (for measuring
+    /// what `daemon.kernel_debug_log` costs the verifier).
+    pub fn load_with_kernel_log() -> Result<Self> {
+        Self::load_with(None, true)
+    }
+
     /// Load and verify both programs with maps pinned under `dir/maps/`; maps already pinned
     /// there are reused (a restarted daemon adopts the running state). With `kernel_log`,
     /// the packet path writes rate-limited debug lines (see [`Shedder::kernel_logger`]);

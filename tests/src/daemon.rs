@@ -135,6 +135,21 @@ impl Daemon {
         }
     }
 
+    /// Wait up to 5 s for the daemon to exit on its own (e.g. after `shedder detach`);
+    /// SIGTERM it if it does not. Its exit status.
+    pub fn terminate_or_wait(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            let c = self.child.as_mut().expect("running");
+            if let Some(status) = c.try_wait().expect("wait") {
+                self.child = None;
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.terminate()
+    }
+
     /// SIGHUP (reload the configuration).
     pub fn hangup(&self) {
         // SAFETY: plain kill(2) on our child's pid.

@@ -314,7 +314,83 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
         assert!(log.contains(needle), "audit log lacks {needle:?}:\n{log}");
     }
     assert!(log.contains("control change refused"), "{log}");
+
+    // top: the status table, refreshed.
+    let r = ok(shedder(
+        &bin,
+        &[],
+        &[
+            "top",
+            "--interval",
+            "0.2",
+            "--iterations",
+            "2",
+            "--socket",
+            s,
+        ],
+    ));
+    assert!(r.stdout.matches("web (ports [7610])").count() >= 2, "{r:?}");
+
+    // doctor, in the daemon's namespace, with its configuration: JSON, one entry per check.
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{}", pair.server.name))
+        .arg(&bin)
+        .args(["doctor", "--json", "--config"])
+        .arg(&daemon.config)
+        .output()
+        .expect("run doctor");
+    let checks: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json: {e}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let check = |name: &str| -> (String, String) {
+        let c = checks
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("doctor has no `{name}` check: {checks}"));
+        (
+            c["status"].as_str().unwrap().into(),
+            c["detail"].as_str().unwrap().into(),
+        )
+    };
+    for name in [
+        "kernel",
+        "btf",
+        "capabilities",
+        "bpffs",
+        "tracepoints",
+        "interface",
+    ] {
+        assert_eq!(check(name).0, "ok", "{name}: {:?}", check(name));
+    }
+    let (status, detail) = check("attachment");
+    assert_eq!(status, "ok", "{detail}");
+    assert!(detail.contains(IFACE), "{detail}");
+    let (status, detail) = check("daemon");
+    assert_eq!(status, "ok", "{detail}");
+    assert!(detail.contains("alive"), "{detail}");
+    assert_eq!(check("control socket").0, "ok");
+    let worst = checks
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["status"] == "fail");
+    assert_eq!(out.status.code(), Some(if worst { 1 } else { 0 }));
+
+    // detach: through the daemon, which exits cleanly and leaves nothing pinned.
     drop(held);
+    let r = ok(shedder(&bin, &[], &["detach", "--socket", s]));
+    assert!(r.stdout.contains("detaching"), "{r:?}");
+    let mut daemon = daemon;
+    let status = daemon.terminate_or_wait();
+    assert!(status.success(), "{}", daemon.log());
+    assert!(!pins.exists(), "pins removed by detach");
+    let r = shedder(&bin, &[], &["status", "--socket", s]);
+    assert_eq!(r.code, 3, "no daemon after detach: {r:?}");
 }
 
 /// GET `path` from `addr` over plain HTTP/1.1; (status line, headers+body).

@@ -468,6 +468,8 @@ struct Report {
     rst_estimate: Option<RstEstimate>,
     /// Instructions the verifier processed per program (verification complexity).
     verified_insns: Vec<(String, Option<u32>)>,
+    /// The same with `daemon.kernel_debug_log` (XDP and TC only).
+    verified_insns_logging: Vec<(String, Option<u32>)>,
 }
 
 /// The RST path on the repeated basis, estimated: the repeated SYN-drop figure plus what
@@ -604,18 +606,21 @@ fn markdown(report: &Report) -> String {
             e.ns, e.ratio
         ));
     }
-    let verifier: Vec<String> = report
-        .verified_insns
-        .iter()
-        .map(|(name, n)| match n {
-            Some(n) => format!("{name} {}", thousands((*n).into())),
-            None => format!("{name} (not reported by this kernel)"),
-        })
-        .collect();
+    let list = |v: &[(String, Option<u32>)]| -> String {
+        v.iter()
+            .map(|(name, n)| match n {
+                Some(n) => format!("{name} {}", thousands((*n).into())),
+                None => format!("{name} (not reported by this kernel)"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     md.push_str(&format!(
         "
-Verifier: instructions processed per program: {}.\n",
-        verifier.join(", ")
+Verifier: instructions processed per program: {}. With `daemon.kernel_debug_log` (the log \
+         sites, pruned by the verifier when it is off, are verified too): {}.\n",
+        list(&report.verified_insns),
+        list(&report.verified_insns_logging)
     ));
     md
 }
@@ -704,16 +709,24 @@ fn run() -> Result<bool> {
         "bench_xdp: repeat {} × {} rounds, {} single-shot calls",
         args.repeat, args.rounds, args.single_calls
     );
-    let verified_insns = Shedder::load()
-        .context("loading shedder")?
-        .verified_insns()
-        .into_iter()
-        .map(|(name, n)| (name.to_string(), n))
-        .collect();
+    let insns = |s: Shedder| -> Vec<(String, Option<u32>)> {
+        s.verified_insns()
+            .into_iter()
+            .map(|(name, n)| (name.to_string(), n))
+            .collect()
+    };
+    let verified_insns = insns(Shedder::load().context("loading shedder")?);
+    let verified_insns_logging = insns(
+        Shedder::load_with_kernel_log().context("loading shedder with the kernel debug log")?,
+    )
+    .into_iter()
+    .filter(|(name, _)| name == "shedder_xdp" || name == "shedder_tc")
+    .collect();
     let subjects = measure(&args)?;
     let rows = rows(&subjects);
     let report = Report {
         verified_insns,
+        verified_insns_logging,
         machine,
         repeat: args.repeat,
         rounds: args.rounds,
