@@ -310,14 +310,7 @@ impl Shedder {
     /// Attach to `iface` in the calling thread's network namespace. With a pin directory,
     /// the link is pinned at `dir/links/<iface>` so it outlives this process.
     pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<Attached> {
-        let attach_err = |mode: &'static str| {
-            let iface = iface.to_string();
-            move |source| Error::Attach {
-                iface: iface.clone(),
-                mode,
-                source,
-            }
-        };
+        let attach_err = |mode| attach_error(iface, mode);
         let (attached, link): (Attached, FdLink) = match mode {
             AttachMode::Native | AttachMode::Generic | AttachMode::Auto => {
                 let xdp = self.xdp()?;
@@ -437,14 +430,7 @@ impl Shedder {
             .info()
             .and_then(|i| i.link_type())
             .map_err(|e| pin_err(e.to_string()))?;
-        let attach_err = |mode: &'static str| {
-            let iface = iface.to_string();
-            move |source| Error::Attach {
-                iface: iface.clone(),
-                mode,
-                source,
-            }
-        };
+        let attach_err = |mode| attach_error(iface, mode);
         let wrong = |e: aya::programs::links::LinkError| pin_err(e.to_string());
         match kind {
             LinkType::Xdp => {
@@ -1047,6 +1033,16 @@ pub fn addr_key(addr: IpAddr, port: u16) -> ServiceAddrKey {
         }
     }
     key
+}
+
+/// Wraps a program error from attaching to `iface` in `mode`.
+fn attach_error(iface: &str, mode: &'static str) -> impl Fn(ProgramError) -> Error {
+    let iface = iface.to_string();
+    move |source| Error::Attach {
+        iface: iface.clone(),
+        mode,
+        source,
+    }
 }
 
 /// The index of interface `iface`, if it exists.

@@ -174,6 +174,34 @@ impl Drop for Daemon {
 
 // Helpers for tests that drive a daemon over a veth pair with the standard addresses.
 
+/// A test daemon's configuration: `veth0` attached with TC, a 100 ms tick, pins under
+/// `pin_dir`, the lines `daemon_extra` in `[daemon]`; one service `web` on `port` with a
+/// fixed limit of 4 in [1, 100], `fallback_limit = fallback`, and resets.
+pub fn web_config(pin_dir: &Path, port: u16, fallback: u32, daemon_extra: &str) -> String {
+    format!(
+        r#"
+[daemon]
+interfaces = ["{}"]
+attach = "tc"
+pin_dir = "{}"
+tick_ms = 100
+{daemon_extra}
+
+[[service]]
+name = "web"
+ports = [{port}]
+controller = "fixed"
+min_limit = 1
+max_limit = 100
+fixed_limit = 4
+fallback_limit = {fallback}
+action = "rst"
+"#,
+        crate::netns::IFACE,
+        pin_dir.display()
+    )
+}
+
 /// A pin directory unique to this test process and `tag`.
 pub fn pin_dir(tag: &str) -> PathBuf {
     PathBuf::from(format!(

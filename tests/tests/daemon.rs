@@ -10,7 +10,7 @@ use std::{
 use shedder::ebpf::{MapReader, PinnedMaps};
 use shedder_common::STAT_FALLBACK;
 use shedder_tests::{
-    daemon::{Daemon, admitted, pin_dir, refused, settle},
+    daemon::{Daemon, admitted, pin_dir, refused, settle, web_config},
     netns::{IFACE, Pair},
     policy::{CLIENT_V4, SERVER_V4},
     require_root,
@@ -25,26 +25,11 @@ const HUP_PORT: u16 = 7602;
 
 /// A service on `port` with a fixed live limit of 4 and a fallback limit of 1; resets.
 fn config(pin_dir: &std::path::Path, port: u16, heartbeat_timeout_ms: u64) -> String {
-    format!(
-        r#"
-[daemon]
-interfaces = ["{IFACE}"]
-attach = "tc"
-pin_dir = "{}"
-tick_ms = 100
-heartbeat_timeout_ms = {heartbeat_timeout_ms}
-
-[[service]]
-name = "web"
-ports = [{port}]
-controller = "fixed"
-min_limit = 1
-max_limit = 100
-fixed_limit = 4
-fallback_limit = 1
-action = "rst"
-"#,
-        pin_dir.display()
+    web_config(
+        pin_dir,
+        port,
+        1,
+        &format!("heartbeat_timeout_ms = {heartbeat_timeout_ms}"),
     )
 }
 

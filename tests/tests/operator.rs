@@ -12,7 +12,7 @@ use std::{
 };
 
 use shedder_tests::{
-    daemon::{Daemon, admitted, pin_dir, refused, settle, shedder_bin},
+    daemon::{Daemon, admitted, pin_dir, refused, settle, shedder_bin, web_config},
     netns::{IFACE, Pair},
     policy::SERVER_V4,
     require_root,
@@ -25,32 +25,17 @@ const METRICS_PORT: u16 = 7611;
 const PERMS_PORT: u16 = 7612;
 const METRICS_LISTEN_PORT: u16 = 9464;
 
-/// A service `web` on `port` with a fixed limit of 4, in [1, 100]; resets. The control
-/// socket lives beside the pins' test directory.
+/// A service `web` on `port` with a fixed limit of 4, in [1, 100], fallback 2; resets. The
+/// control socket is `socket`, the metrics endpoint on the server's address.
 fn config(pins: &Path, socket: &Path, port: u16, extra_daemon: &str) -> String {
-    format!(
-        r#"
-[daemon]
-interfaces = ["{IFACE}"]
-attach = "tc"
-pin_dir = "{}"
-control_socket = "{}"
-metrics_listen = "{SERVER_V4}:{METRICS_LISTEN_PORT}"
-tick_ms = 100
-{extra_daemon}
-
-[[service]]
-name = "web"
-ports = [{port}]
-controller = "fixed"
-min_limit = 1
-max_limit = 100
-fixed_limit = 4
-fallback_limit = 2
-action = "rst"
-"#,
-        pins.display(),
-        socket.display()
+    web_config(
+        pins,
+        port,
+        2,
+        &format!(
+            "control_socket = \"{}\"\nmetrics_listen = \"{SERVER_V4}:{METRICS_LISTEN_PORT}\"\n{extra_daemon}",
+            socket.display()
+        ),
     )
 }
 

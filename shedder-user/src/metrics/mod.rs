@@ -58,6 +58,19 @@ struct ShedderCollector(Shared);
 
 type Labels = Vec<(&'static str, String)>;
 
+/// One series per item that has a value, labelled `label = name(item)`.
+fn one_label<T>(
+    items: &[T],
+    label: &'static str,
+    name: impl Fn(&T) -> &String,
+    value: &dyn Fn(&T) -> Option<f64>,
+) -> Vec<(Labels, f64)> {
+    items
+        .iter()
+        .filter_map(|x| value(x).map(|v| (vec![(label, name(x).clone())], v)))
+        .collect()
+}
+
 fn family<F>(
     encoder: &mut DescriptorEncoder,
     name: &str,
@@ -152,13 +165,9 @@ impl Collector for ShedderCollector {
         }
         counters(&mut encoder, "shedder_connection_attempts", &attempts)?;
 
-        let per_service =
-            |f: &dyn Fn(&crate::state::ServiceState) -> Option<f64>| -> Vec<(Labels, f64)> {
-                st.services
-                    .iter()
-                    .filter_map(|s| f(s).map(|v| (vec![("service", s.name.clone())], v)))
-                    .collect()
-            };
+        let per_service = |f: &dyn Fn(&crate::state::ServiceState) -> Option<f64>| {
+            one_label(&st.services, "service", |s| &s.name, f)
+        };
         gauges(
             &mut encoder,
             "shedder_limit",
@@ -314,13 +323,9 @@ impl Collector for ShedderCollector {
             })
             .collect();
         gauges(&mut encoder, "shedder_attach_mode", &attach)?;
-        let program =
-            |f: &dyn Fn(&crate::state::ProgramCost) -> Option<f64>| -> Vec<(Labels, f64)> {
-                st.programs
-                    .iter()
-                    .filter_map(|p| f(p).map(|v| (vec![("program", p.program.clone())], v)))
-                    .collect()
-            };
+        let program = |f: &dyn Fn(&crate::state::ProgramCost) -> Option<f64>| {
+            one_label(&st.programs, "program", |p| &p.program, f)
+        };
         counters(
             &mut encoder,
             "shedder_program_run_seconds",
