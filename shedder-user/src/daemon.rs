@@ -655,7 +655,7 @@ impl Daemon {
         if !step_ok && !req.force {
             let mut e = ApiError::bad(format!(
                 "limit {} is more than {OVERRIDE_MAX_STEP}x away from the limit in force ({current}); \
-                 repeat with force to do it anyway",
+                 repeat with --force (API: \"force\": true) to do it anyway",
                 req.limit
             ));
             e.field = Some("limit".into());
@@ -663,7 +663,10 @@ impl Daemon {
         }
         let ttl = Duration::from_secs(req.ttl_s);
         if ttl.is_zero() || ttl > OVERRIDE_MAX_TTL {
-            let mut e = ApiError::bad(format!("ttl {} s is outside 1..=86400", req.ttl_s));
+            let mut e = ApiError::bad(format!(
+                "ttl {} s is outside 1 s to 24 h (86400 s)",
+                req.ttl_s
+            ));
             e.field = Some("ttl_s".into());
             return Err(e);
         }

@@ -241,6 +241,11 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
+/// `1 service`, `3 services`.
+fn count(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
 fn load_config(path: &Path) -> Result<Config> {
     Config::load(path).map_err(|e| BadInput(e.to_string()).into())
 }
@@ -299,10 +304,10 @@ fn run(cli: Cli) -> Result<u8> {
             PolicyCommand::Validate { file } => {
                 let cfg = load_config(&file)?;
                 println!(
-                    "{}: ok ({} services, {} interfaces)",
+                    "{}: ok ({}, {})",
                     file.display(),
-                    cfg.services.len(),
-                    cfg.daemon.interfaces.len()
+                    count(cfg.services.len(), "service"),
+                    count(cfg.daemon.interfaces.len(), "interface")
                 );
             }
             PolicyCommand::Apply { file, target } => {
@@ -325,9 +330,9 @@ fn run(cli: Cli) -> Result<u8> {
                     })?;
                 let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
                 println!(
-                    "{}: applied ({} services)",
+                    "{}: applied ({})",
                     file.display(),
-                    v["services"].as_u64().unwrap_or(0)
+                    count(v["services"].as_u64().unwrap_or(0) as usize, "service")
                 );
             }
             PolicyCommand::Show { target } => {

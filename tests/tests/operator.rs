@@ -135,8 +135,8 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
         .unwrap_or_else(|e| panic!("policy show is not a valid configuration: {e}\n{r:?}"));
     assert_eq!(shown.services[0].fixed_limit, Some(4));
 
-    // An override holds the limit, and the kernel enforces it.
-    ok(shedder(
+    // An override holds the limit, and the kernel enforces it as soon as the verb returns.
+    let r = ok(shedder(
         &bin,
         &[],
         &[
@@ -152,10 +152,10 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
             s,
         ],
     ));
+    assert_eq!(r.stdout, "web: limit held at 2 for 300 s\n");
     let r = ok(shedder(&bin, &[], &["status", "--socket", s]));
     assert!(r.stdout.contains("OVERRIDE 2"), "{r:?}");
     assert_eq!(limit_of(&bin, s), 2);
-    std::thread::sleep(Duration::from_millis(300)); // a tick writes it
     let mut held = vec![
         admitted(&pair, VERBS_PORT, "first under the override of 2"),
         admitted(&pair, VERBS_PORT, "second under the override of 2"),
@@ -167,24 +167,26 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
     let bad: &[(&[&str], &str)] = &[
         (
             &["limit", "set", "web", "1000"],
-            "outside [min_limit, max_limit] = [1, 100]",
+            "shedder: limit 1000 is outside [min_limit, max_limit] = [1, 100] of `web`\n",
         ),
         (
             &["limit", "set", "web", "0"],
-            "outside [min_limit, max_limit]",
+            "shedder: limit 0 is outside [min_limit, max_limit] = [1, 100] of `web`\n",
         ),
         (
             &["limit", "set", "web", "50"],
-            "more than 4x away from the limit in force (2)",
+            "shedder: limit 50 is more than 4x away from the limit in force (2); \
+             repeat with --force (API: \"force\": true) to do it anyway\n",
         ),
         (
             &["limit", "set", "nosuch", "3"],
-            "no service named `nosuch`",
+            "shedder: no service named `nosuch`\n",
         ),
         (
             &["limit", "set", "web", "3", "--ttl", "25h"],
-            "ttl 90000 s is outside 1..=86400",
+            "shedder: ttl 90000 s is outside 1 s to 24 h (86400 s)\n",
         ),
+        // clap's own messages: checked by their key phrase.
         (
             &["limit", "set", "web", "3", "--ttl", "5d"],
             "the unit must be s, m or h",
@@ -196,10 +198,15 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
         a.extend(["--socket", s]);
         let r = shedder(&bin, &[], &a);
         assert_eq!(r.code, 2, "{args:?}: {r:?}");
-        assert!(
-            r.stderr.contains(message),
-            "{args:?} should say {message:?}: {r:?}"
-        );
+        if message.starts_with("shedder: ") {
+            assert_eq!(r.stderr, *message, "{args:?}");
+        } else {
+            assert!(
+                r.stderr.contains(message),
+                "{args:?} should say {message:?}: {r:?}"
+            );
+        }
+        assert_eq!(r.stdout, "", "{args:?}");
         assert_eq!(limit_of(&bin, s), 2, "{args:?} changed the limit");
     }
     // --force allows the large step.
@@ -214,7 +221,13 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
         &[],
         &["limit", "clear", "web", "--socket", s],
     ));
-    assert!(r.stdout.contains("web"), "{r:?}");
+    assert_eq!(r.stdout, "web: override cleared; the controller resumes\n");
+    let r = ok(shedder(
+        &bin,
+        &[],
+        &["limit", "clear", "web", "--socket", s],
+    ));
+    assert_eq!(r.stdout, "web: no override was in force\n");
     assert_eq!(limit_of(&bin, s), 4);
     let r = ok(shedder(&bin, &[], &["status", "--socket", s]));
     assert!(!r.stdout.contains("OVERRIDE"), "{r:?}");
@@ -257,6 +270,38 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
         "the refused policy must not be in force"
     );
     assert_eq!(limit_of(&bin, s), 4);
+    // Valid, but it changes what only a restart can: the daemon refuses it, by field.
+    let restart_file = dir.join("restart.toml");
+    std::fs::write(
+        &restart_file,
+        cfg.replace(&format!(":{METRICS_LISTEN_PORT}"), ":9465")
+            .replace("fixed_limit = 4", "fixed_limit = 5"),
+    )
+    .unwrap();
+    let r = shedder(
+        &bin,
+        &[],
+        &[
+            "policy",
+            "apply",
+            restart_file.to_str().unwrap(),
+            "--socket",
+            s,
+        ],
+    );
+    assert_eq!(r.code, 2, "{r:?}");
+    assert_eq!(
+        r.stderr,
+        format!(
+            "shedder: {}: daemon.metrics_listen changes only with a restart\n",
+            restart_file.display()
+        )
+    );
+    assert_eq!(
+        limit_of(&bin, s),
+        4,
+        "nothing of the refused policy is in force"
+    );
 
     // A good one is put in force without detaching: 6 admitted, the 7th reset.
     let good_file = dir.join("good.toml");
@@ -265,19 +310,16 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
         cfg.replace("fixed_limit = 4", "fixed_limit = 6"),
     )
     .unwrap();
-    ok(shedder(
+    let good = good_file.to_str().unwrap();
+    let r = ok(shedder(&bin, &[], &["policy", "validate", good]));
+    assert_eq!(r.stdout, format!("{good}: ok (1 service, 1 interface)\n"));
+    let r = ok(shedder(
         &bin,
         &[],
-        &[
-            "policy",
-            "apply",
-            good_file.to_str().unwrap(),
-            "--socket",
-            s,
-        ],
+        &["policy", "apply", good, "--socket", s],
     ));
+    assert_eq!(r.stdout, format!("{good}: applied (1 service)\n"));
     assert_eq!(limit_of(&bin, s), 6);
-    std::thread::sleep(Duration::from_millis(300));
     for i in 2..6 {
         held.push(admitted(
             &pair,
@@ -369,7 +411,7 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
     // detach: through the daemon, which exits cleanly and leaves nothing pinned.
     drop(held);
     let r = ok(shedder(&bin, &[], &["detach", "--socket", s]));
-    assert!(r.stdout.contains("detaching"), "{r:?}");
+    assert_eq!(r.stdout, "the daemon is stopping and detaching\n");
     let mut daemon = daemon;
     let status = daemon.terminate_or_wait();
     assert!(status.success(), "{}", daemon.log());
