@@ -31,8 +31,14 @@ const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 const BPF_STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 const BPF_JIT_SYSCTL: &str = "/proc/sys/net/core/bpf_jit_enable";
 const PSI_CPU: &str = "/proc/pressure/cpu";
-/// The placeholder used in fixes for the configuration file.
-const CONFIG_ARG: &str = "--config FILE";
+/// The command that starts the daemon, as the fixes print it: with the configuration's path
+/// when doctor was given one.
+fn start_command(path: Option<&Path>) -> String {
+    match path {
+        Some(p) => format!("shedder run --config {}", p.display()),
+        None => "shedder run --config FILE".into(),
+    }
+}
 
 /// Capabilities shedder needs: (number, name, what for).
 const CAPABILITIES: [(u32, &str, &str); 4] = [
@@ -125,9 +131,11 @@ impl Check {
     }
 }
 
-/// Run every check. With a configuration, its interfaces, cgroups, pin directory and control
-/// socket are checked; without, the defaults.
-pub fn run(config: Option<&Config>) -> Vec<Check> {
+/// Run every check. With a configuration (and the path it was read from, for the fixes),
+/// its interfaces, cgroups, pin directory and control socket are checked; without, the
+/// defaults.
+pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
+    let start = start_command(path);
     let default_daemon = Daemon::default();
     let daemon = config.map_or(&default_daemon, |c| &c.daemon);
     let release = kernel_release();
@@ -188,12 +196,12 @@ pub fn run(config: Option<&Config>) -> Vec<Check> {
         )),
         Some(cfg) => {
             for iface in &cfg.daemon.interfaces {
-                out.extend(check_interface(cfg, iface));
+                out.extend(check_interface(cfg, iface, &start));
             }
         }
     }
     let privileged = caps.is_some_and(|c| missing_capabilities(c).is_empty());
-    let (daemon_check, alive) = check_daemon(&daemon.pin_dir, privileged);
+    let (daemon_check, alive) = check_daemon(&daemon.pin_dir, privileged, &start);
     out.push(daemon_check);
     out.push(check_control_socket(&daemon.control_socket, alive));
     out
@@ -737,7 +745,7 @@ fn check_service_cgroup(service: &str, dir: &Path, psi: bool) -> Check {
 const XDP_ACT_BASIC: u64 = 1;
 const XDP_ACT_NDO_XMIT: u64 = 4;
 
-fn check_interface(cfg: &Config, iface: &str) -> Vec<Check> {
+fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
     let Some(ifindex) = ifindex(iface) else {
         return vec![Check::fail(
             "interface",
@@ -791,7 +799,7 @@ fn check_interface(cfg: &Config, iface: &str) -> Vec<Check> {
         }
         _ => None,
     };
-    out.push(check_attachment(cfg, iface, &xdp, ours.as_ref()));
+    out.push(check_attachment(cfg, iface, &xdp, ours.as_ref(), start));
     let sends_rst = cfg
         .services
         .iter()
@@ -832,6 +840,7 @@ fn check_attachment(
     iface: &str,
     xdp: &io::Result<Option<netlink::XdpAttachment>>,
     attached: Option<&(netlink::XdpAttachment, Option<String>, bool)>,
+    start: &str,
 ) -> Check {
     const NAME: &str = "attachment";
     let pin = cfg.daemon.pin_dir.join("links").join(iface);
@@ -856,7 +865,6 @@ fn check_attachment(
             name.as_deref().unwrap_or("name unknown")
         )
     };
-    let start = format!("shedder run {CONFIG_ARG}");
     match (pinned, &prog, cfg.daemon.attach) {
         (true, Some(p), _) if is_shedder => Check::ok(
             NAME,
@@ -1012,10 +1020,9 @@ fn program_name(id: u32) -> Option<String> {
 // The daemon
 
 /// Check the pinned state and the heartbeat; also says whether a daemon is alive.
-fn check_daemon(pin_dir: &Path, privileged: bool) -> (Check, bool) {
+fn check_daemon(pin_dir: &Path, privileged: bool, start: &str) -> (Check, bool) {
     use crate::ebpf::MapReader;
     const NAME: &str = "daemon";
-    let start = format!("shedder run {CONFIG_ARG}");
     let maps = pin_dir.join("maps");
     if let Err(e) = std::fs::metadata(&maps)
         && e.kind() == io::ErrorKind::PermissionDenied
@@ -1713,7 +1720,7 @@ FAIL  capabilities  missing CAP_BPF
 
     #[test]
     fn run_on_this_machine() {
-        let checks = run(None);
+        let checks = run(None, None);
         print!("{}", render(&checks));
         let names: Vec<&str> = checks.iter().map(|c| c.name).collect();
         for name in [
@@ -1756,7 +1763,7 @@ cgroup = "shedder-doctor-test/none.service"
 "#,
         )
         .expect("config");
-        let checks = run(Some(&cfg));
+        let checks = run(Some(&cfg), Some(Path::new("/etc/shedder/test.toml")));
         print!("{}", render(&checks));
         let find = |name: &str| checks.iter().find(|c| c.name == name);
         let iface = find("interface").expect("interface check");
@@ -1766,19 +1773,13 @@ cgroup = "shedder-doctor-test/none.service"
             .or_else(|| find("cgroup v2"))
             .expect("cgroup");
         assert_eq!(cgroup.status, Status::Fail, "{cgroup:?}");
-        assert_eq!(find("daemon").map(|c| c.status), Some(Status::Warn));
+        let daemon = find("daemon").expect("daemon check");
+        assert_eq!(daemon.status, Status::Warn);
+        assert_eq!(
+            daemon.fix.as_deref(),
+            Some("shedder run --config /etc/shedder/test.toml"),
+            "fixes name the configuration doctor was given"
+        );
         assert_eq!(exit_code(&checks), 1);
-    }
-
-    /// `SHEDDER_DOCTOR_CONFIG=<file> cargo test -p shedder-user doctor::tests::with_config
-    /// -- --ignored --nocapture` (under `nsenter --net=...` for another namespace).
-    #[test]
-    #[ignore = "needs SHEDDER_DOCTOR_CONFIG"]
-    fn with_config() {
-        let path = std::env::var("SHEDDER_DOCTOR_CONFIG").expect("SHEDDER_DOCTOR_CONFIG");
-        let cfg = Config::load(Path::new(&path)).expect("config");
-        let checks = run(Some(&cfg));
-        print!("{}", render(&checks));
-        println!("{}", serde_json::to_string_pretty(&checks).expect("json"));
     }
 }

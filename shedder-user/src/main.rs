@@ -258,7 +258,7 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<ClientError>() {
         Some(ClientError::NotRunning(_)) => 3,
         Some(ClientError::Denied(_)) => 4,
-        Some(ClientError::Api(api)) if matches!(api.status, 400 | 404 | 422) => 2,
+        Some(ClientError::Api(api)) if matches!(api.status, 400 | 404) => 2,
         _ => 1,
     }
 }
@@ -380,16 +380,7 @@ fn run(cli: Cli) -> Result<u8> {
         },
         Command::Doctor { config, json } => {
             let cfg = config.as_deref().map(load_config).transpose()?;
-            let mut checks = shedder::doctor::run(cfg.as_ref());
-            if let Some(path) = &config {
-                // The checks do not know the file's path; their fixes say FILE.
-                for c in &mut checks {
-                    if let Some(fix) = &mut c.fix {
-                        *fix =
-                            fix.replace("--config FILE", &format!("--config {}", path.display()));
-                    }
-                }
-            }
+            let checks = shedder::doctor::run(cfg.as_ref(), config.as_deref());
             if json {
                 println!("{}", serde_json::to_string_pretty(&checks)?);
             } else {
