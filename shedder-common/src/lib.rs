@@ -282,6 +282,21 @@ pub struct Globals {
     pub generation: u64,
 }
 
+impl Globals {
+    /// The pending-attempt epoch of `jiffies` (an invalid shift falls back to
+    /// [`DEFAULT_PENDING_EPOCH_SHIFT`]). The shed path counts an admitted attempt in it, the
+    /// tracking path retires it from it or the previous one.
+    #[inline(always)]
+    pub fn pending_epoch(&self, jiffies: u64) -> u64 {
+        let shift = if self.pending_epoch_shift == 0 || self.pending_epoch_shift > 63 {
+            DEFAULT_PENDING_EPOCH_SHIFT
+        } else {
+            self.pending_epoch_shift
+        };
+        jiffies >> shift
+    }
+}
+
 /// 2^8 jiffies: 1.024 s at HZ=250, 0.256 s at HZ=1000, 2.56 s at HZ=100. The daemon picks
 /// the shift for about one second from the calibrated HZ.
 pub const DEFAULT_PENDING_EPOCH_SHIFT: u32 = 8;
@@ -530,4 +545,20 @@ mod pod {
     unsafe impl aya::Pod for SockState {}
     unsafe impl aya::Pod for ServiceCounters {}
     unsafe impl aya::Pod for ServiceHist {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_epoch_uses_the_shift_or_the_default() {
+        let g = |shift| Globals {
+            pending_epoch_shift: shift,
+            ..Default::default()
+        };
+        assert_eq!(g(10).pending_epoch(5 << 10), 5);
+        assert_eq!(g(0).pending_epoch(3 << DEFAULT_PENDING_EPOCH_SHIFT), 3);
+        assert_eq!(g(64).pending_epoch(3 << DEFAULT_PENDING_EPOCH_SHIFT), 3);
+    }
 }

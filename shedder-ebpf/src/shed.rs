@@ -13,12 +13,11 @@ use aya_log_ebpf::{
 };
 use shedder_common::{
     ACTION_RST, Bucket, CLASS_L1_ENTRIES, CLASS_L2_BLOCKS, COUNTERS_PER_SERVICE, ClassBlock,
-    ClassRule, DEFAULT_PENDING_EPOCH_SHIFT, Globals, Inflight, KLOG_LINES_PER_SECOND, LogBudget,
-    MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS,
-    POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES, PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending,
-    STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_RST_ERROR,
-    ServiceAddrKey, ServiceCounters, ServicePolicy, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS,
-    VERDICT_RST,
+    ClassRule, Globals, Inflight, KLOG_LINES_PER_SECOND, LogBudget, MAX_ADDR_SERVICES,
+    MAX_CLASS_RULES, MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS, POLICY_CONFIGURED,
+    PORT_HAS_ADDR_SERVICES, PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, STAT_FALLBACK,
+    STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_RST_ERROR, ServiceAddrKey,
+    ServiceCounters, ServicePolicy, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
     admit::decide,
     classmap,
     csum::{
@@ -160,12 +159,7 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         bump(&SHEDDER_STATS, STAT_FALLBACK);
     }
 
-    let shift = if globals.pending_epoch_shift == 0 || globals.pending_epoch_shift > 63 {
-        DEFAULT_PENDING_EPOCH_SHIFT
-    } else {
-        globals.pending_epoch_shift
-    };
-    let epoch = now >> shift;
+    let epoch = globals.pending_epoch(now);
     let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) else {
         return Outcome::Pass;
     };

@@ -16,9 +16,8 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use shedder_common::{
-    DEFAULT_PENDING_EPOCH_SHIFT, DEFAULT_TRACKED_SOCKETS, HIST_PER_SERVICE, MAX_SERVICES,
-    NUM_CLASSES, POLICY_CONFIGURED, SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, ServiceHist,
-    SockState, hist,
+    DEFAULT_TRACKED_SOCKETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES, POLICY_CONFIGURED,
+    SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, ServiceHist, SockState, hist,
     tp::{length, state},
 };
 
@@ -152,12 +151,7 @@ fn retire_pending(service: u32, class: u32) {
     else {
         return;
     };
-    let shift = if globals.pending_epoch_shift == 0 || globals.pending_epoch_shift > 63 {
-        DEFAULT_PENDING_EPOCH_SHIFT
-    } else {
-        globals.pending_epoch_shift
-    };
-    let epoch = unsafe { bpf_jiffies64() } >> shift;
+    let epoch = globals.pending_epoch(unsafe { bpf_jiffies64() });
     let c = (class as usize) & (NUM_CLASSES - 1);
     let mut i = 0;
     while i < 2 {

@@ -238,7 +238,8 @@ struct Daemon {
     start: Instant,
     attach: Vec<Attachment>,
     /// Keeps the kernel's BPF run-time statistics on while the daemon runs.
-    _stats: Option<std::os::fd::OwnedFd>,
+    /// Keeps the kernel's BPF run-time statistics on while held (`None`: unavailable).
+    stats_enabled: Option<std::os::fd::OwnedFd>,
     last_run_stats: Vec<(&'static str, Duration, u64)>,
     programs: Vec<ProgramCost>,
     last_heartbeat: Instant,
@@ -433,7 +434,7 @@ impl Daemon {
             hz,
             start: Instant::now(),
             attach,
-            _stats: stats,
+            stats_enabled: stats,
             last_run_stats: Vec::new(),
             programs: Vec::new(),
             last_heartbeat: Instant::now(),
@@ -490,7 +491,7 @@ impl Daemon {
     }
 
     fn update_program_costs(&mut self) {
-        if self._stats.is_none() {
+        if self.stats_enabled.is_none() {
             return;
         }
         let now = self.shedder.run_stats();
@@ -548,16 +549,7 @@ impl Daemon {
     fn snapshot(&self) -> metrics::Snapshot {
         metrics::Snapshot {
             state: self.state(),
-            services: self
-                .reader
-                .cumulative()
-                .into_iter()
-                .map(|c| metrics::ServiceCumulative {
-                    counters: c.counters,
-                    histograms: c.histograms,
-                    sums_us: c.sums_us,
-                })
-                .collect(),
+            services: self.reader.cumulative(),
             listen: self.reader.listen_counters(),
             heartbeat: self.last_heartbeat,
         }
@@ -599,9 +591,9 @@ impl Daemon {
                     peer,
                     reply,
                 } => {
-                    let result = match self.services.iter().position(|r| r.cfg.name == service) {
-                        None => Err(ApiError::new(404, format!("no service named `{service}`"))),
-                        Some(i) => match self.services[i].override_limit.take() {
+                    let result = match self.service_index(&service) {
+                        Err(e) => Err(e),
+                        Ok(i) => match self.services[i].override_limit.take() {
                             Some(o) => {
                                 info!(service = %service, by = %peer, limit = o.limit, "override cleared");
                                 let rt = &mut self.services[i];
@@ -625,17 +617,22 @@ impl Daemon {
 
     /// A bounded manual limit: inside [min, max], at most ×4 (or ÷4) from the limit in force
     /// unless forced, for at most 24 h.
+    /// The index of the service named `name` (404 if there is none).
+    fn service_index(&self, name: &str) -> Result<usize, ApiError> {
+        self.services
+            .iter()
+            .position(|r| r.cfg.name == name)
+            .ok_or_else(|| ApiError::new(404, format!("no service named `{name}`")))
+    }
+
     fn set_override(
         &mut self,
         service: &str,
         req: &control::OverrideRequest,
         peer: control::Peer,
     ) -> Result<String, ApiError> {
-        let rt = self
-            .services
-            .iter_mut()
-            .find(|r| r.cfg.name == service)
-            .ok_or_else(|| ApiError::new(404, format!("no service named `{service}`")))?;
+        let i = self.service_index(service)?;
+        let rt = &mut self.services[i];
         let (min, max) = (rt.cfg.min_limit, rt.cfg.max_limit);
         if !(min..=max).contains(&req.limit) {
             let mut e = ApiError::bad(format!(
@@ -685,10 +682,7 @@ impl Daemon {
             reason = req.reason.as_deref().unwrap_or(""),
             "override set"
         );
-        let i = self.services.iter().position(|r| r.cfg.name == service);
-        if let Some(i) = i {
-            self.enforce_now(i)?;
-        }
+        self.enforce_now(i)?;
         Ok(format!(
             r#"{{"service":"{service}","limit":{},"ttl_s":{}}}"#,
             req.limit, req.ttl_s

@@ -22,30 +22,27 @@ use prometheus_client::{
     registry::Registry,
 };
 use shedder_common::{
-    CLASS_NAMES, COUNTERS_PER_SERVICE, NUM_REASONS, NUM_VERDICTS, REASON_CEILING, REASON_NAMES,
-    REASON_RATE, VERDICT_NAMES, VERDICT_PASS, decision_index, hist,
+    CLASS_NAMES, NUM_REASONS, NUM_VERDICTS, REASON_CEILING, REASON_NAMES, REASON_RATE,
+    VERDICT_NAMES, VERDICT_PASS, decision_index, hist,
 };
 
-use crate::{controller::Mode, signals::netstat::ListenCounters, state::State};
+use crate::{
+    controller::Mode,
+    signals::{Cumulative, netstat::ListenCounters},
+    state::State,
+};
 
 /// Histogram bounds (seconds) of the exported queue-age and latency histograms.
 pub const BUCKETS: [f64; 13] = [
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
 ];
 
-/// Cumulative kernel values of one service.
-#[derive(Clone, Debug, Default)]
-pub struct ServiceCumulative {
-    pub counters: Option<[u64; COUNTERS_PER_SERVICE]>,
-    pub histograms: Option<Vec<u64>>,
-    pub sums_us: Option<[u64; hist::KINDS as usize]>,
-}
-
 /// What a scrape reports.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     pub state: State,
-    pub services: Vec<ServiceCumulative>,
+    /// Per service, the cumulative kernel counters and histograms of the last tick.
+    pub services: Vec<Cumulative>,
     pub listen: Option<ListenCounters>,
     /// When the heartbeat was last stamped.
     pub heartbeat: Instant,
