@@ -239,6 +239,16 @@ pub fn refused(pair: &Pair, port: u16, what: &str) {
     }
 }
 
+/// Open `n` connections to `port`, each admitted, and wait until the kernel counts them in
+/// flight.
+pub fn hold(pair: &Pair, pins: &Path, port: u16, n: u32) -> Vec<TcpStream> {
+    let held = (0..n)
+        .map(|i| admitted(pair, port, &format!("connection {i} of {n}")))
+        .collect();
+    settle(pins, n);
+    held
+}
+
 /// Wait until the kernel counts `n` connections in flight (connection teardown is
 /// asynchronous).
 pub fn settle(pin_dir: &Path, n: u32) {

@@ -118,6 +118,25 @@ pub struct Pair {
 pub const IFACE: &str = "veth0";
 
 impl Pair {
+    /// Attach the pass-everything baseline XDP program to the client's veth; held while the
+    /// returned object lives. veth delivers frames sent with XDP_TX to its peer promptly
+    /// only when the peer has an XDP program of its own (the kernel kicks the peer's NAPI
+    /// only then; otherwise a RST waits in the peer's ring until other traffic arrives), so
+    /// native mode with `rst` needs one there, as on a container's veth in production.
+    pub fn pass_program_on_client(&self) -> aya::Ebpf {
+        let mut ebpf = aya::Ebpf::load(shedder::ebpf::BASELINE_OBJECT).expect("baseline object");
+        let prog: &mut aya::programs::Xdp = ebpf
+            .program_mut("baseline_xdp")
+            .expect("baseline program")
+            .try_into()
+            .expect("xdp program");
+        prog.load().expect("load baseline");
+        self.client
+            .run(|| prog.attach(IFACE, aya::programs::XdpMode::Driver))
+            .expect("attach baseline to the client veth");
+        ebpf
+    }
+
     pub fn new(tag: &str) -> Self {
         let client = Netns::new(&format!("{tag}c"));
         let server = Netns::new(&format!("{tag}s"));

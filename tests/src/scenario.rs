@@ -137,7 +137,7 @@ impl Lab {
             })
             .rps;
         // Resets sent with XDP_TX reach a veth peer promptly only if it has an XDP program.
-        let client_xdp = (cfg.attach == "native").then(|| pass_program_on(&pair));
+        let client_xdp = (cfg.attach == "native").then(|| pair.pass_program_on_client());
         Self {
             tag: tag.to_string(),
             pins: PathBuf::from(format!(
@@ -188,21 +188,6 @@ impl Lab {
     pub fn sample_limits(&self, every: Duration) -> LimitSampler {
         LimitSampler::start(&self.pins, every)
     }
-}
-
-/// A pass-everything XDP program on the client's veth.
-fn pass_program_on(pair: &Pair) -> aya::Ebpf {
-    let mut ebpf = aya::Ebpf::load(shedder::ebpf::BASELINE_OBJECT).expect("baseline object");
-    let prog: &mut aya::programs::Xdp = ebpf
-        .program_mut("baseline_xdp")
-        .expect("baseline program")
-        .try_into()
-        .expect("xdp program");
-    prog.load().expect("load baseline");
-    pair.client
-        .run(|| prog.attach(IFACE, aya::programs::XdpMode::Driver))
-        .expect("attach baseline to the client veth");
-    ebpf
 }
 
 /// The daemon's limit of service 0 over time.

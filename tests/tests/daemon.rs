@@ -3,14 +3,14 @@
 //! reload that keeps the last good policy.
 
 use std::{
-    net::{IpAddr, TcpStream},
+    net::IpAddr,
     time::{Duration, Instant},
 };
 
 use shedder::ebpf::{MapReader, PinnedMaps};
 use shedder_common::STAT_FALLBACK;
 use shedder_tests::{
-    daemon::{Daemon, admitted, pin_dir, refused, settle, web_config},
+    daemon::{Daemon, admitted, hold, pin_dir, refused, settle, web_config},
     netns::{IFACE, Pair},
     policy::{CLIENT_V4, SERVER_V4},
     require_root,
@@ -44,10 +44,7 @@ fn killed_daemon_keeps_its_limits_until_the_heartbeat_times_out_then_falls_back(
     daemon.wait_for_log("running", Duration::from_secs(10));
 
     // The live limit, 4: four admitted, the fifth reset.
-    let mut held: Vec<TcpStream> = (0..4)
-        .map(|i| admitted(&pair, KILL_PORT, &format!("connection {i}")))
-        .collect();
-    settle(&pins, 4);
+    let mut held = hold(&pair, &pins, KILL_PORT, 4);
     refused(&pair, KILL_PORT, "fifth connection at the live limit");
 
     daemon.kill();
@@ -103,10 +100,7 @@ fn restart_adopts_the_pinned_attachment_without_a_gap_and_sigterm_detaches() {
         &pins,
     );
     daemon.wait_for_log("running", Duration::from_secs(10));
-    let mut held: Vec<TcpStream> = (0..4)
-        .map(|i| admitted(&pair, RESTART_PORT, &format!("connection {i}")))
-        .collect();
-    settle(&pins, 4);
+    let mut held = hold(&pair, &pins, RESTART_PORT, 4);
     let link = pins.join("links").join(IFACE);
     let inode = std::fs::metadata(&link).expect("pinned link").ino();
     let program_of = |link: &std::path::Path| {
@@ -196,10 +190,7 @@ fn sighup_reload_applies_a_good_policy_and_keeps_it_when_the_next_is_bad() {
     let cfg = config(&pins, HUP_PORT, 3000);
     let daemon = Daemon::start(&pair.server, "hup", &cfg, &pins);
     daemon.wait_for_log("running", Duration::from_secs(10));
-    let mut held: Vec<TcpStream> = (0..4)
-        .map(|i| admitted(&pair, HUP_PORT, &format!("connection {i}")))
-        .collect();
-    settle(&pins, 4);
+    let mut held = hold(&pair, &pins, HUP_PORT, 4);
     refused(&pair, HUP_PORT, "at the limit of 4");
 
     daemon.rewrite_config(&cfg.replace("fixed_limit = 4", "fixed_limit = 6"));

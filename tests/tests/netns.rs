@@ -42,25 +42,6 @@ struct Lab {
     pair: Pair,
 }
 
-/// veth delivers frames sent with XDP_TX to its peer promptly only when the peer has an
-/// XDP program of its own (the kernel kicks the peer's NAPI only then; otherwise the RST
-/// waits in the peer's ring until some other packet arrives). So, as for a container's veth
-/// in production, native mode with `rst` needs an XDP program on the peer: attach the
-/// pass-everything baseline there.
-fn attach_pass_program(pair: &Pair) -> aya::Ebpf {
-    let mut ebpf = aya::Ebpf::load(shedder::ebpf::BASELINE_OBJECT).expect("baseline object");
-    let prog: &mut aya::programs::Xdp = ebpf
-        .program_mut("baseline_xdp")
-        .expect("baseline program")
-        .try_into()
-        .expect("xdp program");
-    prog.load().expect("load baseline");
-    pair.client
-        .run(|| prog.attach(IFACE, aya::programs::XdpMode::Driver))
-        .expect("attach baseline to the client veth");
-    ebpf
-}
-
 impl Lab {
     fn new(tag: &str, mode: AttachMode, expect: Attached) -> Self {
         require_root();
@@ -78,7 +59,7 @@ impl Lab {
             .run(|| shedder.attach(IFACE, mode))
             .unwrap_or_else(|e| panic!("attach {mode:?}: {e}"));
         assert_eq!(attached, expect, "attach mode");
-        let client_xdp = (expect == Attached::XdpNative).then(|| attach_pass_program(&pair));
+        let client_xdp = (expect == Attached::XdpNative).then(|| pair.pass_program_on_client());
         Self {
             _servers: servers,
             _client_xdp: client_xdp,
