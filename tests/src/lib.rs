@@ -4,8 +4,11 @@
 
 pub mod daemon;
 pub mod load;
+pub mod machine;
 pub mod netns;
 pub mod packet;
+pub mod peers;
+pub mod plot;
 pub mod policy;
 pub mod scenario;
 pub mod tcp;
