@@ -20,6 +20,11 @@ pub const DEBIAN_PACKAGES: &[&str] = &[
     "util-linux",
     // The metrics test checks the endpoint with the reference OpenMetrics parser.
     "python3-prometheus-client",
+    // The overload benchmark's peers: a haproxy queue and an nftables SYN rate limit.
+    "haproxy",
+    "nftables",
+    // The font the benchmark charts' text is drawn with (tests/src/plot.rs).
+    "fonts-dejavu-core",
 ];
 
 /// Pinned: a newer bpf-linker may default to another LLVM than the nightly's.

@@ -1,0 +1,252 @@
+//! The overload benchmark's peers, each in the server namespace of a veth pair: an nftables
+//! SYN rate limit and a real haproxy with a per-server connection limit and a queue timeout.
+//! Everything is removed when its guard drops, also on panic.
+
+use std::{
+    io::{Read, Write},
+    net::{IpAddr, SocketAddr, TcpStream},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use shedder_tests::{
+    load::{Backend, BackendConfig, LoadGen, REQUEST, prepare_client_namespace},
+    netns::Pair,
+    peers::{Haproxy, HaproxyConfig, Nft, process_cpu_time},
+    require_root,
+};
+
+const NFT_PORT: u16 = 8095;
+const HAPROXY_BACKEND_PORT: u16 = 8096;
+const HAPROXY_PORT: u16 = 8097;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn server(port: u16) -> SocketAddr {
+    SocketAddr::new(IpAddr::from([198, 18, 0, 2]), port)
+}
+
+fn pair() -> Pair {
+    require_root();
+    let pair = Pair::new("pe");
+    prepare_client_namespace(&pair.client);
+    pair
+}
+
+/// `nft list tables` inside the namespace called `ns_name`.
+fn nft_tables(ns_name: &str) -> String {
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{ns_name}"))
+        .args(["nft", "list", "tables"])
+        .output()
+        .expect("spawn nft");
+    assert!(out.status.success(), "nft list tables: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn nft_drops_syns_above_the_rate() {
+    let pair = pair();
+    let _backend = Backend::start_in(&pair.server, BackendConfig::new(NFT_PORT, 4, ms(5)));
+    let nft = Nft::syn_rate_limit(&pair.server, NFT_PORT, 50);
+    eprintln!("ruleset:\n{}", nft.ruleset());
+    assert!(nft_tables(&pair.server.name).contains("table inet shedder_peer"));
+
+    let report = LoadGen::new(server(NFT_PORT))
+        .phase(secs(3), 300.0)
+        .deadline(secs(1))
+        .retries(0)
+        .run_in(&pair.client, |_| {});
+    let total = report.total();
+    let dropped = nft.dropped();
+    eprintln!("{}", report.table());
+    eprintln!(
+        "300/s offered against a 50/s SYN limit: {:.0} ok/s, {dropped} SYNs dropped",
+        total.goodput()
+    );
+    assert!(
+        total.goodput() < 100.0,
+        "goodput {:.0}/s: the 50/s limit let far more through",
+        total.goodput()
+    );
+    assert!(
+        total.goodput() > 25.0,
+        "goodput {:.0}/s: the limit should pass about 50/s",
+        total.goodput()
+    );
+    assert!(dropped > 0, "no SYN counted as dropped");
+    // A dropped SYN is retransmitted after 1 s, at the deadline: those requests time out.
+    assert!(
+        total.all.timeout > total.all.ok,
+        "{} timeouts, {} ok",
+        total.all.timeout,
+        total.all.ok
+    );
+
+    drop(nft);
+    let tables = nft_tables(&pair.server.name);
+    assert!(
+        !tables.contains("shedder_peer"),
+        "the table outlived its guard:\n{tables}"
+    );
+}
+
+/// The first field of every `/proc/<pid>/task/*/schedstat`: time on CPU in ns.
+fn schedstat_sum(pid: u32) -> Duration {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks");
+    let ns: u64 = tasks
+        .map(|t| {
+            let s = std::fs::read_to_string(t.expect("task").path().join("schedstat"))
+                .expect("schedstat");
+            s.split_whitespace()
+                .next()
+                .and_then(|f| f.parse::<u64>().ok())
+                .expect("schedstat's first field")
+        })
+        .sum();
+    Duration::from_nanos(ns)
+}
+
+#[test]
+fn haproxy_serves_up_to_the_server_limit_and_closes_on_queue_timeout() {
+    let pair = pair();
+    let backend = Backend::start_in(
+        &pair.server,
+        BackendConfig::new(HAPROXY_BACKEND_PORT, 4, ms(20)),
+    );
+    let capacity = backend.capacity();
+    let haproxy = Haproxy::start(
+        &pair.server,
+        &HaproxyConfig {
+            listen_port: HAPROXY_PORT,
+            backend: SocketAddr::from(([127, 0, 0, 1], HAPROXY_BACKEND_PORT)),
+            server_maxconn: 4,
+            frontend_maxconn: 2000,
+            timeout_queue: ms(200),
+        },
+    );
+    eprintln!("haproxy.cfg:\n{}", haproxy.config_text());
+    let pid = haproxy.pid();
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).expect("comm");
+    assert_eq!(comm.trim(), "haproxy", "pid {pid} is not haproxy itself");
+    let (clock, schedstat) = (haproxy.cpu_time(), schedstat_sum(pid));
+    eprintln!("haproxy cpu after start: {clock:?} (schedstat sum {schedstat:?})");
+    assert!(clock > Duration::ZERO);
+    assert!(
+        clock.abs_diff(schedstat) < ms(5),
+        "the CPU clock {clock:?} and the schedstat sum {schedstat:?} disagree"
+    );
+
+    let below = LoadGen::new(server(HAPROXY_PORT))
+        .phase(secs(2), capacity / 2.0)
+        .run_in(&pair.client, |_| {});
+    let b = below.total();
+    eprintln!(
+        "below capacity ({:.0}/s):\n{}",
+        capacity / 2.0,
+        below.table()
+    );
+    assert!(
+        b.all.share(b.all.ok) >= 0.98,
+        "below capacity only {}/{} ok",
+        b.all.ok,
+        b.all.offered
+    );
+
+    let cpu_before = haproxy.cpu_time();
+    let over = LoadGen::new(server(HAPROXY_PORT))
+        .phase(secs(3), 3.0 * capacity)
+        .deadline(secs(1))
+        .run_in(&pair.client, |_| {});
+    let cpu_used = haproxy.cpu_time() - cpu_before;
+    let o = over.total();
+    eprintln!(
+        "at 3x capacity ({:.0}/s):\n{}",
+        3.0 * capacity,
+        over.table()
+    );
+    eprintln!(
+        "goodput {:.0}/s of {capacity:.0}/s capacity; {} reset, {} timeout of {} offered; \
+         haproxy used {:.0} ms CPU",
+        o.goodput(),
+        o.all.reset,
+        o.all.timeout,
+        o.all.offered,
+        cpu_used.as_secs_f64() * 1e3
+    );
+    // Arrivals of the last second are served up to 220 ms after it: a little above.
+    assert!(
+        o.goodput() >= 0.75 * capacity && o.goodput() <= 1.15 * capacity,
+        "goodput {:.0}/s is not near the capacity {capacity:.0}/s",
+        o.goodput()
+    );
+    assert!(o.all.reset > 0, "no queue timeout seen");
+    assert!(
+        o.all.share(o.all.reset + o.all.timeout) >= 0.5,
+        "the excess should end in queue timeouts (reset) or timeouts: {:?}",
+        o.all
+    );
+    assert!(cpu_used > Duration::ZERO, "haproxy's CPU time did not grow");
+
+    // What a queue timeout looks like to the client: four idle connections hold the
+    // server's four slots (the backend waits 2 s for their request), a fifth request
+    // waits in haproxy's queue and is closed after 200 ms.
+    let (eof, waited) = pair.client.run(|| {
+        let idle: Vec<TcpStream> = (0..4)
+            .map(|_| TcpStream::connect(server(HAPROXY_PORT)).expect("connect"))
+            .collect();
+        std::thread::sleep(ms(100));
+        let mut queued = TcpStream::connect(server(HAPROXY_PORT)).expect("connect");
+        queued.set_read_timeout(Some(secs(2))).expect("timeout");
+        queued.write_all(REQUEST).expect("send");
+        let start = Instant::now();
+        let mut buf = [0u8; 16];
+        let read = queued.read(&mut buf);
+        drop(idle);
+        (read.map(|n| n == 0), start.elapsed())
+    });
+    eprintln!("queued request: {eof:?} after {waited:?}");
+    assert!(
+        matches!(eof, Ok(true)),
+        "expected EOF on queue timeout: {eof:?}"
+    );
+    assert!(
+        waited >= ms(150) && waited < ms(1000),
+        "closed after {waited:?}"
+    );
+
+    drop(haproxy);
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "haproxy (pid {pid}) outlived its guard"
+    );
+}
+
+#[test]
+fn process_cpu_time_of_this_process_grows() {
+    let pid = std::process::id();
+    let first = process_cpu_time(pid).expect("own CPU time");
+    let spin = Instant::now();
+    let mut x = 0u64;
+    while spin.elapsed() < ms(50) {
+        x = std::hint::black_box(x.wrapping_add(1));
+    }
+    let second = process_cpu_time(pid).expect("own CPU time");
+    eprintln!("cpu time {first:?} then {second:?}");
+    assert!(first > Duration::ZERO);
+    assert!(second >= first + ms(10), "{first:?} then {second:?}");
+
+    let mut exited = Command::new("true").spawn().expect("spawn true");
+    let gone = exited.id();
+    exited.wait().expect("wait");
+    assert!(
+        process_cpu_time(gone).is_err(),
+        "an exited process has no CPU time"
+    );
+}
