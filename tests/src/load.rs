@@ -11,6 +11,11 @@
 //! connections beyond the workers wait in the kernel's accept queue — the queue shedder
 //! measures and protects.
 //!
+//! With [`BackendConfig::in_app`] the backend sheds by itself instead, as an application
+//! would without shedder: one thread accepts every connection and reads its request, then
+//! either queues it for the workers or answers [`BUSY`] at once, under an AIMD limit on the
+//! requests in flight (see [`InAppAimd`]).
+//!
 //! # Example
 //!
 //! ```no_run
@@ -41,7 +46,7 @@ use std::{
     os::fd::AsRawFd,
     sync::{
         Arc, Condvar, Mutex,
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
         mpsc,
     },
     thread,
@@ -61,6 +66,9 @@ use crate::netns::Netns;
 pub const REQUEST: &[u8; 16] = b"shedder request\n";
 /// What a backend answers: exactly these 16 bytes.
 pub const RESPONSE: &[u8; 16] = b"shedder respond\n";
+/// What a backend shedding in the application ([`BackendConfig::in_app`]) answers instead
+/// of [`RESPONSE`] to a request it will not serve, like an HTTP 503: exactly these 16 bytes.
+pub const BUSY: &[u8; 16] = b"shedder busy 503";
 
 /// How long a worker waits for the request bytes of a connection it accepted before it
 /// gives up on it.
@@ -84,6 +92,9 @@ pub struct BackendConfig {
     /// `listen(2)` backlog: the accept queue's capacity (capped by the namespace's
     /// `net.core.somaxconn`, 4096 by default).
     pub backlog: i32,
+    /// Shed in the application under an AIMD limit (None: every accepted request is
+    /// served, as by a plain server).
+    pub in_app: Option<InAppAimd>,
 }
 
 impl Default for BackendConfig {
@@ -93,6 +104,7 @@ impl Default for BackendConfig {
             workers: 4,
             service_time: Duration::from_millis(20),
             backlog: 1024,
+            in_app: None,
         }
     }
 }
@@ -114,6 +126,12 @@ impl BackendConfig {
         self
     }
 
+    /// Shed in the application under `aimd`.
+    pub fn in_app(mut self, aimd: InAppAimd) -> Self {
+        self.in_app = Some(aimd);
+        self
+    }
+
     /// Nominal capacity in requests per second: workers / service time.
     pub fn capacity(&self) -> f64 {
         nominal_capacity(self.workers, self.service_time)
@@ -124,6 +142,62 @@ fn nominal_capacity(workers: usize, service_time: Duration) -> f64 {
     workers as f64 / service_time.as_secs_f64().max(1e-9)
 }
 
+/// Shedding inside the application, as its developer would add it: a limit on the requests
+/// in flight (admitted and queued for a worker or being served), adjusted by AIMD from the
+/// latencies the application measures itself.
+///
+/// One acceptor thread accepts each connection and reads its request. If fewer requests
+/// than the limit are in flight, the connection is queued for the workers; otherwise it is
+/// answered [`BUSY`] and closed. Each `window` the worst latency (accept to response
+/// written) among the requests completed in it decides: above `target_latency` the limit
+/// becomes `max(min_limit, ⌊limit × 0.9⌋)`; otherwise, if the limit was binding (a request
+/// was shed or the in-flight count reached the limit), it becomes `min(max_limit, limit + 1)`.
+/// The worst latency rather than a percentile, as Netflix concurrency-limits' `AIMDLimit`
+/// backs off on any request slower than its timeout. A window closes at the first
+/// completion after it has lasted `window`; without completions the limit stays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InAppAimd {
+    /// Latency the limit is steered to stay under (default 50 ms).
+    pub target_latency: Duration,
+    /// Limit at start (default 10).
+    pub initial_limit: u32,
+    /// Floor of the limit (default 1).
+    pub min_limit: u32,
+    /// Ceiling of the limit (default 1000); also the capacity of the workers' queue.
+    pub max_limit: u32,
+    /// Length of an adjustment window (default 100 ms).
+    pub window: Duration,
+}
+
+impl Default for InAppAimd {
+    fn default() -> Self {
+        Self {
+            target_latency: Duration::from_millis(50),
+            initial_limit: 10,
+            min_limit: 1,
+            max_limit: 1000,
+            window: Duration::from_millis(100),
+        }
+    }
+}
+
+/// The limit after a window whose worst completed latency was `window_worst_latency` (None:
+/// nothing completed) and in which the limit was `binding` or not.
+fn aimd_next(
+    limit: u32,
+    window_worst_latency: Option<Duration>,
+    binding: bool,
+    cfg: &InAppAimd,
+) -> u32 {
+    match window_worst_latency {
+        Some(worst) if worst > cfg.target_latency => {
+            ((u64::from(limit) * 9 / 10) as u32).max(cfg.min_limit)
+        }
+        Some(_) if binding => limit.saturating_add(1).min(cfg.max_limit),
+        _ => limit,
+    }
+}
+
 /// Counters of a [`Backend`] since it started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BackendStats {
@@ -131,22 +205,32 @@ pub struct BackendStats {
     pub accepted: u64,
     /// Requests answered (the response was written).
     pub served: u64,
-    /// Accepted connections that got no response: the client closed or reset it, sent a
-    /// wrong request, never sent one, or the backend was stopping.
+    /// Accepted connections that got no response and were not shed: the client closed or
+    /// reset it, sent a wrong request, never sent one, or the backend was stopping.
     pub failed: u64,
     /// Workers holding a connection right now.
     pub busy: usize,
+    /// Requests shed in the application: answered [`BUSY`] (or the write of it failed).
+    pub rejected: u64,
+    /// CPU time the acceptor thread spent on the shed requests (`CLOCK_THREAD_CPUTIME_ID`,
+    /// from before `accept()` to after the close: accept, read, write [`BUSY`], close). The
+    /// kernel's work for them in softirq context (handshake, ACKs, FIN) is not included.
+    pub reject_cpu: Duration,
+    /// The in-application limit now; None without [`BackendConfig::in_app`].
+    pub limit: Option<u32>,
 }
 
 /// A TCP request/response server of known capacity: `workers` threads, each accepting one
 /// connection at a time from a shared listener, holding its request for the service time,
-/// answering and closing. Dropping it stops it within milliseconds and closes every socket
-/// (connections still in the accept queue are reset), so nothing keeps a namespace alive.
+/// answering and closing. With [`BackendConfig::in_app`], one acceptor thread accepts and
+/// sheds or queues for the workers instead (see [`InAppAimd`]). Dropping it stops it within
+/// milliseconds and closes every socket (connections still in the accept queue are reset,
+/// queued ones closed), so nothing keeps a namespace alive.
 pub struct Backend {
     port: u16,
     shared: Arc<BackendShared>,
     listener: Arc<TcpListener>,
-    workers: Vec<thread::JoinHandle<()>>,
+    threads: Vec<thread::JoinHandle<()>>,
 }
 
 struct BackendShared {
@@ -159,6 +243,85 @@ struct BackendShared {
     served: AtomicU64,
     failed: AtomicU64,
     busy: AtomicUsize,
+    rejected: AtomicU64,
+    reject_cpu_ns: AtomicU64,
+    aimd: Option<Aimd>,
+}
+
+/// The state of in-application shedding.
+struct Aimd {
+    cfg: InAppAimd,
+    limit: AtomicU32,
+    /// Admitted requests queued for a worker or being served.
+    in_flight: AtomicU32,
+    /// The limit was binding in the current window.
+    binding: AtomicBool,
+    window: Mutex<AimdWindow>,
+}
+
+struct AimdWindow {
+    start: std::time::Instant,
+    worst: Option<Duration>,
+}
+
+impl Aimd {
+    fn new(cfg: InAppAimd) -> Self {
+        assert!(
+            1 <= cfg.min_limit && cfg.min_limit <= cfg.initial_limit,
+            "in-app limits: need 1 <= min_limit <= initial_limit: {cfg:?}"
+        );
+        assert!(
+            cfg.initial_limit <= cfg.max_limit,
+            "in-app limits: need initial_limit <= max_limit: {cfg:?}"
+        );
+        assert!(!cfg.window.is_zero(), "in-app window is zero");
+        Self {
+            cfg,
+            limit: AtomicU32::new(cfg.initial_limit),
+            in_flight: AtomicU32::new(0),
+            binding: AtomicBool::new(false),
+            window: Mutex::new(AimdWindow {
+                start: std::time::Instant::now(),
+                worst: None,
+            }),
+        }
+    }
+
+    /// Admit a request if fewer than the limit are in flight. Only the acceptor admits, so
+    /// the count cannot pass the limit between the check and the increment.
+    fn try_admit(&self) -> bool {
+        let limit = self.limit.load(Ordering::Relaxed);
+        let in_flight = self.in_flight.load(Ordering::Relaxed);
+        if in_flight + 1 >= limit {
+            self.binding.store(true, Ordering::Relaxed);
+        }
+        if in_flight >= limit {
+            return false;
+        }
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// A request admitted `latency` ago was answered; closes the window if it has lasted
+    /// long enough.
+    fn completed(&self, latency: Duration) {
+        let mut w = self.window.lock().expect("aimd window");
+        w.worst = Some(w.worst.map_or(latency, |worst| worst.max(latency)));
+        let now = std::time::Instant::now();
+        if now.duration_since(w.start) >= self.cfg.window {
+            let binding = self.binding.swap(false, Ordering::Relaxed);
+            let limit = self.limit.load(Ordering::Relaxed);
+            let next = aimd_next(limit, w.worst.take(), binding, &self.cfg);
+            self.limit.store(next, Ordering::Relaxed);
+            w.start = now;
+        }
+    }
+}
+
+/// A request admitted by the acceptor, waiting for a worker.
+struct Admitted {
+    conn: TcpStream,
+    accepted_at: std::time::Instant,
 }
 
 impl BackendShared {
@@ -212,21 +375,47 @@ impl Backend {
             served: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             busy: AtomicUsize::new(0),
+            rejected: AtomicU64::new(0),
+            reject_cpu_ns: AtomicU64::new(0),
+            aimd: config.in_app.map(Aimd::new),
         });
-        let workers = (0..config.workers)
-            .map(|i| {
+        fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> thread::JoinHandle<()> {
+            thread::Builder::new()
+                .name(name)
+                .spawn(f)
+                .expect("spawning a backend thread")
+        }
+        let mut threads = Vec::with_capacity(config.workers + 1);
+        match &config.in_app {
+            None => {
+                for i in 0..config.workers {
+                    let (listener, shared) = (listener.clone(), shared.clone());
+                    threads.push(spawn(format!("backend-{port}-{i}"), move || {
+                        worker(&listener, &shared)
+                    }));
+                }
+            }
+            Some(aimd) => {
+                // In flight never exceeds the limit, so the queue never fills.
+                let (tx, rx) = mpsc::sync_channel(aimd.max_limit as usize);
+                let rx = Arc::new(Mutex::new(rx));
+                for i in 0..config.workers {
+                    let (rx, shared) = (rx.clone(), shared.clone());
+                    threads.push(spawn(format!("backend-{port}-{i}"), move || {
+                        pool_worker(&rx, &shared)
+                    }));
+                }
                 let (listener, shared) = (listener.clone(), shared.clone());
-                thread::Builder::new()
-                    .name(format!("backend-{port}-{i}"))
-                    .spawn(move || worker(&listener, &shared))
-                    .expect("spawning a backend worker")
-            })
-            .collect();
+                threads.push(spawn(format!("backend-{port}-a"), move || {
+                    acceptor(&listener, &shared, tx)
+                }));
+            }
+        }
         Self {
             port,
             shared,
             listener,
-            workers,
+            threads,
         }
     }
 
@@ -269,7 +458,16 @@ impl Backend {
             served: self.shared.served.load(Ordering::Relaxed),
             failed: self.shared.failed.load(Ordering::Relaxed),
             busy: self.shared.busy.load(Ordering::Relaxed),
+            rejected: self.shared.rejected.load(Ordering::Relaxed),
+            reject_cpu: Duration::from_nanos(self.shared.reject_cpu_ns.load(Ordering::Relaxed)),
+            limit: self.in_app_limit(),
         }
+    }
+
+    /// The in-application limit now; None without [`BackendConfig::in_app`].
+    pub fn in_app_limit(&self) -> Option<u32> {
+        let aimd = self.shared.aimd.as_ref()?;
+        Some(aimd.limit.load(Ordering::Relaxed))
     }
 }
 
@@ -277,29 +475,39 @@ impl Drop for Backend {
     fn drop(&mut self) {
         self.shared.stop();
         // shutdown(2) on a listening socket moves it to CLOSE (resetting what waits in its
-        // accept queue) and wakes every accept(); they fail with EINVAL.
+        // accept queue) and wakes every accept(); they fail with EINVAL. The acceptor of the
+        // in-app mode then ends, which disconnects the workers' queue once they have taken
+        // (and, stopping, closed) what it held.
         // SAFETY: the listener's fd is open until `self.listener` is dropped.
         unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
-        for w in self.workers.drain(..) {
-            let _ = w.join();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
         }
     }
 }
 
-fn worker(listener: &TcpListener, shared: &BackendShared) {
+/// The next connection from the accept queue; None once stopping.
+fn accept_next(listener: &TcpListener, shared: &BackendShared) -> Option<TcpStream> {
     while !shared.stopping() {
-        let conn = match listener.accept() {
-            Ok((conn, _)) => conn,
+        match listener.accept() {
+            Ok((conn, _)) => {
+                shared.accepted.fetch_add(1, Ordering::Relaxed);
+                return Some(conn);
+            }
             Err(_) if shared.stopping() => break,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => continue,
             Err(_) => {
                 // EMFILE and the like: back off a little instead of spinning.
                 shared.sleep(Duration::from_millis(10));
-                continue;
             }
-        };
-        shared.accepted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    None
+}
+
+fn worker(listener: &TcpListener, shared: &BackendShared) {
+    while let Some(conn) = accept_next(listener, shared) {
         shared.busy.fetch_add(1, Ordering::Relaxed);
         let answered = serve(conn, shared);
         shared.busy.fetch_sub(1, Ordering::Relaxed);
@@ -311,8 +519,84 @@ fn worker(listener: &TcpListener, shared: &BackendShared) {
     }
 }
 
+/// This thread's CPU time so far.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// The in-app mode's only accepting thread: reads each request, then queues it for the
+/// workers or sheds it with [`BUSY`]. Ends when stopping, dropping `queue`.
+fn acceptor(listener: &TcpListener, shared: &BackendShared, queue: mpsc::SyncSender<Admitted>) {
+    let aimd = shared.aimd.as_ref().expect("in-app mode");
+    loop {
+        let cpu_before = thread_cpu_time();
+        let Some(mut conn) = accept_next(listener, shared) else {
+            break;
+        };
+        let accepted_at = std::time::Instant::now();
+        if !read_request(&mut conn, shared) {
+            shared.failed.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        if aimd.try_admit() {
+            if queue.send(Admitted { conn, accepted_at }).is_err() {
+                // Every worker has ended (panicked): nobody will serve it.
+                aimd.in_flight.fetch_sub(1, Ordering::Relaxed);
+                shared.failed.fetch_add(1, Ordering::Relaxed);
+            }
+            continue;
+        }
+        let _ = conn.write_all(BUSY);
+        drop(conn);
+        let cpu = thread_cpu_time().saturating_sub(cpu_before);
+        shared.rejected.fetch_add(1, Ordering::Relaxed);
+        shared
+            .reject_cpu_ns
+            .fetch_add(cpu.as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
+/// A worker of the in-app mode: serves what the acceptor queued until the queue is
+/// disconnected; once stopping, closes what it takes unanswered.
+fn pool_worker(queue: &Mutex<mpsc::Receiver<Admitted>>, shared: &BackendShared) {
+    let aimd = shared.aimd.as_ref().expect("in-app mode");
+    loop {
+        let next = queue.lock().expect("backend queue").recv();
+        let Ok(Admitted {
+            mut conn,
+            accepted_at,
+        }) = next
+        else {
+            break;
+        };
+        shared.busy.fetch_add(1, Ordering::Relaxed);
+        let answered = respond(&mut conn, shared);
+        let latency = accepted_at.elapsed();
+        drop(conn);
+        shared.busy.fetch_sub(1, Ordering::Relaxed);
+        aimd.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if answered {
+            shared.served.fetch_add(1, Ordering::Relaxed);
+            aimd.completed(latency);
+        } else {
+            shared.failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Serve one connection; true when the response was written. Closes it on return.
 fn serve(mut conn: TcpStream, shared: &BackendShared) -> bool {
+    read_request(&mut conn, shared) && respond(&mut conn, shared)
+}
+
+/// Read the request; false if it did not come, in time and right.
+fn read_request(conn: &mut TcpStream, shared: &BackendShared) -> bool {
     // Short read timeouts so that a stop is noticed while waiting for the request.
     if conn
         .set_read_timeout(Some(Duration::from_millis(50)))
@@ -342,9 +626,11 @@ fn serve(mut conn: TcpStream, shared: &BackendShared) -> bool {
             Err(_) => return false,
         }
     }
-    if &buf != REQUEST {
-        return false;
-    }
+    &buf == REQUEST
+}
+
+/// Hold the request for the service time and answer; true when the response was written.
+fn respond(conn: &mut TcpStream, shared: &BackendShared) -> bool {
     let service = Duration::from_micros(shared.service_us.load(Ordering::Relaxed));
     if !shared.sleep(service) {
         return false;
@@ -410,6 +696,9 @@ pub enum Outcome {
     /// The connection was reset or closed by the server after it was established, before
     /// the response (ECONNRESET, EPIPE, or EOF).
     Reset,
+    /// The server accepted the connection and answered [`BUSY`]: an explicit 503-style shed
+    /// after accept.
+    Busy,
     /// The deadline passed with the connect or the response still pending; the request was
     /// abandoned then (there is no "late" outcome: nothing is waited for past the deadline).
     Timeout,
@@ -423,7 +712,7 @@ pub enum Outcome {
 impl Outcome {
     /// Worth retrying immediately (when retries are enabled and the deadline allows).
     fn retryable(self) -> bool {
-        matches!(self, Self::Refused | Self::Reset)
+        matches!(self, Self::Refused | Self::Reset | Self::Busy)
     }
 }
 
@@ -480,6 +769,9 @@ async fn attempt(target: SocketAddr, source: IpAddr) -> Result<(), (Outcome, io:
     stream.write_all(REQUEST).await.map_err(after)?;
     let mut buf = [0u8; RESPONSE.len()];
     stream.read_exact(&mut buf).await.map_err(after)?;
+    if &buf == BUSY {
+        return Err((Outcome::Busy, io::Error::other("the server is busy")));
+    }
     if &buf != RESPONSE {
         return Err((
             Outcome::Error,
@@ -525,6 +817,7 @@ pub struct Counts {
     pub ok: u64,
     pub refused: u64,
     pub reset: u64,
+    pub busy: u64,
     pub timeout: u64,
     pub error: u64,
     pub generator_dropped: u64,
@@ -547,6 +840,7 @@ impl Counts {
             }
             Outcome::Refused => self.refused += 1,
             Outcome::Reset => self.reset += 1,
+            Outcome::Busy => self.busy += 1,
             Outcome::Timeout => self.timeout += 1,
             Outcome::Error => self.error += 1,
             Outcome::GeneratorDropped => self.generator_dropped += 1,
@@ -559,6 +853,7 @@ impl Counts {
         self.ok += other.ok;
         self.refused += other.refused;
         self.reset += other.reset;
+        self.busy += other.busy;
         self.timeout += other.timeout;
         self.error += other.error;
         self.generator_dropped += other.generator_dropped;
@@ -663,12 +958,13 @@ impl Window {
     /// The column headers matching this window's `Display` row.
     pub fn header(&self) -> String {
         let mut s = format!(
-            "{:>7} {:>7} {:>6} {:>7} {:>6} {:>7} {:>5} {:>7} {:>8} {:>8}",
+            "{:>7} {:>7} {:>6} {:>7} {:>6} {:>6} {:>7} {:>5} {:>7} {:>8} {:>8}",
             "t(s)",
             "offered",
             "ok",
             "refused",
             "reset",
+            "busy",
             "timeout",
             "error",
             "dropped",
@@ -698,11 +994,12 @@ impl fmt::Display for Window {
         let a = &self.all;
         write!(
             f,
-            "{span:>7} {:>7} {:>6} {:>7} {:>6} {:>7} {:>5} {:>7} {:>8} {:>8}",
+            "{span:>7} {:>7} {:>6} {:>7} {:>6} {:>6} {:>7} {:>5} {:>7} {:>8} {:>8}",
             a.offered,
             a.ok,
             a.refused,
             a.reset,
+            a.busy,
             a.timeout,
             a.error,
             a.generator_dropped,
@@ -963,6 +1260,25 @@ pub struct ClassMix {
     pub source: IpAddr,
     /// Share of the arrivals (normalised over all classes).
     pub fraction: f64,
+    /// Distinct clients: each request comes from `source + k` for a `k` drawn uniformly
+    /// from `0..hosts` (its retries from the same address). 1: every request from `source`.
+    /// The addresses must be local to the client namespace (see [`add_local_range`]).
+    pub hosts: u32,
+}
+
+/// The `k`-th address after `base` (wrapping within the family).
+pub fn nth_address(base: IpAddr, k: u32) -> IpAddr {
+    match base {
+        IpAddr::V4(a) => IpAddr::V4(u32::from(a).wrapping_add(k).into()),
+        IpAddr::V6(a) => IpAddr::V6(u128::from(a).wrapping_add(u128::from(k)).into()),
+    }
+}
+
+/// Make every address of the IPv4 `prefix` (e.g. `"198.18.50.0/24"`) local to `ns`
+/// ("AnyIP": a `local` route via `lo`), so clients can bind to any of them and the namespace
+/// answers ARP for them on its other interfaces.
+pub fn add_local_range(ns: &Netns, prefix: &str) {
+    ns.ip(&["route", "add", "local", prefix, "dev", "lo"]);
 }
 
 /// An open-loop load generator: requests start on a schedule whether or not earlier ones
@@ -981,7 +1297,7 @@ pub struct LoadGen {
     pub classes: Vec<ClassMix>,
     /// Whole-request deadline from the scheduled arrival (default 1 s).
     pub deadline: Duration,
-    /// Immediate retries after a refused or reset attempt while the deadline allows
+    /// Immediate retries after a refused, reset or busy attempt while the deadline allows
     /// (default 0). Every attempt is counted.
     pub retries: u32,
     /// Cap on outstanding requests (default 20,000; lowered to the file-descriptor limit
@@ -1031,11 +1347,18 @@ impl LoadGen {
     }
 
     /// Add a class: `fraction` of the arrivals, connecting from `source`.
-    pub fn class(mut self, label: &str, source: IpAddr, fraction: f64) -> Self {
+    pub fn class(self, label: &str, source: IpAddr, fraction: f64) -> Self {
+        self.class_hosts(label, source, 1, fraction)
+    }
+
+    /// Add a class of `hosts` distinct clients from `source` on (see [`ClassMix::hosts`]).
+    pub fn class_hosts(mut self, label: &str, source: IpAddr, hosts: u32, fraction: f64) -> Self {
+        assert!(hosts >= 1, "class {label}: at least one host");
         self.classes.push(ClassMix {
             label: label.to_string(),
             source,
             fraction,
+            hosts,
         });
         self
     }
@@ -1129,6 +1452,7 @@ impl LoadGen {
                 label: "all".into(),
                 source: any,
                 fraction: 1.0,
+                hosts: 1,
             });
         }
         for c in &self.classes {
@@ -1355,7 +1679,9 @@ impl Prepared {
             })
         };
 
-        let sources: Arc<[IpAddr]> = config.classes.iter().map(|c| c.source).collect();
+        let sources: Arc<[(IpAddr, u32)]> =
+            config.classes.iter().map(|c| (c.source, c.hosts)).collect();
+        let mut host_rng = XorShift::new(config.seed ^ 0x0005_0a5c_e5e5_0001);
         let mut clock = ArrivalClock::new(config.phases.clone(), config.arrivals, config.seed);
         let mut class_rng = XorShift::new(config.seed ^ 0x5eed_c1a5_5e5e_d000);
         let mut max_lag = Duration::ZERO;
@@ -1410,7 +1736,14 @@ impl Prepared {
             outstanding.fetch_add(1, Ordering::Relaxed);
             let guard = Outstanding(outstanding.clone());
             let agg = agg.clone();
-            let (target, source) = (config.target, sources[class]);
+            let (base, hosts) = sources[class];
+            let source = if hosts > 1 {
+                let k = ((host_rng.unit() * f64::from(hosts)) as u32).min(hosts - 1);
+                nth_address(base, k)
+            } else {
+                base
+            };
+            let target = config.target;
             let (deadline, retries) = (when + config.deadline, config.retries);
             tokio::spawn(async move {
                 let (outcome, attempts, error) = request(target, source, deadline, retries).await;
@@ -1595,6 +1928,70 @@ mod tests {
         assert!((199..=201).contains(&a.len()), "{}", a.len());
         let first = a.iter().filter(|t| t.as_secs() == 0).count();
         assert!((49..=51).contains(&first), "{first}");
+    }
+
+    #[test]
+    fn aimd_grows_by_one_only_when_binding_and_fast() {
+        let cfg = InAppAimd::default();
+        let fast = Some(Duration::from_millis(30));
+        assert_eq!(aimd_next(10, fast, true, &cfg), 11);
+        assert_eq!(aimd_next(10, fast, false, &cfg), 10);
+        // Exactly at the target is not above it.
+        assert_eq!(aimd_next(10, Some(cfg.target_latency), true, &cfg), 11);
+        // Nothing completed: no latency to judge by.
+        assert_eq!(aimd_next(10, None, true, &cfg), 10);
+        assert_eq!(aimd_next(cfg.max_limit, fast, true, &cfg), cfg.max_limit);
+    }
+
+    #[test]
+    fn aimd_backs_off_by_a_tenth_when_slow() {
+        let cfg = InAppAimd::default();
+        let slow = Some(Duration::from_millis(51));
+        for binding in [false, true] {
+            assert_eq!(aimd_next(100, slow, binding, &cfg), 90);
+            assert_eq!(aimd_next(10, slow, binding, &cfg), 9);
+            assert_eq!(aimd_next(15, slow, binding, &cfg), 13);
+            assert_eq!(aimd_next(1, slow, binding, &cfg), cfg.min_limit);
+        }
+        let floor = InAppAimd {
+            min_limit: 8,
+            ..cfg
+        };
+        assert_eq!(aimd_next(8, slow, true, &floor), 8);
+    }
+
+    #[test]
+    fn admission_stops_at_the_limit_and_marks_it_binding() {
+        let aimd = Aimd::new(InAppAimd {
+            initial_limit: 3,
+            ..InAppAimd::default()
+        });
+        assert!(aimd.try_admit());
+        assert!(!aimd.binding.load(Ordering::Relaxed));
+        assert!(aimd.try_admit());
+        assert!(aimd.try_admit());
+        assert!(aimd.binding.load(Ordering::Relaxed), "reached the limit");
+        aimd.binding.store(false, Ordering::Relaxed);
+        assert!(!aimd.try_admit());
+        assert!(aimd.binding.load(Ordering::Relaxed), "shed one");
+        assert_eq!(aimd.in_flight.load(Ordering::Relaxed), 3);
+        aimd.in_flight.fetch_sub(1, Ordering::Relaxed);
+        assert!(aimd.try_admit());
+    }
+
+    #[test]
+    fn nth_address_counts_from_the_base() {
+        let v4: IpAddr = "198.18.50.0".parse().unwrap();
+        assert_eq!(nth_address(v4, 0), v4);
+        assert_eq!(
+            nth_address(v4, 257),
+            "198.18.51.1".parse::<IpAddr>().unwrap()
+        );
+        let v6: IpAddr = "2001:db8:50::".parse().unwrap();
+        assert_eq!(
+            nth_address(v6, 0x1_0001),
+            "2001:db8:50::1:1".parse::<IpAddr>().unwrap()
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The traffic harness against itself, over veth between two namespaces: a backend of known
 //! capacity measures as such, open-loop load below capacity is served within the service
-//! time, overload without protection collapses (the failure shedder exists to prevent), the
+//! time, overload without protection collapses (the failure shedder exists to prevent),
+//! shedding in the application answers the excess with BUSY and keeps the goodput, the
 //! service time can change mid-run, and a backend stops promptly with requests in flight.
 
 use std::{
@@ -10,8 +11,8 @@ use std::{
 
 use shedder_tests::{
     load::{
-        Arrivals, Backend, BackendConfig, LoadGen, Outcome, measure_capacity,
-        prepare_client_namespace,
+        Arrivals, Backend, BackendConfig, InAppAimd, LoadGen, LoadHandle, Outcome,
+        measure_capacity, prepare_client_namespace,
     },
     netns::Pair,
     require_root,
@@ -230,6 +231,105 @@ fn overload_without_protection_collapses() {
         end.goodput() < 0.5 * capacity,
         "goodput {:.0}/s in the last 2 s",
         end.goodput()
+    );
+}
+
+#[test]
+fn in_app_aimd_sheds_with_busy_and_keeps_the_goodput() {
+    const AIMD_PORT: u16 = 8091;
+    let pair = pair();
+    let aimd = InAppAimd::default();
+    let backend = Backend::start_in(
+        &pair.server,
+        BackendConfig::new(AIMD_PORT, 4, ms(20)).in_app(aimd),
+    );
+    assert_eq!(backend.in_app_limit(), Some(aimd.initial_limit));
+    let capacity = backend.capacity();
+    let offered = 3.0 * capacity;
+    eprintln!("in-app AIMD {aimd:?}; offering {offered:.0} req/s for 6 s, deadline 1 s");
+    let load = LoadGen::new(server(AIMD_PORT))
+        .phase(secs(6), offered)
+        .class("all", ip("198.18.0.1"), 1.0)
+        .deadline(secs(1))
+        .start_in(&pair.client);
+    // Sample the limit while the load runs.
+    let mut limits = Vec::new();
+    let mut header = false;
+    let mut print_rows = |load: &LoadHandle| {
+        for s in load.seconds.try_iter() {
+            if !header {
+                eprintln!("{}", s.header());
+                header = true;
+            }
+            eprintln!("{s}");
+        }
+    };
+    while !load.is_finished() {
+        limits.push(backend.in_app_limit().expect("in-app limit"));
+        print_rows(&load);
+        std::thread::sleep(ms(20));
+    }
+    print_rows(&load);
+    let report = load.wait();
+    let stats = backend.stats();
+    let total = report.total();
+    let end = report.last(3);
+    eprintln!("{total}");
+    let per_reject = stats.reject_cpu / stats.rejected.max(1) as u32;
+    let (lo, hi) = (
+        limits.iter().min().copied().unwrap_or(0),
+        limits.iter().max().copied().unwrap_or(0),
+    );
+    eprintln!(
+        "last 3 s: goodput {:.0}/s ({:.0}% of {capacity:.0}), p50 {:.1} ms, p99 {:.1} ms; \
+         client busy {}, timeouts {}; backend {stats:?}; {:.1} µs CPU per shed request; \
+         limit {lo}..={hi} over {} samples",
+        end.goodput(),
+        100.0 * end.goodput() / capacity,
+        ms_of(end.all.p50()),
+        ms_of(end.all.p99()),
+        total.all.busy,
+        total.all.timeout,
+        per_reject.as_secs_f64() * 1e6,
+        limits.len(),
+    );
+    assert!(report.errors.is_empty(), "errors: {:?}", report.errors);
+    assert_eq!(total.all.generator_dropped, 0);
+    // The excess is shed by the application, explicitly.
+    assert!(
+        total.all.share(total.all.busy) > 0.3,
+        "{} busy of {} offered",
+        total.all.busy,
+        total.all.offered
+    );
+    // Every BUSY written reached its client, unless the client had given up by then.
+    assert!(
+        total.all.busy <= stats.rejected && stats.rejected <= total.all.busy + total.all.timeout,
+        "backend shed {}, clients saw {} busy and {} timeouts",
+        stats.rejected,
+        total.all.busy,
+        total.all.timeout
+    );
+    // Nothing is in flight any more: every accepted connection is accounted for.
+    assert_eq!(
+        stats.accepted,
+        stats.served + stats.failed + stats.rejected,
+        "{stats:?}"
+    );
+    assert!(stats.reject_cpu > Duration::ZERO);
+    assert!(per_reject < ms(1), "{per_reject:?} CPU per shed request");
+    // The workers stay busy with requests whose clients still wait.
+    assert!(
+        end.goodput() >= 0.8 * capacity,
+        "goodput {:.0}/s in the last 3 s",
+        end.goodput()
+    );
+    assert!(
+        limits
+            .iter()
+            .chain(&stats.limit)
+            .all(|l| (aimd.min_limit..=aimd.max_limit).contains(l)),
+        "limits {lo}..={hi}"
     );
 }
 
