@@ -17,6 +17,12 @@ pub enum Bench {
     /// Cost of the tracking tracepoint programs per event (kernel BPF stats) and the CPU of
     /// one signal-reading tick at 1, 10 and 100 services. Root only.
     Signals(PassThrough),
+    /// The overload knee side by side with no protection, nftables, HAProxy and in-app
+    /// shedding: goodput, p99, CRITICAL success, cost per rejection, retries, a 2× slow-down
+    /// and recovery. Writes a Markdown report, JSON and PNG plots to --out (default
+    /// target/overload; `-- --out docs` refreshes docs/benchmarks.md). Root only; about
+    /// ten minutes.
+    Overload(PassThrough),
 }
 
 #[derive(Debug, Args)]
@@ -32,6 +38,7 @@ impl Bench {
         match self {
             Self::Xdp(p) => ("bench_xdp", &p.args),
             Self::Signals(p) => ("bench_signals", &p.args),
+            Self::Overload(p) => ("bench_overload", &p.args),
         }
     }
 }
@@ -60,6 +67,12 @@ fn run_release_bin(bin: &str, args: &[String]) -> Result<()> {
             "shedder-user",
             "--bin",
             "shedder",
+            // In the same build, so the two share one feature set and the library is
+            // compiled once.
+            "-p",
+            "shedder-tests",
+            "--bin",
+            bin,
         ],
     )
     .arg("--manifest-path")

@@ -37,6 +37,7 @@ use shedder_common::{
     REASON_CLASS_LIMIT, REASON_UNDER_LIMIT, ServicePolicy, VERDICT_DROP, VERDICT_PASS, VERDICT_RST,
 };
 use shedder_tests::{
+    machine::{Machine, machine},
     packet::{Packet, TCP_ACK, TCP_PSH},
     policy::{
         HIGH_V4, PORT_DROP, PORT_OPEN, PORT_RST, SERVER_V4, SVC_ADDR, SVC_DROP, SVC_RST,
@@ -396,49 +397,6 @@ fn median(samples: &[f64]) -> f64 {
         0 => f64::NAN,
         n if n % 2 == 1 => s[n / 2],
         n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
-}
-
-#[derive(Debug, Serialize)]
-struct Machine {
-    kernel: String,
-    arch: String,
-    cpu: String,
-    nproc: usize,
-}
-
-fn machine() -> Machine {
-    // SAFETY: a zeroed utsname is a valid out-parameter.
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    let field = |f: &[libc::c_char]| -> String {
-        let bytes: Vec<u8> = f
-            .iter()
-            .take_while(|&&c| c != 0)
-            .map(|&c| c as u8)
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    };
-    // SAFETY: uname fills the struct it is given.
-    let (kernel, arch) = if unsafe { libc::uname(&mut u) } == 0 {
-        (field(&u.release), field(&u.machine))
-    } else {
-        ("unknown".into(), "unknown".into())
-    };
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
-    let nproc = std::thread::available_parallelism().map_or(1, |n| n.get());
-    Machine {
-        kernel,
-        arch,
-        cpu,
-        nproc,
     }
 }
 

@@ -1,0 +1,1531 @@
+//! `cargo xtask bench overload`: the overload knee, side by side with what an SRE would
+//! use instead of shedder.
+//!
+//! One backend of known capacity (workers × service time) in a server namespace, behind a
+//! veth; an open-loop load generator in a client namespace sending requests with a 1 s
+//! deadline from four class prefixes. Every system protects (or fails to protect) the same
+//! backend against the same schedules:
+//!
+//! - `none`: the kernel's accept queue only;
+//! - `nft-1x` / `nft-1.5x`: an nftables rule dropping SYNs above the measured capacity, and
+//!   above 1.5 × it (a typical mis-estimate);
+//! - `haproxy`: HAProxy in TCP mode in front, `maxconn` = workers, `timeout queue`;
+//! - `in-app`: the application itself accepts, runs an AIMD limit and answers 503 (BUSY);
+//! - `shedder-drop` / `shedder-rst`: the real `shedder run` daemon, XDP native, AIMD on a
+//!   50 ms latency target, never told the capacity.
+//!
+//! Scenarios per system: a ladder of offered load (0.5×, 1×, 1.5×, 2×, 3× capacity), 3×
+//! with clients retrying three times at once, the backend slowing 2× mid-run, and load
+//! dropping from 3× to 0.5×. Output: a Markdown report on stdout, and in `--out`:
+//! `benchmarks.md` (the same report, with plots), `benchmarks/overload.json` (every figure)
+//! and `benchmarks/*.png`.
+
+use std::{
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::Parser;
+use serde::Serialize;
+use shedder::ebpf::{MapReader, PinnedMaps};
+use shedder_common::programs;
+use shedder_tests::{
+    daemon::Daemon,
+    load::{Backend, BackendConfig, InAppAimd, LoadGen, LoadReport, Outcome, Window},
+    load::{measure_capacity, prepare_client_namespace},
+    machine::{Machine, machine},
+    netns::Pair,
+    peers::{Haproxy, HaproxyConfig, Nft},
+    plot::{Panel, Series, chart},
+    policy::{CLIENT_V4, SERVER_V4},
+    scenario::{LabConfig, MIX},
+};
+
+/// The backend's port, and HAProxy's in front of it.
+const BACKEND_PORT: u16 = 8100;
+const HAPROXY_PORT: u16 = 8101;
+const WORKERS: usize = 4;
+const SERVICE_TIME: Duration = Duration::from_millis(20);
+const DEADLINE: Duration = Duration::from_secs(1);
+/// The latency target shedder and the in-app limiter are given (not the capacity).
+const TARGET_LATENCY: Duration = Duration::from_millis(50);
+const LADDER: [f64; 5] = [0.5, 1.0, 1.5, 2.0, 3.0];
+/// Seconds at the start of a step left out of its figures while systems adapt.
+const SETTLE_SECS: u64 = 2;
+/// Bins and the sliding window of the recovery measurement.
+const BIN: Duration = Duration::from_millis(250);
+/// Goodput differences within this many percentage points count as a tie: the spread of
+/// repeated runs on this machine.
+const TIE_POINTS: f64 = 2.0;
+/// How long p99 must stay within target to count as recovered.
+const RECOVERY_HOLD: Duration = Duration::from_secs(2);
+
+#[derive(Parser)]
+#[command(
+    about = "shedder against no protection, nftables, HAProxy and in-app shedding, \
+                   under the same open-loop overload"
+)]
+struct Args {
+    /// Where to write benchmarks.md, benchmarks/overload.json and benchmarks/*.png
+    /// (`--out docs` refreshes the committed report).
+    #[arg(long, default_value = "target/overload")]
+    out: PathBuf,
+    /// Seconds per step of the offered-load ladder.
+    #[arg(long, default_value_t = 6)]
+    step_secs: u64,
+    /// Only these systems (comma-separated keys: none, nft-1x, nft-1.5x, haproxy, in-app,
+    /// shedder-drop, shedder-rst).
+    #[arg(long, value_delimiter = ',')]
+    systems: Vec<String>,
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Kind {
+    None,
+    Nft1x,
+    Nft15x,
+    Haproxy,
+    InApp,
+    ShedderDrop,
+    ShedderRst,
+}
+
+const ALL: [Kind; 7] = [
+    Kind::None,
+    Kind::Nft1x,
+    Kind::Nft15x,
+    Kind::Haproxy,
+    Kind::InApp,
+    Kind::ShedderDrop,
+    Kind::ShedderRst,
+];
+
+impl Kind {
+    fn key(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Nft1x => "nft-1x",
+            Self::Nft15x => "nft-1.5x",
+            Self::Haproxy => "haproxy",
+            Self::InApp => "in-app",
+            Self::ShedderDrop => "shedder-drop",
+            Self::ShedderRst => "shedder-rst",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Self::None => "no protection (kernel backlog)",
+            Self::Nft1x => "nftables SYN limit at capacity",
+            Self::Nft15x => "nftables SYN limit at 1.5× capacity",
+            Self::Haproxy => "HAProxy maxconn + timeout queue",
+            Self::InApp => "in-app AIMD, 503 after accept",
+            Self::ShedderDrop => "shedder, drop",
+            Self::ShedderRst => "shedder, rst",
+        }
+    }
+
+    fn is_shedder(self) -> bool {
+        matches!(self, Self::ShedderDrop | Self::ShedderRst)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A system under test
+// ---------------------------------------------------------------------------------------
+
+/// What a system spends on rejecting, read at an instant.
+#[derive(Clone, Copy, Debug, Default)]
+struct Cpu {
+    /// CPU time of the rejecting component so far (see [`System::cpu`]).
+    time: Duration,
+    /// What it counts itself: the in-app limiter its rejections, shedder its program's
+    /// runs (packets).
+    events: Option<u64>,
+}
+
+struct System {
+    kind: Kind,
+    backend: Backend,
+    target: SocketAddr,
+    nft: Option<Nft>,
+    haproxy: Option<Haproxy>,
+    daemon: Option<Daemon>,
+    pins: PathBuf,
+}
+
+impl System {
+    fn start(kind: Kind, pair: &Pair, capacity: f64) -> Result<Self> {
+        let mut config = BackendConfig::new(BACKEND_PORT, WORKERS, SERVICE_TIME);
+        if kind == Kind::InApp {
+            config = config.in_app(InAppAimd {
+                target_latency: TARGET_LATENCY,
+                ..InAppAimd::default()
+            });
+        }
+        let backend = Backend::start_in(&pair.server, config);
+        let pins = PathBuf::from(format!(
+            "/sys/fs/bpf/shedder-bench-{}-{}",
+            std::process::id(),
+            kind.key()
+        ));
+        let mut s = Self {
+            kind,
+            backend,
+            target: SocketAddr::new(IpAddr::V4(SERVER_V4), BACKEND_PORT),
+            nft: None,
+            haproxy: None,
+            daemon: None,
+            pins,
+        };
+        match kind {
+            Kind::None | Kind::InApp => {}
+            Kind::Nft1x => {
+                s.nft = Some(Nft::syn_rate_limit(
+                    &pair.server,
+                    BACKEND_PORT,
+                    capacity.round() as u32,
+                ))
+            }
+            Kind::Nft15x => {
+                s.nft = Some(Nft::syn_rate_limit(
+                    &pair.server,
+                    BACKEND_PORT,
+                    (1.5 * capacity).round() as u32,
+                ))
+            }
+            Kind::Haproxy => {
+                s.haproxy = Some(Haproxy::start(
+                    &pair.server,
+                    &HaproxyConfig {
+                        listen_port: HAPROXY_PORT,
+                        backend: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), BACKEND_PORT),
+                        server_maxconn: WORKERS as u32,
+                        frontend_maxconn: 4096,
+                        // Half the clients' deadline: a queued request still has time to be
+                        // served, and one that waited this long is given up on.
+                        timeout_queue: DEADLINE / 2,
+                    },
+                ));
+                s.target = SocketAddr::new(IpAddr::V4(SERVER_V4), HAPROXY_PORT);
+            }
+            Kind::ShedderDrop | Kind::ShedderRst => {
+                let lab = LabConfig {
+                    port: BACKEND_PORT,
+                    workers: WORKERS,
+                    service_time: SERVICE_TIME,
+                    target_latency_ms: TARGET_LATENCY.as_millis() as u64,
+                    controller: "aimd",
+                    action: if kind == Kind::ShedderDrop {
+                        "drop"
+                    } else {
+                        "rst"
+                    },
+                    attach: "native",
+                };
+                let daemon = Daemon::start(
+                    &pair.server,
+                    &format!("bench-{}", kind.key()),
+                    &lab.daemon_config(&s.pins),
+                    &s.pins,
+                );
+                daemon.wait_for_log("running", Duration::from_secs(15));
+                s.daemon = Some(daemon);
+            }
+        }
+        Ok(s)
+    }
+
+    /// The admission limit in force: shedder's in-flight limit for the service, the in-app
+    /// limiter's, or HAProxy's fixed server maxconn. None where there is no such limit.
+    fn limit(&self) -> Option<f64> {
+        match self.kind {
+            Kind::ShedderDrop | Kind::ShedderRst => PinnedMaps::open(&self.pins)
+                .ok()
+                .and_then(|m| m.policy(0).ok())
+                .map(|p| f64::from(p.total_limit)),
+            Kind::InApp => self.backend.in_app_limit().map(f64::from),
+            Kind::Haproxy => Some(WORKERS as f64),
+            _ => None,
+        }
+    }
+
+    /// CPU spent by the component that rejects: shedder's XDP program (kernel BPF run-time
+    /// statistics, every packet it sees), the in-app limiter's reject path (thread CPU
+    /// time), HAProxy's process (all threads). None for nftables and the bare kernel,
+    /// which keep no CPU accounting of their own.
+    fn cpu(&self) -> Option<Cpu> {
+        match self.kind {
+            Kind::ShedderDrop | Kind::ShedderRst => {
+                let (time, runs) = aya::programs::loaded_programs()
+                    .filter_map(|p| p.ok())
+                    .filter(|p| p.name_as_str() == Some(programs::XDP))
+                    .fold((Duration::ZERO, 0), |(t, n), p| {
+                        (t + p.run_time(), n + p.run_count())
+                    });
+                Some(Cpu {
+                    time,
+                    events: Some(runs),
+                })
+            }
+            Kind::InApp => {
+                let s = self.backend.stats();
+                Some(Cpu {
+                    time: s.reject_cpu,
+                    events: Some(s.rejected),
+                })
+            }
+            Kind::Haproxy => self.haproxy.as_ref().map(|h| Cpu {
+                time: h.cpu_time(),
+                events: None,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The configuration text the system runs with, for the report.
+    fn config(&self) -> Option<String> {
+        if let Some(n) = &self.nft {
+            return Some(n.ruleset().to_string());
+        }
+        if let Some(h) = &self.haproxy {
+            return Some(h.config_text().to_string());
+        }
+        self.daemon
+            .as_ref()
+            .and_then(|d| std::fs::read_to_string(&d.config).ok())
+    }
+
+    fn stop(mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            d.terminate();
+        }
+        drop(self.haproxy.take());
+        drop(self.nft.take());
+    }
+}
+
+/// A reading taken while a schedule runs.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    /// Seconds since the schedule began.
+    t: f64,
+    limit: Option<f64>,
+    cpu: Option<Cpu>,
+}
+
+/// Run a schedule against a system, reading its limit and CPU every 250 ms;
+/// `at(t, backend)` is called on each reading (to change the backend mid-run).
+fn drive(
+    pair: &Pair,
+    sys: &System,
+    load: LoadGen,
+    mut at: impl FnMut(f64, &Backend),
+) -> (LoadReport, Vec<Sample>) {
+    let mut samples = Vec::new();
+    let t0 = Instant::now();
+    let handle = load.start_in(&pair.client);
+    loop {
+        let t = t0.elapsed().as_secs_f64();
+        at(t, &sys.backend);
+        samples.push(Sample {
+            t,
+            limit: sys.limit(),
+            cpu: sys.cpu(),
+        });
+        if handle.is_finished() {
+            break;
+        }
+        if interrupted() {
+            handle.stop();
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    while handle.seconds.try_recv().is_ok() {}
+    (handle.wait(), samples)
+}
+
+/// The load generator with the standard class mix.
+fn load(target: SocketAddr) -> LoadGen {
+    MIX.iter()
+        .fold(LoadGen::new(target), |g, (label, src, f)| {
+            g.class(label, IpAddr::V4(*src), *f)
+        })
+        .deadline(DEADLINE)
+}
+
+/// The reading nearest to `t`.
+fn sample_at(samples: &[Sample], t: f64) -> Option<&Sample> {
+    samples.iter().min_by(|a, b| {
+        (a.t - t)
+            .abs()
+            .partial_cmp(&(b.t - t).abs())
+            .unwrap_or(std::cmp::Ordering::Equal)
+    })
+}
+
+/// CPU and self-counted events between two instants.
+fn cpu_between(samples: &[Sample], from: f64, to: f64) -> Option<(Duration, Option<u64>)> {
+    let a = sample_at(samples, from)?.cpu?;
+    let b = sample_at(samples, to)?.cpu?;
+    let events = match (a.events, b.events) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
+    Some((b.time.saturating_sub(a.time), events))
+}
+
+// ---------------------------------------------------------------------------------------
+// Figures
+// ---------------------------------------------------------------------------------------
+
+fn ms(d: Option<Duration>) -> Option<f64> {
+    d.map(|d| d.as_secs_f64() * 1e3)
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Step {
+    /// Offered load as a multiple of the measured capacity.
+    factor: f64,
+    offered_rps: f64,
+    goodput_rps: f64,
+    /// Goodput as % of the measured capacity.
+    goodput_pct: f64,
+    /// Responses within twice the latency target (the SLO a 50 ms target implies), as %
+    /// of the measured capacity.
+    slo_goodput_pct: f64,
+    p50_ms: Option<f64>,
+    p99_ms: Option<f64>,
+    /// % of CRITICAL-class requests answered within the deadline.
+    critical_pct: f64,
+    /// % of all requests answered within the deadline.
+    success_pct: f64,
+    timeouts: u64,
+    refused: u64,
+    reset: u64,
+    busy: u64,
+}
+
+fn step(w: &Window, factor: f64, capacity: f64) -> Step {
+    let crit = w.class("critical").map_or(0.0, |c| c.share(c.ok));
+    Step {
+        factor,
+        offered_rps: w.offered_rate(),
+        goodput_rps: w.goodput(),
+        goodput_pct: 100.0 * w.goodput() / capacity,
+        slo_goodput_pct: 100.0 * slo_goodput(w) / capacity,
+        p50_ms: ms(w.all.p50()),
+        p99_ms: ms(w.all.p99()),
+        critical_pct: 100.0 * crit,
+        success_pct: 100.0 * w.all.share(w.all.ok),
+        timeouts: w.all.timeout,
+        refused: w.all.refused,
+        reset: w.all.reset,
+        busy: w.all.busy,
+    }
+}
+
+/// Responses per second within twice the latency target.
+fn slo_goodput(w: &Window) -> f64 {
+    let bound = (2 * TARGET_LATENCY).as_micros() as u32;
+    let n = w.all.latencies_us.iter().filter(|&&l| l <= bound).count();
+    n as f64 / w.seconds.max(1) as f64
+}
+
+/// CPU on the reject path per rejected attempt at 3×, and r = that / the cost of serving
+/// a request (one worker for the service time).
+#[derive(Clone, Debug, Serialize)]
+struct RejectCost {
+    /// Microseconds of CPU per rejected attempt (an upper bound where noted).
+    cpu_us: f64,
+    /// shedder only: mean nanoseconds per run of the XDP program over the step (every
+    /// packet it saw), for comparison with `cargo xtask bench xdp`.
+    ns_per_packet: Option<f64>,
+    r: f64,
+    how: &'static str,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Retries {
+    /// Connection attempts per request when clients retry three times at once.
+    amplification: f64,
+    goodput_pct: f64,
+    critical_pct: f64,
+    p99_ms: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Slowdown {
+    /// Goodput before the slow-down, % of the capacity then.
+    before_pct: f64,
+    /// Goodput in the last seconds after it, % of the (halved) capacity then.
+    after_pct: f64,
+    /// Responses within twice the latency target, same window, % of the capacity then.
+    after_slo_pct: f64,
+    after_p99_ms: Option<f64>,
+    after_critical_pct: f64,
+    /// Per second: (t, goodput % of the capacity at the time).
+    goodput: Vec<(f64, f64)>,
+    /// Per second: (t, p99 of successes in ms).
+    p99: Vec<(f64, f64)>,
+    limit: Vec<(f64, f64)>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Recovery {
+    /// Seconds from the drop to 0.5× until p99 of all arrivals (a failure counting as
+    /// late) is within the latency target and stays there for 2 s; None if never.
+    recovery_s: Option<f64>,
+    /// Per 250 ms bin after the run starts: (t, p99 in ms of all arrivals, a failure
+    /// counting as the deadline).
+    p99: Vec<(f64, f64)>,
+    limit: Vec<(f64, f64)>,
+    /// Requests that failed after the drop: (arrival s, class, outcome).
+    failed_after_drop: Vec<(f64, String, String)>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct SystemResult {
+    kind: Kind,
+    title: &'static str,
+    steps: Vec<Step>,
+    reject_cost: Option<RejectCost>,
+    reject_cost_note: Option<&'static str>,
+    retries: Option<Retries>,
+    slowdown: Option<Slowdown>,
+    recovery: Option<Recovery>,
+    /// Error outcomes by message over all runs (ephemeral ports, file descriptors...).
+    errors: Vec<(String, u64)>,
+    /// The nftables ruleset, HAProxy configuration or shedder configuration used.
+    config: Option<String>,
+}
+
+impl SystemResult {
+    fn at(&self, factor: f64) -> Option<&Step> {
+        self.steps.iter().find(|s| (s.factor - factor).abs() < 1e-9)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Scenarios
+// ---------------------------------------------------------------------------------------
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn ladder(
+    pair: &Pair,
+    sys: &System,
+    capacity: f64,
+    step_secs: u64,
+    result: &mut SystemResult,
+    errors: &mut Vec<(String, u64)>,
+) {
+    let schedule = LADDER.iter().fold(load(sys.target), |g, f| {
+        g.phase(secs(step_secs), f * capacity)
+    });
+    let (report, samples) = drive(pair, sys, schedule, |_, _| {});
+    collect_errors(&report, errors);
+    let mut cpu_per_ok_1x = None;
+    for (i, &factor) in LADDER.iter().enumerate() {
+        let start = i as u64 * step_secs + SETTLE_SECS.min(step_secs - 1);
+        let end = (i as u64 + 1) * step_secs;
+        let w = report.range(start..end);
+        result.steps.push(step(&w, factor, capacity));
+        let Some((cpu, events)) = cpu_between(&samples, start as f64, end as f64) else {
+            continue;
+        };
+        if factor == 1.0 && w.all.ok > 0 {
+            cpu_per_ok_1x = Some(cpu.as_secs_f64() / w.all.ok as f64);
+        }
+        if factor != 3.0 {
+            continue;
+        }
+        let not_served = w.all.attempts.saturating_sub(w.all.ok);
+        let rejected = match sys.kind {
+            Kind::InApp => events.unwrap_or(not_served),
+            _ => not_served,
+        };
+        if rejected == 0 {
+            continue;
+        }
+        let (spent, how) = match sys.kind {
+            Kind::Haproxy => (
+                // What HAProxy spent beyond proxying the served ones (at its cost per
+                // request served at 1×).
+                (cpu.as_secs_f64() - w.all.ok as f64 * cpu_per_ok_1x.unwrap_or(0.0)).max(0.0),
+                "HAProxy's process CPU clock (all threads) at 3× minus its CPU per served \
+                 request at 1× × served, per attempt not served",
+            ),
+            Kind::InApp => (
+                cpu.as_secs_f64(),
+                "the acceptor thread's CPU time from accept() to close() of each 503 \
+                 (CLOCK_THREAD_CPUTIME_ID); the kernel's handshake is not included",
+            ),
+            _ => (
+                cpu.as_secs_f64(),
+                "XDP program run time (kernel BPF statistics) over every packet at 3×, \
+                 admitted connections' included, per attempt not served: an upper bound",
+            ),
+        };
+        let per = spent / rejected as f64;
+        result.reject_cost = Some(RejectCost {
+            cpu_us: per * 1e6,
+            r: per / SERVICE_TIME.as_secs_f64(),
+            ns_per_packet: match (sys.kind.is_shedder(), events) {
+                (true, Some(runs)) if runs > 0 => Some(cpu.as_secs_f64() * 1e9 / runs as f64),
+                _ => None,
+            },
+            how,
+        });
+    }
+}
+
+fn retries(
+    pair: &Pair,
+    sys: &System,
+    capacity: f64,
+    result: &mut SystemResult,
+    errors: &mut Vec<(String, u64)>,
+) {
+    let (report, _) = drive(
+        pair,
+        sys,
+        load(sys.target).retries(3).phase(secs(8), 3.0 * capacity),
+        |_, _| {},
+    );
+    collect_errors(&report, errors);
+    let w = report.range(3..8);
+    result.retries = Some(Retries {
+        amplification: w.all.attempts as f64 / w.all.offered.max(1) as f64,
+        goodput_pct: 100.0 * w.goodput() / capacity,
+        critical_pct: w.class("critical").map_or(0.0, |c| 100.0 * c.share(c.ok)),
+        p99_ms: ms(w.all.p99()),
+    });
+}
+
+const SLOW_TOTAL: u64 = 20;
+const SLOW_AT: u64 = 10;
+
+fn slowdown(
+    pair: &Pair,
+    sys: &System,
+    capacity: f64,
+    result: &mut SystemResult,
+    errors: &mut Vec<(String, u64)>,
+) {
+    let mut slowed = false;
+    let (report, samples) = drive(
+        pair,
+        sys,
+        load(sys.target).phase(secs(SLOW_TOTAL), 1.5 * capacity),
+        |t, backend| {
+            if !slowed && t >= SLOW_AT as f64 {
+                backend.set_service_time(SERVICE_TIME * 2);
+                slowed = true;
+            }
+        },
+    );
+    sys.backend.set_service_time(SERVICE_TIME);
+    collect_errors(&report, errors);
+    let cap_at = |t: u64| {
+        if t >= SLOW_AT {
+            capacity / 2.0
+        } else {
+            capacity
+        }
+    };
+    let before = report.range(SLOW_AT - 6..SLOW_AT);
+    let after = report.range(SLOW_TOTAL - 6..SLOW_TOTAL);
+    result.slowdown = Some(Slowdown {
+        before_pct: 100.0 * before.goodput() / capacity,
+        after_pct: 100.0 * after.goodput() / (capacity / 2.0),
+        after_slo_pct: 100.0 * slo_goodput(&after) / (capacity / 2.0),
+        after_p99_ms: ms(after.all.p99()),
+        after_critical_pct: after
+            .class("critical")
+            .map_or(0.0, |c| 100.0 * c.share(c.ok)),
+        goodput: (0..SLOW_TOTAL)
+            .map(|t| {
+                (
+                    t as f64,
+                    100.0 * report.range(t..t + 1).goodput() / cap_at(t),
+                )
+            })
+            .collect(),
+        p99: (0..SLOW_TOTAL)
+            .filter_map(|t| Some((t as f64, ms(report.range(t..t + 1).all.p99())?)))
+            .collect(),
+        limit: limits(&samples),
+    });
+}
+
+const RECOVERY_HIGH: u64 = 10;
+const RECOVERY_LOW: u64 = 10;
+
+fn recovery(
+    pair: &Pair,
+    sys: &System,
+    capacity: f64,
+    result: &mut SystemResult,
+    errors: &mut Vec<(String, u64)>,
+) {
+    let (report, samples) = drive(
+        pair,
+        sys,
+        load(sys.target)
+            .phase(secs(RECOVERY_HIGH), 3.0 * capacity)
+            .phase(secs(RECOVERY_LOW), 0.5 * capacity),
+        |_, _| {},
+    );
+    collect_errors(&report, errors);
+    let late = late_ms(&report);
+    let end = Duration::from_secs(RECOVERY_HIGH + RECOVERY_LOW);
+    result.recovery = Some(Recovery {
+        recovery_s: recovery_time(&late, Duration::from_secs(RECOVERY_HIGH), end),
+        p99: bins(&late, end)
+            .into_iter()
+            .map(|(t, v)| (t.as_secs_f64(), v))
+            .collect(),
+        limit: limits(&samples),
+        failed_after_drop: report
+            .records
+            .iter()
+            .filter(|r| r.outcome != Outcome::Ok && r.start >= Duration::from_secs(RECOVERY_HIGH))
+            .map(|r| {
+                (
+                    r.start.as_secs_f64(),
+                    report.labels.get(r.class).cloned().unwrap_or_default(),
+                    format!("{:?}", r.outcome),
+                )
+            })
+            .collect(),
+    });
+}
+
+/// Every arrival as (start, latency in ms), a failure counted as the full deadline.
+fn late_ms(report: &LoadReport) -> Vec<(Duration, f64)> {
+    report
+        .records
+        .iter()
+        .filter(|r| r.outcome != Outcome::GeneratorDropped || r.attempts == 0)
+        .map(|r| {
+            let v = if r.outcome == Outcome::Ok {
+                r.elapsed.as_secs_f64() * 1e3
+            } else {
+                DEADLINE.as_secs_f64() * 1e3
+            };
+            (r.start, v)
+        })
+        .collect()
+}
+
+/// The 99th percentile (nearest rank) of some values.
+fn p99(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let rank = ((0.99 * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    Some(v[rank - 1])
+}
+
+/// p99 per 250 ms bin of arrivals.
+fn bins(late: &[(Duration, f64)], end: Duration) -> Vec<(Duration, f64)> {
+    let n = (end.as_secs_f64() / BIN.as_secs_f64()).ceil() as u32;
+    (0..n)
+        .filter_map(|i| {
+            let from = BIN * i;
+            let vals = late
+                .iter()
+                .filter(|(t, _)| *t >= from && *t < from + BIN)
+                .map(|(_, v)| *v)
+                .collect();
+            Some((from, p99(vals)?))
+        })
+        .collect()
+}
+
+/// Seconds from `drop` to the first moment `s` from which p99 stays within the latency
+/// target: every 1 s window of arrivals starting in `[s, s + HOLD]` (in steps of 250 ms)
+/// has its p99 at or under the target. None if that never happens before `end`.
+fn recovery_time(late: &[(Duration, f64)], drop: Duration, end: Duration) -> Option<f64> {
+    let target = TARGET_LATENCY.as_secs_f64() * 1e3;
+    let window = Duration::from_secs(1);
+    let ok = |from: Duration| {
+        let vals: Vec<f64> = late
+            .iter()
+            .filter(|(t, _)| *t >= from && *t < from + window)
+            .map(|(_, v)| *v)
+            .collect();
+        p99(vals).is_some_and(|p| p <= target)
+    };
+    let mut s = drop;
+    while s + RECOVERY_HOLD + window <= end {
+        let mut held = true;
+        let mut t = s;
+        while t <= s + RECOVERY_HOLD {
+            if !ok(t) {
+                held = false;
+                break;
+            }
+            t += BIN;
+        }
+        if held {
+            return Some((s - drop).as_secs_f64());
+        }
+        s += BIN;
+    }
+    None
+}
+
+fn limits(samples: &[Sample]) -> Vec<(f64, f64)> {
+    samples
+        .iter()
+        .filter_map(|s| Some((s.t, s.limit?)))
+        .collect()
+}
+
+fn collect_errors(report: &LoadReport, errors: &mut Vec<(String, u64)>) {
+    for (msg, n) in &report.errors {
+        match errors.iter_mut().find(|(m, _)| m == msg) {
+            Some((_, total)) => *total += n,
+            None => errors.push((msg.clone(), *n)),
+        }
+    }
+}
+
+fn run_system(kind: Kind, pair: &Pair, capacity: f64, args: &Args) -> Result<SystemResult> {
+    eprintln!("== {} ==", kind.title());
+    let sys = System::start(kind, pair, capacity)?;
+    let mut result = SystemResult {
+        kind,
+        title: kind.title(),
+        steps: Vec::new(),
+        reject_cost: None,
+        reject_cost_note: match kind {
+            Kind::None => Some(
+                "rejects nothing on purpose (SYNs beyond the full accept queue are dropped by the kernel)",
+            ),
+            Kind::Nft1x | Kind::Nft15x => Some("nftables keeps no CPU accounting per rule"),
+            _ => None,
+        },
+        retries: None,
+        slowdown: None,
+        recovery: None,
+        errors: Vec::new(),
+        config: sys.config(),
+    };
+    let mut errors = Vec::new();
+    let pause = || std::thread::sleep(Duration::from_secs(2));
+    ladder(
+        pair,
+        &sys,
+        capacity,
+        args.step_secs,
+        &mut result,
+        &mut errors,
+    );
+    if let Some(s) = result.at(3.0) {
+        eprintln!(
+            "   ladder: at 3× goodput {:.0}%, p99 {} ms, critical {:.1}%",
+            s.goodput_pct,
+            s.p99_ms.map_or("-".into(), |v| format!("{v:.0}")),
+            s.critical_pct
+        );
+    }
+    for (name, scenario) in [
+        (
+            "retries",
+            retries as fn(&Pair, &System, f64, &mut SystemResult, &mut Vec<(String, u64)>),
+        ),
+        ("slow-down", slowdown),
+        ("recovery", recovery),
+    ] {
+        if interrupted() {
+            break;
+        }
+        pause();
+        eprintln!("   {name}...");
+        scenario(pair, &sys, capacity, &mut result, &mut errors);
+    }
+    result.errors = errors;
+    sys.stop();
+    pause();
+    Ok(result)
+}
+
+// ---------------------------------------------------------------------------------------
+// Report
+// ---------------------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct Report {
+    date: String,
+    command: String,
+    machine: Machine,
+    capacity_rps: f64,
+    nominal_capacity_rps: f64,
+    workers: usize,
+    service_time_ms: f64,
+    deadline_ms: f64,
+    target_latency_ms: f64,
+    step_secs: u64,
+    duration_s: f64,
+    systems: Vec<SystemResult>,
+    targets: Vec<Target>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Target {
+    system: &'static str,
+    what: String,
+    goal: String,
+    measured: String,
+    met: bool,
+}
+
+fn opt(v: Option<f64>, unit: &str) -> String {
+    v.map_or("–".into(), |v| format!("{v:.0}{unit}"))
+}
+
+fn targets(systems: &[SystemResult]) -> Vec<Target> {
+    let peers: Vec<&SystemResult> = systems.iter().filter(|s| !s.kind.is_shedder()).collect();
+    let best_peer = |f: &dyn Fn(&SystemResult) -> Option<f64>| {
+        peers
+            .iter()
+            .filter_map(|p| Some((f(p)?, p.kind.key())))
+            .max_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal))
+    };
+    let target_ms = TARGET_LATENCY.as_secs_f64() * 1e3;
+    let mut out = Vec::new();
+    for s in systems.iter().filter(|s| s.kind.is_shedder()) {
+        let name = s.kind.key();
+        let mut t = |what: &str, goal: String, measured: String, met: bool| {
+            out.push(Target {
+                system: name,
+                what: what.into(),
+                goal,
+                measured,
+                met,
+            })
+        };
+        let at3 = s.at(3.0);
+        let good = at3.map(|x| x.goodput_pct);
+        t(
+            "goodput at 3×",
+            "≥ 90% of capacity (stretch 95%)".into(),
+            opt(good, "%"),
+            good.is_some_and(|g| g >= 90.0),
+        );
+        let p = at3.and_then(|x| x.p99_ms);
+        t(
+            "p99 of successes at 3×",
+            format!("≤ {:.0} ms (2× target)", 2.0 * target_ms),
+            opt(p, " ms"),
+            p.is_some_and(|p| p <= 2.0 * target_ms),
+        );
+        let c = at3.map(|x| x.critical_pct);
+        t(
+            "CRITICAL success at 3×",
+            "≥ 99%".into(),
+            c.map_or("–".into(), |c| format!("{c:.1}%")),
+            c.is_some_and(|c| c >= 99.0),
+        );
+        let r = s.reject_cost.as_ref().map(|r| r.r);
+        t(
+            "r (reject CPU / serving cost)",
+            "≤ 0.01".into(),
+            r.map_or("–".into(), |r| format!("{r:.5}")),
+            r.is_some_and(|r| r <= 0.01),
+        );
+        let rec = s.recovery.as_ref().and_then(|r| r.recovery_s);
+        t(
+            "recovery after 3× → 0.5×",
+            "≤ 2 s".into(),
+            rec.map_or("never".into(), |v| format!("{v:.2} s")),
+            rec.is_some_and(|v| v <= 2.0),
+        );
+        let mut ahead =
+            |what: &str, mine: Option<f64>, f: &dyn Fn(&SystemResult) -> Option<f64>| {
+                if let Some((best, who)) = best_peer(f) {
+                    let mine_v = mine.unwrap_or(0.0);
+                    let verdict = if mine_v > best + TIE_POINTS {
+                        "ahead"
+                    } else if mine_v >= best - TIE_POINTS {
+                        "tied"
+                    } else {
+                        "behind"
+                    };
+                    t(
+                        what,
+                        format!("more than {best:.0}% + {TIE_POINTS:.0} ({who})"),
+                        format!("{} ({verdict})", opt(mine, "%")),
+                        verdict == "ahead",
+                    );
+                }
+            };
+        ahead("ahead of every peer on goodput at 3×", good, &|p| {
+            p.at(3.0).map(|x| x.goodput_pct)
+        });
+        ahead(
+            "ahead of every peer on goodput within 2× target at 3×",
+            at3.map(|x| x.slo_goodput_pct),
+            &|p| p.at(3.0).map(|x| x.slo_goodput_pct),
+        );
+        ahead(
+            "ahead of every peer on goodput after the 2× slow-down",
+            s.slowdown.as_ref().map(|x| x.after_pct),
+            &|p| p.slowdown.as_ref().map(|x| x.after_pct),
+        );
+        ahead(
+            "ahead of every peer on goodput within 2× target after the slow-down",
+            s.slowdown.as_ref().map(|x| x.after_slo_pct),
+            &|p| p.slowdown.as_ref().map(|x| x.after_slo_pct),
+        );
+    }
+    out
+}
+
+fn markdown(report: &Report, images: Option<&str>) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "# Overload benchmark: shedder and the alternatives\n");
+    let _ = writeln!(
+        md,
+        "Run {} on {}, in {:.0} s, with `{}`.\n",
+        report.date, report.machine, report.duration_s, report.command
+    );
+    let _ = writeln!(
+        md,
+        "One backend of {} workers × {:.0} ms (nominal {:.0} requests/s; **measured capacity \
+         {:.0}/s**, closed loop) in a server namespace behind a veth. An open-loop client \
+         (Poisson arrivals) in another namespace sends one request per connection with a \
+         {:.0} ms deadline from four class prefixes: critical 5%, high 25%, medium 50%, \
+         sheddable 20%. *Goodput* = responses completed within the deadline. Each ladder step \
+         lasts {} s; its first {} s are left out. shedder and the in-app limiter get a {:.0} ms \
+         latency target and no capacity figure; nftables is given the measured capacity.\n",
+        report.workers,
+        report.service_time_ms,
+        report.nominal_capacity_rps,
+        report.capacity_rps,
+        report.deadline_ms,
+        report.step_secs,
+        SETTLE_SECS,
+        report.target_latency_ms,
+    );
+    let _ = writeln!(md, "## Goodput (% of capacity) by offered load\n");
+    let mut head = "| system |".to_string();
+    let mut rule = "|---|".to_string();
+    for f in LADDER {
+        let _ = write!(head, " {f}× |");
+        rule.push_str("---:|");
+    }
+    let _ = writeln!(md, "{head}\n{rule}");
+    for s in &report.systems {
+        let _ = write!(md, "| {} |", s.title);
+        for st in &s.steps {
+            let _ = write!(md, " {:.0}% |", st.goodput_pct);
+        }
+        md.push('\n');
+    }
+    let _ = writeln!(md, "\n## At 3× capacity\n");
+    let _ = writeln!(
+        md,
+        "| system | goodput | within 2× target | p99 of successes | CRITICAL success | all success | timeouts / refused / reset / 503 | CPU per rejected attempt | r | attempts per request, 3 immediate retries | goodput with retries |"
+    );
+    let _ = writeln!(
+        md,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for s in &report.systems {
+        let Some(st) = s.at(3.0) else { continue };
+        let (cpu, r) = match &s.reject_cost {
+            Some(c) => (format!("{:.2} µs", c.cpu_us), format!("{:.5}", c.r)),
+            None => ("n/m".into(), "n/m".into()),
+        };
+        let (amp, rg) = s.retries.as_ref().map_or(("–".into(), "–".into()), |r| {
+            (
+                format!("{:.2}", r.amplification),
+                format!("{:.0}%", r.goodput_pct),
+            )
+        });
+        let _ = writeln!(
+            md,
+            "| {} | {:.0}% | {:.0}% | {} | {:.1}% | {:.0}% | {} / {} / {} / {} | {cpu} | {r} | {amp} | {rg} |",
+            s.title,
+            st.goodput_pct,
+            st.slo_goodput_pct,
+            opt(st.p99_ms, " ms"),
+            st.critical_pct,
+            st.success_pct,
+            st.timeouts,
+            st.refused,
+            st.reset,
+            st.busy,
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n*Goodput* can read a point or two above 100%: capacity is measured with a closed \
+         loop, which leaves a worker idle for a moment between requests. *Within 2× target* = \
+         responses within {:.0} ms, the objective a {:.0} ms target implies. \
+         *r* = CPU on the reject path per rejected attempt ÷ the cost of serving one request \
+         ({:.0} ms of a worker, the backend's saturated resource). The backend holds its \
+         workers by sleeping, so a reject path that does not occupy a worker (the in-app \
+         acceptor, HAProxy) costs this backend nothing it needs; on a CPU-bound service the \
+         same microseconds would come out of serving. n/m = not measurable:",
+        2.0 * report.target_latency_ms,
+        report.target_latency_ms,
+        report.service_time_ms
+    );
+    for s in &report.systems {
+        if let Some(note) = s.reject_cost_note {
+            let _ = writeln!(md, "- {}: {note}.", s.title);
+        }
+        if let Some(c) = &s.reject_cost {
+            let per_packet = c.ns_per_packet.map_or(String::new(), |ns| {
+                format!(" (the program's mean run time was {ns:.0} ns per packet)")
+            });
+            let _ = writeln!(md, "- {}: {}{per_packet}.", s.title, c.how);
+        }
+    }
+    let _ = writeln!(md, "\n## Dynamic scenarios\n");
+    let _ = writeln!(
+        md,
+        "*Slow-down*: offered load 1.5× capacity for {SLOW_TOTAL} s; at {SLOW_AT} s the \
+         backend's service time doubles (capacity halves, so the load becomes 3× and any \
+         static limit is now twice too high). *Recovery*: 3× for {RECOVERY_HIGH} s, then 0.5× \
+         for {RECOVERY_LOW} s; recovered when p99 of every 1 s window of arrivals (a failure \
+         counting as late) is within {:.0} ms, and stays so for {} s. *Failed after* = \
+         requests arriving after the drop that were not answered in time.\n",
+        report.target_latency_ms,
+        RECOVERY_HOLD.as_secs(),
+    );
+    let _ = writeln!(
+        md,
+        "| system | goodput before slow-down | goodput after (% of new capacity) | within 2× target after | p99 after | CRITICAL after | recovery 3× → 0.5× | failed after the drop |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    for s in &report.systems {
+        let (b, a, slo, p, c) = s.slowdown.as_ref().map_or(
+            ("–".into(), "–".into(), "–".into(), "–".into(), "–".into()),
+            |x| {
+                (
+                    format!("{:.0}%", x.before_pct),
+                    format!("{:.0}%", x.after_pct),
+                    format!("{:.0}%", x.after_slo_pct),
+                    opt(x.after_p99_ms, " ms"),
+                    format!("{:.1}%", x.after_critical_pct),
+                )
+            },
+        );
+        let (rec, failed) = s.recovery.as_ref().map_or(("–".into(), "–".into()), |r| {
+            (
+                r.recovery_s
+                    .map_or("not within 10 s".into(), |v| format!("{v:.2} s")),
+                r.failed_after_drop.len().to_string(),
+            )
+        });
+        let _ = writeln!(
+            md,
+            "| {} | {b} | {a} | {slo} | {p} | {c} | {rec} | {failed} |",
+            s.title
+        );
+    }
+    let _ = writeln!(md, "\n## shedder against its targets\n");
+    let _ = writeln!(md, "| system | target | goal | measured | |");
+    let _ = writeln!(md, "|---|---|---|---:|---|");
+    for t in &report.targets {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            t.system,
+            t.what,
+            t.goal,
+            t.measured,
+            if t.met { "met" } else { "**not met**" }
+        );
+    }
+    let errors: Vec<String> = report
+        .systems
+        .iter()
+        .flat_map(|s| {
+            s.errors
+                .iter()
+                .map(move |(m, n)| format!("{}: {n} × {m}", s.kind.key()))
+        })
+        .collect();
+    if !errors.is_empty() {
+        let _ = writeln!(md, "\nClient-side errors (neither ok nor a rejection):\n");
+        for e in errors {
+            let _ = writeln!(md, "- {e}");
+        }
+    }
+    if let Some(dir) = images {
+        let _ = writeln!(md, "\n## Plots\n");
+        for (file, what) in [
+            ("goodput.png", "Goodput and p99 by offered load"),
+            ("slowdown.png", "The backend slows 2× at 10 s"),
+            ("recovery.png", "Load drops from 3× to 0.5× at 10 s"),
+        ] {
+            let _ = writeln!(md, "![{what}]({dir}/{file})\n");
+        }
+    }
+    let configs: Vec<&SystemResult> = report
+        .systems
+        .iter()
+        .filter(|s| s.config.is_some())
+        .collect();
+    if !configs.is_empty() {
+        let _ = writeln!(md, "\n## Configurations\n");
+        for s in configs {
+            let _ = writeln!(
+                md,
+                "{}:\n\n```\n{}\n```\n",
+                s.title,
+                s.config.as_deref().unwrap_or_default().trim()
+            );
+        }
+    }
+    md
+}
+
+fn plots(report: &Report, dir: &Path) -> Result<()> {
+    let systems = &report.systems;
+    let series = |f: &dyn Fn(&SystemResult) -> Vec<(f64, f64)>| -> Vec<Series> {
+        systems
+            .iter()
+            .map(|s| Series {
+                name: s.kind.key().into(),
+                points: f(s),
+            })
+            .filter(|s| !s.points.is_empty())
+            .collect()
+    };
+    let target_ms = report.target_latency_ms;
+    chart(
+        &dir.join("goodput.png"),
+        "Goodput and latency by offered load",
+        "offered load (× measured capacity)",
+        &[
+            Panel {
+                y_label: "goodput (% of capacity)".into(),
+                series: series(&|s| s.steps.iter().map(|x| (x.factor, x.goodput_pct)).collect()),
+                y_max: Some(110.0),
+                hlines: vec![("capacity".into(), 100.0)],
+            },
+            Panel {
+                y_label: "p99 of successes (ms)".into(),
+                series: series(&|s| {
+                    s.steps
+                        .iter()
+                        .filter_map(|x| Some((x.factor, x.p99_ms?)))
+                        .collect()
+                }),
+                y_max: Some(report.deadline_ms),
+                hlines: vec![("2× target".into(), 2.0 * target_ms)],
+            },
+        ],
+    )?;
+    let limit_panel = |f: &dyn Fn(&SystemResult) -> Vec<(f64, f64)>| Panel {
+        y_label: "admission limit (connections)".into(),
+        series: series(f),
+        y_max: None,
+        hlines: Vec::new(),
+    };
+    chart(
+        &dir.join("slowdown.png"),
+        "Backend slows 2× at 10 s (offered 1.5× → 3× of capacity)",
+        "time (s)",
+        &[
+            Panel {
+                y_label: "goodput (% of capacity now)".into(),
+                series: series(&|s| {
+                    s.slowdown
+                        .as_ref()
+                        .map_or(Vec::new(), |x| x.goodput.clone())
+                }),
+                y_max: Some(120.0),
+                hlines: vec![("capacity".into(), 100.0)],
+            },
+            Panel {
+                y_label: "p99 of successes (ms)".into(),
+                series: series(&|s| s.slowdown.as_ref().map_or(Vec::new(), |x| x.p99.clone())),
+                y_max: Some(report.deadline_ms),
+                hlines: vec![("target".into(), target_ms)],
+            },
+            limit_panel(&|s| {
+                if s.kind == Kind::Haproxy {
+                    return Vec::new();
+                }
+                s.slowdown.as_ref().map_or(Vec::new(), |x| x.limit.clone())
+            }),
+        ],
+    )?;
+    chart(
+        &dir.join("recovery.png"),
+        "Load drops from 3× to 0.5× at 10 s",
+        "time (s)",
+        &[
+            Panel {
+                y_label: "p99, failures as deadline (ms)".into(),
+                series: series(&|s| s.recovery.as_ref().map_or(Vec::new(), |x| x.p99.clone())),
+                y_max: Some(report.deadline_ms * 1.05),
+                hlines: vec![("target".into(), target_ms)],
+            },
+            limit_panel(&|s| {
+                if s.kind == Kind::Haproxy {
+                    return Vec::new();
+                }
+                s.recovery.as_ref().map_or(Vec::new(), |x| x.limit.clone())
+            }),
+        ],
+    )?;
+    Ok(())
+}
+
+fn date() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------------
+
+fn main() -> ExitCode {
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(
+            libc::SIGINT,
+            on_interrupt as *const () as libc::sighandler_t,
+        );
+        libc::signal(
+            libc::SIGTERM,
+            on_interrupt as *const () as libc::sighandler_t,
+        );
+    }
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench overload: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let args = Args::parse();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the benchmark needs root (namespaces, BPF, nftables): run it as root");
+    }
+    if args.step_secs < 3 {
+        bail!(
+            "--step-secs {}: at least 3 (the first {SETTLE_SECS} s of a step are left out)",
+            args.step_secs
+        );
+    }
+    let kinds: Vec<Kind> = if args.systems.is_empty() {
+        ALL.to_vec()
+    } else {
+        args.systems
+            .iter()
+            .map(|k| {
+                ALL.iter().copied().find(|s| s.key() == k).with_context(|| {
+                    format!(
+                        "--systems: unknown system {k:?}; known: {}",
+                        ALL.map(Kind::key).join(", ")
+                    )
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+    let started = Instant::now();
+    shedder_tests::ensure_fs();
+    let pair = Pair::new("ovl");
+    prepare_client_namespace(&pair.client);
+    // Resets sent with XDP_TX reach a veth peer promptly only if it has an XDP program;
+    // every system runs with it, so all share one data path.
+    let _client_xdp = pair.pass_program_on_client();
+    let capacity = {
+        let backend = Backend::start_in(
+            &pair.server,
+            BackendConfig::new(BACKEND_PORT, WORKERS, SERVICE_TIME),
+        );
+        let target = SocketAddr::new(IpAddr::V4(SERVER_V4), BACKEND_PORT);
+        let c = pair.client.run(|| {
+            measure_capacity(
+                target,
+                IpAddr::V4(CLIENT_V4),
+                WORKERS * 2,
+                Duration::from_secs(3),
+            )
+        });
+        drop(backend);
+        c.rps
+    };
+    let nominal = WORKERS as f64 / SERVICE_TIME.as_secs_f64();
+    eprintln!("capacity: {capacity:.0} requests/s measured ({nominal:.0} nominal)");
+    if capacity < 0.5 * nominal {
+        bail!(
+            "measured capacity {capacity:.0}/s is under half the nominal {nominal:.0}/s: the machine is too busy to benchmark"
+        );
+    }
+    let mut systems = Vec::new();
+    for kind in kinds {
+        if interrupted() {
+            break;
+        }
+        systems.push(run_system(kind, &pair, capacity, &args)?);
+    }
+    if interrupted() {
+        eprintln!("interrupted: removing everything the benchmark made");
+        return Ok(());
+    }
+    let report = Report {
+        date: date(),
+        command: format!(
+            "cargo xtask bench overload{}",
+            std::env::args()
+                .skip(1)
+                .fold(String::new(), |s, a| if s.is_empty() {
+                    format!(" -- {a}")
+                } else {
+                    format!("{s} {a}")
+                })
+        ),
+        machine: machine(),
+        capacity_rps: capacity,
+        nominal_capacity_rps: nominal,
+        workers: WORKERS,
+        service_time_ms: SERVICE_TIME.as_secs_f64() * 1e3,
+        deadline_ms: DEADLINE.as_secs_f64() * 1e3,
+        target_latency_ms: TARGET_LATENCY.as_secs_f64() * 1e3,
+        step_secs: args.step_secs,
+        duration_s: started.elapsed().as_secs_f64(),
+        targets: targets(&systems),
+        systems,
+    };
+    let assets = args.out.join("benchmarks");
+    std::fs::create_dir_all(&assets).with_context(|| format!("creating {}", assets.display()))?;
+    let json = assets.join("overload.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", json.display()))?;
+    plots(&report, &assets)?;
+    let md_path = args.out.join("benchmarks.md");
+    std::fs::write(&md_path, markdown(&report, Some("benchmarks")))
+        .with_context(|| format!("writing {}", md_path.display()))?;
+    println!("{}", markdown(&report, None));
+    eprintln!(
+        "wrote {}, {} and the plots in {} ({:.0} s)",
+        md_path.display(),
+        json.display(),
+        assets.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms_(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// Arrivals every 10 ms over `[from, to)` ms, each with latency `f(t)`.
+    fn arrivals(from: u64, to: u64, f: impl Fn(u64) -> f64) -> Vec<(Duration, f64)> {
+        (from..to).step_by(10).map(|t| (ms_(t), f(t))).collect()
+    }
+
+    #[test]
+    fn p99_is_nearest_rank() {
+        assert_eq!(p99(vec![]), None);
+        assert_eq!(p99((1..=100).map(f64::from).rev().collect()), Some(99.0));
+        assert_eq!(p99(vec![5.0]), Some(5.0));
+    }
+
+    #[test]
+    fn recovery_is_when_p99_comes_back_and_stays() {
+        let target = TARGET_LATENCY.as_secs_f64() * 1e3;
+        // Late until 11.5 s, then within target: recovered 1.5 s after a drop at 10 s.
+        let late = arrivals(9_000, 20_000, |t| {
+            if t < 11_500 { 1000.0 } else { target / 2.0 }
+        });
+        let r = recovery_time(&late, ms_(10_000), ms_(20_000)).unwrap();
+        assert!((r - 1.5).abs() < 1e-9, "{r}");
+        // Never back within target.
+        let late = arrivals(9_000, 20_000, |_| target * 2.0);
+        assert_eq!(recovery_time(&late, ms_(10_000), ms_(20_000)), None);
+        // Back at once, then a relapse at 11–12.5 s, before p99 had held for 2 s: recovery
+        // counts from after the relapse.
+        let late = arrivals(10_000, 20_000, |t| {
+            if (11_000..12_500).contains(&t) {
+                1000.0
+            } else {
+                1.0
+            }
+        });
+        let r = recovery_time(&late, ms_(10_000), ms_(20_000)).unwrap();
+        assert!((r - 2.5).abs() < 1e-9, "{r}");
+        // One stray failure among ~100 arrivals of a window is within the 99th percentile.
+        let late = arrivals(10_000, 20_000, |t| if t == 15_000 { 1000.0 } else { 1.0 });
+        assert_eq!(recovery_time(&late, ms_(10_000), ms_(20_000)), Some(0.0));
+    }
+
+    #[test]
+    fn bins_hold_the_p99_of_their_arrivals() {
+        let late = arrivals(0, 1_000, |t| t as f64);
+        let b = bins(&late, ms_(1_000));
+        assert_eq!(b.len(), 4);
+        assert_eq!(b[0], (ms_(0), 240.0));
+        assert_eq!(b[3], (ms_(750), 990.0));
+    }
+
+    #[test]
+    fn cpu_between_takes_the_nearest_readings() {
+        let s = |t: f64, us: u64, events: Option<u64>| Sample {
+            t,
+            limit: None,
+            cpu: Some(Cpu {
+                time: Duration::from_micros(us),
+                events,
+            }),
+        };
+        let samples = [
+            s(0.0, 0, Some(0)),
+            s(1.1, 500, Some(10)),
+            s(2.9, 2_000, Some(40)),
+        ];
+        assert_eq!(
+            cpu_between(&samples, 1.0, 3.0),
+            Some((Duration::from_micros(1_500), Some(30)))
+        );
+        let no_count = [s(0.0, 0, None), s(1.0, 100, None)];
+        assert_eq!(
+            cpu_between(&no_count, 0.0, 1.0),
+            Some((Duration::from_micros(100), None))
+        );
+    }
+}
