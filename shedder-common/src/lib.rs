@@ -33,6 +33,17 @@ pub const CLASS_L1_ENTRIES: u32 = 65536;
 /// IPv4 class lookup table, second level: blocks of 256 /24 cells, in two halves that
 /// alternate between policy generations (so a reader never sees a block rewritten under it).
 pub const CLASS_L2_BLOCKS: u32 = 2048;
+/// Recent SYNs remembered to recognise retransmits, one per (4-tuple, initial sequence
+/// number): an LRU map, so a flood of new attempts evicts the oldest entries (a retransmit
+/// of an evicted attempt then counts as a new attempt) and never anything else.
+pub const SYN_SEEN_ENTRIES: u32 = 65536;
+/// Sources recently shed, per service, to recognise retries: an LRU map (eviction makes a
+/// retry count as a first attempt, never the reverse).
+pub const SHED_SOURCE_ENTRIES: u32 = 65536;
+/// Demoted attempts admitted and not yet born as connections, so the tracking path counts
+/// each connection in the class it was admitted in: an LRU map (eviction makes a demoted
+/// connection count in its source's own class).
+pub const DEMOTED_ENTRIES: u32 = 16384;
 /// Longest IPv6 extension-header chain walked before giving up (and passing).
 pub const MAX_IPV6_EXT_HEADERS: usize = 6;
 
@@ -103,18 +114,102 @@ pub const fn counter_index(service: u32, class: u32, verdict: u32, reason: u32) 
 
 /// The per-CPU decision counters of one service (one map entry per service, so the daemon
 /// reads a service's counters with one lookup).
+///
+/// `n` counts *unique* attempts: a retransmitted SYN (same 4-tuple and initial sequence
+/// number within the retransmit window) is counted in `retransmits` only, so the sum of
+/// `n` is the offered load the controller sees.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServiceCounters {
     pub n: [u64; COUNTERS_PER_SERVICE],
+    /// Retransmitted SYNs, by the class of the attempt they repeat.
+    pub retransmits: [u64; NUM_CLASSES],
+    /// New attempts from a source shed for this service within its retry window, by the
+    /// class before demotion (each is also a unique attempt in `n`, under the class it was
+    /// decided in).
+    pub retries: [u64; NUM_CLASSES],
 }
 
 impl Default for ServiceCounters {
     fn default() -> Self {
         Self {
             n: [0; COUNTERS_PER_SERVICE],
+            retransmits: [0; NUM_CLASSES],
+            retries: [0; NUM_CLASSES],
         }
     }
+}
+
+/// The class a retry is decided in: one level below the attempt's own (CRITICAL → HIGH →
+/// MEDIUM → SHEDDABLE; SHEDDABLE stays), so under load first attempts win (seed 001).
+/// `class` is taken modulo [`NUM_CLASSES`], as everywhere on the packet path.
+#[inline(always)]
+pub fn demote(class: u32) -> u32 {
+    // Without a branch, so the packet path carries one range of classes, [0, 3], into the
+    // decision: with `if class < 3 { class + 1 } else { 3 }` the verifier would explore
+    // the decision once for the range and once for the constant. For 0..=3,
+    // (6 - class) >> 2 is 1, 1, 1, 0.
+    let class = class & (NUM_CLASSES as u32 - 1);
+    (class + ((6 - class) >> 2)) & (NUM_CLASSES as u32 - 1)
+}
+
+/// Whether `then` lies within `window` jiffies before `now` (a zero window: never).
+#[inline(always)]
+pub fn recent(now: u64, then: u64, window: u64) -> bool {
+    window != 0 && now >= then && now - then <= window
+}
+
+/// Key of the recent-SYN map: the attempt's 4-tuple and initial sequence number.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SynKey {
+    /// Addresses as the words lie in the packet; IPv4 uses word 0, the rest zero.
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    /// Host byte order.
+    pub sport: u16,
+    pub dport: u16,
+    /// Initial sequence number, host byte order.
+    pub isn: u32,
+    /// 1 for IPv6.
+    pub v6: u32,
+    pub _pad: u32,
+}
+
+/// What the packet path remembers of a SYN it decided.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SynSeen {
+    /// Jiffies of the first SYN of the attempt.
+    pub jiffies: u64,
+    /// The class it was decided in.
+    pub class: u32,
+    /// 1 once admitted: its retransmits are admitted again, whatever the pressure, so a
+    /// connection the stack has begun is never cut in half.
+    pub admitted: u32,
+}
+
+/// Key of the demoted-attempts map: the client's address and port and the server's port
+/// (what both the packet path and the `inet_sock_set_state` tracepoint see).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DemotedKey {
+    /// As in [`SynKey`].
+    pub client: [u32; 4],
+    /// Host byte order.
+    pub client_port: u16,
+    pub server_port: u16,
+    pub v6: u32,
+}
+
+/// Key of the recently-shed-sources map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ShedSourceKey {
+    /// As in [`SynKey`].
+    pub src: [u32; 4],
+    pub service: u32,
+    pub v6: u32,
 }
 
 /// Histogram buckets of one service: `b[kind * hist::BUCKETS + bucket]`.
@@ -215,7 +310,10 @@ pub mod maps {
     pub const HIST: &str = "SHEDDER_HIST";
     pub const COUNTERS: &str = "SHEDDER_COUNTERS";
     pub const STATS: &str = "SHEDDER_STATS";
-    pub const ALL: [&str; 15] = [
+    pub const SYNS: &str = "SHEDDER_SYNS";
+    pub const SHED_SOURCES: &str = "SHEDDER_SHED_SRC";
+    pub const DEMOTED: &str = "SHEDDER_DEMOTED";
+    pub const ALL: [&str; 18] = [
         GLOBALS,
         PORTS,
         ADDR_SERVICES,
@@ -231,6 +329,9 @@ pub mod maps {
         HIST,
         COUNTERS,
         STATS,
+        SYNS,
+        SHED_SOURCES,
+        DEMOTED,
     ];
 }
 
@@ -280,6 +381,9 @@ pub struct Globals {
     pub hz: u32,
     /// Bumped by the daemon whenever it rewrites the policy; informational.
     pub generation: u64,
+    /// A SYN repeating a remembered attempt (same 4-tuple and initial sequence number) this
+    /// many jiffies after it is a retransmit; 0 disables retransmit recognition.
+    pub retransmit_window_jiffies: u64,
 }
 
 impl Globals {
@@ -344,7 +448,12 @@ pub struct ServicePolicy {
     /// zeroed; a port mapped to an unwritten entry passes (fail open) instead of meeting
     /// all-zero limits.
     pub configured: u8,
-    pub _pad1: u32,
+    /// A new attempt from a source shed for this service within this many jiffies is a
+    /// retry; 0 disables retry recognition.
+    pub retry_window_jiffies: u32,
+    /// 1: retries are decided one class lower ([`demote`]); 0: only counted.
+    pub demote_retries: u32,
+    pub _pad2: u32,
 }
 
 /// Established connections per class of one service. Written by the tracepoint programs
@@ -512,9 +621,13 @@ pub struct ClassRule {
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<Globals>() == 40);
+    assert!(core::mem::size_of::<Globals>() == 48);
     assert!(core::mem::size_of::<ClassPolicy>() == 40);
-    assert!(core::mem::size_of::<ServicePolicy>() == 176);
+    assert!(core::mem::size_of::<ServicePolicy>() == 184);
+    assert!(core::mem::size_of::<SynKey>() == 48);
+    assert!(core::mem::size_of::<SynSeen>() == 16);
+    assert!(core::mem::size_of::<ShedSourceKey>() == 24);
+    assert!(core::mem::size_of::<DemotedKey>() == 24);
     assert!(core::mem::size_of::<Inflight>() == 16);
     assert!(core::mem::size_of::<PendingSlot>() == 40);
     assert!(core::mem::size_of::<Pending>() == 80);
@@ -545,6 +658,10 @@ mod pod {
     unsafe impl aya::Pod for SockState {}
     unsafe impl aya::Pod for ServiceCounters {}
     unsafe impl aya::Pod for ServiceHist {}
+    unsafe impl aya::Pod for SynKey {}
+    unsafe impl aya::Pod for SynSeen {}
+    unsafe impl aya::Pod for ShedSourceKey {}
+    unsafe impl aya::Pod for DemotedKey {}
 }
 
 #[cfg(test)]
@@ -560,5 +677,28 @@ mod tests {
         assert_eq!(g(10).pending_epoch(5 << 10), 5);
         assert_eq!(g(0).pending_epoch(3 << DEFAULT_PENDING_EPOCH_SHIFT), 3);
         assert_eq!(g(64).pending_epoch(3 << DEFAULT_PENDING_EPOCH_SHIFT), 3);
+    }
+
+    #[test]
+    fn retries_are_demoted_one_class() {
+        assert_eq!(demote(CLASS_CRITICAL), CLASS_HIGH);
+        assert_eq!(demote(CLASS_HIGH), CLASS_MEDIUM);
+        assert_eq!(demote(CLASS_MEDIUM), CLASS_SHEDDABLE);
+        assert_eq!(demote(CLASS_SHEDDABLE), CLASS_SHEDDABLE);
+        // Out-of-range input is taken modulo NUM_CLASSES and never leaves the range.
+        assert_eq!(demote(NUM_CLASSES as u32 + CLASS_HIGH), CLASS_MEDIUM);
+        for class in [4, 7, 255, u32::MAX] {
+            assert!(demote(class) < NUM_CLASSES as u32);
+        }
+    }
+
+    #[test]
+    fn recent_is_within_the_window_and_never_for_a_zero_window() {
+        assert!(recent(100, 100, 10));
+        assert!(recent(110, 100, 10));
+        assert!(!recent(111, 100, 10));
+        assert!(!recent(100, 100, 0));
+        // A stamp from the future (another CPU's jiffies raced ahead) is not recent.
+        assert!(!recent(99, 100, 10));
     }
 }

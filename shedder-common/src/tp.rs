@@ -9,17 +9,19 @@ pub mod state {
     pub const OLDSTATE: usize = 16;
     pub const NEWSTATE: usize = 20;
     pub const SPORT: usize = 24;
+    pub const DPORT: usize = 26;
     pub const FAMILY: usize = 28;
     pub const PROTOCOL: usize = 30;
     pub const SADDR: usize = 32;
     pub const DADDR: usize = 36;
     pub const SADDR_V6: usize = 40;
     pub const DADDR_V6: usize = 56;
-    pub const FIELDS: [(&str, usize, usize); 10] = [
+    pub const FIELDS: [(&str, usize, usize); 11] = [
         ("skaddr", SKADDR, 8),
         ("oldstate", OLDSTATE, 4),
         ("newstate", NEWSTATE, 4),
         ("sport", SPORT, 2),
+        ("dport", DPORT, 2),
         ("family", FAMILY, 2),
         ("protocol", PROTOCOL, 2),
         ("saddr", SADDR, 4),

@@ -4,7 +4,7 @@
 use aya_ebpf::{
     helpers::generated::{bpf_jiffies64, bpf_ktime_get_ns},
     macros::map,
-    maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
 use aya_log_ebpf::{
     debug,
@@ -13,18 +13,19 @@ use aya_log_ebpf::{
 };
 use shedder_common::{
     ACTION_RST, Bucket, CLASS_L1_ENTRIES, CLASS_L2_BLOCKS, COUNTERS_PER_SERVICE, ClassBlock,
-    ClassRule, Globals, Inflight, KLOG_LINES_PER_SECOND, LogBudget, MAX_ADDR_SERVICES,
-    MAX_CLASS_RULES, MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS, POLICY_CONFIGURED,
-    PORT_HAS_ADDR_SERVICES, PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, STAT_FALLBACK,
-    STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_RST_ERROR, ServiceAddrKey,
-    ServiceCounters, ServicePolicy, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
+    ClassRule, DEMOTED_ENTRIES, DemotedKey, Globals, Inflight, KLOG_LINES_PER_SECOND, LogBudget,
+    MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS,
+    POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES, PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending,
+    SHED_SOURCE_ENTRIES, STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED,
+    STAT_RST_ERROR, SYN_SEEN_ENTRIES, ServiceAddrKey, ServiceCounters, ServicePolicy,
+    ShedSourceKey, SynKey, SynSeen, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
     admit::decide,
     classmap,
     csum::{
         RST_TTL, TCP_ACK, TCP_OPT_NOP, TCP_RST, ipv4_rst_header_checksum, pseudo_v4, pseudo_v6,
         rst_ack_number, tcp_rst_checksum,
     },
-    decision_index, gcra,
+    decision_index, demote, gcra, recent,
 };
 
 use crate::{
@@ -63,6 +64,48 @@ static SHEDDER_COUNTERS: PerCpuArray<ServiceCounters> =
     PerCpuArray::with_max_entries(MAX_SERVICES, 0);
 #[map]
 pub static SHEDDER_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NUM_STATS, 0);
+/// Recent attempts, to recognise a retransmitted SYN (same 4-tuple and initial sequence
+/// number): the class it was decided in and whether it was admitted. Only SYNs to protected
+/// services with a policy touch it, and only while `retransmit_window_jiffies` is not 0.
+#[map]
+static SHEDDER_SYNS: LruHashMap<SynKey, SynSeen> =
+    LruHashMap::with_max_entries(SYN_SEEN_ENTRIES, 0);
+/// Sources shed per service, with the jiffies of the last shed, to recognise a retry (a new
+/// attempt from a recently shed source). Only touched for services with a retry window.
+#[map]
+static SHEDDER_SHED_SRC: LruHashMap<ShedSourceKey, u64> =
+    LruHashMap::with_max_entries(SHED_SOURCE_ENTRIES, 0);
+/// The attempt memory's keys and values for the SYN being decided (per CPU, private to one
+/// load, rewritten for every SYN to a protected service).
+#[repr(C)]
+struct Memo {
+    /// 1: the SYN map is in use (`retransmit_window_jiffies` was not 0).
+    syns: u32,
+    /// 1: the shed-source map is in use (the service's `retry_window_jiffies` was not 0).
+    sources: u32,
+    /// 1: a new attempt (0: a retransmit).
+    fresh: u32,
+    /// 1: the source has an entry in the shed-source map (already refreshed to now).
+    known: u32,
+    syn: SynKey,
+    seen: SynSeen,
+    source: ShedSourceKey,
+    shed_at: u64,
+    demoted: DemotedKey,
+    demoted_class: u32,
+}
+/// Demoted attempts admitted, for the tracking path: a connection counts in the class it
+/// was admitted in (the one its limits were checked against), not its source's own.
+#[map]
+pub static SHEDDER_DEMOTED: LruHashMap<DemotedKey, u32> =
+    LruHashMap::with_max_entries(DEMOTED_ENTRIES, 0);
+/// Holds the [`Memo`] in a map value rather than on the stack: the verifier does not track
+/// what a map value holds, so the keys (whose form differs between the parse paths) and the
+/// flags do not multiply the states it explores between the lookups before the decision
+/// and the updates after it (on the stack, they cost the XDP program about 40% more
+/// verified instructions).
+#[map]
+static SHEDDER_MEMO: PerCpuArray<Memo> = PerCpuArray::with_max_entries(1, 0);
 /// Per-CPU kernel-log budget (private to one load; only touched with logging enabled).
 #[map]
 static SHEDDER_LOG_BUDGET: PerCpuArray<LogBudget> = PerCpuArray::with_max_entries(1, 0);
@@ -111,12 +154,28 @@ pub trait Frame {
     fn truncate(&self, new_len: usize) -> bool;
 }
 
-/// Count a decision in the service's per-CPU counters.
+/// Count a decision in the service's per-CPU counters: `unique` is 1 for a new attempt,
+/// 0 for a retransmit (decided again, but not another attempt).
 #[inline(always)]
-fn count_decision(service: u32, class: u32, verdict: u32, reason: u32) {
+fn count_decision(service: u32, class: u32, verdict: u32, reason: u32, unique: u64) {
     if let Some(c) = SHEDDER_COUNTERS.get_ptr_mut(service) {
         let i = decision_index(class, verdict, reason) as usize & (COUNTERS_PER_SERVICE - 1);
-        unsafe { (*c).n[i] += 1 };
+        unsafe { (*c).n[i] += unique };
+    }
+}
+
+/// Count a retransmitted SYN (`retry == false`) or a retry (`retry == true`) of `class`.
+#[inline(always)]
+fn count_repeat(service: u32, class: u32, retry: bool) {
+    if let Some(c) = SHEDDER_COUNTERS.get_ptr_mut(service) {
+        let i = (class as usize) & (NUM_CLASSES - 1);
+        unsafe {
+            if retry {
+                (*c).retries[i] += 1;
+            } else {
+                (*c).retransmits[i] += 1;
+            }
+        }
     }
 }
 
@@ -126,6 +185,9 @@ pub fn bump(map: &PerCpuArray<u64>, index: u32) {
         unsafe { *slot += 1 };
     }
 }
+
+/// `BPF_ANY`: create or overwrite.
+const BPF_ANY: u64 = 0;
 
 #[inline(always)]
 pub fn run<F: Frame>(frame: &F) -> Outcome {
@@ -151,8 +213,97 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
     let Some(globals) = SHEDDER_GLOBALS.get(0) else {
         return Outcome::Pass;
     };
-    let class = classify(syn.src, syn.v6, policy);
+    // The source's own class; a retry may be decided (and, admitted, counted) one lower.
+    let own_class = classify(syn.src, syn.v6, policy);
+    let mut class = own_class;
     let now = unsafe { bpf_jiffies64() };
+
+    let Some(memo) = SHEDDER_MEMO.get_ptr_mut(0) else {
+        return Outcome::Pass;
+    };
+    // What the attempt memory says. A note on its shape: a flag the verifier knows to be a
+    // constant on some paths, tested again after the decision, is tracked precisely through
+    // the whole decision, which is then verified once per combination of flags (six times
+    // the instructions). So after this block `unique` and `retry` are only data (added to a
+    // counter, logged), the updates after the decision test the flags the block left in
+    // the memo, whose values the verifier does not know, and `demote` has no branch.
+    //
+    // 1 for a new attempt, 0 for a retransmit.
+    let mut unique: u64 = 1;
+    // 1 for a retry.
+    let mut retry: u32 = 0;
+    'memory: {
+        let m = unsafe { &mut *memo };
+        let window = globals.retransmit_window_jiffies;
+        let retry_window = policy.retry_window_jiffies as u64;
+        m.syns = (window != 0) as u32;
+        m.sources = (retry_window != 0) as u32;
+        m.fresh = 1;
+        m.known = 0;
+        // Map updates cost far more than lookups (an LRU update takes locks, allocates and
+        // links an entry: a few hundred ns on the project's machines, against about 40 ns
+        // for a lookup), so an entry that exists is changed in place, and only a new
+        // attempt or a newly shed source is inserted.
+        //
+        // A retransmitted SYN repeats an attempt already decided: it is counted as a
+        // retransmit, not as a new attempt. Admitted once, it is admitted again at once
+        // (the stack has begun that connection); otherwise it is decided again in its
+        // class, without retry detection or demotion.
+        let mut retransmit = false;
+        if window != 0 {
+            m.syn = SynKey {
+                src: syn.src,
+                dst: syn.dst,
+                sport: syn.sport,
+                dport: syn.dport,
+                isn: syn.seq,
+                v6: syn.v6,
+                _pad: 0,
+            };
+            // Keys and values are passed to the map helpers where they lie in the memo,
+            // never as copies on the stack.
+            let key = &m.syn;
+            if let Some(seen) = unsafe { SHEDDER_SYNS.get(key) }
+                && recent(now, seen.jiffies, window)
+            {
+                class = seen.class & (NUM_CLASSES as u32 - 1);
+                count_repeat(service, class, false);
+                if seen.admitted == 1 {
+                    return Outcome::Pass;
+                }
+                unique = 0;
+                m.fresh = 0;
+                retransmit = true;
+            }
+        }
+        if retry_window == 0 {
+            break 'memory;
+        }
+        m.source = ShedSourceKey {
+            src: syn.src,
+            service,
+            v6: syn.v6,
+        };
+        let source = &m.source;
+        if let Some(t) = SHEDDER_SHED_SRC.get_ptr_mut(source) {
+            // A new attempt from a source shed for this service within its retry window is
+            // a retry: counted by its own class, and decided one class lower if the policy
+            // says so.
+            if !retransmit && recent(now, unsafe { *t }, retry_window) {
+                retry = 1;
+                count_repeat(service, class, true);
+                if policy.demote_retries == 1 {
+                    class = demote(class);
+                }
+            }
+            // Stamped now as if it will be shed: if it is admitted instead, the source got
+            // in and is forgotten after the decision (its next attempts are first attempts
+            // again).
+            unsafe { *t = now };
+            m.known = 1;
+        }
+    }
+
     let stale = globals.heartbeat_jiffies == 0
         || now.saturating_sub(globals.heartbeat_jiffies) > globals.heartbeat_timeout_jiffies;
     if stale {
@@ -174,58 +325,115 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         decision.admit = 0;
         decision.reason = shedder_common::REASON_RATE;
     }
-
-    if decision.admit == 1 {
-        count_pending(pending, class, epoch);
-        count_decision(service, class, VERDICT_PASS, decision.reason);
-        return Outcome::Pass;
-    }
-    if may_log(Level::Debug) {
-        let verdict = if policy.mode == MODE_DRY_RUN {
-            VERDICT_DRY_RUN
-        } else if policy.action == ACTION_RST {
-            VERDICT_RST
-        } else {
-            VERDICT_DROP
-        };
-        debug!(
-            &(),
-            "shed port={} service={} class={} verdict={} reason={} class_inflight={} inflight={} limit={} stale={}",
-            syn.dport,
-            service,
-            class,
-            verdict,
-            decision.reason,
-            mine,
-            total,
-            policy.total_limit,
-            stale as u32
-        );
-    }
-    if policy.mode == MODE_DRY_RUN {
-        count_decision(service, class, VERDICT_DRY_RUN, decision.reason);
-        return Outcome::Pass;
-    }
-    if policy.action == ACTION_RST {
-        if write_rst(frame, &syn) {
-            count_decision(service, class, VERDICT_RST, decision.reason);
-            return Outcome::Reply;
+    let admitted = decision.admit == 1;
+    let dry_run = policy.mode == MODE_DRY_RUN;
+    let outcome = 'act: {
+        if admitted {
+            count_pending(pending, class, epoch);
+            count_decision(service, class, VERDICT_PASS, decision.reason, unique);
+            break 'act Outcome::Pass;
         }
-        // Fail open: the reset could not be built, the attempt goes through.
-        bump(&SHEDDER_STATS, STAT_RST_ERROR);
-        if may_log(Level::Warn) {
-            warn!(
+        if may_log(Level::Debug) {
+            let verdict = if dry_run {
+                VERDICT_DRY_RUN
+            } else if policy.action == ACTION_RST {
+                VERDICT_RST
+            } else {
+                VERDICT_DROP
+            };
+            debug!(
                 &(),
-                "port={} service={}: could not build the RST: passed (fail-open)",
+                "shed port={} service={} class={} verdict={} reason={} class_inflight={} inflight={} limit={} stale={} retransmit={} retry={}",
                 syn.dport,
-                service
+                service,
+                class,
+                verdict,
+                decision.reason,
+                mine,
+                total,
+                policy.total_limit,
+                stale as u32,
+                1 - unique,
+                retry
             );
         }
-        count_decision(service, class, VERDICT_PASS, decision.reason);
-        return Outcome::Pass;
+        if dry_run {
+            count_decision(service, class, VERDICT_DRY_RUN, decision.reason, unique);
+            break 'act Outcome::Pass;
+        }
+        if policy.action == ACTION_RST {
+            if write_rst(frame, &syn) {
+                count_decision(service, class, VERDICT_RST, decision.reason, unique);
+                break 'act Outcome::Reply;
+            }
+            // Fail open: the reset could not be built, the attempt goes through.
+            bump(&SHEDDER_STATS, STAT_RST_ERROR);
+            if may_log(Level::Warn) {
+                warn!(
+                    &(),
+                    "port={} service={}: could not build the RST: passed (fail-open)",
+                    syn.dport,
+                    service
+                );
+            }
+            count_decision(service, class, VERDICT_PASS, decision.reason, unique);
+            break 'act Outcome::Pass;
+        }
+        count_decision(service, class, VERDICT_DROP, decision.reason, unique);
+        Outcome::Drop
+    };
+
+    // Remember the attempt, after every outcome has joined. A dry-run shed passes the SYN,
+    // so the stack begins the connection: the attempt is remembered as admitted (its
+    // retransmits pass) while its source is remembered as shed, so that retries are
+    // counted and decided as enforcing would. A failed update only means that a later
+    // retransmit counts as a new attempt, or a later retry as a first attempt.
+    let m = unsafe { &mut *memo };
+    let passed = admitted as u32 | dry_run as u32;
+    if m.syns != 0 {
+        let key = &m.syn;
+        if m.fresh != 0 {
+            m.seen = SynSeen {
+                jiffies: now,
+                class,
+                admitted: passed,
+            };
+            let value = &m.seen;
+            let _ = SHEDDER_SYNS.insert(key, value, BPF_ANY);
+        } else if passed != 0
+            && let Some(seen) = SHEDDER_SYNS.get_ptr_mut(key)
+        {
+            // A retransmit admitted on its second decision. Its entry keeps the jiffies of
+            // the attempt's first SYN: the window runs from the attempt.
+            unsafe { (*seen).admitted = 1 };
+        }
     }
-    count_decision(service, class, VERDICT_DROP, decision.reason);
-    Outcome::Drop
+    if admitted && class != own_class {
+        // Admitted in a class other than its source's: tell the tracking path, which
+        // classifies a new connection by its source, where to count it.
+        m.demoted = DemotedKey {
+            client: syn.src,
+            client_port: syn.sport,
+            server_port: syn.dport,
+            v6: syn.v6,
+        };
+        m.demoted_class = class;
+        let (key, value) = (&m.demoted, &m.demoted_class);
+        let _ = SHEDDER_DEMOTED.insert(key, value, BPF_ANY);
+    }
+    if m.sources != 0 {
+        let source = &m.source;
+        if admitted {
+            if m.known != 0 {
+                let _ = SHEDDER_SHED_SRC.remove(source);
+            }
+        } else if m.known == 0 {
+            m.shed_at = now;
+            let value = &m.shed_at;
+            let _ = SHEDDER_SHED_SRC.insert(source, value, BPF_ANY);
+        }
+    }
+    outcome
 }
 
 /// Service id of the attempt's destination, `None` if it is not protected.

@@ -16,16 +16,17 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use shedder_common::{
-    DEFAULT_TRACKED_SOCKETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES, POLICY_CONFIGURED,
-    SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, ServiceHist, SockState, hist,
+    DEFAULT_TRACKED_SOCKETS, DemotedKey, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
+    POLICY_CONFIGURED, SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, ServiceHist, SockState,
+    hist,
     tp::{length, state},
 };
 
 use crate::{
     atomic,
     shed::{
-        SHEDDER_GLOBALS, SHEDDER_INFLIGHT, SHEDDER_PENDING, SHEDDER_POLICY, SHEDDER_STATS, bump,
-        classify, lookup_service,
+        SHEDDER_DEMOTED, SHEDDER_GLOBALS, SHEDDER_INFLIGHT, SHEDDER_PENDING, SHEDDER_POLICY,
+        SHEDDER_STATS, bump, classify, lookup_service,
     },
 };
 
@@ -121,7 +122,21 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
         Some(p) if p.configured == POLICY_CONFIGURED => p,
         _ => return,
     };
-    let class = classify(remote, v6, policy);
+    // A demoted attempt counts in the class it was admitted in (see SHEDDER_DEMOTED).
+    let demoted = DemotedKey {
+        client: remote,
+        client_port: field(ctx, state::DPORT),
+        server_port: port,
+        v6,
+    };
+    let class = match unsafe { SHEDDER_DEMOTED.get(&demoted) } {
+        Some(c) => {
+            let c = *c & (NUM_CLASSES as u32 - 1);
+            let _ = SHEDDER_DEMOTED.remove(&demoted);
+            c
+        }
+        None => classify(remote, v6, policy),
+    };
     let state = SockState {
         service: service as u16,
         class: class as u8,
