@@ -106,6 +106,12 @@ pub struct Daemon {
     /// pruned at load and cost nothing. Changes with a restart.
     #[serde(default)]
     pub kernel_debug_log: bool,
+    /// A SYN repeating an attempt the packet path remembers (same addresses, ports and
+    /// initial sequence number) within this many milliseconds of the attempt's first SYN is
+    /// a retransmit: counted apart, not as a new attempt. 0 disables the recognition (every
+    /// SYN is then a new attempt). Reloadable.
+    #[serde(default = "defaults::syn_retransmit_window_ms")]
+    pub syn_retransmit_window_ms: u64,
 }
 
 impl Default for Daemon {
@@ -122,6 +128,7 @@ impl Default for Daemon {
             signal_window_ms: defaults::signal_window_ms(),
             detach_on_exit: defaults::detach_on_exit(),
             kernel_debug_log: false,
+            syn_retransmit_window_ms: defaults::syn_retransmit_window_ms(),
         }
     }
 }
@@ -262,6 +269,23 @@ pub struct Service {
     /// Optional per-class new-connection rates, keyed by class name.
     #[serde(default)]
     pub rate: BTreeMap<String, Rate>,
+    /// A new attempt from a source this service shed within this many milliseconds is a
+    /// retry (counted by class; see `demote_retries`). 0 disables retry recognition.
+    #[serde(default = "defaults::retry_window_ms")]
+    pub retry_window_ms: u64,
+    /// Decide retries one class lower (CRITICAL → HIGH → MEDIUM → SHEDDABLE; SHEDDABLE
+    /// stays), so under load first attempts win (seed 001). Default true; `None` when the
+    /// file does not set it (see [`Service::demotes_retries`]).
+    #[serde(default)]
+    pub demote_retries: Option<bool>,
+}
+
+impl Service {
+    /// Whether retries are decided one class lower: as configured, default true; never
+    /// while retry recognition is off (`retry_window_ms = 0`).
+    pub fn demotes_retries(&self) -> bool {
+        self.retry_window_ms > 0 && self.demote_retries.unwrap_or(true)
+    }
 }
 
 pub mod defaults {
@@ -290,6 +314,12 @@ pub mod defaults {
     pub fn detach_on_exit() -> bool {
         true
     }
+    pub fn syn_retransmit_window_ms() -> u64 {
+        30_000
+    }
+    pub fn retry_window_ms() -> u64 {
+        10_000
+    }
     pub fn critical() -> Class {
         Class {
             sources: Vec::new(),
@@ -313,6 +343,14 @@ pub mod defaults {
 
 /// Largest concurrency limit accepted: far above any real service, far below overflow.
 pub const LIMIT_CEILING: u32 = 1 << 24;
+
+/// Longest `daemon.syn_retransmit_window_ms`: ten minutes, well past the last SYN a Linux
+/// client retransmits (63 s after the first with the default `tcp_syn_retries` of 6).
+pub const MAX_SYN_RETRANSMIT_WINDOW_MS: u64 = 600_000;
+
+/// Longest `retry_window_ms` of a service: an hour. The kernel holds the window in 32-bit
+/// jiffies: an hour is 3.6 million at HZ 1000, far below `u32::MAX`.
+pub const MAX_RETRY_WINDOW_MS: u64 = 3_600_000;
 
 /// The line (1-based) where the value a validation error names lies in the TOML text: the
 /// key's line inside its section (`[daemon]`, the n-th `[[service]]`, `[classes]` or
@@ -514,6 +552,15 @@ impl Config {
             return Err(err(
                 "daemon.control_group",
                 format!("`{g}` is not a group name"),
+            ));
+        }
+        if d.syn_retransmit_window_ms > MAX_SYN_RETRANSMIT_WINDOW_MS {
+            return Err(err(
+                "daemon.syn_retransmit_window_ms",
+                format!(
+                    "{} is outside 0..={MAX_SYN_RETRANSMIT_WINDOW_MS} (0 disables retransmit recognition)",
+                    d.syn_retransmit_window_ms
+                ),
             ));
         }
         for (i, iface) in d.interfaces.iter().enumerate() {
@@ -733,6 +780,22 @@ impl Config {
                     format!("`{cg}` must be a path relative to the cgroup v2 mount, without `..`"),
                 ));
             }
+            if s.retry_window_ms > MAX_RETRY_WINDOW_MS {
+                return Err(err(
+                    field("retry_window_ms"),
+                    format!(
+                        "{} is outside 0..={MAX_RETRY_WINDOW_MS} (0 disables retry recognition)",
+                        s.retry_window_ms
+                    ),
+                ));
+            }
+            if s.retry_window_ms == 0 && s.demote_retries == Some(true) {
+                return Err(err(
+                    field("demote_retries"),
+                    "true has no effect with retry_window_ms = 0 (no attempt is recognised as a retry); \
+                     give retry_window_ms a window or remove demote_retries",
+                ));
+            }
             for (class, rate) in &s.rate {
                 let f = format!("{}.{class}", field("rate"));
                 if !CLASS_NAMES.contains(&class.as_str()) {
@@ -817,6 +880,38 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
             (s.action, s.mode, s.default_class),
             (Action::Rst, Mode::Enforce, ClassName::Medium)
         );
+        assert_eq!(c.daemon.syn_retransmit_window_ms, 30_000);
+        assert_eq!((s.retry_window_ms, s.demote_retries), (10_000, None));
+        assert!(s.demotes_retries(), "retries are demoted by default");
+    }
+
+    #[test]
+    fn retry_settings() {
+        let svc = |extra: &str| {
+            Config::parse(&format!(
+                "[daemon]\nsyn_retransmit_window_ms = 0\n[[service]]\nname = \"a\"\nports = [80]\n{extra}"
+            ))
+            .unwrap()
+        };
+        let c = svc("retry_window_ms = 5000\ndemote_retries = false\n");
+        assert_eq!(
+            c.daemon.syn_retransmit_window_ms, 0,
+            "0 disables, and is valid"
+        );
+        assert_eq!(c.services[0].retry_window_ms, 5000);
+        assert!(!c.services[0].demotes_retries());
+        // Retry recognition off: nothing is a retry, so nothing is demoted.
+        let c = svc("retry_window_ms = 0\n");
+        assert!(!c.services[0].demotes_retries());
+        let c = svc("retry_window_ms = 0\ndemote_retries = false\n");
+        assert!(!c.services[0].demotes_retries());
+        // The bounds themselves are accepted.
+        let c = Config::parse(
+            "[daemon]\nsyn_retransmit_window_ms = 600000\n\
+             [[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 3600000\n",
+        )
+        .unwrap();
+        assert_eq!(c.services[0].retry_window_ms, MAX_RETRY_WINDOW_MS);
     }
 
     fn error_of(toml: &str) -> String {
@@ -896,12 +991,32 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
                 "line 4: service[0] (a).rate.high: per_second must be 1..=1e9 and burst at least 1 (got 0 and 1)",
             ),
             (
+                "[daemon]\nsyn_retransmit_window_ms = 600001\n",
+                "line 2: daemon.syn_retransmit_window_ms: 600001 is outside 0..=600000 (0 disables retransmit recognition)",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 3600001\n",
+                "line 4: service[0] (a).retry_window_ms: 3600001 is outside 0..=3600000 (0 disables retry recognition)",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\ndemote_retries = true\nretry_window_ms = 0\n",
+                "line 4: service[0] (a).demote_retries: true has no effect with retry_window_ms = 0 (no attempt is recognised as a retry); give retry_window_ms a window or remove demote_retries",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\ndemote_retries = \"yes\"\n",
+                "line 4: invalid type: string \"yes\", expected a boolean",
+            ),
+            (
+                "[daemon]\nsyn_retransmit_window_ms = -1\n",
+                "line 2: invalid value: integer `-1`, expected u64",
+            ),
+            (
                 "[[service]]\nname = \"a\"\nports = [80]\naction = \"reject\"\n",
                 "line 4: unknown variant `reject`, expected `rst` or `drop`",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nmax_limt = 5\n",
-                "line 4: unknown field `max_limt`, expected one of `name`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`",
+                "line 4: unknown field `max_limt`, expected one of `name`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`, `retry_window_ms`, `demote_retries`",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [70000]\n",

@@ -211,7 +211,11 @@ pub fn observation(sig: &Signals, now: Duration) -> Observation {
     }
 }
 
-/// Per-class demand from this tick's signals, if the rates and occupancy are known.
+/// Per-class demand from this tick's signals, if the rates and occupancy are known. The
+/// offered and admitted rates count unique attempts (the decision counters `n`): a
+/// retransmitted SYN is not offered load, so a dropped client retransmitting its SYN does
+/// not look like more demand (see [`crate::signals::ClassRates`] and its test
+/// `retransmits_are_not_offered_load`).
 pub fn demand(sig: &Signals) -> Option<[f64; NUM_CLASSES]> {
     let rates = sig.rates.ok()?;
     let inflight = sig.inflight.ok()?;
@@ -357,7 +361,7 @@ impl Daemon {
             } else {
                 s.fallback_limit
             };
-            compiled.services[i].policy = service_policy(s, &ladder, initial, None);
+            compiled.services[i].policy = service_policy(s, &ladder, initial, None, hz);
             services.push(Runtime::new(id, s, initial, compiled.services[i].policy));
         }
         shedder.apply(&compiled).context("writing the policy")?;
@@ -466,7 +470,7 @@ impl Daemon {
             }
             if let Err(e) = write_limits(
                 &mut self.shedder,
-                &self.ladder,
+                (&self.ladder, self.hz),
                 rt,
                 decision.limit,
                 demand(sig).as_ref(),
@@ -698,7 +702,14 @@ impl Daemon {
             .as_ref()
             .map_or(rt.controller.limit(), |o| o.limit);
         let demand = rt.signals.as_ref().and_then(demand);
-        write_limits(&mut self.shedder, &self.ladder, rt, limit, demand.as_ref()).map_err(|e| {
+        write_limits(
+            &mut self.shedder,
+            (&self.ladder, self.hz),
+            rt,
+            limit,
+            demand.as_ref(),
+        )
+        .map_err(|e| {
             ApiError::new(
                 500,
                 format!("writing the limits of `{}`: {e:#}", rt.cfg.name),
@@ -791,7 +802,8 @@ impl Daemon {
                 .as_ref()
                 .map_or(rt.controller.limit(), |o| o.limit);
             let demand = rt.signals.as_ref().and_then(demand);
-            compiled.services[i].policy = service_policy(s, &ladder, limit, demand.as_ref());
+            compiled.services[i].policy =
+                service_policy(s, &ladder, limit, demand.as_ref(), self.hz);
             rt.written = Some(compiled.services[i].policy);
             services.push(rt);
         }
@@ -809,15 +821,17 @@ impl Daemon {
     }
 }
 
-/// Write `rt`'s policy for a total of `limit` if it differs from what the kernel holds.
+/// Write `rt`'s policy for a total of `limit` if it differs from what the kernel holds. The
+/// whole policy is rebuilt from the service's configuration (`hz` converts its retry
+/// window), so nothing configured is lost when only the limit changes.
 fn write_limits(
     shedder: &mut Shedder,
-    ladder: &Ladder,
+    (ladder, hz): (&Ladder, u32),
     rt: &mut Runtime,
     limit: u32,
     demand: Option<&[f64; NUM_CLASSES]>,
 ) -> Result<()> {
-    let policy = service_policy(&rt.cfg, ladder, limit, demand);
+    let policy = service_policy(&rt.cfg, ladder, limit, demand, hz);
     if rt.written != Some(policy) {
         shedder.set_policy(rt.id, &policy)?;
         rt.written = Some(policy);

@@ -637,6 +637,26 @@ pub trait MapReader {
         Ok(out)
     }
 
+    /// A service's retransmitted SYNs and retries per class, summed over CPUs
+    /// (`ServiceCounters::retransmits`, `ServiceCounters::retries`; one map lookup).
+    fn retry_counters(&self, service: u32) -> Result<([u64; NUM_CLASSES], [u64; NUM_CLASSES])> {
+        check_service(service)?;
+        let m: PerCpuArray<&MapData, ServiceCounters> =
+            PerCpuArray::try_from(self.map_named(maps::COUNTERS)?)
+                .map_err(map_err(maps::COUNTERS))?;
+        let per_cpu = m.get(&service, 0).map_err(map_err(maps::COUNTERS))?;
+        let (mut retransmits, mut retries) = ([0u64; NUM_CLASSES], [0u64; NUM_CLASSES]);
+        for cpu in per_cpu.iter() {
+            for (o, v) in retransmits.iter_mut().zip(cpu.retransmits.iter()) {
+                *o += v;
+            }
+            for (o, v) in retries.iter_mut().zip(cpu.retries.iter()) {
+                *o += v;
+            }
+        }
+        Ok((retransmits, retries))
+    }
+
     /// Established connections per class of a service, as the kernel counts them.
     fn inflight(&self, service: u32) -> Result<Inflight> {
         check_service(service)?;

@@ -18,6 +18,7 @@ use shedder::{
 };
 use shedder_common::{
     CLASS_NAMES, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, REASON_NAMES, VERDICT_NAMES,
+    decision_index,
 };
 
 const EXIT_CODES: &str = "Exit codes:
@@ -156,6 +157,9 @@ enum Command {
         mode: Option<String>,
     },
     /// The decision counters in the pinned maps (works without a daemon).
+    ///
+    /// Unique attempts by class, verdict and reason; then SYN retransmits (not attempts)
+    /// and retries (attempts from a recently shed source, by their class before demotion).
     #[command(after_help = EXIT_CODES)]
     Counters {
         /// Configuration file (for service names and the pin directory).
@@ -517,15 +521,22 @@ fn counters(config: PathBuf, json: bool) -> Result<()> {
         );
     }
     let shedder = ebpf::PinnedMaps::open(pin_dir).context("opening the pinned maps")?;
+    // Decisions (unique attempts), then retransmitted SYNs and retries per class; each row
+    // names its counter as the metric does (`shedder_<counter>_total`).
     let mut rows = Vec::new();
+    // (service, class, retransmits, retries), where either is not zero.
+    let mut retry_rows = Vec::new();
     for (id, svc) in cfg.services.iter().enumerate() {
+        let decisions = shedder.counters(id as u32)?;
+        let (retransmits, retries) = shedder.retry_counters(id as u32)?;
         for class in 0..NUM_CLASSES as u32 {
             for verdict in 0..NUM_VERDICTS {
                 for reason in 0..NUM_REASONS {
-                    let n = shedder.counter(id as u32, class, verdict, reason)?;
+                    let n = decisions[decision_index(class, verdict, reason) as usize];
                     if n > 0 {
                         rows.push(serde_json::json!({
                             "service": svc.name,
+                            "counter": "connection_attempts",
                             "class": CLASS_NAMES[class as usize],
                             "verdict": VERDICT_NAMES[verdict as usize],
                             "reason": REASON_NAMES[reason as usize],
@@ -535,8 +546,25 @@ fn counters(config: PathBuf, json: bool) -> Result<()> {
                 }
             }
         }
+        for (class, name) in CLASS_NAMES.iter().enumerate() {
+            if retransmits[class] > 0 || retries[class] > 0 {
+                retry_rows.push((&svc.name, *name, retransmits[class], retries[class]));
+            }
+        }
     }
     if json {
+        for &(service, class, retransmits, retries) in &retry_rows {
+            for (counter, n) in [("syn_retransmits", retransmits), ("retries", retries)] {
+                if n > 0 {
+                    rows.push(serde_json::json!({
+                        "service": service,
+                        "counter": counter,
+                        "class": class,
+                        "count": n,
+                    }));
+                }
+            }
+        }
         println!("{}", serde_json::Value::Array(rows));
         return Ok(());
     }
@@ -551,8 +579,18 @@ fn counters(config: PathBuf, json: bool) -> Result<()> {
             r["class"].as_str().unwrap_or(""),
             r["verdict"].as_str().unwrap_or(""),
             r["reason"].as_str().unwrap_or(""),
-            r["count"]
+            r["count"].as_u64().unwrap_or(0)
         );
+    }
+    // Retransmits are not attempts (not in the table above); retries are, and are also
+    // counted here by the class they had before demotion.
+    println!();
+    println!(
+        "{:<20} {:<10} {:>12} {:>12}",
+        "SERVICE", "CLASS", "RETRANSMITS", "RETRIES"
+    );
+    for (service, class, retransmits, retries) in retry_rows {
+        println!("{service:<20} {class:<10} {retransmits:>12} {retries:>12}");
     }
     Ok(())
 }

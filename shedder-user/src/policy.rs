@@ -160,14 +160,24 @@ pub struct Compiled {
     pub globals: Globals,
 }
 
+/// A service's retry window in jiffies at `hz` (rounded up; 0 keeps retry recognition off).
+/// Configuration bounds it far below `u32::MAX` at any real HZ; a wildly wrong calibration
+/// saturates instead of wrapping to a short window.
+pub fn retry_window_jiffies(s: &Service, hz: u32) -> u32 {
+    ms_to_jiffies(s.retry_window_ms, hz).min(u32::MAX as u64) as u32
+}
+
 /// Build the service policy for `total` (the adaptive limit), split by `demand` when known
 /// (see [`allocate_for_demand`]), else statically (see [`allocate`]); the fallback limits
-/// are always split statically.
+/// are always split statically. `hz` converts the retry window to jiffies. The daemon
+/// rebuilds every service's policy with this function each tick, so everything configured
+/// (retry window and demotion included) is written with every limit change.
 pub fn service_policy(
     s: &Service,
     ladder: &Ladder,
     total: u32,
     demand: Option<&[f64; NUM_CLASSES]>,
+    hz: u32,
 ) -> ServicePolicy {
     let total = total.clamp(s.min_limit, s.max_limit);
     let live = match demand {
@@ -206,12 +216,15 @@ pub fn service_policy(
         },
         default_class: s.default_class.id() as u8,
         configured: POLICY_CONFIGURED,
+        retry_window_jiffies: retry_window_jiffies(s, hz),
+        demote_retries: u32::from(s.demotes_retries()),
         ..Default::default()
     }
 }
 
 /// Compile a validated configuration. Services start at their fallback limit until a
-/// controller moves them. `hz` converts the heartbeat timeout to jiffies.
+/// controller moves them. `hz` converts the heartbeat timeout, the SYN retransmit window and
+/// the services' retry windows to jiffies.
 pub fn compile(cfg: &Config, hz: u32) -> Compiled {
     let ladder = Ladder::from_config(cfg);
     let services = cfg
@@ -223,7 +236,7 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
             name: s.name.clone(),
             ports: s.ports.clone(),
             addresses: s.addresses.clone(),
-            policy: service_policy(s, &ladder, s.fallback_limit, None),
+            policy: service_policy(s, &ladder, s.fallback_limit, None, hz),
         })
         .collect();
     let mut class_rules = Vec::new();
@@ -244,6 +257,7 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
             pending_epoch_shift: epoch_shift_for(hz),
             hz,
             generation: 0,
+            retransmit_window_jiffies: ms_to_jiffies(cfg.daemon.syn_retransmit_window_ms, hz),
         },
     }
 }
@@ -408,5 +422,96 @@ mod tests {
         assert_eq!(p.classes[3].rate_interval_ns, 5_000_000);
         assert_eq!(p.classes[3].burst_ns, 2_000_000_000);
         assert_eq!(p.classes[2].rate_interval_ns, 0);
+        // The defaults: retransmits within 30 s, retries within 10 s, demoted.
+        assert_eq!(c.globals.retransmit_window_jiffies, 7_500);
+        assert_eq!((p.retry_window_jiffies, p.demote_retries), (2_500, 1));
+    }
+
+    #[test]
+    fn windows_are_converted_to_jiffies_at_the_calibrated_hz() {
+        let cfg = Config::parse(
+            "[daemon]\nsyn_retransmit_window_ms = 1500\n\
+             [[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 2001\n\
+             [[service]]\nname = \"b\"\nports = [81]\nretry_window_ms = 0\n\
+             [[service]]\nname = \"c\"\nports = [82]\ndemote_retries = false\n",
+        )
+        .unwrap();
+        for (hz, retransmit, retry_a, retry_c) in [
+            (100, 150, 201, 1_000), // 2001 ms is 200.1 jiffies: rounded up
+            (250, 375, 501, 2_500),
+            (300, 450, 601, 3_000),
+            (1000, 1_500, 2_001, 10_000),
+        ] {
+            let c = compile(&cfg, hz);
+            assert_eq!(c.globals.retransmit_window_jiffies, retransmit, "HZ {hz}");
+            let p = |i: usize| c.services[i].policy;
+            assert_eq!(
+                (p(0).retry_window_jiffies, p(0).demote_retries),
+                (retry_a, 1),
+                "HZ {hz}"
+            );
+            assert_eq!(
+                (p(1).retry_window_jiffies, p(1).demote_retries),
+                (0, 0),
+                "a zero window recognises no retry and so demotes none"
+            );
+            assert_eq!(
+                (p(2).retry_window_jiffies, p(2).demote_retries),
+                (retry_c, 0),
+                "counted, not demoted"
+            );
+        }
+        // Zero windows disable recognition on both sides.
+        let off = Config::parse(
+            "[daemon]\nsyn_retransmit_window_ms = 0\n[[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 0\n",
+        )
+        .unwrap();
+        let c = compile(&off, 1000);
+        assert_eq!(c.globals.retransmit_window_jiffies, 0);
+        assert_eq!(c.services[0].policy.retry_window_jiffies, 0);
+        // The longest window fits 32 bits with room at any HZ, and a wild calibration
+        // saturates rather than wrapping to a short window.
+        let long =
+            Config::parse("[[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 3600000\n")
+                .unwrap();
+        assert_eq!(
+            compile(&long, 1000).services[0].policy.retry_window_jiffies,
+            3_600_000
+        );
+        assert_eq!(retry_window_jiffies(&long.services[0], u32::MAX), u32::MAX);
+    }
+
+    /// The daemon rewrites each service's policy every tick from `service_policy` with the
+    /// controller's limit and the measured demand: the retry settings must survive that
+    /// rewrite, whatever the limit and the split.
+    #[test]
+    fn the_per_tick_rewrite_keeps_the_retry_settings() {
+        let cfg = Config::parse(
+            "[classes]\nhigh = { floor = 0.5 }\n\
+             [[service]]\nname = \"a\"\nports = [80]\nmax_limit = 1000\nretry_window_ms = 4000\n",
+        )
+        .unwrap();
+        let ladder = Ladder::from_config(&cfg);
+        let s = &cfg.services[0];
+        let compiled = compile(&cfg, 250).services[0].policy;
+        let inf = f64::INFINITY;
+        for (limit, demand) in [
+            (8, None),
+            (300, None),
+            (1000, Some([0.0, 10.0, inf, inf])),
+            (50, Some([1.0, 2.0, 3.0, 4.0])),
+        ] {
+            let p = service_policy(s, &ladder, limit, demand.as_ref(), 250);
+            assert_eq!(p.total_limit, limit);
+            assert_eq!(
+                (p.retry_window_jiffies, p.demote_retries),
+                (1_000, 1),
+                "limit {limit}"
+            );
+            assert_eq!(
+                (p.retry_window_jiffies, p.demote_retries),
+                (compiled.retry_window_jiffies, compiled.demote_retries)
+            );
+        }
     }
 }

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     controller::{Decision, Mode},
-    signals::{Quantiles, Reading, Signals},
+    signals::{Quantiles, Reading, RetryWindow, Signals},
 };
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -97,6 +97,23 @@ fn rate(v: f64) -> String {
         format!("{v:.0}")
     } else {
         format!("{v:.1}")
+    }
+}
+
+/// The retry line of a service: how many refused attempts came back.
+fn retry_line(r: &Reading<RetryWindow>) -> String {
+    match r {
+        Reading::Ok { value } | Reading::Stale { value, .. } => match value.ratio {
+            Some(ratio) => format!(
+                "retry ratio {ratio:.2} ({} retries / {} shed in {} ms)",
+                value.retries, value.shed, value.window_ms
+            ),
+            None => format!(
+                "retry ratio - (nothing shed in {} ms; {} retries)",
+                value.window_ms, value.retries
+            ),
+        },
+        Reading::Missing { reason } => format!("retry ratio n/a ({reason})"),
     }
 }
 
@@ -209,10 +226,10 @@ pub fn render(state: &State) -> String {
             }
             Reading::Missing { reason } => format!("n/a ({reason})"),
         };
-        let _ = writeln!(out, "  accept queue {aq}");
+        let _ = writeln!(out, "  accept queue {aq}   {}", retry_line(&sig.retry));
         let _ = writeln!(
             out,
-            "  {:<10} {:>6} {:>6} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8}",
+            "  {:<10} {:>6} {:>6} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9}",
             "class",
             "share",
             "floor",
@@ -221,7 +238,9 @@ pub fn render(state: &State) -> String {
             "pending",
             "offered/s",
             "admitted/s",
-            "shed/s"
+            "shed/s",
+            "retrans/s",
+            "retries/s"
         );
         let inflight = sig.inflight.value();
         let pending = sig.pending.value();
@@ -233,7 +252,7 @@ pub fn render(state: &State) -> String {
             };
             let _ = writeln!(
                 out,
-                "  {:<10} {:>6} {:>6} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8}",
+                "  {:<10} {:>6} {:>6} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9}",
                 c.class,
                 c.share,
                 c.floor,
@@ -242,7 +261,9 @@ pub fn render(state: &State) -> String {
                 n(pending),
                 r(|x| x.offered),
                 r(|x| x.admitted),
-                r(|x| x.shed + x.dry_run)
+                r(|x| x.shed + x.dry_run),
+                r(|x| x.retransmits),
+                r(|x| x.retries)
             );
         }
     }
@@ -272,6 +293,40 @@ mod tests {
         let out = render(&s);
         assert!(
             out.contains("4000 ms — STALE (> 3000 ms): the fallback limits are in force"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn the_retry_line_gives_the_ratio_or_says_why_there_is_none() {
+        let mut s = fixture();
+        let svc = &mut s.services[0].signals;
+        svc.retry = Reading::Ok {
+            value: RetryWindow {
+                window_ms: 1000,
+                shed: 40,
+                retries: 10,
+                ratio: Some(0.25),
+            },
+        };
+        if let Reading::Ok { value } = &mut svc.rates {
+            value[3].retransmits = 12.5;
+            value[3].retries = 10.0;
+        }
+        let out = render(&s);
+        assert!(
+            out.contains("accept queue 0/64   retry ratio 0.25 (10 retries / 40 shed in 1000 ms)"),
+            "{out}"
+        );
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("  sheddable") && l.ends_with("      12.5      10.0")),
+            "{out}"
+        );
+        s.services[0].signals.retry = Reading::missing("first tick: no previous counters");
+        let out = render(&s);
+        assert!(
+            out.contains("retry ratio n/a (first tick: no previous counters)"),
             "{out}"
         );
     }

@@ -148,13 +148,31 @@ pub fn install_standard(s: &mut Shedder) {
 }
 
 /// Heartbeat now, timeout of 2^32 jiffies (weeks at any HZ): the adaptive limits are in force.
+/// Retransmits are not recognised (a repeated SYN is a new attempt each time).
 pub fn fresh_heartbeat(s: &mut Shedder) {
+    retransmit_window(s, 0);
+}
+
+/// A retry or retransmit window no test outlives (2^32 - 1 jiffies: weeks at any HZ).
+pub const LONG_WINDOW: u32 = u32::MAX;
+
+/// A fresh heartbeat, as [`fresh_heartbeat`], and a SYN repeating an attempt within
+/// `jiffies` of it recognised as a retransmit (0: never).
+pub fn retransmit_window(s: &mut Shedder, jiffies: u64) {
     s.set_globals(&Globals {
         heartbeat_timeout_jiffies: 1 << 32,
+        retransmit_window_jiffies: jiffies,
         ..Default::default()
     })
     .expect("globals");
     s.heartbeat().expect("heartbeat");
+}
+
+/// Retry recognition for `p`: a new attempt from a source shed within `jiffies` is a retry
+/// (0: never), decided one class lower when `demote`.
+pub fn retries(p: &mut ServicePolicy, jiffies: u32, demote: bool) {
+    p.retry_window_jiffies = jiffies;
+    p.demote_retries = demote as u32;
 }
 
 /// A heartbeat from long ago with a one-jiffy timeout: the fallback limits are in force.

@@ -1168,6 +1168,15 @@ fn example_config_documents_every_option_with_its_default() {
             "fallback_limit",
             config::defaults::fallback_limit().to_string(),
         ),
+        (
+            "syn_retransmit_window_ms",
+            config::defaults::syn_retransmit_window_ms().to_string(),
+        ),
+        (
+            "retry_window_ms",
+            config::defaults::retry_window_ms().to_string(),
+        ),
+        ("demote_retries", "default true".to_string()),
     ];
     for (key, value) in defaults {
         let par = paragraph_of(&text, key).unwrap_or_default().join("\n");

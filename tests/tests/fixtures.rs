@@ -82,6 +82,13 @@ impl Verdict {
 /// (service, class, verdict, reason) of a decision counter.
 type Counter = (u32, u32, u32, u32);
 
+/// A counter of repeated attempts: a retransmitted SYN or a retry, by (service, class).
+#[derive(Clone, Copy, Debug)]
+enum Repeat {
+    Retransmit(u32, u32),
+    Retry(u32, u32),
+}
+
 /// Prepares the maps after the standard policy is installed. Gets the program under test so
 /// that it can send earlier attempts through it (pending attempts, token buckets).
 type Setup = fn(&mut Shedder, Prog);
@@ -93,6 +100,8 @@ struct Case {
     expect: Verdict,
     /// The decision counter that must go up by one; `None`: no counter may move.
     counter: Option<Counter>,
+    /// The retransmit or retry counter that must go up by one; `None`: none may move.
+    repeat: Option<Repeat>,
     /// The node-wide statistic that must go up by one (STAT_FALLBACK when the decision is
     /// taken with the fallback limits); `None`: no statistic may move.
     stat: Option<u32>,
@@ -108,9 +117,22 @@ impl Case {
             setup: open,
             expect,
             counter,
+            repeat: None,
             stat: None,
             xdp_only: false,
         }
+    }
+
+    /// Counted as a retransmitted SYN of (service, class).
+    fn retransmit(mut self, svc: u32, class: u32) -> Self {
+        self.repeat = Some(Repeat::Retransmit(svc, class));
+        self
+    }
+
+    /// Counted as a retry of (service, class), the class before demotion.
+    fn retry(mut self, svc: u32, class: u32) -> Self {
+        self.repeat = Some(Repeat::Retry(svc, class));
+        self
     }
 
     fn setup(mut self, setup: Setup) -> Self {
@@ -367,6 +389,47 @@ fn admit_n(s: &mut Shedder, prog: Prog, packet: &Packet, n: usize) {
     }
 }
 
+/// Send `packet` once through `prog`; it must meet `verdict` (setup of the later rows).
+fn send(s: &mut Shedder, prog: Prog, packet: &Packet, verdict: Verdict, what: &str) {
+    let (code, _) = run(s, prog, &packet.bytes());
+    assert_eq!(
+        code,
+        verdict.code(prog),
+        "setup: {what} was not {}",
+        verdict.name()
+    );
+}
+
+/// The `n`th later attempt of the same client: another source port and initial sequence
+/// number, so not a retransmit of `p`.
+fn next_attempt(p: Packet, n: u16) -> Packet {
+    with(p, |p| {
+        p.tcp.sport += n;
+        p.tcp.seq = p.tcp.seq.wrapping_add(0x0101_0101 * u32::from(n));
+    })
+}
+
+/// A HIGH source's first attempt to the drop service, which must be shed.
+fn shed_high(s: &mut Shedder, prog: Prog) {
+    let first = from4(HIGH_V4, PORT_DROP);
+    send(s, prog, &first, Verdict::Drop, "the first attempt");
+}
+
+/// Retransmits recognised over [`LONG_WINDOW`] jiffies.
+fn remember_syns(s: &mut Shedder) {
+    retransmit_window(s, u64::from(LONG_WINDOW));
+}
+
+/// `svc`'s open policy with HIGH closed (limit 0) and retries recognised over
+/// [`LONG_WINDOW`] jiffies, demoted or only counted; retransmits recognised too.
+fn high_closed_with_retries(s: &mut Shedder, svc: u32, demote: bool) {
+    remember_syns(s);
+    edit(s, svc, |p| {
+        class(p, CLASS_HIGH).limit = 0;
+        retries(p, LONG_WINDOW, demote);
+    });
+}
+
 /// Limits that the fallback (stale-heartbeat) values make tighter than the adaptive ones:
 /// MEDIUM's fallback share is 2, HIGH's fallback floor 3, the fallback total 5.
 fn fallback_limits(s: &mut Shedder) {
@@ -390,6 +453,8 @@ fn table() -> Vec<Case> {
     t.extend(classes_and_actions());
     t.extend(limits());
     t.extend(heartbeat_rate_and_pending());
+    t.extend(retransmits());
+    t.extend(retries_and_windows());
     t
 }
 
@@ -1168,6 +1233,445 @@ fn heartbeat_rate_and_pending() -> Vec<Case> {
     ]
 }
 
+/// Retransmitted SYNs (same 4-tuple and initial sequence number within the retransmit
+/// window): counted as retransmits, never again as attempts; an admitted one passes
+/// whatever the pressure, a shed one is decided again in its class.
+fn retransmits() -> Vec<Case> {
+    let medium = || syn4(PORT_DROP);
+    vec![
+        Case::new(
+            "retransmit of an admitted attempt passes although the service is now closed",
+            &medium(),
+            Verdict::Pass,
+            None,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            admit_n(s, prog, &syn4(PORT_DROP), 1);
+            close_all(s, prog);
+        })
+        .retransmit(SVC_DROP, CLASS_MEDIUM),
+        dropped(
+            "after an admitted attempt, a new one (new port and ISN) is shed by the closed service",
+            &next_attempt(medium(), 1),
+            SVC_DROP,
+            CLASS_MEDIUM,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            admit_n(s, prog, &syn4(PORT_DROP), 1);
+            close_all(s, prog);
+        }),
+        dropped(
+            "same 4-tuple, another ISN: a new attempt, not a retransmit",
+            &with(medium(), |p| p.tcp.seq += 1),
+            SVC_DROP,
+            CLASS_MEDIUM,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            admit_n(s, prog, &syn4(PORT_DROP), 1);
+            close_all(s, prog);
+        }),
+        admitted(
+            "a retransmit of an admitted attempt is not pending again: share 2, A, A, B admitted",
+            &next_attempt(medium(), 1),
+            SVC_DROP,
+            CLASS_MEDIUM,
+            REASON_UNDER_LIMIT,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            edit(s, SVC_DROP, |p| class(p, CLASS_MEDIUM).limit = 2);
+            admit_n(s, prog, &syn4(PORT_DROP), 2);
+        }),
+        Case::new(
+            "retransmit of an admitted attempt, IPv6",
+            &syn6(PORT_RST),
+            Verdict::Pass,
+            None,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            admit_n(s, prog, &syn6(PORT_RST), 1);
+            close_all(s, prog);
+        })
+        .retransmit(SVC_RST, CLASS_MEDIUM),
+        Case::new(
+            "retransmit of a shed attempt is shed again, counted as a retransmit only",
+            &medium(),
+            Verdict::Drop,
+            None,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            close_all(s, prog);
+            send(s, prog, &syn4(PORT_DROP), Verdict::Drop, "the first SYN");
+        })
+        .retransmit(SVC_DROP, CLASS_MEDIUM),
+        Case::new(
+            "retransmit of a reset attempt, IPv6: reset again, counted as a retransmit only",
+            &syn6(PORT_RST),
+            Verdict::Rst(syn6(PORT_RST).expected_rst()),
+            None,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            close_all(s, prog);
+            let first = syn6(PORT_RST);
+            send(
+                s,
+                prog,
+                &first,
+                Verdict::Rst(first.expected_rst()),
+                "the first SYN",
+            );
+        })
+        .retransmit(SVC_RST, CLASS_MEDIUM),
+        Case::new(
+            "retransmit of a shed attempt is admitted once the limits allow (not counted in n)",
+            &medium(),
+            Verdict::Pass,
+            None,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            close_all(s, prog);
+            send(s, prog, &syn4(PORT_DROP), Verdict::Drop, "the first SYN");
+            edit(s, SVC_DROP, |p| class(p, CLASS_MEDIUM).limit = 1);
+        })
+        .retransmit(SVC_DROP, CLASS_MEDIUM),
+        dropped(
+            "a retransmit admitted on its second decision is pending: share 1, next attempt shed",
+            &next_attempt(medium(), 1),
+            SVC_DROP,
+            CLASS_MEDIUM,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            close_all(s, prog);
+            send(s, prog, &syn4(PORT_DROP), Verdict::Drop, "the first SYN");
+            edit(s, SVC_DROP, |p| class(p, CLASS_MEDIUM).limit = 1);
+            send(s, prog, &syn4(PORT_DROP), Verdict::Pass, "the retransmit");
+        }),
+        Case::new(
+            "a retransmit admitted on its second decision is remembered: the next one passes",
+            &medium(),
+            Verdict::Pass,
+            None,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            close_all(s, prog);
+            send(s, prog, &syn4(PORT_DROP), Verdict::Drop, "the first SYN");
+            edit(s, SVC_DROP, |p| class(p, CLASS_MEDIUM).limit = 1);
+            send(
+                s,
+                prog,
+                &syn4(PORT_DROP),
+                Verdict::Pass,
+                "the first retransmit",
+            );
+            close_all(s, prog);
+        })
+        .retransmit(SVC_DROP, CLASS_MEDIUM),
+        Case::new(
+            "a retransmit keeps its attempt's class: shed high, retransmit decided as high",
+            &from4(HIGH_V4, PORT_DROP),
+            Verdict::Drop,
+            None,
+        )
+        .setup(|s, prog| {
+            high_closed_with_retries(s, SVC_DROP, true);
+            send(
+                s,
+                prog,
+                &from4(HIGH_V4, PORT_DROP),
+                Verdict::Drop,
+                "the first SYN",
+            );
+        })
+        // Not a retry (it would be decided as MEDIUM, which is open, and pass).
+        .retransmit(SVC_DROP, CLASS_HIGH),
+        Case::new(
+            "dry-run remembers a would-be-shed SYN as admitted: its retransmit passes in enforce",
+            &syn4(PORT_DRY),
+            Verdict::Pass,
+            None,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            close_all(s, prog);
+            send(s, prog, &syn4(PORT_DRY), Verdict::Pass, "the dry-run SYN");
+            s.set_policy(SVC_DRY, &closed_policy(ACTION_DROP, MODE_ENFORCE))
+                .expect("policy");
+        })
+        .retransmit(SVC_DRY, CLASS_MEDIUM),
+        admitted(
+            "retransmit window 0: a repeated SYN is a new attempt each time",
+            &medium(),
+            SVC_DROP,
+            CLASS_MEDIUM,
+            REASON_UNDER_LIMIT,
+        )
+        .setup(|s, prog| {
+            retransmit_window(s, 0);
+            admit_n(s, prog, &syn4(PORT_DROP), 2);
+        }),
+        dropped(
+            "retransmit window 0: an admitted SYN repeated after the service closed is shed",
+            &medium(),
+            SVC_DROP,
+            CLASS_MEDIUM,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            retransmit_window(s, 0);
+            admit_n(s, prog, &syn4(PORT_DROP), 1);
+            close_all(s, prog);
+        }),
+        dropped(
+            "retransmit window of 1 jiffy: the same SYN 50 ms later is a new attempt",
+            &medium(),
+            SVC_DROP,
+            CLASS_MEDIUM,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            retransmit_window(s, 1);
+            admit_n(s, prog, &syn4(PORT_DROP), 1);
+            close_all(s, prog);
+            // At least 5 jiffies at any HZ (100 to 1000).
+            std::thread::sleep(Duration::from_millis(50));
+        }),
+    ]
+}
+
+/// Retries (a new attempt from a source shed for the service within its retry window):
+/// counted by the class of the source, decided one class lower when the policy demotes.
+fn retries_and_windows() -> Vec<Case> {
+    let high = || from4(HIGH_V4, PORT_DROP);
+    vec![
+        admitted(
+            "retry from a shed high source is decided as medium (open): admitted",
+            &next_attempt(high(), 1),
+            SVC_DROP,
+            CLASS_MEDIUM,
+            REASON_UNDER_LIMIT,
+        )
+        .setup(|s, prog| {
+            high_closed_with_retries(s, SVC_DROP, true);
+            shed_high(s, prog);
+        })
+        .retry(SVC_DROP, CLASS_HIGH),
+        dropped(
+            "retry without demotion is decided as high: shed, still counted as a retry",
+            &next_attempt(high(), 1),
+            SVC_DROP,
+            CLASS_HIGH,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            high_closed_with_retries(s, SVC_DROP, false);
+            shed_high(s, prog);
+        })
+        .retry(SVC_DROP, CLASS_HIGH),
+        dropped(
+            "a retry shed again keeps the source remembered: the next attempt is a retry too",
+            &next_attempt(high(), 2),
+            SVC_DROP,
+            CLASS_MEDIUM,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            high_closed_with_retries(s, SVC_DROP, true);
+            edit(s, SVC_DROP, |p| {
+                class(p, CLASS_HIGH).limit = 0;
+                class(p, CLASS_MEDIUM).limit = 0;
+                retries(p, LONG_WINDOW, true);
+            });
+            shed_high(s, prog);
+            let retry = next_attempt(from4(HIGH_V4, PORT_DROP), 1);
+            send(s, prog, &retry, Verdict::Drop, "the first retry");
+        })
+        .retry(SVC_DROP, CLASS_HIGH),
+        admitted(
+            "a retransmit shed again keeps its source remembered: a new attempt is a retry",
+            &next_attempt(high(), 1),
+            SVC_DROP,
+            CLASS_MEDIUM,
+            REASON_UNDER_LIMIT,
+        )
+        .setup(|s, prog| {
+            high_closed_with_retries(s, SVC_DROP, true);
+            shed_high(s, prog);
+            send(
+                s,
+                prog,
+                &from4(HIGH_V4, PORT_DROP),
+                Verdict::Drop,
+                "the retransmit",
+            );
+        })
+        .retry(SVC_DROP, CLASS_HIGH),
+        dropped(
+            "an admitted retry clears its source: the next attempt is a first attempt (high, shed)",
+            &next_attempt(high(), 2),
+            SVC_DROP,
+            CLASS_HIGH,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            high_closed_with_retries(s, SVC_DROP, true);
+            shed_high(s, prog);
+            let retry = next_attempt(from4(HIGH_V4, PORT_DROP), 1);
+            send(s, prog, &retry, Verdict::Pass, "the retry");
+        }),
+        dropped(
+            "an admitted retransmit clears its source: the next attempt is a first attempt",
+            &next_attempt(high(), 1),
+            SVC_DROP,
+            CLASS_HIGH,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            high_closed_with_retries(s, SVC_DROP, true);
+            shed_high(s, prog);
+            // HIGH opens: the retransmit is admitted (decided as high, its class) ...
+            edit(s, SVC_DROP, |p| retries(p, LONG_WINDOW, true));
+            send(
+                s,
+                prog,
+                &from4(HIGH_V4, PORT_DROP),
+                Verdict::Pass,
+                "the retransmit",
+            );
+            // ... and closes again.
+            edit(s, SVC_DROP, |p| {
+                class(p, CLASS_HIGH).limit = 0;
+                retries(p, LONG_WINDOW, true);
+            });
+        }),
+        admitted(
+            "retry, IPv6, rst service: a reset high source's new attempt is admitted as medium",
+            &next_attempt(from6(HIGH_V6, PORT_RST), 1),
+            SVC_RST,
+            CLASS_MEDIUM,
+            REASON_UNDER_LIMIT,
+        )
+        .setup(|s, prog| {
+            high_closed_with_retries(s, SVC_RST, true);
+            let first = from6(HIGH_V6, PORT_RST);
+            send(
+                s,
+                prog,
+                &first,
+                Verdict::Rst(first.expected_rst()),
+                "the first attempt",
+            );
+        })
+        .retry(SVC_RST, CLASS_HIGH),
+        reset(
+            "retries are per service: shed by another service, a first attempt here",
+            &next_attempt(from4(HIGH_V4, PORT_RST), 1),
+            SVC_RST,
+            CLASS_HIGH,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            high_closed_with_retries(s, SVC_DROP, true);
+            edit(s, SVC_RST, |p| {
+                class(p, CLASS_HIGH).limit = 0;
+                retries(p, LONG_WINDOW, true);
+            });
+            shed_high(s, prog);
+        }),
+        dropped(
+            "critical shed at its ceiling: its retry is decided as high",
+            &next_attempt(from4(CRITICAL_V4, PORT_DROP), 1),
+            SVC_DROP,
+            CLASS_HIGH,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            high_closed_with_retries(s, SVC_DROP, true);
+            inflight(s, SVC_DROP, [CRITICAL_CEILING, 0, 0, 0]);
+            let first = from4(CRITICAL_V4, PORT_DROP);
+            send(s, prog, &first, Verdict::Drop, "the first attempt");
+        })
+        .retry(SVC_DROP, CLASS_CRITICAL),
+        dropped(
+            "a sheddable retry stays sheddable",
+            &next_attempt(from4(SHEDDABLE_V4, PORT_DROP), 1),
+            SVC_DROP,
+            CLASS_SHEDDABLE,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            edit(s, SVC_DROP, |p| {
+                class(p, CLASS_SHEDDABLE).limit = 0;
+                retries(p, LONG_WINDOW, true);
+            });
+            let first = from4(SHEDDABLE_V4, PORT_DROP);
+            send(s, prog, &first, Verdict::Drop, "the first attempt");
+        })
+        .retry(SVC_DROP, CLASS_SHEDDABLE),
+        dry_run(
+            "dry-run: a would-be-shed source's retry is counted and decided one class lower",
+            &next_attempt(from4(HIGH_V4, PORT_DRY), 1),
+            SVC_DRY,
+            CLASS_MEDIUM,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            let mut p = closed_policy(ACTION_DROP, MODE_DRY_RUN);
+            retries(&mut p, LONG_WINDOW, true);
+            s.set_policy(SVC_DRY, &p).expect("policy");
+            send(
+                s,
+                prog,
+                &from4(HIGH_V4, PORT_DRY),
+                Verdict::Pass,
+                "the first attempt",
+            );
+        })
+        .retry(SVC_DRY, CLASS_HIGH),
+        dropped(
+            "retry window 0: a new attempt from a shed source is a first attempt",
+            &next_attempt(high(), 1),
+            SVC_DROP,
+            CLASS_HIGH,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            edit(s, SVC_DROP, |p| class(p, CLASS_HIGH).limit = 0);
+            shed_high(s, prog);
+        }),
+        dropped(
+            "retry window of 1 jiffy: a source shed 50 ms ago is no longer a retry",
+            &next_attempt(high(), 1),
+            SVC_DROP,
+            CLASS_HIGH,
+            REASON_CLASS_LIMIT,
+        )
+        .setup(|s, prog| {
+            remember_syns(s);
+            edit(s, SVC_DROP, |p| {
+                class(p, CLASS_HIGH).limit = 0;
+                retries(p, 1, true);
+            });
+            shed_high(s, prog);
+            std::thread::sleep(Duration::from_millis(50));
+        }),
+    ]
+}
+
 // ---------------------------------------------------------------------------------------
 // The driver
 // ---------------------------------------------------------------------------------------
@@ -1200,6 +1704,13 @@ fn decisions(s: &Shedder) -> Vec<u64> {
         .collect()
 }
 
+/// (retransmits, retries) per class of each standard service.
+fn repeats(s: &Shedder) -> Vec<([u64; NUM_CLASSES], [u64; NUM_CLASSES])> {
+    (0..NUM_TEST_SERVICES)
+        .map(|svc| s.retry_counters(svc).expect("retry counters"))
+        .collect()
+}
+
 /// Describe a counter index as (service, class, verdict, reason) names.
 fn counter_name(index: usize) -> String {
     let index = index as u32;
@@ -1221,6 +1732,7 @@ fn check(case: &Case, prog: Prog) -> Result<(), String> {
     install_standard(&mut s);
     (case.setup)(&mut s, prog);
     let counters_before = decisions(&s);
+    let repeats_before = repeats(&s);
     let stats_before = s.stats().expect("stats");
 
     let (code, out) = run(&mut s, prog, &case.packet);
@@ -1265,6 +1777,25 @@ fn check(case: &Case, prog: Prog) -> Result<(), String> {
             errors.push(format!(
                 "counter {} is {got}, expected {want}",
                 counter_name(i)
+            ));
+        }
+    }
+
+    let repeats_after = repeats(&s);
+    let mut expected = repeats_before;
+    match case.repeat {
+        Some(Repeat::Retransmit(svc, class)) => {
+            expected[svc as usize].0[class as usize] += 1;
+        }
+        Some(Repeat::Retry(svc, class)) => {
+            expected[svc as usize].1[class as usize] += 1;
+        }
+        None => {}
+    }
+    for (svc, (got, want)) in repeats_after.iter().zip(&expected).enumerate() {
+        if got != want {
+            errors.push(format!(
+                "service {svc}: (retransmits, retries) per class are {got:?}, expected {want:?}"
             ));
         }
     }

@@ -546,6 +546,25 @@ fn metrics_scrape_is_valid_openmetrics_and_counts_what_happened() {
         "{body}"
     );
 
+    // The sixth came from the source refused just before: a retry (a new connection, not
+    // a retransmitted SYN: the reset made the client fail at once, without resending).
+    let (kind, s) = samples(&families, "shedder_retries");
+    assert_eq!(kind, "counter");
+    assert_eq!(
+        sum_where(s, "shedder_retries_total", &[("service", "web")]),
+        1.0,
+        "{body}"
+    );
+    let (kind, s) = samples(&families, "shedder_syn_retransmits");
+    assert_eq!(kind, "counter");
+    assert_eq!(
+        sum_where(s, "shedder_syn_retransmits_total", &[("service", "web")]),
+        0.0,
+        "{body}"
+    );
+    let (kind, _) = samples(&families, "shedder_retry_ratio");
+    assert_eq!(kind, "gauge");
+
     let (kind, s) = samples(&families, "shedder_limit");
     assert_eq!(kind, "gauge");
     assert_eq!(sum_where(s, "shedder_limit", &[("service", "web")]), 4.0);

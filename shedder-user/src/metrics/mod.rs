@@ -22,7 +22,7 @@ use prometheus_client::{
     registry::Registry,
 };
 use shedder_common::{
-    CLASS_NAMES, NUM_REASONS, NUM_VERDICTS, REASON_CEILING, REASON_NAMES, REASON_RATE,
+    CLASS_NAMES, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, REASON_CEILING, REASON_NAMES, REASON_RATE,
     VERDICT_NAMES, VERDICT_PASS, decision_index, hist,
 };
 
@@ -161,6 +161,16 @@ impl Collector for ShedderCollector {
             }
         }
         counters(&mut encoder, "shedder_connection_attempts", &attempts)?;
+        for (name, pick) in [
+            (
+                "shedder_syn_retransmits",
+                (|c: &Cumulative| c.retransmits) as fn(&Cumulative) -> Option<[u64; NUM_CLASSES]>,
+            ),
+            ("shedder_retries", |c: &Cumulative| c.retries),
+        ] {
+            let series = per_class_counts(&snap.services, &svc, pick);
+            counters(&mut encoder, name, &series)?;
+        }
 
         let per_service = |f: &dyn Fn(&crate::state::ServiceState) -> Option<f64>| {
             one_label(&st.services, "service", |s| &s.name, f)
@@ -239,6 +249,11 @@ impl Collector for ShedderCollector {
             )?;
         }
 
+        gauges(
+            &mut encoder,
+            "shedder_retry_ratio",
+            &per_service(&|s| s.signals.retry.value().and_then(|r| r.ratio)),
+        )?;
         gauges(
             &mut encoder,
             "shedder_accept_queue_depth",
@@ -355,6 +370,27 @@ impl Collector for ShedderCollector {
         info.encode(m)?;
         Ok(())
     }
+}
+
+/// One series per (service, class) of a per-class kernel counter, every class from zero on
+/// (a counter that appears only when first incremented hides its first increase from
+/// `rate()`); services whose counters were not read are left out.
+fn per_class_counts(
+    services: &[Cumulative],
+    name: &dyn Fn(usize) -> String,
+    pick: fn(&Cumulative) -> Option<[u64; NUM_CLASSES]>,
+) -> Vec<(Labels, f64)> {
+    let mut out = Vec::new();
+    for (i, c) in services.iter().enumerate() {
+        let Some(counts) = pick(c) else { continue };
+        for (class, n) in CLASS_NAMES.iter().zip(counts) {
+            out.push((
+                vec![("service", name(i)), ("class", class.to_string())],
+                n as f64,
+            ));
+        }
+    }
+    out
 }
 
 /// (sum in seconds, count, cumulative (le, count) pairs) from kernel buckets.
@@ -500,6 +536,72 @@ mod tests {
         assert!(out.contains("h_seconds_bucket{le=\"0.05\"} 5\n"), "{out}");
         assert!(out.contains("h_seconds_bucket{le=\"+Inf\"} 5\n"), "{out}");
         assert!(out.contains("h_seconds_count 5\n"), "{out}");
+    }
+
+    /// The golden state (two services, web and api) with `web` shedding: its retries and
+    /// retransmits per class and its retry ratio are exported; `api` shed nothing in the
+    /// window, so it has no ratio (never NaN), but its counters are there from zero.
+    #[test]
+    fn retry_series_are_encoded() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/golden/state.json");
+        let mut state: State =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        state.services[0].signals.retry = crate::signals::Reading::Ok {
+            value: crate::signals::RetryWindow {
+                window_ms: 1000,
+                shed: 8,
+                retries: 2,
+                ratio: Some(0.25),
+            },
+        };
+        let web = Cumulative {
+            counters: Some([0; shedder_common::COUNTERS_PER_SERVICE]),
+            retransmits: Some([0, 0, 4, 9]),
+            retries: Some([0, 1, 0, 2]),
+            ..Default::default()
+        };
+        let api = Cumulative {
+            counters: Some([0; shedder_common::COUNTERS_PER_SERVICE]),
+            retransmits: Some([0; NUM_CLASSES]),
+            retries: Some([0; NUM_CLASSES]),
+            ..Default::default()
+        };
+        let shared: Shared = Arc::new(Mutex::new(Some(Snapshot {
+            state,
+            services: vec![web, api],
+            listen: None,
+            heartbeat: Instant::now(),
+        })));
+        let out = encode(&registry(shared));
+        for line in [
+            "# TYPE shedder_syn_retransmits counter",
+            "shedder_syn_retransmits_total{service=\"web\",class=\"medium\"} 4.0",
+            "shedder_syn_retransmits_total{service=\"web\",class=\"sheddable\"} 9.0",
+            "shedder_syn_retransmits_total{service=\"api\",class=\"critical\"} 0.0",
+            "# TYPE shedder_retries counter",
+            "shedder_retries_total{service=\"web\",class=\"high\"} 1.0",
+            "shedder_retries_total{service=\"web\",class=\"sheddable\"} 2.0",
+            "shedder_retries_total{service=\"api\",class=\"sheddable\"} 0.0",
+            "# TYPE shedder_retry_ratio gauge",
+            "shedder_retry_ratio{service=\"web\"} 0.25",
+        ] {
+            assert!(out.lines().any(|l| l == line), "no `{line}` in\n{out}");
+        }
+        assert!(
+            !out.contains("shedder_retry_ratio{service=\"api\"}"),
+            "{out}"
+        );
+        assert!(!out.contains("NaN"), "{out}");
+        // Every family exported is in the catalogue with its type.
+        for (name, kind) in out.lines().filter_map(|l| {
+            let rest = l.strip_prefix("# TYPE ")?;
+            rest.split_once(' ')
+        }) {
+            assert!(
+                names::METRICS.iter().any(|m| m.0 == name && m.1 == kind),
+                "{name} ({kind}) is not in names.rs"
+            );
+        }
     }
 
     #[test]

@@ -10,7 +10,25 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "shedder_connection_attempts",
         "counter",
         &["service", "class", "verdict", "reason"],
-        "New connection attempts decided by the packet path (verdict pass, drop, rst, dry_run).",
+        "Unique new connection attempts decided by the packet path (verdict pass, drop, rst, dry_run); retransmitted SYNs are not counted here.",
+    ),
+    (
+        "shedder_syn_retransmits",
+        "counter",
+        &["service", "class"],
+        "Retransmitted SYNs (same addresses, ports and initial sequence number within daemon.syn_retransmit_window_ms), by the class of the attempt they repeat; not in shedder_connection_attempts.",
+    ),
+    (
+        "shedder_retries",
+        "counter",
+        &["service", "class"],
+        "New attempts from a source the service shed within its retry_window_ms, by the attempt's own class (before demotion); each is also in shedder_connection_attempts.",
+    ),
+    (
+        "shedder_retry_ratio",
+        "gauge",
+        &["service"],
+        "Retries per shed attempt (dropped, reset, or shed in dry-run) over the signal window: near 0 refused clients stay away, near 1 they come back; absent while nothing was shed in the window.",
     ),
     (
         "shedder_limit",

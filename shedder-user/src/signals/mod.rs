@@ -1,6 +1,7 @@
 //! What the controller sees of each service, once per tick: kernel-measured accept-queue age
 //! and response latency over the last window, in-flight connections, offered / admitted /
-//! shed rates per class, accept-queue depth, listen overflows and cgroup pressure.
+//! shed rates per class (and the SYN retransmits and retries beside them), the retry ratio
+//! over the window, accept-queue depth, listen overflows and cgroup pressure.
 //!
 //! A source that cannot be read is reported as [`Reading::Missing`] with the reason, or as
 //! [`Reading::Stale`] (the last value and its age) for a short while after a failure; a
@@ -19,8 +20,8 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 use shedder_common::{
-    COUNTERS_PER_SERVICE, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, VERDICT_DROP, VERDICT_DRY_RUN,
-    VERDICT_PASS, VERDICT_RST, decision_index, hist,
+    COUNTERS_PER_SERVICE, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, ServiceCounters, VERDICT_DROP,
+    VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST, decision_index, hist,
 };
 
 use crate::ebpf::MapReader;
@@ -77,15 +78,60 @@ pub struct Quantiles {
 }
 
 /// Connection attempts of one class per second over the last tick.
+///
+/// `offered`, `admitted`, `shed` and `dry_run` come from the decision counters, which count
+/// *unique* attempts: a retransmitted SYN is not in them (the packet path counts it in
+/// `retransmits` only), so a client whose SYN was dropped and who retransmits it is one
+/// attempt, not one a second. This is the offered load the controller and the class
+/// allocation see ([`crate::daemon::demand`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClassRates {
-    /// Every new attempt that reached a decision.
+    /// Every new attempt that reached a decision (retransmits excluded).
     pub offered: f64,
     pub admitted: f64,
     /// Dropped or reset.
     pub shed: f64,
     /// Would have been shed (dry-run services).
     pub dry_run: f64,
+    /// Retransmitted SYNs of attempts of this class (not in `offered`).
+    #[serde(default)]
+    pub retransmits: f64,
+    /// New attempts of this class (before demotion) from a source the service shed within
+    /// its retry window (also in `offered`, under the class they were decided in).
+    #[serde(default)]
+    pub retries: f64,
+}
+
+/// Retries against shed attempts over the signal window: whether shedding reduced demand
+/// or the refused clients came back (seed 001).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RetryWindow {
+    /// Width of the window: the same ticks as the percentiles, fewer just after a start
+    /// or a failed read.
+    pub window_ms: u64,
+    /// Attempts shed in the window: dropped or reset, or, for a dry-run service, that
+    /// would have been (the packet path remembers their sources as shed all the same, so
+    /// their retries are counted as enforcing would count them).
+    pub shed: u64,
+    /// Retries in the window, every class.
+    pub retries: u64,
+    /// `retries / shed`; `None` when nothing was shed in the window (there is nothing to
+    /// come back, so no ratio — never a NaN or an invented zero). See [`retry_ratio`].
+    pub ratio: Option<f64>,
+}
+
+/// The retry ratio: retries per shed attempt over the same window. Near 0: refused clients
+/// stay away (shedding reduces demand); near 1: about every refused attempt comes back
+/// within the retry window (refusing only delays it). It can exceed 1: a source refused
+/// again retries again (each return counts), a retry may come back for an attempt shed
+/// before the window began, and all clients behind one address (NAT) are one source. `None`
+/// without shed attempts.
+pub fn retry_ratio(retries: u64, shed: u64) -> Option<f64> {
+    (shed > 0).then(|| retries as f64 / shed as f64)
+}
+
+fn retry_missing() -> Reading<RetryWindow> {
+    Reading::missing("not reported")
 }
 
 /// Accept queues of the service's listening sockets, summed.
@@ -144,6 +190,9 @@ pub struct Signals {
     /// Admitted attempts not yet established, per class.
     pub pending: Reading<[u32; NUM_CLASSES]>,
     pub rates: Reading<[ClassRates; NUM_CLASSES]>,
+    /// Retries and shed attempts over the window, and their ratio.
+    #[serde(default = "retry_missing")]
+    pub retry: Reading<RetryWindow>,
     pub accept_queue: Reading<AcceptQueue>,
     pub listen: Reading<Overflows>,
     pub pressure: Pressures,
@@ -201,7 +250,8 @@ struct ServiceReader {
     /// Sums of the observations per kind (µs), cumulative, as last read.
     hist_sums: Option<[u64; hist::KINDS as usize]>,
     hist_window: VecDeque<Vec<u64>>,
-    counters_prev: Option<[u64; COUNTERS_PER_SERVICE]>,
+    counters_prev: Option<ServiceCounters>,
+    retry_window: RetryTally,
     psi_files: Option<psi::CgroupFiles>,
     psi_prev: [Option<psi::Pressure>; 3],
     throttle_prev: Option<psi::Throttling>,
@@ -231,6 +281,7 @@ impl SignalReader {
                     hist_sums: None,
                     hist_window: VecDeque::new(),
                     counters_prev: None,
+                    retry_window: RetryTally::default(),
                     psi_prev: [None; 3],
                     throttle_prev: None,
                     inflight: Remembered::default(),
@@ -306,7 +357,12 @@ impl SignalReader {
 /// which exports counters and histograms as cumulative series).
 #[derive(Clone, Debug, Default)]
 pub struct Cumulative {
+    /// The decision counters (unique attempts), indexed by `decision_index`.
     pub counters: Option<[u64; COUNTERS_PER_SERVICE]>,
+    /// SYN retransmits per class.
+    pub retransmits: Option<[u64; NUM_CLASSES]>,
+    /// Retries per class (the attempt's own class, before demotion).
+    pub retries: Option<[u64; NUM_CLASSES]>,
     pub histograms: Option<Vec<u64>>,
     pub sums_us: Option<[u64; hist::KINDS as usize]>,
 }
@@ -317,7 +373,9 @@ impl SignalReader {
         self.services
             .iter()
             .map(|s| Cumulative {
-                counters: s.counters_prev,
+                counters: s.counters_prev.map(|c| c.n),
+                retransmits: s.counters_prev.map(|c| c.retransmits),
+                retries: s.counters_prev.map(|c| c.retries),
                 histograms: s.hist_prev.clone(),
                 sums_us: s.hist_sums,
             })
@@ -356,7 +414,7 @@ impl ServiceReader {
             (Err(e), _) => Reading::missing(e.to_string()),
             (_, Err(e)) => Reading::missing(e.clone()),
         };
-        let rates = self.rates(shedder, elapsed);
+        let (rates, retry) = self.rates(shedder, elapsed, window_ticks);
         let accept_queue = self
             .accept_queue
             .update(now, listeners.clone().and_then(|l| self.spec.queue(&l)));
@@ -369,6 +427,7 @@ impl ServiceReader {
             inflight,
             pending,
             rates,
+            retry,
             accept_queue,
             listen,
             pressure,
@@ -436,39 +495,35 @@ impl ServiceReader {
         )
     }
 
+    /// Per-class rates over the last tick, and the retry window, from the service's
+    /// counters.
     fn rates(
         &mut self,
         shedder: &impl MapReader,
         elapsed: Option<Duration>,
-    ) -> Reading<[ClassRates; NUM_CLASSES]> {
-        let current = match shedder.counters(self.spec.id) {
+        window_ticks: usize,
+    ) -> (Reading<[ClassRates; NUM_CLASSES]>, Reading<RetryWindow>) {
+        let current = match read_counters(shedder, self.spec.id) {
             Ok(c) => c,
             Err(e) => {
                 self.counters_prev = None;
-                return Reading::missing(format!("counters: {e}"));
+                self.retry_window.clear();
+                let why = format!("counters: {e}");
+                return (Reading::missing(why.clone()), Reading::missing(why));
             }
         };
         let (Some(prev), Some(elapsed)) = (self.counters_prev.replace(current), elapsed) else {
-            return Reading::missing("first tick: no previous counters");
+            const WHY: &str = "first tick: no previous counters";
+            return (Reading::missing(WHY), Reading::missing(WHY));
         };
-        let secs = elapsed.as_secs_f64().max(1e-6);
-        let mut rates = [ClassRates::default(); NUM_CLASSES];
-        for (class, r) in rates.iter_mut().enumerate() {
-            let per_verdict = |verdict: u32| -> f64 {
-                (0..NUM_REASONS)
-                    .map(|reason| {
-                        let i = decision_index(class as u32, verdict, reason) as usize;
-                        current[i].saturating_sub(prev[i])
-                    })
-                    .sum::<u64>() as f64
-                    / secs
-            };
-            r.admitted = per_verdict(VERDICT_PASS);
-            r.shed = per_verdict(VERDICT_DROP) + per_verdict(VERDICT_RST);
-            r.dry_run = per_verdict(VERDICT_DRY_RUN);
-            r.offered = (0..NUM_VERDICTS).map(per_verdict).sum();
-        }
-        Reading::Ok { value: rates }
+        let delta = TickCounts::between(&prev, &current);
+        let retry = self.retry_window.push(&delta, elapsed, window_ticks);
+        (
+            Reading::Ok {
+                value: delta.rates(elapsed),
+            },
+            Reading::Ok { value: retry },
+        )
     }
 
     fn pressure(&mut self, elapsed: Option<Duration>) -> Pressures {
@@ -527,6 +582,104 @@ impl ServiceReader {
     }
 }
 
+/// A service's counters summed over CPUs: the decision counters (`n`, unique attempts)
+/// and, apart from them, the SYN retransmits and retries.
+fn read_counters(shedder: &impl MapReader, id: u32) -> Result<ServiceCounters, String> {
+    let n = shedder.counters(id).map_err(|e| e.to_string())?;
+    let (retransmits, retries) = shedder.retry_counters(id).map_err(|e| e.to_string())?;
+    Ok(ServiceCounters {
+        n,
+        retransmits,
+        retries,
+    })
+}
+
+/// The (retries, shed attempts) of each tick of the signal window.
+#[derive(Debug, Default)]
+struct RetryTally {
+    ticks: VecDeque<(u64, u64)>,
+}
+
+impl RetryTally {
+    /// Add a tick (`elapsed` long) and sum the last `window_ticks`.
+    fn push(&mut self, tick: &TickCounts, elapsed: Duration, window_ticks: usize) -> RetryWindow {
+        self.ticks.push_back((tick.retries(), tick.shed()));
+        while self.ticks.len() > window_ticks.max(1) {
+            self.ticks.pop_front();
+        }
+        let (retries, shed) = self
+            .ticks
+            .iter()
+            .fold((0, 0), |(r, s), (dr, ds)| (r + dr, s + ds));
+        RetryWindow {
+            window_ms: elapsed.as_millis() as u64 * self.ticks.len() as u64,
+            shed,
+            retries,
+            ratio: retry_ratio(retries, shed),
+        }
+    }
+
+    fn clear(&mut self) {
+        self.ticks.clear();
+    }
+}
+
+/// What one tick added to a service's counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TickCounts(ServiceCounters);
+
+impl TickCounts {
+    /// `current - prev`, counter by counter (a counter that went backwards, e.g. maps
+    /// recreated, counts 0).
+    fn between(prev: &ServiceCounters, current: &ServiceCounters) -> Self {
+        let mut d = ServiceCounters::default();
+        let sub = |out: &mut [u64], cur: &[u64], prev: &[u64]| {
+            for ((o, c), p) in out.iter_mut().zip(cur).zip(prev) {
+                *o = c.saturating_sub(*p);
+            }
+        };
+        sub(&mut d.n, &current.n, &prev.n);
+        sub(&mut d.retransmits, &current.retransmits, &prev.retransmits);
+        sub(&mut d.retries, &current.retries, &prev.retries);
+        Self(d)
+    }
+
+    fn verdict(&self, class: usize, verdict: u32) -> u64 {
+        (0..NUM_REASONS)
+            .map(|reason| self.0.n[decision_index(class as u32, verdict, reason) as usize])
+            .sum()
+    }
+
+    /// Attempts whose source the packet path remembered as shed, every class: dropped,
+    /// reset, or shed in dry-run.
+    fn shed(&self) -> u64 {
+        (0..NUM_CLASSES)
+            .flat_map(|c| [VERDICT_DROP, VERDICT_RST, VERDICT_DRY_RUN].map(|v| self.verdict(c, v)))
+            .sum()
+    }
+
+    fn retries(&self) -> u64 {
+        self.0.retries.iter().sum()
+    }
+
+    /// Per-class rates over `elapsed`. Offered, admitted, shed and dry-run are sums of the
+    /// decision counters only: retransmits never enter the offered load.
+    fn rates(&self, elapsed: Duration) -> [ClassRates; NUM_CLASSES] {
+        let secs = elapsed.as_secs_f64().max(1e-6);
+        std::array::from_fn(|class| {
+            let per_second = |verdict| self.verdict(class, verdict) as f64 / secs;
+            ClassRates {
+                admitted: per_second(VERDICT_PASS),
+                shed: per_second(VERDICT_DROP) + per_second(VERDICT_RST),
+                dry_run: per_second(VERDICT_DRY_RUN),
+                offered: (0..NUM_VERDICTS).map(per_second).sum(),
+                retransmits: self.0.retransmits[class] as f64 / secs,
+                retries: self.0.retries[class] as f64 / secs,
+            }
+        })
+    }
+}
+
 impl ServiceSpec {
     /// The accept queues of this service's listeners.
     fn queue(&self, listeners: &[diag::Listener]) -> Result<AcceptQueue, String> {
@@ -556,5 +709,168 @@ impl ServiceSpec {
             ));
         }
         Ok(q)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use shedder_common::{
+        CLASS_CRITICAL, CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE, REASON_CLASS_LIMIT,
+        REASON_FLOOR, REASON_UNDER_LIMIT,
+    };
+
+    use super::*;
+
+    fn count(c: &mut ServiceCounters, class: u32, verdict: u32, reason: u32, n: u64) {
+        c.n[decision_index(class, verdict, reason) as usize] += n;
+    }
+
+    #[test]
+    fn the_retry_ratio_is_retries_per_shed_attempt_and_absent_without_shedding() {
+        assert_eq!(retry_ratio(0, 0), None, "nothing shed: no ratio, not 0/0");
+        assert_eq!(
+            retry_ratio(7, 0),
+            None,
+            "retries of sheds before the window"
+        );
+        assert_eq!(retry_ratio(0, 10), Some(0.0), "refused clients stayed away");
+        assert_eq!(retry_ratio(3, 4), Some(0.75));
+        assert_eq!(retry_ratio(10, 10), Some(1.0), "every refusal came back");
+        assert_eq!(retry_ratio(6, 3), Some(2.0), "refused again, back again");
+    }
+
+    /// The offered load the controller sees comes from the decision counters `n` only: a
+    /// tick with nothing but retransmitted SYNs offers nothing, while retries are offered
+    /// attempts (counted in `n` too) and also counted apart.
+    #[test]
+    fn retransmits_are_not_offered_load() {
+        let prev = ServiceCounters::default();
+        let mut cur = prev;
+        // 10 SHEDDABLE attempts dropped, then each SYN retransmitted twice.
+        count(
+            &mut cur,
+            CLASS_SHEDDABLE,
+            VERDICT_DROP,
+            REASON_CLASS_LIMIT,
+            10,
+        );
+        cur.retransmits[CLASS_SHEDDABLE as usize] += 20;
+        // 4 HIGH attempts admitted; 2 of them retries (counted under HIGH before demotion,
+        // decided as MEDIUM and admitted there).
+        count(&mut cur, CLASS_HIGH, VERDICT_PASS, REASON_FLOOR, 2);
+        count(&mut cur, CLASS_MEDIUM, VERDICT_PASS, REASON_FLOOR, 2);
+        cur.retries[CLASS_HIGH as usize] += 2;
+        let tick = TickCounts::between(&prev, &cur);
+        let r = tick.rates(Duration::from_millis(500));
+        let s = CLASS_SHEDDABLE as usize;
+        assert_eq!(
+            (r[s].offered, r[s].shed, r[s].retransmits),
+            (20.0, 20.0, 40.0)
+        );
+        let (h, m) = (CLASS_HIGH as usize, CLASS_MEDIUM as usize);
+        assert_eq!((r[h].offered, r[h].retries), (4.0, 4.0));
+        assert_eq!((r[m].offered, r[m].retries), (4.0, 0.0));
+        let offered: f64 = r.iter().map(|c| c.offered).sum();
+        assert_eq!(offered, 28.0, "14 unique attempts in half a second");
+        assert_eq!((tick.shed(), tick.retries()), (10, 2));
+
+        // Retransmits alone: no offered load, no demand for the allocation.
+        let mut only = cur;
+        only.retransmits[CLASS_SHEDDABLE as usize] += 1000;
+        only.retransmits[CLASS_CRITICAL as usize] += 1000;
+        let r = TickCounts::between(&cur, &only).rates(Duration::from_secs(1));
+        assert!(r.iter().all(|c| c.offered == 0.0 && c.shed == 0.0));
+        assert_eq!(r[s].retransmits, 1000.0);
+    }
+
+    #[test]
+    fn the_retry_window_slides_over_the_signal_window() {
+        let tick = |retries: u64, shed: u64| {
+            let mut c = ServiceCounters::default();
+            count(
+                &mut c,
+                CLASS_MEDIUM,
+                VERDICT_RST,
+                REASON_CLASS_LIMIT,
+                shed / 2,
+            );
+            count(
+                &mut c,
+                CLASS_SHEDDABLE,
+                VERDICT_DROP,
+                REASON_CLASS_LIMIT,
+                shed - shed / 2,
+            );
+            // Admitted attempts are not shed ones.
+            count(&mut c, CLASS_SHEDDABLE, VERDICT_PASS, REASON_FLOOR, 100);
+            c.retries[CLASS_MEDIUM as usize] = retries;
+            TickCounts::between(&ServiceCounters::default(), &c)
+        };
+        let mut t = RetryTally::default();
+        let ms200 = Duration::from_millis(200);
+        let w = t.push(&tick(0, 0), ms200, 3);
+        assert_eq!((w.window_ms, w.shed, w.retries, w.ratio), (200, 0, 0, None));
+        let w = t.push(&tick(0, 10), ms200, 3);
+        assert_eq!((w.shed, w.retries, w.ratio), (10, 0, Some(0.0)));
+        let w = t.push(&tick(5, 10), ms200, 3);
+        assert_eq!(
+            (w.window_ms, w.shed, w.retries, w.ratio),
+            (600, 20, 5, Some(0.25))
+        );
+        // The first tick leaves the window (3 ticks): same sums.
+        let w = t.push(&tick(5, 0), ms200, 3);
+        assert_eq!(
+            (w.window_ms, w.shed, w.retries, w.ratio),
+            (600, 20, 10, Some(0.5))
+        );
+        // Shedding stopped: once its ticks leave the window there is no ratio.
+        t.push(&tick(0, 0), ms200, 3);
+        let w = t.push(&tick(0, 0), ms200, 3);
+        assert_eq!((w.shed, w.retries, w.ratio), (0, 5, None));
+        let w = t.push(&tick(0, 0), ms200, 3);
+        assert_eq!((w.shed, w.retries, w.ratio), (0, 0, None));
+        t.clear();
+        let w = t.push(&tick(1, 4), ms200, 3);
+        assert_eq!((w.window_ms, w.ratio), (200, Some(0.25)));
+    }
+
+    #[test]
+    fn a_dry_run_shed_is_a_shed_attempt() {
+        // The packet path remembers a dry-run service's would-be-shed sources as shed, so
+        // its retries are measured against them.
+        let mut c = ServiceCounters::default();
+        count(
+            &mut c,
+            CLASS_SHEDDABLE,
+            VERDICT_DRY_RUN,
+            REASON_CLASS_LIMIT,
+            8,
+        );
+        count(&mut c, CLASS_SHEDDABLE, VERDICT_PASS, REASON_UNDER_LIMIT, 8);
+        c.retries[CLASS_SHEDDABLE as usize] = 2;
+        let tick = TickCounts::between(&ServiceCounters::default(), &c);
+        let w = RetryTally::default().push(&tick, Duration::from_secs(1), 5);
+        assert_eq!((w.shed, w.retries, w.ratio), (8, 2, Some(0.25)));
+    }
+
+    #[test]
+    fn counters_going_backwards_count_nothing() {
+        let mut prev = ServiceCounters::default();
+        prev.retransmits[0] = 5;
+        prev.retries[1] = 5;
+        count(&mut prev, CLASS_HIGH, VERDICT_DROP, REASON_CLASS_LIMIT, 5);
+        let tick = TickCounts::between(&prev, &ServiceCounters::default());
+        assert_eq!(tick.0, ServiceCounters::default());
+    }
+
+    #[test]
+    fn signals_without_the_retry_fields_still_parse() {
+        // A daemon from before issue 7 reports neither `retry` nor the per-class
+        // retransmit and retry rates.
+        let rates: ClassRates = serde_json::from_str(
+            r#"{"offered": 1.0, "admitted": 1.0, "shed": 0.0, "dry_run": 0.0}"#,
+        )
+        .unwrap();
+        assert_eq!((rates.retransmits, rates.retries), (0.0, 0.0));
     }
 }
