@@ -25,7 +25,6 @@ use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
     process::ExitCode,
-    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -36,6 +35,7 @@ use shedder::ebpf::{MapReader, PinnedMaps};
 use shedder_common::programs;
 use shedder_tests::{
     daemon::Daemon,
+    interrupt::interrupted,
     load::{Backend, BackendConfig, InAppAimd, LoadGen, LoadReport, Outcome, Window},
     load::{add_local_range, measure_capacity, prepare_client_namespace},
     machine::{Machine, machine},
@@ -125,16 +125,6 @@ struct Args {
     /// shedder-drop, shedder-rst).
     #[arg(long, value_delimiter = ',')]
     systems: Vec<String>,
-}
-
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_interrupt(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-fn interrupted() -> bool {
-    INTERRUPTED.load(Ordering::SeqCst)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -1421,17 +1411,7 @@ fn date() -> String {
 // ---------------------------------------------------------------------------------------
 
 fn main() -> ExitCode {
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(
-            libc::SIGINT,
-            on_interrupt as *const () as libc::sighandler_t,
-        );
-        libc::signal(
-            libc::SIGTERM,
-            on_interrupt as *const () as libc::sighandler_t,
-        );
-    }
+    shedder_tests::interrupt::install();
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

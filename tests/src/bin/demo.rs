@@ -8,7 +8,6 @@
 
 use std::{
     process::ExitCode,
-    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -20,6 +19,7 @@ use shedder::{
 };
 use shedder_common::{ACTION_RST, MODE_ENFORCE, hist};
 use shedder_tests::{
+    interrupt::interrupted,
     load::{LoadReport, Window},
     policy::open_policy,
     scenario::{Lab, LabConfig},
@@ -45,12 +45,6 @@ struct Args {
     skip_unprotected: bool,
 }
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_interrupt(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
 const DEADLINE: Duration = Duration::from_secs(1);
 /// The service id the demo's observer uses to measure queue age in both runs.
 const OBSERVED: u32 = 30;
@@ -69,17 +63,7 @@ struct Run {
 }
 
 fn main() -> ExitCode {
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(
-            libc::SIGINT,
-            on_interrupt as *const () as libc::sighandler_t,
-        );
-        libc::signal(
-            libc::SIGTERM,
-            on_interrupt as *const () as libc::sighandler_t,
-        );
-    }
+    shedder_tests::interrupt::install();
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -141,13 +125,13 @@ fn run() -> Result<()> {
         }
     }
     lab.unprotect();
-    if !args.skip_unprotected && !INTERRUPTED.load(Ordering::SeqCst) {
+    if !args.skip_unprotected && !interrupted() {
         // Let the backend finish what the protected run left.
         std::thread::sleep(Duration::from_secs(1));
         println!("\n== Unprotected: the kernel backlog only ==");
         runs.push(ramp(&lab, &args, "unprotected", &observer)?);
     }
-    if INTERRUPTED.load(Ordering::SeqCst) {
+    if interrupted() {
         println!("\ninterrupted: removing everything the demo made");
         return Ok(());
     }
@@ -208,7 +192,7 @@ fn ramp(lab: &Lab, args: &Args, name: &'static str, observer: &Shedder) -> Resul
     let mut rows = 0usize;
     let mut next = Instant::now() + Duration::from_secs(1);
     let finished = loop {
-        if INTERRUPTED.load(Ordering::SeqCst) {
+        if interrupted() {
             handle.stop();
         }
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
