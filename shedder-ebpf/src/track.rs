@@ -129,10 +129,10 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
         server_port: port,
         v6,
     };
-    let class = match unsafe { SHEDDER_DEMOTED.get(&demoted) } {
+    let class = match unsafe { SHEDDER_DEMOTED.get(demoted) } {
         Some(c) => {
             let c = *c & (NUM_CLASSES as u32 - 1);
-            let _ = SHEDDER_DEMOTED.remove(&demoted);
+            let _ = SHEDDER_DEMOTED.remove(demoted);
             c
         }
         None => classify(remote, v6, policy),

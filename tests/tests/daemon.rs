@@ -24,13 +24,16 @@ const RESTART_PORT: u16 = 7601;
 const HUP_PORT: u16 = 7602;
 
 /// A service on `port` with a fixed live limit of 4 and a fallback limit of 1; resets.
+/// Retry recognition is off: these tests count limits with one client address, whose
+/// attempts after a refusal would otherwise be retries, decided one class lower
+/// (tests/tests/retries.rs covers that).
 fn config(pin_dir: &std::path::Path, port: u16, heartbeat_timeout_ms: u64) -> String {
     web_config(
         pin_dir,
         port,
         1,
         &format!("heartbeat_timeout_ms = {heartbeat_timeout_ms}"),
-    )
+    ) + "retry_window_ms = 0\n"
 }
 
 #[test]
