@@ -623,38 +623,25 @@ pub trait MapReader {
     /// Every decision counter of a service summed over CPUs, indexed by `decision_index`
     /// (one map lookup).
     fn counters(&self, service: u32) -> Result<[u64; COUNTERS_PER_SERVICE]> {
-        check_service(service)?;
-        let m: PerCpuArray<&MapData, ServiceCounters> =
-            PerCpuArray::try_from(self.map_named(maps::COUNTERS)?)
-                .map_err(map_err(maps::COUNTERS))?;
-        let per_cpu = m.get(&service, 0).map_err(map_err(maps::COUNTERS))?;
-        let mut out = [0u64; COUNTERS_PER_SERVICE];
-        for cpu in per_cpu.iter() {
-            for (o, v) in out.iter_mut().zip(cpu.n.iter()) {
-                *o += v;
-            }
-        }
-        Ok(out)
+        Ok(self.service_counters(service)?.n)
     }
 
-    /// A service's retransmitted SYNs and retries per class, summed over CPUs
-    /// (`ServiceCounters::retransmits`, `ServiceCounters::retries`; one map lookup).
-    fn retry_counters(&self, service: u32) -> Result<([u64; NUM_CLASSES], [u64; NUM_CLASSES])> {
+    /// All of a service's counters summed over CPUs, in one map lookup: the decision
+    /// counters (`n`, unique attempts), the retransmitted SYNs and the retries per class.
+    fn service_counters(&self, service: u32) -> Result<ServiceCounters> {
         check_service(service)?;
         let m: PerCpuArray<&MapData, ServiceCounters> =
             PerCpuArray::try_from(self.map_named(maps::COUNTERS)?)
                 .map_err(map_err(maps::COUNTERS))?;
         let per_cpu = m.get(&service, 0).map_err(map_err(maps::COUNTERS))?;
-        let (mut retransmits, mut retries) = ([0u64; NUM_CLASSES], [0u64; NUM_CLASSES]);
+        let mut out = ServiceCounters::default();
+        let add = |o: &mut [u64], v: &[u64]| o.iter_mut().zip(v).for_each(|(o, v)| *o += v);
         for cpu in per_cpu.iter() {
-            for (o, v) in retransmits.iter_mut().zip(cpu.retransmits.iter()) {
-                *o += v;
-            }
-            for (o, v) in retries.iter_mut().zip(cpu.retries.iter()) {
-                *o += v;
-            }
+            add(&mut out.n, &cpu.n);
+            add(&mut out.retransmits, &cpu.retransmits);
+            add(&mut out.retries, &cpu.retries);
         }
-        Ok((retransmits, retries))
+        Ok(out)
     }
 
     /// Established connections per class of a service, as the kernel counts them.

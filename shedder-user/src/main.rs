@@ -527,8 +527,9 @@ fn counters(config: PathBuf, json: bool) -> Result<()> {
     // (service, class, retransmits, retries), where either is not zero.
     let mut retry_rows = Vec::new();
     for (id, svc) in cfg.services.iter().enumerate() {
-        let decisions = shedder.counters(id as u32)?;
-        let (retransmits, retries) = shedder.retry_counters(id as u32)?;
+        let counters = shedder.service_counters(id as u32)?;
+        let (decisions, retransmits, retries) =
+            (counters.n, counters.retransmits, counters.retries);
         for class in 0..NUM_CLASSES as u32 {
             for verdict in 0..NUM_VERDICTS {
                 for reason in 0..NUM_REASONS {

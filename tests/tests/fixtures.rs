@@ -1707,7 +1707,10 @@ fn decisions(s: &Shedder) -> Vec<u64> {
 /// (retransmits, retries) per class of each standard service.
 fn repeats(s: &Shedder) -> Vec<([u64; NUM_CLASSES], [u64; NUM_CLASSES])> {
     (0..NUM_TEST_SERVICES)
-        .map(|svc| s.retry_counters(svc).expect("retry counters"))
+        .map(|svc| {
+            let c = s.service_counters(svc).expect("counters");
+            (c.retransmits, c.retries)
+        })
         .collect()
 }
 

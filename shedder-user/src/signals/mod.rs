@@ -503,7 +503,10 @@ impl ServiceReader {
         elapsed: Option<Duration>,
         window_ticks: usize,
     ) -> (Reading<[ClassRates; NUM_CLASSES]>, Reading<RetryWindow>) {
-        let current = match read_counters(shedder, self.spec.id) {
+        let current = match shedder
+            .service_counters(self.spec.id)
+            .map_err(|e| e.to_string())
+        {
             Ok(c) => c,
             Err(e) => {
                 self.counters_prev = None;
@@ -580,18 +583,6 @@ impl ServiceReader {
             throttling,
         }
     }
-}
-
-/// A service's counters summed over CPUs: the decision counters (`n`, unique attempts)
-/// and, apart from them, the SYN retransmits and retries.
-fn read_counters(shedder: &impl MapReader, id: u32) -> Result<ServiceCounters, String> {
-    let n = shedder.counters(id).map_err(|e| e.to_string())?;
-    let (retransmits, retries) = shedder.retry_counters(id).map_err(|e| e.to_string())?;
-    Ok(ServiceCounters {
-        n,
-        retransmits,
-        retries,
-    })
 }
 
 /// The (retries, shed attempts) of each tick of the signal window.
