@@ -521,13 +521,20 @@ fn worker(listener: &TcpListener, shared: &BackendShared) {
 
 /// This thread's CPU time so far.
 fn thread_cpu_time() -> Duration {
+    read_clock(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or_default()
+}
+
+/// The time on a clock (`clock_gettime(2)`), e.g. a CPU-time clock.
+pub fn read_clock(clock: libc::clockid_t) -> io::Result<Duration> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    // SAFETY: a valid out-pointer; an invalid clock id is an error, not undefined.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
 /// The in-app mode's only accepting thread: reads each request, then queues it for the

@@ -323,13 +323,5 @@ pub fn process_cpu_time(pid: u32) -> io::Result<Duration> {
     if rc != 0 {
         return Err(io::Error::from_raw_os_error(rc));
     }
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid clock id and out-pointer.
-    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+    crate::load::read_clock(clock)
 }

@@ -285,8 +285,9 @@ impl System {
         Ok(s)
     }
 
-    /// The admission limit in force: shedder's in-flight limit for the service, the in-app
-    /// limiter's, or HAProxy's fixed server maxconn. None where there is no such limit.
+    /// The adaptive admission limit in force: shedder's in-flight limit for the service, or
+    /// the in-app limiter's. None for the static set-ups (their numbers are in their
+    /// configurations).
     fn limit(&self) -> Option<f64> {
         match self.kind {
             Kind::ShedderDrop | Kind::ShedderRst => PinnedMaps::open(&self.pins)
@@ -294,7 +295,6 @@ impl System {
                 .and_then(|m| m.policy(0).ok())
                 .map(|p| f64::from(p.total_limit)),
             Kind::InApp => self.backend.in_app_limit().map(f64::from),
-            Kind::Haproxy => Some(WORKERS as f64),
             _ => None,
         }
     }
@@ -1369,12 +1369,7 @@ fn plots(report: &Report, dir: &Path) -> Result<()> {
                 y_max: Some(report.deadline_ms),
                 hlines: vec![("target".into(), target_ms)],
             },
-            limit_panel(&|s| {
-                if s.kind == Kind::Haproxy {
-                    return Vec::new();
-                }
-                s.slowdown.as_ref().map_or(Vec::new(), |x| x.limit.clone())
-            }),
+            limit_panel(&|s| s.slowdown.as_ref().map_or(Vec::new(), |x| x.limit.clone())),
         ],
     )?;
     chart(
@@ -1388,12 +1383,7 @@ fn plots(report: &Report, dir: &Path) -> Result<()> {
                 y_max: Some(report.deadline_ms * 1.05),
                 hlines: vec![("target".into(), target_ms)],
             },
-            limit_panel(&|s| {
-                if s.kind == Kind::Haproxy {
-                    return Vec::new();
-                }
-                s.recovery.as_ref().map_or(Vec::new(), |x| x.limit.clone())
-            }),
+            limit_panel(&|s| s.recovery.as_ref().map_or(Vec::new(), |x| x.limit.clone())),
         ],
     )?;
     Ok(())
