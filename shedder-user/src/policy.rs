@@ -91,8 +91,14 @@ pub fn allocate(total: u32, max_limit: u32, ladder: &Ladder) -> [ClassLimits; NU
 ///   connection when its floor is above zero);
 /// - what is left goes by priority — HIGH, then MEDIUM, then SHEDDABLE — each class taking
 ///   what it wants, up to its ceiling; so under overload SHEDDABLE is refused first;
-/// - capacity nobody wants is headroom every class may grow into (the total still bounds
-///   the sum);
+/// - a class's share is the total less what the classes above it are given and the part
+///   of their floors the classes below it use: capacity is only ever held back from a
+///   class for a class of higher priority or for a reservation in use. A lower class that
+///   wants more than is left (or whose demand is unknown) is squeezed; it never takes the
+///   headroom of a class above it. (Handing all spare capacity to whichever class reported
+///   unbounded demand, which an allocation that gives every class "its demand plus what
+///   nobody wants" does, caps the classes above at their last measured occupancy, and a
+///   higher class is then refused as soon as its concurrency rises between two ticks.)
 /// - a class's share never drops below its floor: a reservation lent to others is taken
 ///   back as soon as its class wants it (the packet path admits a class below its floor
 ///   whatever the total), so a class with a floor is never starved.
@@ -108,13 +114,14 @@ pub fn allocate_for_demand(
     demand: &[f64; NUM_CLASSES],
 ) -> [ClassLimits; NUM_CLASSES] {
     let base = allocate(total, max_limit, ladder);
-    let mut give = [0f64; NUM_CLASSES];
+    let mut reserved = [0f64; NUM_CLASSES];
     let mut avail = total as f64;
     for c in 1..NUM_CLASSES {
-        give[c] = demand[c].max(0.0).min(base[c].floor as f64);
-        avail -= give[c];
+        reserved[c] = demand[c].max(0.0).min(base[c].floor as f64);
+        avail -= reserved[c];
     }
     avail = avail.max(0.0);
+    let mut give = reserved;
     for c in 1..NUM_CLASSES {
         let room = (base[c].ceiling as f64 - give[c]).max(0.0);
         let extra = (demand[c].max(0.0) - give[c]).max(0.0).min(avail).min(room);
@@ -123,7 +130,9 @@ pub fn allocate_for_demand(
     }
     let mut out = base;
     for c in 1..NUM_CLASSES {
-        let share = (give[c] + avail).floor() as u32;
+        let above: f64 = give[1..c].iter().sum();
+        let below: f64 = reserved[c + 1..].iter().sum();
+        let share = (total as f64 - above - below).max(0.0).floor() as u32;
         out[c].share = share.max(base[c].floor).min(base[c].ceiling);
     }
     out
@@ -358,9 +367,24 @@ mod tests {
         // Batch alone wants capacity: it gets what the others leave.
         let a = allocate_for_demand(100, 1000, &seed_000_ladder(), &[0.0, 10.0, 3.0, inf]);
         assert_eq!(a[3].share, 87, "100 - 10 - 3");
-        // Little demand: headroom for everybody.
+        // Little demand: headroom for everybody, less what the classes above want and
+        // the reservations in use below.
         let a = allocate_for_demand(100, 1000, &seed_000_ladder(), &[0.0, 10.0, 3.0, 2.0]);
-        assert_eq!((a[1].share, a[2].share, a[3].share), (95, 88, 87));
+        assert_eq!((a[1].share, a[2].share, a[3].share), (97, 90, 87));
+    }
+
+    #[test]
+    fn unbounded_demand_below_never_caps_a_class_above() {
+        // Light load (a limit of 10, a few connections per class) while one SHEDDABLE
+        // attempt was refused in the last tick and none admitted: its demand is unknown.
+        // HIGH and MEDIUM keep room to grow past their last occupancy; only SHEDDABLE is
+        // held to what they leave.
+        let inf = f64::INFINITY;
+        let a = allocate_for_demand(10, 64, &seed_000_ladder(), &[0.0, 1.3, 1.2, inf]);
+        assert_eq!((a[1].share, a[2].share, a[3].share), (9, 8, 7));
+        // Unknown MEDIUM demand squeezes SHEDDABLE, not HIGH.
+        let a = allocate_for_demand(10, 64, &seed_000_ladder(), &[0.0, 1.3, inf, 2.0]);
+        assert_eq!((a[1].share, a[2].share, a[3].share), (9, 8, 0));
     }
 
     #[test]
