@@ -14,6 +14,7 @@ pub mod admit;
 pub mod csum;
 pub mod gcra;
 pub mod hist;
+pub mod table;
 pub mod tp;
 
 /// Services one node can protect. Sizes the policy, in-flight and counter maps.
@@ -33,17 +34,18 @@ pub const CLASS_L1_ENTRIES: u32 = 65536;
 /// IPv4 class lookup table, second level: blocks of 256 /24 cells, in two halves that
 /// alternate between policy generations (so a reader never sees a block rewritten under it).
 pub const CLASS_L2_BLOCKS: u32 = 2048;
-/// Recent SYNs remembered to recognise retransmits, one per (4-tuple, initial sequence
-/// number): an LRU map, so a flood of new attempts evicts the oldest entries (a retransmit
-/// of an evicted attempt then counts as a new attempt) and never anything else.
-pub const SYN_SEEN_ENTRIES: u32 = 65536;
-/// Sources recently shed, per service, to recognise retries: an LRU map (eviction makes a
-/// retry count as a first attempt, never the reverse).
-pub const SHED_SOURCE_ENTRIES: u32 = 65536;
-/// Demoted attempts admitted and not yet born as connections, so the tracking path counts
-/// each connection in the class it was admitted in: an LRU map (eviction makes a demoted
-/// connection count in its source's own class).
-pub const DEMOTED_ENTRIES: u32 = 16384;
+/// Sets of recent SYNs remembered to recognise retransmits, one entry per (4-tuple,
+/// initial sequence number): 65,536 entries in sets of [`table::WAYS`] (1 MiB), so a flood of
+/// new attempts replaces the oldest entries of their sets (a retransmit of a replaced
+/// attempt then counts as a new attempt) and never anything else. See [`table`].
+pub const SYN_SETS: u32 = 16384;
+/// Sets of sources recently shed, per service, to recognise retries: 65,536 entries
+/// (replacement makes a retry count as a first attempt, never the reverse).
+pub const SHED_SOURCE_SETS: u32 = 16384;
+/// Sets of demoted attempts admitted and not yet born as connections, so the tracking path
+/// counts each connection in the class it was admitted in: 16,384 entries (replacement
+/// makes a demoted connection count in its source's own class).
+pub const DEMOTED_SETS: u32 = 4096;
 /// Longest IPv6 extension-header chain walked before giving up (and passing).
 pub const MAX_IPV6_EXT_HEADERS: usize = 6;
 
@@ -151,65 +153,6 @@ pub fn demote(class: u32) -> u32 {
     // (6 - class) >> 2 is 1, 1, 1, 0.
     let class = class & (NUM_CLASSES as u32 - 1);
     (class + ((6 - class) >> 2)) & (NUM_CLASSES as u32 - 1)
-}
-
-/// Whether `then` lies within `window` jiffies before `now` (a zero window: never).
-#[inline(always)]
-pub fn recent(now: u64, then: u64, window: u64) -> bool {
-    window != 0 && now >= then && now - then <= window
-}
-
-/// Key of the recent-SYN map: the attempt's 4-tuple and initial sequence number.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct SynKey {
-    /// Addresses as the words lie in the packet; IPv4 uses word 0, the rest zero.
-    pub src: [u32; 4],
-    pub dst: [u32; 4],
-    /// Host byte order.
-    pub sport: u16,
-    pub dport: u16,
-    /// Initial sequence number, host byte order.
-    pub isn: u32,
-    /// 1 for IPv6.
-    pub v6: u32,
-    pub _pad: u32,
-}
-
-/// What the packet path remembers of a SYN it decided.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SynSeen {
-    /// Jiffies of the first SYN of the attempt.
-    pub jiffies: u64,
-    /// The class it was decided in.
-    pub class: u32,
-    /// 1 once admitted: its retransmits are admitted again, whatever the pressure, so a
-    /// connection the stack has begun is never cut in half.
-    pub admitted: u32,
-}
-
-/// Key of the demoted-attempts map: the client's address and port and the server's port
-/// (what both the packet path and the `inet_sock_set_state` tracepoint see).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct DemotedKey {
-    /// As in [`SynKey`].
-    pub client: [u32; 4],
-    /// Host byte order.
-    pub client_port: u16,
-    pub server_port: u16,
-    pub v6: u32,
-}
-
-/// Key of the recently-shed-sources map.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct ShedSourceKey {
-    /// As in [`SynKey`].
-    pub src: [u32; 4],
-    pub service: u32,
-    pub v6: u32,
 }
 
 /// Histogram buckets of one service: `b[kind * hist::BUCKETS + bucket]`.
@@ -384,6 +327,9 @@ pub struct Globals {
     /// A SYN repeating a remembered attempt (same 4-tuple and initial sequence number) this
     /// many jiffies after it is a retransmit; 0 disables retransmit recognition.
     pub retransmit_window_jiffies: u64,
+    /// Seed of the attempt tables' hash ([`table::hash`]): random per daemon start, so
+    /// senders cannot pick keys that collide in one set.
+    pub table_seed: u64,
 }
 
 impl Globals {
@@ -621,13 +567,10 @@ pub struct ClassRule {
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<Globals>() == 48);
+    assert!(core::mem::size_of::<Globals>() == 56);
     assert!(core::mem::size_of::<ClassPolicy>() == 40);
     assert!(core::mem::size_of::<ServicePolicy>() == 184);
-    assert!(core::mem::size_of::<SynKey>() == 48);
-    assert!(core::mem::size_of::<SynSeen>() == 16);
-    assert!(core::mem::size_of::<ShedSourceKey>() == 24);
-    assert!(core::mem::size_of::<DemotedKey>() == 24);
+    assert!(core::mem::size_of::<table::Set>() == 64);
     assert!(core::mem::size_of::<Inflight>() == 16);
     assert!(core::mem::size_of::<PendingSlot>() == 40);
     assert!(core::mem::size_of::<Pending>() == 80);
@@ -658,10 +601,7 @@ mod pod {
     unsafe impl aya::Pod for SockState {}
     unsafe impl aya::Pod for ServiceCounters {}
     unsafe impl aya::Pod for ServiceHist {}
-    unsafe impl aya::Pod for SynKey {}
-    unsafe impl aya::Pod for SynSeen {}
-    unsafe impl aya::Pod for ShedSourceKey {}
-    unsafe impl aya::Pod for DemotedKey {}
+    unsafe impl aya::Pod for table::Set {}
 }
 
 #[cfg(test)]
@@ -690,15 +630,5 @@ mod tests {
         for class in [4, 7, 255, u32::MAX] {
             assert!(demote(class) < NUM_CLASSES as u32);
         }
-    }
-
-    #[test]
-    fn recent_is_within_the_window_and_never_for_a_zero_window() {
-        assert!(recent(100, 100, 10));
-        assert!(recent(110, 100, 10));
-        assert!(!recent(111, 100, 10));
-        assert!(!recent(100, 100, 0));
-        // A stamp from the future (another CPU's jiffies raced ahead) is not recent.
-        assert!(!recent(99, 100, 10));
     }
 }

@@ -4,7 +4,7 @@
 use aya_ebpf::{
     helpers::generated::{bpf_jiffies64, bpf_ktime_get_ns},
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
 };
 use aya_log_ebpf::{
     debug,
@@ -13,19 +13,20 @@ use aya_log_ebpf::{
 };
 use shedder_common::{
     ACTION_RST, Bucket, CLASS_L1_ENTRIES, CLASS_L2_BLOCKS, COUNTERS_PER_SERVICE, ClassBlock,
-    ClassRule, DEMOTED_ENTRIES, DemotedKey, Globals, Inflight, KLOG_LINES_PER_SECOND, LogBudget,
+    ClassRule, DEMOTED_SETS, Globals, Inflight, KLOG_LINES_PER_SECOND, LogBudget,
     MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS,
     POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES, PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending,
-    SHED_SOURCE_ENTRIES, STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED,
-    STAT_RST_ERROR, SYN_SEEN_ENTRIES, ServiceAddrKey, ServiceCounters, ServicePolicy,
-    ShedSourceKey, SynKey, SynSeen, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
+    SHED_SOURCE_SETS, STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED,
+    STAT_RST_ERROR, SYN_SETS, ServiceAddrKey, ServiceCounters, ServicePolicy, VERDICT_DROP,
+    VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
     admit::decide,
     classmap,
     csum::{
         RST_TTL, TCP_ACK, TCP_OPT_NOP, TCP_RST, ipv4_rst_header_checksum, pseudo_v4, pseudo_v6,
         rst_ack_number, tcp_rst_checksum,
     },
-    decision_index, demote, gcra, recent,
+    decision_index, demote, gcra,
+    table::{self, Set, WAYS},
 };
 
 use crate::{
@@ -67,38 +68,35 @@ pub static SHEDDER_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NUM_S
 /// Recent attempts, to recognise a retransmitted SYN (same 4-tuple and initial sequence
 /// number): the class it was decided in and whether it was admitted. Only SYNs to protected
 /// services with a policy touch it, and only while `retransmit_window_jiffies` is not 0.
+/// A table of sets (see [`shedder_common::table`]), like the two below.
 #[map]
-static SHEDDER_SYNS: LruHashMap<SynKey, SynSeen> =
-    LruHashMap::with_max_entries(SYN_SEEN_ENTRIES, 0);
+static SHEDDER_SYNS: Array<Set> = Array::with_max_entries(SYN_SETS, 0);
 /// Sources shed per service, with the jiffies of the last shed, to recognise a retry (a new
 /// attempt from a recently shed source). Only touched for services with a retry window.
 #[map]
-static SHEDDER_SHED_SRC: LruHashMap<ShedSourceKey, u64> =
-    LruHashMap::with_max_entries(SHED_SOURCE_ENTRIES, 0);
-/// The attempt memory's keys and values for the SYN being decided (per CPU, private to one
-/// load, rewritten for every SYN to a protected service).
-#[repr(C)]
-struct Memo {
-    /// 1: the SYN map is in use (`retransmit_window_jiffies` was not 0).
-    syns: u32,
-    /// 1: the shed-source map is in use (the service's `retry_window_jiffies` was not 0).
-    sources: u32,
-    /// 1: a new attempt (0: a retransmit).
-    fresh: u32,
-    /// 1: the source has an entry in the shed-source map (already refreshed to now).
-    known: u32,
-    syn: SynKey,
-    seen: SynSeen,
-    source: ShedSourceKey,
-    shed_at: u64,
-    demoted: DemotedKey,
-    demoted_class: u32,
-}
+static SHEDDER_SHED_SRC: Array<Set> = Array::with_max_entries(SHED_SOURCE_SETS, 0);
 /// Demoted attempts admitted, for the tracking path: a connection counts in the class it
 /// was admitted in (the one its limits were checked against), not its source's own.
 #[map]
-pub static SHEDDER_DEMOTED: LruHashMap<DemotedKey, u32> =
-    LruHashMap::with_max_entries(DEMOTED_ENTRIES, 0);
+pub static SHEDDER_DEMOTED: Array<Set> = Array::with_max_entries(DEMOTED_SETS, 0);
+/// What the packet path remembers about the SYN being decided, between the lookups before
+/// the decision and the writes after it (per CPU, private to one run, rewritten for every
+/// SYN to a protected service).
+#[repr(C)]
+struct Memo {
+    /// 1: the SYN table is in use (`retransmit_window_jiffies` was not 0).
+    syns: u32,
+    /// 1: the shed-source table is in use (the service's `retry_window_jiffies` was not 0).
+    sources: u32,
+    /// 1: a new attempt (0: a retransmit).
+    fresh: u32,
+    /// 1: the source has an entry in the shed-source table (already refreshed to now).
+    known: u32,
+    syn_set: u32,
+    source_set: u32,
+    syn_tag: u64,
+    source_tag: u64,
+}
 /// Holds the [`Memo`] in a map value rather than on the stack: the verifier does not track
 /// what a map value holds, so the keys (whose form differs between the parse paths) and the
 /// flags do not multiply the states it explores between the lookups before the decision
@@ -186,9 +184,6 @@ pub fn bump(map: &PerCpuArray<u64>, index: u32) {
     }
 }
 
-/// `BPF_ANY`: create or overwrite.
-const BPF_ANY: u64 = 0;
-
 #[inline(always)]
 pub fn run<F: Frame>(frame: &F) -> Outcome {
     let Some(syn) = parse_syn(frame.data(), frame.data_end()) else {
@@ -240,67 +235,63 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         m.sources = (retry_window != 0) as u32;
         m.fresh = 1;
         m.known = 0;
-        // Map updates cost far more than lookups (an LRU update takes locks, allocates and
-        // links an entry: a few hundred ns on the project's machines, against about 40 ns
-        // for a lookup), so an entry that exists is changed in place, and only a new
-        // attempt or a newly shed source is inserted.
-        //
+        let seed = globals.table_seed;
         // A retransmitted SYN repeats an attempt already decided: it is counted as a
         // retransmit, not as a new attempt. Admitted once, it is admitted again at once
         // (the stack has begun that connection); otherwise it is decided again in its
         // class, without retry detection or demotion.
         let mut retransmit = false;
         if window != 0 {
-            m.syn = SynKey {
-                src: syn.src,
-                dst: syn.dst,
-                sport: syn.sport,
-                dport: syn.dport,
-                isn: syn.seq,
-                v6: syn.v6,
-                _pad: 0,
-            };
-            // Keys and values are passed to the map helpers where they lie in the memo,
-            // never as copies on the stack.
-            let key = &m.syn;
-            if let Some(seen) = unsafe { SHEDDER_SYNS.get(key) }
-                && recent(now, seen.jiffies, window)
-            {
-                class = seen.class & (NUM_CLASSES as u32 - 1);
-                count_repeat(service, class, false);
-                if seen.admitted == 1 {
-                    return Outcome::Pass;
+            let h = table::hash(
+                seed,
+                &table::syn_words(syn.src, syn.dst, syn.sport, syn.dport, syn.seq, syn.v6),
+            );
+            m.syn_tag = table::tag(h);
+            m.syn_set = table::set_index(h, SYN_SETS);
+            if let Some(set) = SHEDDER_SYNS.get(m.syn_set) {
+                let way = table::find(set, m.syn_tag);
+                if way < WAYS {
+                    let word = set.slot[way & (WAYS - 1)].word;
+                    if table::within(now, word, window) {
+                        class = table::class_of(word);
+                        count_repeat(service, class, false);
+                        if table::flag_of(word) {
+                            return Outcome::Pass;
+                        }
+                        unique = 0;
+                        m.fresh = 0;
+                        retransmit = true;
+                    }
                 }
-                unique = 0;
-                m.fresh = 0;
-                retransmit = true;
             }
         }
         if retry_window == 0 {
             break 'memory;
         }
-        m.source = ShedSourceKey {
-            src: syn.src,
-            service,
-            v6: syn.v6,
-        };
-        let source = &m.source;
-        if let Some(t) = SHEDDER_SHED_SRC.get_ptr_mut(source) {
-            // A new attempt from a source shed for this service within its retry window is
-            // a retry: counted by its own class, and decided one class lower if the policy
-            // says so.
-            if !retransmit && recent(now, unsafe { *t }, retry_window) {
-                retry = 1;
-                count_repeat(service, class, true);
-                if policy.demote_retries == 1 {
-                    class = demote(class);
+        let h = table::hash(seed, &table::source_words(syn.src, service, syn.v6));
+        m.source_tag = table::tag(h);
+        m.source_set = table::set_index(h, SHED_SOURCE_SETS);
+        if let Some(set) = SHEDDER_SHED_SRC.get_ptr_mut(m.source_set) {
+            let set = unsafe { &mut *set };
+            let way = table::find(set, m.source_tag);
+            if way < WAYS {
+                let slot = &mut set.slot[way & (WAYS - 1)];
+                // A new attempt from a source shed for this service within its retry
+                // window is a retry: counted by its own class, and decided one class
+                // lower if the policy says so.
+                if !retransmit && table::within(now, slot.word, retry_window) {
+                    retry = 1;
+                    count_repeat(service, class, true);
+                    if policy.demote_retries == 1 {
+                        class = demote(class);
+                    }
                 }
+                // Stamped now as if it will be shed: if it is admitted instead, the source
+                // got in and is forgotten after the decision (its next attempts are first
+                // attempts again).
+                slot.word = table::pack(now, 0, false, m.source_tag);
+                m.known = 1;
             }
-            // Stamped now as if it will be shed: if it is admitted instead, the source got
-            // in and is forgotten after the decision (its next attempts are first attempts
-            // again).
-            unsafe { *t = now };
-            m.known = 1;
         }
     }
 
@@ -389,48 +380,60 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
     // counted and decided as enforcing would. A failed update only means that a later
     // retransmit counts as a new attempt, or a later retry as a first attempt.
     let m = unsafe { &mut *memo };
-    let passed = admitted as u32 | dry_run as u32;
-    if m.syns != 0 {
-        let key = &m.syn;
+    let passed = admitted | dry_run;
+    if m.syns != 0
+        && let Some(set) = SHEDDER_SYNS.get_ptr_mut(m.syn_set)
+    {
+        let set = unsafe { &mut *set };
         if m.fresh != 0 {
-            m.seen = SynSeen {
-                jiffies: now,
-                class,
-                admitted: passed,
-            };
-            let value = &m.seen;
-            let _ = SHEDDER_SYNS.insert(key, value, BPF_ANY);
-        } else if passed != 0
-            && let Some(seen) = SHEDDER_SYNS.get_ptr_mut(key)
-        {
+            table::insert(
+                set,
+                m.syn_tag,
+                table::pack(now, class, passed, m.syn_tag),
+                now,
+            );
+        } else if passed {
             // A retransmit admitted on its second decision. Its entry keeps the jiffies of
             // the attempt's first SYN: the window runs from the attempt.
-            unsafe { (*seen).admitted = 1 };
+            let way = table::find(set, m.syn_tag);
+            if way < WAYS {
+                let slot = &mut set.slot[way & (WAYS - 1)];
+                slot.word = table::with_flag(slot.word);
+            }
         }
     }
     if admitted && class != own_class {
         // Admitted in a class other than its source's: tell the tracking path, which
         // classifies a new connection by its source, where to count it.
-        m.demoted = DemotedKey {
-            client: syn.src,
-            client_port: syn.sport,
-            server_port: syn.dport,
-            v6: syn.v6,
-        };
-        m.demoted_class = class;
-        let (key, value) = (&m.demoted, &m.demoted_class);
-        let _ = SHEDDER_DEMOTED.insert(key, value, BPF_ANY);
+        let h = table::hash(
+            globals.table_seed,
+            &table::demoted_words(syn.src, syn.sport, syn.dport, syn.v6),
+        );
+        if let Some(set) = SHEDDER_DEMOTED.get_ptr_mut(table::set_index(h, DEMOTED_SETS)) {
+            let tag = table::tag(h);
+            table::insert(
+                unsafe { &mut *set },
+                tag,
+                table::pack(now, class, false, tag),
+                now,
+            );
+        }
     }
-    if m.sources != 0 {
-        let source = &m.source;
+    if m.sources != 0
+        && let Some(set) = SHEDDER_SHED_SRC.get_ptr_mut(m.source_set)
+    {
+        let set = unsafe { &mut *set };
         if admitted {
             if m.known != 0 {
-                let _ = SHEDDER_SHED_SRC.remove(source);
+                table::remove(set, m.source_tag);
             }
         } else if m.known == 0 {
-            m.shed_at = now;
-            let value = &m.shed_at;
-            let _ = SHEDDER_SHED_SRC.insert(source, value, BPF_ANY);
+            table::insert(
+                set,
+                m.source_tag,
+                table::pack(now, 0, false, m.source_tag),
+                now,
+            );
         }
     }
     outcome

@@ -16,9 +16,9 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use shedder_common::{
-    DEFAULT_TRACKED_SOCKETS, DemotedKey, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
+    DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
     POLICY_CONFIGURED, SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, ServiceHist, SockState,
-    hist,
+    hist, table,
     tp::{length, state},
 };
 
@@ -123,20 +123,22 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
         _ => return,
     };
     // A demoted attempt counts in the class it was admitted in (see SHEDDER_DEMOTED).
-    let demoted = DemotedKey {
-        client: remote,
-        client_port: field(ctx, state::DPORT),
-        server_port: port,
-        v6,
-    };
-    let class = match unsafe { SHEDDER_DEMOTED.get(demoted) } {
-        Some(c) => {
-            let c = *c & (NUM_CLASSES as u32 - 1);
-            let _ = SHEDDER_DEMOTED.remove(demoted);
-            c
+    let seed = SHEDDER_GLOBALS.get(0).map_or(0, |g| g.table_seed);
+    let h = table::hash(
+        seed,
+        &table::demoted_words(remote, field(ctx, state::DPORT), port, v6),
+    );
+    let tag = table::tag(h);
+    let mut class = classify(remote, v6, policy);
+    if let Some(set) = SHEDDER_DEMOTED.get_ptr_mut(table::set_index(h, DEMOTED_SETS)) {
+        let set = unsafe { &mut *set };
+        let way = table::find(set, tag);
+        if way < table::WAYS {
+            let slot = &mut set.slot[way & (table::WAYS - 1)];
+            class = table::class_of(slot.word);
+            slot.tag = 0;
         }
-        None => classify(remote, v6, policy),
-    };
+    }
     let state = SockState {
         service: service as u16,
         class: class as u8,

@@ -72,6 +72,8 @@ pub enum Error {
     Pin { path: PathBuf, reason: String },
     #[error("connection tracking: {0}")]
     Tracing(String),
+    #[error("{0}: {1}")]
+    Io(&'static str, #[source] std::io::Error),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -496,6 +498,16 @@ impl Shedder {
     }
 }
 
+/// A random non-zero 64-bit seed from the kernel's generator.
+fn random_seed() -> Result<u64> {
+    use std::io::Read as _;
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| Error::Io("reading /dev/urandom for the table seed", e))?;
+    Ok(u64::from_ne_bytes(b) | 1)
+}
+
 fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
     move |source| Error::Map { map, source }
 }
@@ -900,6 +912,13 @@ impl Shedder {
         let current = self.globals()?;
         globals.heartbeat_jiffies = current.heartbeat_jiffies;
         globals.generation = current.generation.wrapping_add(1);
+        // The attempt tables' hash seed: kept while the maps live (a reload or a restart
+        // that adopts pinned maps keeps what the tables remember), drawn at random when
+        // the maps are new.
+        globals.table_seed = match current.table_seed {
+            0 => random_seed()?,
+            seed => seed,
+        };
         self.set_globals(&globals)
     }
 

@@ -267,6 +267,8 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
             hz,
             generation: 0,
             retransmit_window_jiffies: ms_to_jiffies(cfg.daemon.syn_retransmit_window_ms, hz),
+            // Chosen when the policy is written (`Shedder::apply`): kept while the maps live.
+            table_seed: 0,
         },
     }
 }
