@@ -779,7 +779,8 @@ pub fn check_tracepoint_formats() -> std::result::Result<(), String> {
                 Some(&(_, o, s)) if o == offset && s == size => {}
                 Some(&(_, o, s)) => {
                     return Err(format!(
-                        "sock:{event} field `{name}` is at offset {o} size {s} on this kernel,                          shedder reads offset {offset} size {size}"
+                        "sock:{event} field `{name}` is at offset {o} size {s} on this kernel, \
+                         shedder reads offset {offset} size {size}"
                     ));
                 }
                 None => {

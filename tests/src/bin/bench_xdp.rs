@@ -159,6 +159,18 @@ impl PathSpec {
             ..self
         }
     }
+
+    /// The same path with retransmit and retry recognition on, a new attempt every call
+    /// (measured single-shot: the frame changes between calls).
+    fn with_memory(self, label: &'static str) -> Self {
+        Self {
+            label,
+            method: Method::SingleShot,
+            target: TARGET_SYN_MEMORY,
+            memory: true,
+            ..self
+        }
+    }
 }
 
 fn paths() -> Vec<PathSpec> {
@@ -175,6 +187,20 @@ fn paths() -> Vec<PathSpec> {
         policy: Some((SVC_DROP, closed_policy(ACTION_DROP, MODE_ENFORCE))),
         action: XDP_DROP,
         decision: shed(SVC_DROP, VERDICT_DROP),
+        method: Method::Repeated,
+        target: TARGET_SYN,
+        memory: false,
+    };
+    let admit = PathSpec {
+        label: "SYN-admit (limits u32::MAX)",
+        packet: syn(PORT_DROP),
+        policy: Some((SVC_DROP, unlimited_policy(ACTION_DROP, MODE_ENFORCE))),
+        action: XDP_PASS,
+        decision: Some(Decision {
+            service: SVC_DROP,
+            verdict: VERDICT_PASS,
+            reason: REASON_UNDER_LIMIT,
+        }),
         method: Method::Repeated,
         target: TARGET_SYN,
         memory: false,
@@ -200,24 +226,11 @@ fn paths() -> Vec<PathSpec> {
             target: TARGET_SYN,
             memory: false,
         },
-        PathSpec {
-            label: "SYN-admit (limits u32::MAX)",
-            packet: syn(PORT_DROP),
-            policy: Some((SVC_DROP, unlimited_policy(ACTION_DROP, MODE_ENFORCE))),
-            action: XDP_PASS,
-            decision: Some(Decision {
-                service: SVC_DROP,
-                verdict: VERDICT_PASS,
-                reason: REASON_UNDER_LIMIT,
-            }),
-            method: Method::Repeated,
-            target: TARGET_SYN,
-            memory: false,
-        },
+        admit.clone(),
         drop.clone(),
         // The drop path measured like the RST path: how much of the RST row's figure is
         // the single-shot method rather than the reset.
-        drop.single_shot(),
+        drop.clone().single_shot(),
         PathSpec {
             label: "SYN-RST (class at its limit, RST|ACK by XDP_TX)",
             packet: syn(PORT_RST),
@@ -229,30 +242,10 @@ fn paths() -> Vec<PathSpec> {
             memory: false,
         },
         // With the defaults: retransmit and retry recognition on.
-        PathSpec {
-            label: "SYN-admit, a new attempt, retransmit and retry recognition on",
-            packet: syn(PORT_DROP),
-            policy: Some((SVC_DROP, unlimited_policy(ACTION_DROP, MODE_ENFORCE))),
-            action: XDP_PASS,
-            decision: Some(Decision {
-                service: SVC_DROP,
-                verdict: VERDICT_PASS,
-                reason: REASON_UNDER_LIMIT,
-            }),
-            method: Method::SingleShot,
-            target: TARGET_SYN_MEMORY,
-            memory: true,
-        },
-        PathSpec {
-            label: "SYN-drop, a retry from a shed source, retransmit and retry recognition on",
-            packet: syn(PORT_DROP),
-            policy: Some((SVC_DROP, closed_policy(ACTION_DROP, MODE_ENFORCE))),
-            action: XDP_DROP,
-            decision: shed(SVC_DROP, VERDICT_DROP),
-            method: Method::SingleShot,
-            target: TARGET_SYN_MEMORY,
-            memory: true,
-        },
+        admit.with_memory("SYN-admit, a new attempt, retransmit and retry recognition on"),
+        drop.with_memory(
+            "SYN-drop, a retry from a shed source, retransmit and retry recognition on",
+        ),
     ]
 }
 
