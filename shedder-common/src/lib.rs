@@ -297,6 +297,12 @@ pub mod programs {
         (SOCK_RECV, "sock", "sock_recv_length"),
         (SOCK_SEND, "sock", "sock_send_length"),
     ];
+    /// The tracepoints shedder can run without: accept-queue age and response latency,
+    /// which Linux has only since [`LATENCY_TRACEPOINTS_SINCE`]. Without them in-flight
+    /// connections are still counted (`inet_sock_set_state`, Linux 4.16).
+    pub const OPTIONAL_TRACEPOINTS: [&str; 2] = ["sock_recv_length", "sock_send_length"];
+    /// The kernel that added `sock:sock_recv_length` and `sock:sock_send_length`.
+    pub const LATENCY_TRACEPOINTS_SINCE: &str = "6.3";
 }
 
 /// Node-wide settings and the daemon's heartbeat (single-entry array).

@@ -11,6 +11,7 @@
 #![feature(asm_experimental_arch)]
 
 mod atomic;
+mod opaque;
 mod parse;
 mod shed;
 mod track;

@@ -30,7 +30,7 @@ use shedder_common::{
 };
 
 use crate::{
-    atomic,
+    atomic, opaque,
     parse::{Syn, load, parse_syn, ptr_at},
 };
 
@@ -157,8 +157,13 @@ pub trait Frame {
 #[inline(always)]
 fn count_decision(service: u32, class: u32, verdict: u32, reason: u32, unique: u64) {
     if let Some(c) = SHEDDER_COUNTERS.get_ptr_mut(service) {
-        let i = decision_index(class, verdict, reason) as usize & (COUNTERS_PER_SERVICE - 1);
-        unsafe { (*c).n[i] += unique };
+        let i = opaque::mask(
+            decision_index(class, verdict, reason) as u64,
+            COUNTERS_PER_SERVICE as u64 - 1,
+        ) as usize;
+        // Indexed by pointer: the mask bounds `i`, which LLVM cannot see through, and a
+        // checked index would add a panic path, which BPF cannot have.
+        unsafe { *(&raw mut (*c).n).cast::<u64>().add(i) += unique };
     }
 }
 

@@ -333,11 +333,27 @@ impl Daemon {
                     cfg.daemon.control_socket.display()
                 )
             })?;
-        let kernel_log = cfg.daemon.kernel_debug_log;
-        let mut shedder = Shedder::load_pinned(&pin_dir, kernel_log).with_context(|| {
+        let mut kernel_log = cfg.daemon.kernel_debug_log;
+        let loaded = match Shedder::load_pinned(&pin_dir, kernel_log) {
+            // The log sites multiply what the verifier explores: older kernels' verifiers
+            // (Linux 6.1) give up on the packet path with them, and shedding matters more
+            // than its debug log.
+            Err(e) if kernel_log && e.too_complex() => {
+                warn!(
+                    "daemon.kernel_debug_log: this kernel's verifier cannot verify the packet \
+                     path with the debug log compiled in (too complex; Linux 6.12 and later \
+                     can): running without the kernel debug log"
+                );
+                kernel_log = false;
+                Shedder::load_pinned(&pin_dir, false)
+            }
+            other => other,
+        };
+        let mut shedder = loaded.with_context(|| {
             format!(
                 "loading the programs with the maps pinned under {} (if they come from an \
-                 incompatible version, `shedder detach` removes them)",
+                 incompatible version, `shedder detach` removes them; `shedder doctor` checks \
+                 this kernel)",
                 pin_dir.display()
             )
         })?;
@@ -366,9 +382,12 @@ impl Daemon {
         }
         shedder.apply(&compiled).context("writing the policy")?;
         shedder.heartbeat().context("stamping the heartbeat")?;
-        shedder
+        let missing = shedder
             .attach_tracking()
             .context("attaching the connection-tracking tracepoints")?;
+        if let Some(note) = crate::ebpf::missing_tracepoints_note(&missing) {
+            warn!("{note}");
+        }
         let mode = match cfg.daemon.attach {
             Attach::Auto => AttachMode::Auto,
             Attach::Native => AttachMode::Native,

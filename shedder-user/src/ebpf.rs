@@ -41,10 +41,16 @@ pub enum Error {
     MissingProgram(&'static str),
     #[error("the eBPF object has no map `{0}`")]
     MissingMap(&'static str),
-    #[error("the kernel verifier rejected `{program}`: {source}\n{log}")]
+    #[error(
+        "the kernel verifier rejected `{program}`: {reason} ({source}); shedder is validated \
+         on Linux {MIN_VALIDATED_KERNEL} and later (`shedder doctor` checks this kernel). \
+         The verifier's log:\n{log}"
+    )]
     Verifier {
         program: &'static str,
         source: std::io::Error,
+        /// The log's last line that is not a statistic: usually why.
+        reason: String,
         log: String,
     },
     #[error("program `{program}`: {source}")]
@@ -74,6 +80,32 @@ pub enum Error {
     Tracing(String),
     #[error("{0}: {1}")]
     Io(&'static str, #[source] std::io::Error),
+}
+
+/// The oldest kernel `cargo xtask vm-test` has passed on (docs/kernels.md).
+pub const MIN_VALIDATED_KERNEL: crate::doctor::KernelVersion = crate::doctor::MIN_KERNEL;
+
+/// The last line of a verifier log that says something other than its statistics.
+fn verifier_reason(log: &str) -> String {
+    const STATS: [&str; 4] = [
+        "verification time",
+        "stack depth",
+        "processed ",
+        "max_states",
+    ];
+    log.lines()
+        .map(str::trim)
+        .rev()
+        .find(|l| !l.is_empty() && !STATS.iter().any(|s| l.starts_with(s)))
+        .map_or_else(|| "no reason in the log".into(), str::to_string)
+}
+
+impl Error {
+    /// The verifier gave up on a program as too complex for this kernel (it processed its
+    /// limit of instructions, E2BIG): a newer kernel's verifier prunes more.
+    pub fn too_complex(&self) -> bool {
+        matches!(self, Error::Verifier { source, .. } if source.raw_os_error() == Some(libc::E2BIG))
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -188,11 +220,22 @@ impl Shedder {
                 ProgramError::LoadError {
                     io_error,
                     verifier_log,
-                } => Error::Verifier {
-                    program: name,
-                    source: io_error,
-                    log: verifier_log.to_string(),
-                },
+                } => {
+                    let log = verifier_log.to_string();
+                    let reason = if io_error.raw_os_error() == Some(libc::E2BIG) {
+                        "too complex for this kernel's verifier (it gave up at its limit of \
+                         processed instructions)"
+                            .into()
+                    } else {
+                        verifier_reason(&log)
+                    };
+                    Error::Verifier {
+                        program: name,
+                        source: io_error,
+                        reason,
+                        log,
+                    }
+                }
                 other => Error::Program {
                     program: name,
                     source: other,
@@ -370,10 +413,16 @@ impl Shedder {
     /// accept-queue age, response latency), after checking the running kernel's record
     /// layouts. With a pin directory the links are pinned as `links/tp-<tracepoint>`; links
     /// already pinned there are kept (a restarted daemon adopts them).
-    pub fn attach_tracking(&mut self) -> Result<()> {
+    ///
+    /// Returns the optional tracepoints this kernel lacks (see
+    /// [`missing_tracepoints_note`]), which are left unattached.
+    pub fn attach_tracking(&mut self) -> Result<Vec<&'static str>> {
         crate::sysfs::ensure_tracefs().map_err(|e| Error::Tracing(e.to_string()))?;
-        check_tracepoint_formats().map_err(Error::Tracing)?;
+        let missing = check_tracepoint_formats().map_err(Error::Tracing)?;
         for (program, category, name) in programs::TRACEPOINTS {
+            if missing.contains(&name) {
+                continue;
+            }
             let pin_name = format!("tp-{name}");
             if let Some(dir) = &self.pin_dir
                 && dir.join("links").join(&pin_name).exists()
@@ -401,7 +450,7 @@ impl Shedder {
                 })?;
             self.keep_link(&pin_name, link)?;
         }
-        Ok(())
+        Ok(missing)
     }
 
     /// The reader of the packet path's log records (written only when loaded with
@@ -758,8 +807,10 @@ impl MapReader for PinnedMaps {
 }
 
 /// Check that the running kernel's `sock` tracepoint records have the layout the tracking
-/// programs read (see `shedder_common::tp`).
-pub fn check_tracepoint_formats() -> std::result::Result<(), String> {
+/// programs read (see `shedder_common::tp`). A missing optional tracepoint (see
+/// [`programs::OPTIONAL_TRACEPOINTS`]) is returned, not an error; a missing required one, or
+/// any with another layout, is an error.
+pub fn check_tracepoint_formats() -> std::result::Result<Vec<&'static str>, String> {
     use shedder_common::tp;
     /// (field, offset, size) as in `shedder_common::tp`.
     type Layout = [(&'static str, usize, usize)];
@@ -768,11 +819,24 @@ pub fn check_tracepoint_formats() -> std::result::Result<(), String> {
         ("sock_recv_length", &tp::length::FIELDS),
         ("sock_send_length", &tp::length::FIELDS),
     ];
+    let mut missing = Vec::new();
     for (event, fields) in checks {
         let path = format!("{}/events/sock/{event}/format", crate::sysfs::TRACEFS);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            format!("cannot read {path}: {e} (this kernel lacks the sock:{event} tracepoint)")
-        })?;
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && programs::OPTIONAL_TRACEPOINTS.contains(&event) =>
+            {
+                missing.push(event);
+                continue;
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot read {path}: {e} (this kernel lacks the sock:{event} tracepoint)"
+                ));
+            }
+        };
         let found = parse_format(&text);
         for &(name, offset, size) in fields {
             match found.iter().find(|(n, _, _)| n == name) {
@@ -789,7 +853,27 @@ pub fn check_tracepoint_formats() -> std::result::Result<(), String> {
             }
         }
     }
-    Ok(())
+    Ok(missing)
+}
+
+/// What is lost without the optional tracepoints in `missing` (empty: nothing).
+pub fn missing_tracepoints_note(missing: &[&str]) -> Option<String> {
+    if missing.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "this kernel has no {} (Linux {} and later have them): in-flight connections are \
+         counted, but accept-queue age and response latency are not measured, so the aimd and \
+         gradient2 controllers have no latency signal and hold each service at its \
+         fallback_limit; use controller = \"fixed\" to choose the limit, or a kernel ≥ {}",
+        missing
+            .iter()
+            .map(|t| format!("sock:{t}"))
+            .collect::<Vec<_>>()
+            .join(" or "),
+        programs::LATENCY_TRACEPOINTS_SINCE,
+        programs::LATENCY_TRACEPOINTS_SINCE,
+    ))
 }
 
 /// `(name, offset, size)` of each field line of a tracefs `format` file.
@@ -1094,6 +1178,31 @@ mod tests {
                 ("saddr_v6".to_string(), 40, 16)
             ]
         );
+    }
+
+    #[test]
+    fn verifier_reason_is_the_last_line_before_the_statistics() {
+        // Linux 6.1 on an index whose bounds it lost (the mask LLVM had dropped).
+        let log = "3482: (0f) r0 += r9\nvalue -9223372036854775744 makes map_value pointer be out of bounds\nverification time 52253 usec\nstack depth 272+0\nprocessed 622 insns (limit 1000000) max_states_per_insn 1 total_states 45 peak_states 45 mark_read 17\n";
+        assert_eq!(
+            verifier_reason(log),
+            "value -9223372036854775744 makes map_value pointer be out of bounds"
+        );
+        let too_big = "processed 1000001 insns (limit 1000000) max_states_per_insn 36\n";
+        assert_eq!(verifier_reason(too_big), "no reason in the log");
+        let e = Error::Verifier {
+            program: "shedder_xdp",
+            source: std::io::Error::from_raw_os_error(libc::E2BIG),
+            reason: verifier_reason(too_big),
+            log: too_big.into(),
+        };
+        assert!(e.too_complex());
+        let text = e.to_string();
+        assert!(
+            text.starts_with("the kernel verifier rejected `shedder_xdp`: "),
+            "{text}"
+        );
+        assert!(text.contains("shedder doctor"), "{text}");
     }
 
     #[test]
