@@ -18,6 +18,8 @@ use crate::{
 /// loads, the fixture table and a network-namespace test pass; docs/kernels.md). Below it:
 /// Fail.
 pub const MIN_KERNEL: KernelVersion = KernelVersion::new(6, 1, 0);
+/// The first kernel with tcx, which `attach = "tc"` needs (bpf-link TC attachments).
+pub const TCX_KERNEL: KernelVersion = KernelVersion::new(6, 6, 0);
 /// The kernels `cargo xtask vm-test` runs on.
 pub const TESTED_KERNEL: &str = "6.1, 6.12 and 6.18";
 /// From this kernel BPF memory is charged to the memory cgroup and RLIMIT_MEMLOCK no longer
@@ -775,7 +777,19 @@ fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
     let attach = cfg.daemon.attach;
     let head = format!("{iface}: {driver}, {support}");
     let mut out = Vec::new();
+    let tcx = kernel_release()
+        .ok()
+        .and_then(|r| parse_kernel_release(&r))
+        .map(|v| v >= TCX_KERNEL);
     out.push(match (attach, native) {
+        (Attach::Tc, _) if tcx == Some(false) => Check::fail(
+            "interface",
+            format!(
+                "{head}; attach = tc needs tcx (Linux {TCX_KERNEL} and later): this kernel \
+                 can attach TC programs only through netlink, which shedder does not manage"
+            ),
+            "set daemon.attach = \"native\" or \"generic\" (XDP) on this kernel",
+        ),
         (Attach::Tc, _) => Check::ok("interface", format!("{head}; attach = tc")),
         (Attach::Generic, _) => Check::ok("interface", format!("{head}; attach = generic")),
         (Attach::Native, Some(false)) => Check::fail(

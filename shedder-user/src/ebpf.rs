@@ -82,6 +82,9 @@ pub enum Error {
     Io(&'static str, #[source] std::io::Error),
 }
 
+/// The first kernel with tcx, the bpf-link TC attachment shedder's TC mode needs.
+pub const TCX_KERNEL: crate::doctor::KernelVersion = crate::doctor::TCX_KERNEL;
+
 /// The oldest kernel `cargo xtask vm-test` has passed on (docs/kernels.md).
 pub const MIN_VALIDATED_KERNEL: crate::doctor::KernelVersion = crate::doctor::MIN_KERNEL;
 
@@ -400,7 +403,13 @@ impl Shedder {
                     link.try_into()
                         .map_err(|e: aya::programs::links::LinkError| Error::Pin {
                             path: PathBuf::from(iface),
-                            reason: format!("TC attached through netlink, not a bpf link: {e}"),
+                            reason: format!(
+                                "this kernel has no tcx (Linux {TCX_KERNEL} and later): the TC \
+                                 program could only be attached through netlink, which shedder \
+                                 cannot pin, adopt or detach as a bpf link, so it was detached \
+                                 again; use attach = \"native\" or \"generic\" (XDP) on this \
+                                 kernel ({e})"
+                            ),
                         })?;
                 (Attached::Tc, link)
             }

@@ -10,6 +10,7 @@ mod bench;
 mod cmd;
 mod setup;
 mod test;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -43,6 +44,11 @@ enum Command {
         #[command(subcommand)]
         bench: bench::Bench,
     },
+    /// Setup, then boot older kernels (Debian's 6.1 and 6.12 packages) under qemu with an
+    /// initramfs holding the kernel tests, run the fixture table and the network-namespace
+    /// tests in each VM and natively on the host's kernel, with a table per kernel. Logs in
+    /// target/vm/.
+    VmTest(vm::VmTestArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +58,7 @@ fn main() -> ExitCode {
         Command::Test => test::run_all(),
         Command::Demo(args) => bench::run_demo(args),
         Command::Bench { bench } => bench::run_bench(bench),
+        Command::VmTest(args) => vm::run_vm_test(args),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

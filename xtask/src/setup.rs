@@ -241,8 +241,13 @@ fn debian_package_installed(pkg: &str) -> Result<bool> {
 }
 
 fn debian_packages() -> Result<()> {
+    install_debian_packages(DEBIAN_PACKAGES)
+}
+
+/// Install those of `packages` that are missing (apt-get, root), reporting each one's state.
+pub(crate) fn install_debian_packages(packages: &[&str]) -> Result<()> {
     let mut missing = Vec::new();
-    for &pkg in DEBIAN_PACKAGES {
+    for &pkg in packages {
         let item = format!("package {pkg}");
         if debian_package_installed(pkg)? {
             ok(&item);
