@@ -1745,6 +1745,10 @@ fn verifier_figures(row: &Row) -> std::result::Result<BTreeMap<String, u64>, Str
             }
         }
     }
+    if let Some(e) = v["kernel_log_error"].as_str() {
+        let reason = e.lines().next().unwrap_or(e);
+        out.insert(format!("note: with the kernel debug log: {reason}"), 0);
+    }
     if let Some(e) = v["error"].as_str() {
         let reason = e.lines().next().unwrap_or(e);
         if out.is_empty() {
@@ -1774,7 +1778,7 @@ fn verifier_table(rows: &[Row], baseline: &Figures) -> VerifierTable {
             Err(why) => md.push_str(&format!("| {} | — | {why} | | |\n", row.kernel)),
             Ok(found) => {
                 for (program, &n) in &found {
-                    if program.starts_with("error: ") {
+                    if program.starts_with("error: ") || program.starts_with("note: ") {
                         md.push_str(&format!("| {} | {program} | | | |\n", row.kernel));
                         continue;
                     }
@@ -1794,7 +1798,7 @@ fn verifier_table(rows: &[Row], baseline: &Figures) -> VerifierTable {
                 }
                 let kept = found
                     .into_iter()
-                    .filter(|(p, _)| !p.starts_with("error: "))
+                    .filter(|(p, _)| !p.starts_with("error: ") && !p.starts_with("note: "))
                     .collect();
                 figures.insert(series, kept);
             }
@@ -2075,6 +2079,12 @@ mod tests {
         assert_eq!(t.regressions.len(), 1, "{:?}", t.regressions);
         assert!(t.regressions[0].starts_with("shedder_xdp on 6.1"));
         assert!(!t.figures["6.1"].keys().any(|k| k.starts_with("error")));
+        // A debug log too complex for the kernel is a note, not a figure.
+        let line = r#"@@VERIFIER {"kernel":"6.1.0","programs":[["shedder_xdp",132435]],"programs_with_kernel_log":[],"error":null,"kernel_log_error":"too complex"}"#;
+        let r = row("6.1.0", vec![result("verifier", Outcome::Pass, &[line])]);
+        let t = verifier_table(&[r], &Figures::new());
+        assert_eq!(t.figures["6.1"].len(), 1);
+        assert!(t.markdown.contains("note: with the kernel debug log: too complex"));
         // No report at all is said, not guessed.
         let none = row(
             "6.12.95",

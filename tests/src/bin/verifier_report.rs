@@ -18,6 +18,10 @@ struct Report {
     programs_with_kernel_log: Vec<(String, Option<u32>)>,
     /// Why loading failed, if it did.
     error: Option<String>,
+    /// Why the programs did not load with the kernel debug log, when they load without it
+    /// and the verifier found them too complex with it: a documented limit of older
+    /// kernels (the daemon then runs without the log), not a failure.
+    kernel_log_error: Option<String>,
 }
 
 fn counts(s: &Shedder, only: Option<&[&str]>) -> Vec<(String, Option<u32>)> {
@@ -50,6 +54,7 @@ fn main() -> ExitCode {
         programs: Vec::new(),
         programs_with_kernel_log: Vec::new(),
         error: None,
+        kernel_log_error: None,
     };
     match Shedder::load() {
         Ok(s) => report.programs = counts(&s, None),
@@ -63,11 +68,17 @@ fn main() -> ExitCode {
                     Some(&[shedder_common::programs::XDP, shedder_common::programs::TC]),
                 )
             }
+            Err(e) if e.too_complex() => {
+                report.kernel_log_error = Some(e.to_string().lines().next().unwrap_or("").into())
+            }
             Err(e) => report.error = Some(format!("with the kernel debug log: {}", summarise(&e))),
         }
     }
     if let Some(e) = &report.error {
         eprintln!("verifier_report: {e}");
+    }
+    if let Some(e) = &report.kernel_log_error {
+        eprintln!("verifier_report: with the kernel debug log (the daemon runs without it): {e}");
     }
     println!(
         "@@VERIFIER {}",
