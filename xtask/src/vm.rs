@@ -1815,7 +1815,7 @@ fn verifier_table(rows: &[Row], baseline: &Figures) -> VerifierTable {
 fn write_docs(dir: &Path, rows: &[Row], verifier: &VerifierTable, total: Duration) -> Result<()> {
     let date = stdout(&mut cmd("date", ["-u", "+%Y-%m-%d %H:%M UTC"]))?;
     let mut md = format!(
-        "# Kernels\n\nLatest `cargo xtask vm-test -- --out docs` run: {}, in {:.0} min, on {}. \
+        "# Kernels\n\nLatest `cargo xtask vm-test --out docs` run: {}, in {:.0} min, on {}. \
          VMs: Debian kernel packages under `qemu-system-x86_64` ({}), {} MiB, {} vCPUs, an \
          initramfs built by the xtask; the host row runs natively. The minimum kernel \
          documented in the README is the oldest row where every counted check passes.\n\n",
