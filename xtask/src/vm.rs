@@ -2084,7 +2084,10 @@ mod tests {
         let r = row("6.1.0", vec![result("verifier", Outcome::Pass, &[line])]);
         let t = verifier_table(&[r], &Figures::new());
         assert_eq!(t.figures["6.1"].len(), 1);
-        assert!(t.markdown.contains("note: with the kernel debug log: too complex"));
+        assert!(
+            t.markdown
+                .contains("note: with the kernel debug log: too complex")
+        );
         // No report at all is said, not guessed.
         let none = row(
             "6.12.95",
