@@ -43,8 +43,9 @@ pub enum Error {
     MissingMap(&'static str),
     #[error(
         "the kernel verifier rejected `{program}`: {reason} ({source}); shedder is validated \
-         on Linux {MIN_VALIDATED_KERNEL} and later (`shedder doctor` checks this kernel). \
-         The verifier's log:\n{log}"
+         on Linux {} and later (`shedder doctor` checks this kernel). \
+         The verifier's log:\n{log}",
+        crate::doctor::MIN_KERNEL
     )]
     Verifier {
         program: &'static str,
@@ -81,12 +82,6 @@ pub enum Error {
     #[error("{0}: {1}")]
     Io(&'static str, #[source] std::io::Error),
 }
-
-/// The first kernel with tcx, the bpf-link TC attachment shedder's TC mode needs.
-pub const TCX_KERNEL: crate::doctor::KernelVersion = crate::doctor::TCX_KERNEL;
-
-/// The oldest kernel `cargo xtask vm-test` has passed on (docs/kernels.md).
-pub const MIN_VALIDATED_KERNEL: crate::doctor::KernelVersion = crate::doctor::MIN_KERNEL;
 
 /// The last line of a verifier log that says something other than its statistics.
 fn verifier_reason(log: &str) -> String {
@@ -404,11 +399,12 @@ impl Shedder {
                         .map_err(|e: aya::programs::links::LinkError| Error::Pin {
                             path: PathBuf::from(iface),
                             reason: format!(
-                                "this kernel has no tcx (Linux {TCX_KERNEL} and later): the TC \
+                                "this kernel has no tcx (Linux {} and later): the TC \
                                  program could only be attached through netlink, which shedder \
                                  cannot pin, adopt or detach as a bpf link, so it was detached \
                                  again; use attach = \"native\" or \"generic\" (XDP) on this \
-                                 kernel ({e})"
+                                 kernel ({e})",
+                                crate::doctor::TCX_KERNEL
                             ),
                         })?;
                 (Attached::Tc, link)

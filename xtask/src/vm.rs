@@ -78,9 +78,10 @@ struct Check {
     args: &'static [&'static str],
     /// A binary (`tests/src/bin/<test>.rs`) rather than a test target.
     bin: bool,
-    /// The kernel series the checked feature needs, and what it is: on older kernels a
-    /// failure is reported as "needs …", not counted (shedder says so itself there).
-    since: Option<(&'static str, &'static str)>,
+    /// The kernel series the checked feature needs, what it is, and the words shedder's
+    /// refusal uses: on older kernels a failure whose output holds those words is reported
+    /// as "needs …", not counted; any other failure counts.
+    since: Option<(&'static str, &'static str, &'static str)>,
 }
 
 const CHECKS: &[Check] = &[
@@ -112,7 +113,11 @@ const CHECKS: &[Check] = &[
         test: "netns",
         args: &["--exact", "tc_ingress", "--test-threads=1"],
         bin: false,
-        since: Some(("6.6", "tcx bpf links for attach = \"tc\"")),
+        since: Some((
+            "6.6",
+            "tcx bpf links for attach = \"tc\"",
+            "this kernel has no tcx",
+        )),
     },
     // Every program loaded, with and without the kernel debug log: the verifier's
     // instruction counts, compared with docs/kernels.json.
@@ -1699,9 +1704,10 @@ fn mark_needs_newer(row: &mut Row) {
         let Some(check) = CHECKS.iter().find(|c| c.name == r.name) else {
             continue;
         };
-        if let Some((since, what)) = check.since
+        if let Some((since, what, refusal)) = check.since
             && series_of(since).is_some_and(|s| kernel < s)
             && matches!(r.outcome, Outcome::Fail(_))
+            && r.output.iter().any(|l| l.contains(refusal))
         {
             r.outcome = Outcome::NeedsNewer(format!("needs Linux {since}: {what}"));
         }
@@ -2037,7 +2043,16 @@ mod tests {
             let mut r = row(
                 kernel,
                 vec![
-                    result("netns::tc_ingress", Outcome::Fail(101), &[]),
+                    result(
+                        "netns::tc_ingress",
+                        Outcome::Fail(101),
+                        &["attach Tc: pinning under veth0: this kernel has no tcx (Linux 6.6)"],
+                    ),
+                    result(
+                        "netns::tc_ingress",
+                        Outcome::Fail(101),
+                        &["some other fault"],
+                    ),
                     result("netns::native_xdp", Outcome::Fail(101), &[]),
                 ],
             );
@@ -2047,7 +2062,9 @@ mod tests {
                 expect_na,
                 "{kernel}"
             );
+            // A failure that is not shedder's refusal counts, also on an old kernel.
             assert!(matches!(r.results[1].outcome, Outcome::Fail(101)));
+            assert!(matches!(r.results[2].outcome, Outcome::Fail(101)));
         }
     }
 
