@@ -59,6 +59,63 @@ pub struct Config {
     pub classes: Classes,
     #[serde(default, rename = "service")]
     pub services: Vec<Service>,
+    /// Fleet mode: share each service's `global_limit` with the other nodes registered in
+    /// etcd (see [`crate::fleet`]). Absent: every node sheds on its own view.
+    pub fleet: Option<Fleet>,
+}
+
+/// `[fleet]`: the etcd cluster this node's daemon registers with, and how the fleet shares
+/// a downstream's capacity.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Fleet {
+    /// etcd client URLs (`http://host:2379`, or `https://…` with TLS).
+    pub endpoints: Vec<String>,
+    /// This node's name in the fleet (default: the host name); unique within the fleet.
+    pub node: Option<String>,
+    /// Every key shedder writes lies under this prefix; fleets sharing an etcd use distinct
+    /// prefixes.
+    #[serde(default = "defaults::fleet_prefix")]
+    pub prefix: String,
+    /// TTL of this node's etcd lease: a node that stops renewing it leaves the fleet this
+    /// long after its last renewal, and the others' ceilings rise.
+    #[serde(default = "defaults::lease_ttl_s")]
+    pub lease_ttl_s: u64,
+    /// The fleet shares `global_limit × safety` of each downstream.
+    #[serde(default = "defaults::safety")]
+    pub safety: f64,
+    /// The most nodes this fleet runs: a node cut off from etcd falls back to
+    /// `global_limit × safety / max_nodes`, so a fleet that has lost etcd altogether stays
+    /// within the global bound.
+    pub max_nodes: u32,
+    /// How long a node cut off from etcd keeps its last ceiling before it moves to the
+    /// static share (default: half the lease TTL). Shorter than the lease TTL, so a
+    /// partitioned node has let go of its share before its lease expires and the others
+    /// take it.
+    pub fail_static_ms: Option<u64>,
+    /// etcd request and connection timeout.
+    #[serde(default = "defaults::etcd_timeout_ms")]
+    pub timeout_ms: u64,
+    /// etcd authentication: a user and a file holding its password (first line).
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+    /// TLS: the CA that signed the etcd servers' certificates, and an optional client
+    /// certificate and key (PEM).
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+impl Fleet {
+    /// How long this node keeps its last ceiling without etcd.
+    pub fn fail_static(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.fail_static_ms.unwrap_or(self.lease_ttl_s * 1000 / 2))
+    }
+
+    /// Whether the client speaks TLS.
+    pub fn tls(&self) -> bool {
+        self.ca_file.is_some() || self.endpoints.iter().any(|e| e.starts_with("https://"))
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
@@ -278,6 +335,9 @@ pub struct Service {
     /// file does not set it (see [`Service::demotes_retries`]).
     #[serde(default)]
     pub demote_retries: Option<bool>,
+    /// Fleet mode: the downstream's capacity in connections, shared by every node of the
+    /// fleet that protects a service of this name (needs `[fleet]`).
+    pub global_limit: Option<u32>,
 }
 
 impl Service {
@@ -338,6 +398,18 @@ pub mod defaults {
     }
     pub fn fallback_limit() -> u32 {
         256
+    }
+    pub fn fleet_prefix() -> String {
+        "/shedder".into()
+    }
+    pub fn lease_ttl_s() -> u64 {
+        10
+    }
+    pub fn safety() -> f64 {
+        0.9
+    }
+    pub fn etcd_timeout_ms() -> u64 {
+        2000
     }
 }
 
@@ -407,6 +479,9 @@ fn locate(text: &str, field: &str) -> Option<usize> {
                 key_in(start, &class).or(Some(start))
             }
         }
+    } else if let Some(rest) = field.strip_prefix("fleet.") {
+        let start = header(&|l| l == "[fleet]", 0)?;
+        key_in(start, &first(rest)).or(Some(start))
     } else if field == "classes" {
         header(&|l| l == "[classes]", 0)
     } else if field == "service" {
@@ -415,6 +490,16 @@ fn locate(text: &str, field: &str) -> Option<usize> {
         None
     };
     found.map(|i| i + 1)
+}
+
+/// A name that can be a metric label or an etcd key component: 1 to 64 characters from
+/// `[A-Za-z0-9._-]`.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
 }
 
 /// A parsed IP prefix.
@@ -572,7 +657,140 @@ impl Config {
             }
         }
         self.validate_classes()?;
-        self.validate_services()
+        self.validate_services()?;
+        self.validate_fleet()
+    }
+
+    fn validate_fleet(&self) -> Result<(), ConfigError> {
+        let Some(f) = &self.fleet else {
+            if let Some((i, s)) = self
+                .services
+                .iter()
+                .enumerate()
+                .find(|(_, s)| s.global_limit.is_some())
+            {
+                return Err(err(
+                    format!("service[{i}] ({}).global_limit", s.name),
+                    "needs a [fleet] section (the etcd cluster the fleet shares it through)",
+                ));
+            }
+            return Ok(());
+        };
+        if f.endpoints.is_empty() {
+            return Err(err(
+                "fleet.endpoints",
+                "at least one etcd endpoint is needed",
+            ));
+        }
+        for (i, e) in f.endpoints.iter().enumerate() {
+            let rest = e
+                .strip_prefix("http://")
+                .or_else(|| e.strip_prefix("https://"));
+            if rest.is_none_or(|r| r.is_empty() || r.contains('/')) {
+                return Err(err(
+                    format!("fleet.endpoints[{i}]"),
+                    format!(
+                        "`{e}` is not an etcd client URL (http://host:port or https://host:port)"
+                    ),
+                ));
+            }
+        }
+        if let Some(n) = &f.node
+            && !valid_name(n)
+        {
+            return Err(err(
+                "fleet.node",
+                format!("`{n}`: use 1 to 64 characters from [A-Za-z0-9._-]"),
+            ));
+        }
+        if !f.prefix.starts_with('/')
+            || f.prefix.len() < 2
+            || f.prefix.ends_with('/')
+            || f.prefix.contains(char::is_whitespace)
+        {
+            return Err(err(
+                "fleet.prefix",
+                format!(
+                    "`{}` must start with `/`, not end with one, and hold no spaces",
+                    f.prefix
+                ),
+            ));
+        }
+        if !(2..=300).contains(&f.lease_ttl_s) {
+            return Err(err(
+                "fleet.lease_ttl_s",
+                format!("{} is outside 2..=300", f.lease_ttl_s),
+            ));
+        }
+        if !(f.safety > 0.0 && f.safety <= 1.0) {
+            return Err(err(
+                "fleet.safety",
+                format!("{} is outside (0, 1]", f.safety),
+            ));
+        }
+        if !(1..=100_000).contains(&f.max_nodes) {
+            return Err(err(
+                "fleet.max_nodes",
+                format!("{} is outside 1..=100000", f.max_nodes),
+            ));
+        }
+        let fail_static = f.fail_static().as_millis() as u64;
+        if fail_static < self.daemon.tick_ms || fail_static >= f.lease_ttl_s * 1000 {
+            return Err(err(
+                "fleet.fail_static_ms",
+                format!(
+                    "{fail_static} must be at least tick_ms ({}) and below the lease TTL ({} ms): \
+                     a partitioned node must let go of its share before its lease expires",
+                    self.daemon.tick_ms,
+                    f.lease_ttl_s * 1000
+                ),
+            ));
+        }
+        if !(100..=60_000).contains(&f.timeout_ms) {
+            return Err(err(
+                "fleet.timeout_ms",
+                format!("{} is outside 100..=60000", f.timeout_ms),
+            ));
+        }
+        if f.username.is_some() != f.password_file.is_some() {
+            return Err(err(
+                if f.username.is_some() {
+                    "fleet.password_file"
+                } else {
+                    "fleet.username"
+                },
+                "etcd authentication needs both username and password_file",
+            ));
+        }
+        if f.cert_file.is_some() != f.key_file.is_some() {
+            return Err(err(
+                if f.cert_file.is_some() {
+                    "fleet.key_file"
+                } else {
+                    "fleet.cert_file"
+                },
+                "a client certificate needs both cert_file and key_file",
+            ));
+        }
+        if (f.cert_file.is_some() || f.ca_file.is_some())
+            && f.endpoints.iter().any(|e| e.starts_with("http://"))
+        {
+            return Err(err(
+                "fleet.endpoints",
+                "TLS files are set but an endpoint is http://; use https:// endpoints",
+            ));
+        }
+        for (i, s) in self.services.iter().enumerate() {
+            if let Some(g) = s.global_limit
+                && (g == 0 || g > LIMIT_CEILING)
+            {
+                return Err(err(
+                    format!("service[{i}] ({}).global_limit", s.name),
+                    format!("{g} is outside 1..={LIMIT_CEILING}"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn validate_classes(&self) -> Result<(), ConfigError> {
@@ -671,13 +889,7 @@ impl Config {
         let mut addr_entries = 0u32;
         for (i, s) in self.services.iter().enumerate() {
             let field = |f: &str| format!("service[{i}].{f}");
-            if s.name.is_empty()
-                || s.name.len() > 64
-                || !s
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-            {
+            if !valid_name(&s.name) {
                 return Err(err(
                     field("name"),
                     format!(
@@ -918,6 +1130,79 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
         Config::parse(toml).unwrap_err().to_string()
     }
 
+    const FLEET: &str =
+        "[fleet]\nendpoints = [\"http://198.18.0.21:2379\"]\nnode = \"lb-1\"\nmax_nodes = 10\n";
+    const SHARED: &str = "[[service]]\nname = \"db\"\nports = [5432]\nglobal_limit = 500\n";
+
+    #[test]
+    fn fleet_section_defaults_and_shared_services() {
+        let cfg = Config::parse(&format!("{FLEET}{SHARED}")).unwrap();
+        let f = cfg.fleet.as_ref().unwrap();
+        assert_eq!(f.prefix, "/shedder");
+        assert_eq!(f.lease_ttl_s, 10);
+        assert_eq!(f.safety, 0.9);
+        assert_eq!(f.timeout_ms, 2000);
+        assert_eq!(f.fail_static(), std::time::Duration::from_secs(5));
+        assert!(!f.tls());
+        assert_eq!(cfg.services[0].global_limit, Some(500));
+        let shared = crate::fleet::shared_services(&cfg);
+        assert_eq!(shared.len(), 1);
+        assert_eq!((shared[0].global_limit, shared[0].max_limit), (500, 4096));
+        // Without [fleet] nothing is shared and nothing changes.
+        let plain = Config::parse("[[service]]\nname = \"db\"\nports = [5432]\n").unwrap();
+        assert!(plain.fleet.is_none());
+        assert!(crate::fleet::shared_services(&plain).is_empty());
+    }
+
+    #[test]
+    fn bad_fleet_settings_name_the_field() {
+        let cases: &[(String, &str)] = &[
+            (
+                SHARED.to_string(),
+                "line 4: service[0] (db).global_limit: needs a [fleet] section (the etcd cluster the fleet shares it through)",
+            ),
+            (
+                format!("{FLEET}lease_ttl_s = 4\nfail_static_ms = 4000\n"),
+                "line 6: fleet.fail_static_ms: 4000 must be at least tick_ms (200) and below the lease TTL (4000 ms): a partitioned node must let go of its share before its lease expires",
+            ),
+            (
+                "[fleet]\nendpoints = []\nmax_nodes = 3\n".to_string(),
+                "line 2: fleet.endpoints: at least one etcd endpoint is needed",
+            ),
+            (
+                "[fleet]\nendpoints = [\"198.18.0.21:2379\"]\nmax_nodes = 3\n".to_string(),
+                "line 2: fleet.endpoints[0]: `198.18.0.21:2379` is not an etcd client URL (http://host:port or https://host:port)",
+            ),
+            (
+                format!("{FLEET}safety = 1.5\n"),
+                "line 5: fleet.safety: 1.5 is outside (0, 1]",
+            ),
+            (
+                format!("{FLEET}username = \"shedder\"\n"),
+                "line 1: fleet.password_file: etcd authentication needs both username and password_file",
+            ),
+            (
+                format!("{FLEET}ca_file = \"/etc/ca.pem\"\n"),
+                "line 2: fleet.endpoints: TLS files are set but an endpoint is http://; use https:// endpoints",
+            ),
+            (
+                format!("{FLEET}prefix = \"shedder/\"\n"),
+                "line 5: fleet.prefix: `shedder/` must start with `/`, not end with one, and hold no spaces",
+            ),
+            (
+                "[fleet]\nendpoints = [\"http://e:2379\"]\n".to_string(),
+                "line 1: missing field `max_nodes`",
+            ),
+            (
+                format!("{FLEET}[[service]]\nname = \"db\"\nports = [5432]\nglobal_limit = 0\n"),
+                "line 8: service[0] (db).global_limit: 0 is outside 1..=16777216",
+            ),
+        ];
+        for (toml, want) in cases {
+            assert_eq!(&error_of(toml), want, "{toml}");
+        }
+    }
+
     /// A table of bad files and the exact message each gets: line, field, what is wrong.
     #[test]
     fn bad_files_name_the_line_and_field() {
@@ -1016,7 +1301,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nmax_limt = 5\n",
-                "line 4: unknown field `max_limt`, expected one of `name`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`, `retry_window_ms`, `demote_retries`",
+                "line 4: unknown field `max_limt`, expected one of `name`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`, `retry_window_ms`, `demote_retries`, `global_limit`",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [70000]\n",

@@ -38,6 +38,8 @@ pub struct Bounds {
     pub max: u32,
     /// Where the limit goes when signals have been missing for too long.
     pub fallback: u32,
+    /// `(min, max, fallback)` as configured, before any [`Bounds::capped`] ceiling.
+    base: (u32, u32, u32),
 }
 
 impl Bounds {
@@ -57,10 +59,27 @@ impl Bounds {
             }
             _ => max,
         };
+        let fallback = fallback.clamp(min, max);
+        Self {
+            min,
+            max,
+            fallback,
+            base: (min, max, fallback),
+        }
+    }
+
+    /// These bounds under an outside ceiling (fleet mode's share of a downstream), or as
+    /// configured with `None`. The ceiling wins over everything configured, `min` included:
+    /// a node never exceeds its share of a shared downstream.
+    pub fn capped(&self, cap: Option<u32>) -> Self {
+        let (min, max, fallback) = self.base;
+        let max = cap.map_or(max, |c| max.min(c));
+        let min = min.min(max);
         Self {
             min,
             max,
             fallback: fallback.clamp(min, max),
+            base: self.base,
         }
     }
 
@@ -163,6 +182,9 @@ pub trait Controller: Send {
     /// The current limit.
     fn limit(&self) -> u32;
     fn name(&self) -> &'static str;
+    /// Put the limit under an outside ceiling (`None`: the configured bounds only); the
+    /// limit moves under it at once and never grows past it.
+    fn set_cap(&mut self, cap: Option<u32>);
 }
 
 /// Tunables shared by the adaptive controllers.
@@ -396,6 +418,11 @@ impl Controller for Aimd {
     fn name(&self) -> &'static str {
         "aimd"
     }
+
+    fn set_cap(&mut self, cap: Option<u32>) {
+        self.bounds = self.bounds.capped(cap);
+        self.limit = self.bounds.clamp(self.limit);
+    }
 }
 
 impl Aimd {
@@ -531,6 +558,11 @@ impl Controller for Gradient2 {
     fn name(&self) -> &'static str {
         "gradient2"
     }
+
+    fn set_cap(&mut self, cap: Option<u32>) {
+        self.bounds = self.bounds.capped(cap);
+        self.limit = self.bounds.clamp(self.limit);
+    }
 }
 
 /// A constant limit (a static limit measured by load testing; seed 000 §10's flip
@@ -538,13 +570,17 @@ impl Controller for Gradient2 {
 #[derive(Clone, Debug)]
 pub struct Fixed {
     limit: u32,
+    /// The configured limit, which `limit` returns to when a cap rises.
+    fixed: u32,
     guard: Guard,
 }
 
 impl Fixed {
     pub fn new(bounds: Bounds, tuning: Tuning, limit: u32) -> Self {
+        let limit = limit.clamp(bounds.min, bounds.max);
         Self {
-            limit: limit.clamp(bounds.min, bounds.max),
+            limit,
+            fixed: limit,
             guard: Guard::new(tuning),
         }
     }
@@ -569,6 +605,10 @@ impl Controller for Fixed {
 
     fn name(&self) -> &'static str {
         "fixed"
+    }
+
+    fn set_cap(&mut self, cap: Option<u32>) {
+        self.limit = cap.map_or(self.fixed, |c| self.fixed.min(c));
     }
 }
 
@@ -769,6 +809,38 @@ mod tests {
             c.update(&obs(i * 200, 20.0, c.limit()));
         }
         assert!(c.limit() > low, "recovers");
+    }
+
+    #[test]
+    fn an_outside_cap_bounds_every_controller_and_wins_over_min() {
+        let t = Tuning::new(Duration::from_millis(100));
+        let b = Bounds::new(8, 100, 50, None, Duration::from_millis(100));
+        let mut controllers: Vec<Box<dyn Controller>> = vec![
+            Box::new(Aimd::new(b, t, 60)),
+            Box::new(Gradient2::new(b, t, 60)),
+            Box::new(Fixed::new(b, t, 60)),
+        ];
+        for c in &mut controllers {
+            c.set_cap(Some(18));
+            assert_eq!(c.limit(), 18, "{}", c.name());
+            // Healthy and saturated: AIMD would grow; never past the cap.
+            for i in 0..20 {
+                let d = c.update(&obs(i * 100, 1.0, 18));
+                assert!(d.limit <= 18, "{}: {}", c.name(), d.limit);
+            }
+            // Below min_limit too: the fleet's share wins.
+            c.set_cap(Some(3));
+            assert_eq!(c.limit(), 3, "{}", c.name());
+            c.set_cap(Some(0));
+            assert_eq!(c.limit(), 0, "{}", c.name());
+        }
+        // Lifted: the fixed limit returns at once; the adaptive ones grow from where they are.
+        let mut f = Fixed::new(b, t, 60);
+        f.set_cap(Some(9));
+        f.set_cap(None);
+        assert_eq!(f.limit(), 60);
+        assert_eq!(b.capped(Some(20)).fallback, 20);
+        assert_eq!(b.capped(None), b);
     }
 
     #[test]

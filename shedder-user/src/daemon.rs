@@ -28,7 +28,7 @@ use crate::{
     control::{self, ApiError, Request},
     controller::{Aimd, Bounds, Controller, Decision, Fixed, Gradient2, Mode, Observation, Tuning},
     ebpf::{AttachMode, MapReader, Shedder},
-    metrics,
+    fleet, metrics,
     policy::{Ladder, class_demand, compile, service_policy},
     signals::{ServiceSpec, SignalReader, Signals, psi},
     state::{Attachment, ClassState, Override, ProgramCost, ServiceState, State},
@@ -80,6 +80,15 @@ struct Runtime {
     override_limit: Option<OverrideState>,
     decision: Option<Decision>,
     signals: Option<Signals>,
+    /// Fleet mode: this node's ceiling for the service, and its static share (the cap of
+    /// the kernel's fallback limit). `None` for a service the fleet does not share.
+    fleet: Option<FleetCap>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FleetCap {
+    ceiling: u32,
+    static_share: u32,
 }
 
 impl Runtime {
@@ -94,6 +103,37 @@ impl Runtime {
             override_limit: None,
             decision: None,
             signals: None,
+            fleet: None,
+        }
+    }
+
+    /// The service as written to the kernel: as configured, or under the fleet's ceiling
+    /// (which wins over `min_limit` and `max_limit`), with the kernel's fallback limit capped
+    /// at the static share.
+    fn effective(&self) -> std::borrow::Cow<'_, Service> {
+        match self.fleet {
+            None => std::borrow::Cow::Borrowed(&self.cfg),
+            Some(f) => {
+                let mut s = self.cfg.clone();
+                s.max_limit = s.max_limit.min(f.ceiling);
+                s.min_limit = s.min_limit.min(s.max_limit);
+                s.fallback_limit = s.fallback_limit.min(f.static_share);
+                std::borrow::Cow::Owned(s)
+            }
+        }
+    }
+
+    /// Take the fleet's ceiling for this service (from `fleet`, if it shares it).
+    fn set_fleet(&mut self, fleet: Option<&fleet::Handle>) {
+        let cap = fleet.and_then(|f| {
+            Some(FleetCap {
+                ceiling: f.ceiling(&self.cfg.name)?,
+                static_share: f.static_share_of(&self.cfg.name)?,
+            })
+        });
+        if cap != self.fleet {
+            self.controller.set_cap(cap.map(|c| c.ceiling));
+            self.fleet = cap;
         }
     }
 
@@ -107,9 +147,11 @@ impl Runtime {
             controller: self.controller.name().into(),
             mode: self.decision.map_or(Mode::Normal, |d| d.mode),
             limit: written.total_limit,
-            fallback_limit: self.cfg.fallback_limit,
+            // What the kernel falls back to: in fleet mode capped at the static share.
+            fallback_limit: self.effective().fallback_limit,
             min_limit: self.cfg.min_limit,
             max_limit: self.cfg.max_limit,
+            fleet_ceiling: self.fleet.map(|f| f.ceiling),
             target_latency_ms: self.cfg.target_latency_ms,
             override_limit: self.override_limit.as_ref().map(|o| Override {
                 limit: o.limit,
@@ -251,6 +293,8 @@ struct Daemon {
     requests: mpsc::Receiver<Request>,
     /// Set by a detach request: stop and detach whatever the configuration says.
     detach_requested: bool,
+    /// Fleet mode's etcd agent (`None` without `[fleet]`).
+    fleet: Option<fleet::Handle>,
 }
 
 pub fn run(opts: Options) -> Result<()> {
@@ -362,6 +406,15 @@ impl Daemon {
             .context("calibrating the kernel clock")?;
         let ladder = Ladder::from_config(&cfg);
         let mut compiled = compile(&cfg, hz);
+        // Fleet mode starts before anything is written, so a shared service is under its
+        // fleet ceiling (0 until this node has its share) from the first write.
+        let fleet = match &cfg.fleet {
+            Some(f) => Some(
+                fleet::Handle::start(f, fleet::shared_services(&cfg))
+                    .context("starting fleet mode")?,
+            ),
+            None => None,
+        };
         let mut services = Vec::new();
         for (i, s) in cfg.services.iter().enumerate() {
             let id = i as u32;
@@ -377,8 +430,12 @@ impl Daemon {
             } else {
                 s.fallback_limit
             };
-            compiled.services[i].policy = service_policy(s, &ladder, initial, None, hz);
-            services.push(Runtime::new(id, s, initial, compiled.services[i].policy));
+            let mut rt = Runtime::new(id, s, initial, ServicePolicy::default());
+            rt.set_fleet(fleet.as_ref());
+            let limit = rt.controller.limit();
+            compiled.services[i].policy = service_policy(&rt.effective(), &ladder, limit, None, hz);
+            rt.written = Some(compiled.services[i].policy);
+            services.push(rt);
         }
         shedder.apply(&compiled).context("writing the policy")?;
         shedder.heartbeat().context("stamping the heartbeat")?;
@@ -464,6 +521,7 @@ impl Daemon {
             metrics: shared,
             requests,
             detach_requested: false,
+            fleet,
         })
     }
 
@@ -476,6 +534,7 @@ impl Daemon {
         let t = now.duration_since(self.start);
         for (rt, sig) in self.services.iter_mut().zip(&signals) {
             let obs = observation(sig, t);
+            rt.set_fleet(self.fleet.as_ref());
             let mut decision = rt.controller.update(&obs);
             if let Some(o) = &rt.override_limit
                 && now >= o.until
@@ -486,6 +545,10 @@ impl Daemon {
             }
             if let Some(o) = &rt.override_limit {
                 decision.limit = o.limit;
+            }
+            // An override never lifts a service above its fleet ceiling.
+            if let Some(f) = rt.fleet {
+                decision.limit = decision.limit.min(f.ceiling);
             }
             if let Err(e) = write_limits(
                 &mut self.shedder,
@@ -498,6 +561,17 @@ impl Daemon {
             }
             if rt.override_limit.is_none() {
                 log_decision(rt, &decision, now);
+            }
+            if let (Some(f), Some(w)) = (&self.fleet, rt.written)
+                && rt.fleet.is_some()
+            {
+                f.report(
+                    &rt.cfg.name,
+                    fleet::Report {
+                        applied: w.total_limit,
+                        occupancy: obs.occupancy,
+                    },
+                );
             }
             rt.decision = Some(decision);
             rt.signals = Some(sig.clone());
@@ -566,6 +640,7 @@ impl Daemon {
                 .iter()
                 .filter_map(|rt| rt.state(now))
                 .collect(),
+            fleet: self.fleet.as_ref().map(|f| f.state()),
         }
     }
 
@@ -716,10 +791,13 @@ impl Daemon {
     /// request that returns has taken effect in the kernel.
     fn enforce_now(&mut self, i: usize) -> Result<(), ApiError> {
         let rt = &mut self.services[i];
-        let limit = rt
+        let mut limit = rt
             .override_limit
             .as_ref()
             .map_or(rt.controller.limit(), |o| o.limit);
+        if let Some(f) = rt.fleet {
+            limit = limit.min(f.ceiling);
+        }
         let demand = rt.signals.as_ref().and_then(demand);
         write_limits(
             &mut self.shedder,
@@ -786,6 +864,7 @@ impl Daemon {
                 "daemon.control_group",
                 old.control_group == new.control_group,
             ),
+            ("fleet", self.cfg.fleet == cfg.fleet),
         ] {
             if !same {
                 let mut e = ApiError::bad(format!("{field} changes only with a restart"));
@@ -795,6 +874,9 @@ impl Daemon {
         }
         let ladder = Ladder::from_config(&cfg);
         let mut compiled = compile(&cfg, self.hz);
+        if let Some(f) = &self.fleet {
+            f.set_services(fleet::shared_services(&cfg));
+        }
         let mut services = Vec::new();
         for (i, s) in cfg.services.iter().enumerate() {
             // A service that keeps its name and controller keeps its state and override.
@@ -807,6 +889,7 @@ impl Daemon {
                 .unwrap_or(s.fallback_limit)
                 .clamp(s.min_limit, s.max_limit);
             let mut rt = Runtime::new(i as u32, s, initial, ServicePolicy::default());
+            rt.set_fleet(self.fleet.as_ref());
             if let Some(o) = old {
                 rt.override_limit = self.services[o]
                     .override_limit
@@ -816,19 +899,26 @@ impl Daemon {
             }
             // What is in force from now: the kept override, else the new controller's
             // limit (a fixed controller's new fixed_limit takes effect at once).
-            let limit = rt
+            let mut limit = rt
                 .override_limit
                 .as_ref()
                 .map_or(rt.controller.limit(), |o| o.limit);
+            if let Some(f) = rt.fleet {
+                limit = limit.min(f.ceiling);
+            }
             let demand = rt.signals.as_ref().and_then(demand);
             compiled.services[i].policy =
-                service_policy(s, &ladder, limit, demand.as_ref(), self.hz);
+                service_policy(&rt.effective(), &ladder, limit, demand.as_ref(), self.hz);
             rt.written = Some(compiled.services[i].policy);
             services.push(rt);
         }
-        self.shedder
-            .apply(&compiled)
-            .map_err(|e| ApiError::new(500, format!("writing the policy: {e}")))?;
+        if let Err(e) = self.shedder.apply(&compiled) {
+            // The running configuration stays in force, fleet services included.
+            if let Some(f) = &self.fleet {
+                f.set_services(fleet::shared_services(&self.cfg));
+            }
+            return Err(ApiError::new(500, format!("writing the policy: {e}")));
+        }
         let window_ticks = cfg.daemon.signal_window_ms.div_ceil(cfg.daemon.tick_ms) as usize;
         let cgroup_root = psi::cgroup2_mount().ok();
         self.reader = SignalReader::new(specs(&cfg, cgroup_root.as_deref()), window_ticks);
@@ -850,7 +940,7 @@ fn write_limits(
     limit: u32,
     demand: Option<&[f64; NUM_CLASSES]>,
 ) -> Result<()> {
-    let policy = service_policy(&rt.cfg, ladder, limit, demand, hz);
+    let policy = service_policy(&rt.effective(), ladder, limit, demand, hz);
     if rt.written != Some(policy) {
         shedder.set_policy(rt.id, &policy)?;
         rt.written = Some(policy);

@@ -201,11 +201,27 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
             }
         }
     }
+    if let Some(f) = config.and_then(|c| c.fleet.as_ref()) {
+        out.push(check_fleet(f));
+    }
     let privileged = caps.is_some_and(|c| missing_capabilities(c).is_empty());
     let (daemon_check, alive) = check_daemon(&daemon.pin_dir, privileged, &start);
     out.push(daemon_check);
     out.push(check_control_socket(&daemon.control_socket, alive));
     out
+}
+
+/// Fleet mode: etcd answers at the configured endpoints, with the configured credentials.
+fn check_fleet(f: &crate::config::Fleet) -> Check {
+    match crate::fleet::probe(f) {
+        Ok(detail) => Check::ok("fleet", detail),
+        Err(e) => Check::fail(
+            "fleet",
+            format!("etcd at {}: {e:#}", f.endpoints.join(",")),
+            "start etcd or fix fleet.endpoints (and the TLS/auth files); without etcd the daemon \
+             runs on each shared service's static share (global_limit × safety / max_nodes)",
+        ),
+    }
 }
 
 /// The human table: one line per check, the status first; a `fix:` line under each check

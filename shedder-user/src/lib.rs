@@ -7,6 +7,7 @@ pub mod controller;
 pub mod daemon;
 pub mod doctor;
 pub mod ebpf;
+pub mod fleet;
 #[doc(hidden)]
 pub mod golden;
 pub mod klog;

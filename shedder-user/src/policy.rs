@@ -59,7 +59,11 @@ pub fn allocate(total: u32, max_limit: u32, ladder: &Ladder) -> [ClassLimits; NU
     let mut out = [ClassLimits::default(); NUM_CLASSES];
     let mut reserved_above: u32 = 0;
     for (id, limits) in out.iter_mut().enumerate() {
-        let ceiling = ((ladder.ceiling[id] * max_limit as f64).ceil() as u32).max(1);
+        // At least one connection, except under a ceiling of 0 (a fleet node waiting for
+        // its share), where nothing is admitted.
+        let ceiling = ((ladder.ceiling[id] * max_limit as f64).ceil() as u32)
+            .max(1)
+            .min(max_limit);
         if id == CLASS_CRITICAL as usize {
             *limits = ClassLimits {
                 share: ceiling,
@@ -69,7 +73,7 @@ pub fn allocate(total: u32, max_limit: u32, ladder: &Ladder) -> [ClassLimits; NU
             continue;
         }
         let mut floor = (ladder.floor[id] * total as f64).floor() as u32;
-        if ladder.floor[id] > 0.0 {
+        if ladder.floor[id] > 0.0 && total > 0 {
             floor = floor.max(1);
         }
         let floor = floor.min(ceiling);

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     controller::{Decision, Mode},
+    fleet::FleetState,
     signals::{Quantiles, Reading, RetryWindow, Signals},
 };
 
@@ -27,6 +28,9 @@ pub struct State {
     /// Exceptional kernel events since load (`STAT_*`).
     pub kernel_events: Vec<(String, u64)>,
     pub services: Vec<ServiceState>,
+    /// Fleet mode: membership, shares and etcd health (absent without `[fleet]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetState>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +78,9 @@ pub struct ServiceState {
     pub fallback_limit: u32,
     pub min_limit: u32,
     pub max_limit: u32,
+    /// Fleet mode: this node's ceiling for the service (its share of `global_limit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet_ceiling: Option<u32>,
     pub target_latency_ms: u64,
     #[serde(rename = "override")]
     pub override_limit: Option<Override>,
@@ -114,6 +121,48 @@ fn retry_line(r: &Reading<RetryWindow>) -> String {
             ),
         },
         Reading::Missing { reason } => format!("retry ratio n/a ({reason})"),
+    }
+}
+
+/// The fleet lines of `shedder status`.
+fn render_fleet(out: &mut String, f: &FleetState) {
+    let contact = f
+        .etcd_last_contact_s
+        .map_or("never".to_string(), |s| format!("{s:.1} s ago"));
+    let _ = writeln!(
+        out,
+        "fleet: node {} ({}) under {}  etcd {} (last answer {contact}, {} errors)  lease {} ttl {} s",
+        f.node,
+        f.standing,
+        f.prefix,
+        if f.etcd_up { "up" } else { "DOWN" },
+        f.etcd_errors,
+        f.lease_id.map_or("-".to_string(), |l| format!("{l:x}")),
+        f.lease_ttl_s
+    );
+    if let Some(e) = &f.last_error {
+        let _ = writeln!(out, "  last etcd error: {e}");
+    }
+    let _ = writeln!(
+        out,
+        "  members ({}): {}",
+        f.members.len(),
+        f.members.join(", ")
+    );
+    for s in &f.services {
+        let _ = writeln!(
+            out,
+            "  {}: global {} budget {}  members {}  share {}  ceiling {}  claim {}  others {}  static {}",
+            s.service,
+            s.global_limit,
+            s.budget,
+            s.members,
+            s.target,
+            s.ceiling,
+            s.claim,
+            s.others,
+            s.static_share
+        );
     }
 }
 
@@ -174,6 +223,9 @@ pub fn render(state: &State) -> String {
     if !events.is_empty() {
         let _ = writeln!(out, "kernel events: {}", events.join(", "));
     }
+    if let Some(f) = &state.fleet {
+        render_fleet(&mut out, f);
+    }
     for s in &state.services {
         let sig = &s.signals;
         let _ = writeln!(out);
@@ -189,9 +241,12 @@ pub fn render(state: &State) -> String {
             ),
             None => String::new(),
         };
+        let fleet = s
+            .fleet_ceiling
+            .map_or(String::new(), |c| format!("  fleet ceiling {c}"));
         let _ = writeln!(
             out,
-            "{} (ports {:?})  {}  mode {}  limit {} [{}..{}], fallback {}{ov}",
+            "{} (ports {:?})  {}  mode {}  limit {} [{}..{}], fallback {}{fleet}{ov}",
             s.name,
             s.ports,
             s.controller,

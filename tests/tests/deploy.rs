@@ -1111,6 +1111,10 @@ fn example_config_documents_every_option_with_its_default() {
             "[[service]]",
             fields_of("[[service]]\nname = \"x\"\nports = [1]"),
         ),
+        (
+            "[fleet]",
+            fields_of("[fleet]\nendpoints = [\"http://e:2379\"]\nmax_nodes = 1"),
+        ),
     ] {
         assert!(fields.len() >= 8, "{table}: {fields:?}");
         for f in fields {
@@ -1177,6 +1181,13 @@ fn example_config_documents_every_option_with_its_default() {
             config::defaults::retry_window_ms().to_string(),
         ),
         ("demote_retries", "default true".to_string()),
+        ("prefix", config::defaults::fleet_prefix()),
+        ("lease_ttl_s", config::defaults::lease_ttl_s().to_string()),
+        ("safety", config::defaults::safety().to_string()),
+        (
+            "timeout_ms",
+            config::defaults::etcd_timeout_ms().to_string(),
+        ),
     ];
     for (key, value) in defaults {
         let par = paragraph_of(&text, key).unwrap_or_default().join("\n");

@@ -25,6 +25,11 @@ pub const DEBIAN_PACKAGES: &[&str] = &[
     "nftables",
     // The font the benchmark charts' text is drawn with (tests/src/plot.rs).
     "fonts-dejavu-core",
+    // etcd-client's build compiles etcd's protobuf API (prost-build runs protoc).
+    "protobuf-compiler",
+    // Fleet mode's tests start a real etcd on loopback (tests/tests/fleet.rs).
+    "etcd-server",
+    "etcd-client",
 ];
 
 /// Pinned: a newer bpf-linker may default to another LLVM than the nightly's.

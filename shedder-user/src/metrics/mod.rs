@@ -359,6 +359,9 @@ impl Collector for ShedderCollector {
             .map(|(e, n)| (vec![("event", e.clone())], *n as f64))
             .collect();
         counters(&mut encoder, "shedder_kernel_events", &events)?;
+        if let Some(f) = &st.fleet {
+            fleet_metrics(&mut encoder, f)?;
+        }
         let info =
             prometheus_client::metrics::info::Info::new(vec![("version", st.version.clone())]);
         let m = encoder.encode_descriptor(
@@ -370,6 +373,59 @@ impl Collector for ShedderCollector {
         info.encode(m)?;
         Ok(())
     }
+}
+
+/// The `shedder_fleet_*` families (fleet mode only).
+fn fleet_metrics(
+    encoder: &mut DescriptorEncoder,
+    f: &crate::fleet::FleetState,
+) -> std::fmt::Result {
+    let one = |v: f64| [(Vec::new(), v)];
+    gauges(
+        encoder,
+        "shedder_fleet_members",
+        &one(f.members.len() as f64),
+    )?;
+    let standing: Vec<(Labels, f64)> = ["joining", "member", "fail-static", "static"]
+        .iter()
+        .map(|s| {
+            (
+                vec![("standing", s.to_string())],
+                if f.standing == *s { 1.0 } else { 0.0 },
+            )
+        })
+        .collect();
+    gauges(encoder, "shedder_fleet_standing", &standing)?;
+    gauges(
+        encoder,
+        "shedder_fleet_etcd_up",
+        &one(if f.etcd_up { 1.0 } else { 0.0 }),
+    )?;
+    if let Some(s) = f.etcd_last_contact_s {
+        gauges(encoder, "shedder_fleet_etcd_last_contact_seconds", &one(s))?;
+    }
+    counters(
+        encoder,
+        "shedder_fleet_etcd_errors",
+        &one(f.etcd_errors as f64),
+    )?;
+    for (name, pick) in [
+        (
+            "shedder_fleet_global_limit",
+            (|s: &crate::fleet::ServiceShare| s.global_limit)
+                as fn(&crate::fleet::ServiceShare) -> u32,
+        ),
+        ("shedder_fleet_share", |s| s.target),
+        ("shedder_fleet_ceiling", |s| s.ceiling),
+        ("shedder_fleet_claim", |s| s.claim),
+        ("shedder_fleet_static_share", |s| s.static_share),
+    ] {
+        let series = one_label(&f.services, "service", |s| &s.service, &|s| {
+            Some(pick(s) as f64)
+        });
+        gauges(encoder, name, &series)?;
+    }
+    Ok(())
 }
 
 /// One series per (service, class) of a per-class kernel counter, every class from zero on

@@ -163,6 +163,66 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "Exceptional packet-path and tracking events (fallback decisions, rst errors, ...).",
     ),
     ("shedder_build", "info", &["version"], "The shedder build."),
+    (
+        "shedder_fleet_members",
+        "gauge",
+        &[],
+        "Fleet mode: live members of this node's fleet in etcd (this node included once registered).",
+    ),
+    (
+        "shedder_fleet_standing",
+        "gauge",
+        &["standing"],
+        "Fleet mode: 1 for this node's standing (joining, member, fail-static: etcd unreachable and the last ceilings kept, static: etcd unreachable past fleet.fail_static_ms and the static shares in force).",
+    ),
+    (
+        "shedder_fleet_etcd_up",
+        "gauge",
+        &[],
+        "Fleet mode: 1 when the last exchange with etcd succeeded.",
+    ),
+    (
+        "shedder_fleet_etcd_last_contact_seconds",
+        "gauge",
+        &[],
+        "Fleet mode: seconds since etcd last answered this node (absent: never).",
+    ),
+    (
+        "shedder_fleet_etcd_errors",
+        "counter",
+        &[],
+        "Fleet mode: failed etcd sessions (connection, lease, watch or transaction errors).",
+    ),
+    (
+        "shedder_fleet_global_limit",
+        "gauge",
+        &["service"],
+        "Fleet mode: the downstream's capacity the fleet shares (global_limit).",
+    ),
+    (
+        "shedder_fleet_share",
+        "gauge",
+        &["service"],
+        "Fleet mode: this node's equal share of global_limit × safety among the live members, at most its max_limit.",
+    ),
+    (
+        "shedder_fleet_ceiling",
+        "gauge",
+        &["service"],
+        "Fleet mode: the ceiling in force on this node (its share once the other members' claims leave room for it; the static share without etcd).",
+    ),
+    (
+        "shedder_fleet_claim",
+        "gauge",
+        &["service"],
+        "Fleet mode: what this node published as its claim (the most connections it may hold).",
+    ),
+    (
+        "shedder_fleet_static_share",
+        "gauge",
+        &["service"],
+        "Fleet mode: the ceiling of a node cut off from etcd, and the cap of the kernel's fallback limit: global_limit × safety / max_nodes.",
+    ),
 ];
 
 /// Every name as it appears in the exposition (counters end in `_total`, histograms have
