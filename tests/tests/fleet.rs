@@ -14,6 +14,7 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream},
+    os::unix::process::CommandExt as _,
     path::PathBuf,
     process::{Child, Command, Stdio},
     sync::{
@@ -91,7 +92,8 @@ impl Etcd {
             .open(self.dir.join("etcd.log"))
             .expect("etcd log");
         let peer = format!("http://127.0.0.1:{ETCD_PEER_PORT}");
-        let child = Command::new("nsenter")
+        let mut command = Command::new("nsenter");
+        command
             .arg(format!("--net=/var/run/netns/{}", self.hub.name))
             .arg(etcd_bin())
             .args(["--name", "shd", "--data-dir"])
@@ -111,9 +113,16 @@ impl Etcd {
                 "warn",
             ])
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn etcd");
+            .stderr(log);
+        // A test process killed outright takes etcd with it (nsenter execs etcd in place).
+        // SAFETY: prctl is async-signal-safe and touches only the child.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command.spawn().expect("spawn etcd");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !self.hub.run(|| {
