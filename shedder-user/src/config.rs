@@ -77,8 +77,9 @@ pub struct Fleet {
     /// prefixes.
     #[serde(default = "defaults::fleet_prefix")]
     pub prefix: String,
-    /// TTL of this node's etcd lease: a node that stops renewing it leaves the fleet this
-    /// long after its last renewal, and the others' ceilings rise.
+    /// A node that stops renewing its etcd lease (it died, or lost etcd) has left the fleet,
+    /// and the others' ceilings have risen, within this long of its last renewal. The lease
+    /// asked of etcd is one second shorter (see [`Fleet::etcd_lease_ttl`]).
     #[serde(default = "defaults::lease_ttl_s")]
     pub lease_ttl_s: u64,
     /// The fleet shares `global_limit × safety` of each downstream.
@@ -107,6 +108,13 @@ pub struct Fleet {
 }
 
 impl Fleet {
+    /// The TTL of the lease asked of etcd: `lease_ttl_s` less one second, which covers
+    /// etcd's expiry check (every 500 ms), the watch, one transaction and one tick, so the
+    /// others have taken a dead node's share within `lease_ttl_s`.
+    pub fn etcd_lease_ttl(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.lease_ttl_s.saturating_sub(1).max(1))
+    }
+
     /// How long this node keeps its last ceiling without etcd.
     pub fn fail_static(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.fail_static_ms.unwrap_or(self.lease_ttl_s * 1000 / 2))
@@ -716,10 +724,10 @@ impl Config {
                 ),
             ));
         }
-        if !(2..=300).contains(&f.lease_ttl_s) {
+        if !(3..=300).contains(&f.lease_ttl_s) {
             return Err(err(
                 "fleet.lease_ttl_s",
-                format!("{} is outside 2..=300", f.lease_ttl_s),
+                format!("{} is outside 3..=300", f.lease_ttl_s),
             ));
         }
         if !(f.safety > 0.0 && f.safety <= 1.0) {
@@ -735,14 +743,15 @@ impl Config {
             ));
         }
         let fail_static = f.fail_static().as_millis() as u64;
-        if fail_static < self.daemon.tick_ms || fail_static >= f.lease_ttl_s * 1000 {
+        let lease_ms = f.etcd_lease_ttl().as_millis() as u64;
+        if fail_static < self.daemon.tick_ms || fail_static >= lease_ms {
             return Err(err(
                 "fleet.fail_static_ms",
                 format!(
-                    "{fail_static} must be at least tick_ms ({}) and below the lease TTL ({} ms): \
-                     a partitioned node must let go of its share before its lease expires",
+                    "{fail_static} must be at least tick_ms ({}) and below the etcd lease \
+                     (lease_ttl_s less 1 s: {lease_ms} ms): a partitioned node must let go of \
+                     its share before its lease expires",
                     self.daemon.tick_ms,
-                    f.lease_ttl_s * 1000
                 ),
             ));
         }
@@ -1162,8 +1171,8 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
                 "line 4: service[0] (db).global_limit: needs a [fleet] section (the etcd cluster the fleet shares it through)",
             ),
             (
-                format!("{FLEET}lease_ttl_s = 4\nfail_static_ms = 4000\n"),
-                "line 6: fleet.fail_static_ms: 4000 must be at least tick_ms (200) and below the lease TTL (4000 ms): a partitioned node must let go of its share before its lease expires",
+                format!("{FLEET}lease_ttl_s = 4\nfail_static_ms = 3000\n"),
+                "line 6: fleet.fail_static_ms: 3000 must be at least tick_ms (200) and below the etcd lease (lease_ttl_s less 1 s: 3000 ms): a partitioned node must let go of its share before its lease expires",
             ),
             (
                 "[fleet]\nendpoints = []\nmax_nodes = 3\n".to_string(),

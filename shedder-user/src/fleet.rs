@@ -29,8 +29,8 @@
 //! ## Without etcd
 //!
 //! A node that has not heard from etcd for `fail_static` keeps its last ceiling until then
-//! (fail-static), then holds at most its **static share** `⌊budget / max_nodes⌋`. Since
-//! `fail_static` is shorter than the lease TTL, it has let go of its share before its lease
+//! (fail-static), then holds its **static share** `⌊budget / max_nodes⌋`. Since
+//! `fail_static` is shorter than its etcd lease, it has let go of its share before its lease
 //! expires and the others may take it. The kernel's fallback limit (a dead daemon) is capped
 //! at the static share too. So the fleet total stays within `budget` while every node
 //! reaches etcd, and when etcd is down for every node (each holds at most `budget /
@@ -294,7 +294,7 @@ impl Settings {
             node,
             members_prefix,
             endpoints: f.endpoints.clone(),
-            lease_ttl: Duration::from_secs(f.lease_ttl_s),
+            lease_ttl: f.etcd_lease_ttl(),
             safety: f.safety,
             max_nodes: f.max_nodes,
             fail_static: f.fail_static(),

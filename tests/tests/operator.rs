@@ -611,8 +611,9 @@ fn metrics_scrape_is_valid_openmetrics_and_counts_what_happened() {
         }
     }
     for (name, ..) in documented {
-        // PSI needs a cgroup per service; this test's service has none.
-        let optional = name.starts_with("shedder_pressure_");
+        // PSI needs a cgroup per service; this test's service has none. The fleet families
+        // exist only in fleet mode (tests/tests/fleet.rs checks them).
+        let optional = name.starts_with("shedder_pressure_") || name.starts_with("shedder_fleet_");
         let present = families
             .as_array()
             .unwrap()
