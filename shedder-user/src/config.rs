@@ -97,6 +97,10 @@ pub struct Fleet {
     /// etcd request and connection timeout.
     #[serde(default = "defaults::etcd_timeout_ms")]
     pub timeout_ms: u64,
+    /// A member whose lease expired (dead, or alive and cut off from etcd, holding its
+    /// static share) keeps its static share reserved this long unless it registers again.
+    #[serde(default = "defaults::reserve_departed_s")]
+    pub reserve_departed_s: u64,
     /// etcd authentication: a user and a file holding its password (first line).
     pub username: Option<String>,
     pub password_file: Option<PathBuf>,
@@ -418,6 +422,9 @@ pub mod defaults {
     }
     pub fn etcd_timeout_ms() -> u64 {
         2000
+    }
+    pub fn reserve_departed_s() -> u64 {
+        3600
     }
 }
 
@@ -752,6 +759,15 @@ impl Config {
                      (lease_ttl_s less 1 s: {lease_ms} ms): a partitioned node must let go of \
                      its share before its lease expires",
                     self.daemon.tick_ms,
+                ),
+            ));
+        }
+        if f.reserve_departed_s < f.lease_ttl_s || f.reserve_departed_s > 30 * 86_400 {
+            return Err(err(
+                "fleet.reserve_departed_s",
+                format!(
+                    "{} is outside lease_ttl_s ({})..=2592000 (30 days)",
+                    f.reserve_departed_s, f.lease_ttl_s
                 ),
             ));
         }
@@ -1151,6 +1167,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
         assert_eq!(f.lease_ttl_s, 10);
         assert_eq!(f.safety, 0.9);
         assert_eq!(f.timeout_ms, 2000);
+        assert_eq!(f.reserve_departed_s, 3600);
         assert_eq!(f.fail_static(), std::time::Duration::from_secs(5));
         assert!(!f.tls());
         assert_eq!(cfg.services[0].global_limit, Some(500));

@@ -24,18 +24,22 @@
 //!   `Σ claims ≤ budget` holds whenever all nodes reach etcd;
 //! - a node starts at a ceiling of 0 and registers with claims of what it holds: a joining
 //!   node admits nothing for a shared service until the others have lowered their ceilings
-//!   and drained to them.
+//!   and drained to them;
+//! - a member whose lease expires without its having left cleanly (a clean stop marks its
+//!   record `leaving` before revoking the lease) may be dead, or alive and cut off, serving
+//!   on its static share: its static share stays reserved (a [`Departed`] record under
+//!   `<prefix>/departed/`, and the budget the others share is `budget − reserved`) until it
+//!   registers again or `reserve_departed_s` passes.
 //!
 //! ## Without etcd
 //!
 //! A node that has not heard from etcd for `fail_static` keeps its last ceiling until then
 //! (fail-static), then holds its **static share** `⌊budget / max_nodes⌋`. Since
 //! `fail_static` is shorter than its etcd lease, it has let go of its share before its lease
-//! expires and the others may take it. The kernel's fallback limit (a dead daemon) is capped
-//! at the static share too. So the fleet total stays within `budget` while every node
-//! reaches etcd, and when etcd is down for every node (each holds at most `budget /
-//! max_nodes`); a node cut off alone adds at most its static share once its lease has
-//! expired and the others have taken its share.
+//! expires and the others take its share less that static share. The kernel's fallback
+//! limit (a dead daemon) is capped at the static share too. So the fleet total stays within
+//! `budget` while nodes reach etcd, through partitions (for `reserve_departed_s`), and when
+//! etcd is down for every node (each holds at most `budget / max_nodes`).
 
 use std::{
     collections::BTreeMap,
@@ -119,8 +123,31 @@ pub struct Record {
     /// configurations disagree all use the smallest.
     #[serde(default)]
     pub global_limits: BTreeMap<String, u32>,
+    /// Set by a node stopping cleanly just before it revokes its lease: it is not serving
+    /// any more, so the others reserve nothing for it.
+    #[serde(default)]
+    pub leaving: bool,
     pub pid: u32,
     pub version: String,
+}
+
+/// The value of a departed key (`<prefix>/departed/<node>`, no lease): a member whose lease
+/// expired without its leaving cleanly. It may be dead, or alive and cut off from etcd,
+/// holding its static share; the others keep that share free for it until it registers
+/// again (which deletes the key) or `reserve_departed_s` has passed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Departed {
+    pub node: String,
+    /// Service name → the connections reserved (its static share).
+    pub reserves: BTreeMap<String, u32>,
+    /// When its lease expired (ms since the Unix epoch, by the clock of the node that saw it).
+    pub since_unix_ms: u64,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A service's state on this node, for `shedder status` and the metrics.
@@ -140,6 +167,10 @@ pub struct ServiceShare {
     pub claim: u32,
     /// The other members' claims.
     pub others: u32,
+    /// Kept free for departed members that may still be serving, cut off (their static
+    /// shares).
+    #[serde(default)]
+    pub reserved: u32,
     /// What this node holds when cut off from etcd.
     pub static_share: u32,
 }
@@ -163,6 +194,9 @@ pub struct FleetState {
     pub lease_ttl_s: u64,
     /// Live members' node names.
     pub members: Vec<String>,
+    /// Departed members whose static share is still reserved.
+    #[serde(default)]
+    pub departed: Vec<String>,
     pub services: Vec<ServiceShare>,
 }
 
@@ -197,7 +231,13 @@ impl Shared {
 struct Settings {
     node: String,
     key: String,
+    /// `<prefix>/`: everything of this fleet (the raise transaction compares all of it).
+    fleet_prefix: String,
     members_prefix: String,
+    departed_prefix: String,
+    /// This node's departed key (deleted when it registers).
+    departed_key: String,
+    reserve_departed: Duration,
     endpoints: Vec<String>,
     lease_ttl: Duration,
     safety: f64,
@@ -289,8 +329,13 @@ impl Settings {
             None
         };
         let members_prefix = format!("{}/members/", f.prefix);
+        let departed_prefix = format!("{}/departed/", f.prefix);
         Ok(Self {
             key: format!("{members_prefix}{node}"),
+            fleet_prefix: format!("{}/", f.prefix),
+            departed_key: format!("{departed_prefix}{node}"),
+            departed_prefix,
+            reserve_departed: Duration::from_secs(f.reserve_departed_s),
             node,
             members_prefix,
             endpoints: f.endpoints.clone(),
@@ -533,6 +578,7 @@ impl Drop for Handle {
 #[derive(Default)]
 struct View {
     members: BTreeMap<String, Record>,
+    departed: BTreeMap<String, Departed>,
     revision: i64,
     lease: Option<i64>,
     published: Option<Record>,
@@ -632,6 +678,18 @@ impl Agent {
         let connect =
             etcd_client::Client::connect(&self.s.endpoints, Some(self.s.connect_options()));
         if let Ok(Ok(mut c)) = tokio::time::timeout(self.s.timeout, connect).await {
+            // Say this node is leaving before its key goes, so that nobody reserves its
+            // static share.
+            let mut record = self.record(BTreeMap::new());
+            record.leaving = true;
+            if let Ok(value) = serde_json::to_vec(&record) {
+                let put = c.put(
+                    self.s.key.clone(),
+                    value,
+                    Some(etcd_client::PutOptions::new().with_lease(lease)),
+                );
+                let _ = tokio::time::timeout(self.s.timeout, put).await;
+            }
             match tokio::time::timeout(self.s.timeout, c.lease_revoke(lease)).await {
                 Ok(Ok(_)) => info!(node = %self.s.node, "fleet: left (lease revoked)"),
                 _ => {
@@ -707,12 +765,13 @@ impl Agent {
             .timed(
                 "reading the members",
                 client.get(
-                    self.s.members_prefix.clone(),
+                    self.s.fleet_prefix.clone(),
                     Some(etcd_client::GetOptions::new().with_prefix()),
                 ),
             )
             .await?;
         self.view.members.clear();
+        self.view.departed.clear();
         for kv in got.kvs() {
             self.apply_put(kv.key(), kv.value());
         }
@@ -721,7 +780,7 @@ impl Agent {
             .timed(
                 "watching the members",
                 client.watch(
-                    self.s.members_prefix.clone(),
+                    self.s.fleet_prefix.clone(),
                     Some(
                         etcd_client::WatchOptions::new()
                             .with_prefix()
@@ -778,10 +837,12 @@ impl Agent {
                                     if key == self.s.key {
                                         bail!("this node's key was deleted (its lease expired or an operator removed it)");
                                     }
-                                    if let Some(node) = key.strip_prefix(&self.s.members_prefix)
-                                        && self.view.members.remove(node).is_some()
+                                    if let Some(node) = key.strip_prefix(&self.s.departed_prefix) {
+                                        self.view.departed.remove(node);
+                                    } else if let Some(node) = key.strip_prefix(&self.s.members_prefix)
+                                        && let Some(last) = self.view.members.remove(node)
                                     {
-                                        info!(node, "fleet: member left");
+                                        self.member_left(&mut client, node, &last).await?;
                                     }
                                 }
                             }
@@ -803,8 +864,65 @@ impl Agent {
         }
     }
 
+    /// A member's key is gone. Left cleanly: nothing to do. Its lease expired: it may be
+    /// dead or alive and cut off, holding its static share; keep that free for it (locally
+    /// at once, and in etcd for every other node, including any that starts later).
+    async fn member_left(
+        &mut self,
+        client: &mut etcd_client::Client,
+        node: &str,
+        last: &Record,
+    ) -> Result<()> {
+        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+        if last.leaving {
+            info!(node, "fleet: member left");
+            return Ok(());
+        }
+        let reserves: BTreeMap<String, u32> = last
+            .claims
+            .keys()
+            .map(|svc| {
+                let global = last.global_limits.get(svc).copied().unwrap_or(0);
+                let b = budget(global, self.s.safety);
+                (svc.clone(), static_share(b, self.s.max_nodes, u32::MAX))
+            })
+            .collect();
+        let d = Departed {
+            node: node.to_string(),
+            reserves,
+            since_unix_ms: unix_ms(),
+        };
+        info!(node, reserves = ?d.reserves, "fleet: member lost (its lease expired): its static share stays reserved until it registers again");
+        let key = format!("{}{node}", self.s.departed_prefix);
+        let value = serde_json::to_vec(&d)?;
+        self.view.departed.insert(node.to_string(), d);
+        // Only while it has not registered again (a late event must not reserve for a node
+        // that is back).
+        let member_key = format!("{}{node}", self.s.members_prefix);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                Compare::create_revision(member_key, CompareOp::Equal, 0),
+            ])
+            .and_then([TxnOp::put(key, value, None)]);
+        self.timed("reserving a departed member's share", client.txn(txn))
+            .await?;
+        Ok(())
+    }
+
     fn apply_put(&mut self, key: &[u8], value: &[u8]) {
         let key = String::from_utf8_lossy(key);
+        if let Some(node) = key.strip_prefix(&self.s.departed_prefix) {
+            match serde_json::from_slice::<Departed>(value) {
+                Ok(d) => {
+                    self.view.departed.insert(node.to_string(), d);
+                }
+                Err(e) => {
+                    warn!(node, error = %e, "fleet: ignoring a departed record that does not parse")
+                }
+            }
+            return;
+        }
         let Some(node) = key.strip_prefix(&self.s.members_prefix) else {
             return;
         };
@@ -829,11 +947,15 @@ impl Agent {
         let key = self.s.key.clone();
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key.clone(),
-                value.clone(),
-                Some(PutOptions::new().with_lease(lease)),
-            )])
+            .and_then([
+                TxnOp::put(
+                    key.clone(),
+                    value.clone(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                // Back: nothing needs reserving for this node any more.
+                TxnOp::delete(self.s.departed_key.clone(), None),
+            ])
             .or_else([TxnOp::get(key.clone(), None)]);
         let r = self.timed("registering", client.txn(txn)).await?;
         if !r.succeeded() {
@@ -875,6 +997,7 @@ impl Agent {
             node: self.s.node.clone(),
             claims,
             global_limits,
+            leaving: false,
             pid: std::process::id(),
             version: env!("CARGO_PKG_VERSION").into(),
         }
@@ -903,6 +1026,31 @@ impl Agent {
             Ok(sh) => (sh.services.clone(), sh.ceilings.clone()),
             Err(_) => return Ok(()),
         };
+        // Departed members: reserved until they register again or reserve_departed passes
+        // (then the key is removed); a key naming this node is stale (it is registered).
+        let now_ms = unix_ms();
+        let expired: Vec<String> = self
+            .view
+            .departed
+            .iter()
+            .filter(|(n, d)| {
+                **n == self.s.node
+                    || now_ms.saturating_sub(d.since_unix_ms)
+                        > self.s.reserve_departed.as_millis() as u64
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in expired {
+            if n != self.s.node {
+                info!(node = %n, "fleet: no longer reserving for a departed member (fleet.reserve_departed_s passed)");
+            }
+            self.view.departed.remove(&n);
+            self.timed(
+                "removing a departed record",
+                client.delete(format!("{}{n}", self.s.departed_prefix), None),
+            )
+            .await?;
+        }
         let mut raises = BTreeMap::new();
         let mut lowered = false;
         let mut shares = Vec::new();
@@ -924,6 +1072,13 @@ impl Agent {
                 self.view.warned.push(svc.name.clone());
             }
             let budget = budget(global_limit, self.s.safety);
+            let reserved: u32 = self
+                .view
+                .departed
+                .values()
+                .filter_map(|d| d.reserves.get(&svc.name))
+                .fold(0u32, |a, r| a.saturating_add(*r));
+            let live_budget = budget.saturating_sub(reserved);
             let members = self
                 .view
                 .members
@@ -938,9 +1093,9 @@ impl Agent {
                 .filter(|(n, _)| **n != self.s.node)
                 .filter_map(|(_, r)| r.claims.get(&svc.name))
                 .fold(0u32, |a, c| a.saturating_add(*c));
-            let target = target(budget, members, svc.max_limit);
+            let target = target(live_budget, members, svc.max_limit);
             let current = ceilings.get(&svc.name).copied().unwrap_or(0);
-            let (next, raise) = next_ceiling(current, target, budget.saturating_sub(others));
+            let (next, raise) = next_ceiling(current, target, live_budget.saturating_sub(others));
             if raise {
                 raises.insert(svc.name.clone(), next);
             } else if next != current {
@@ -957,6 +1112,7 @@ impl Agent {
                 ceiling: 0,
                 claim: 0,
                 others,
+                reserved,
                 static_share: static_share(budget, self.s.max_nodes, svc.max_limit),
             });
         }
@@ -972,7 +1128,7 @@ impl Agent {
             let value = serde_json::to_vec(&self.record(claims.clone()))?;
             let txn = Txn::new()
                 .when([Compare::mod_revision(
-                    self.s.members_prefix.clone(),
+                    self.s.fleet_prefix.clone(),
                     CompareOp::Less,
                     self.view.revision + 1,
                 )
@@ -1021,7 +1177,9 @@ impl Agent {
         }
         let published = self.view.published.clone().unwrap_or_default();
         let members: Vec<String> = self.view.members.keys().cloned().collect();
+        let departed: Vec<String> = self.view.departed.keys().cloned().collect();
         if let Ok(mut sh) = self.shared.lock() {
+            sh.state.departed = departed;
             for s in &mut shares {
                 s.claim = published.claims.get(&s.service).copied().unwrap_or(0);
             }
@@ -1076,30 +1234,53 @@ mod tests {
         assert_eq!(claim(100, 100, 40), 100);
     }
 
-    /// Three nodes share a budget of 450; each raise is checked against the others' claims,
-    /// so however the steps interleave the claims never sum above the budget.
+    /// Three nodes share a budget of 450; each raise is checked against the others' claims
+    /// and the reservations, so however the steps interleave, claims and reservations never
+    /// sum above the budget: through a join, a loss (whose static share stays reserved, as
+    /// it may be serving cut off) and its return.
     #[test]
     fn serialised_raises_never_exceed_the_budget() {
         let b = budget(500, 0.9);
+        let lost_static = static_share(b, 10, 4096);
         let mut claims = [0u32; 4];
-        let mut live = 3usize;
-        for round in 0..20 {
-            if round == 8 {
-                live = 4; // a node joins with nothing
+        let (mut live, mut reserved) = (3usize, 0u32);
+        for round in 0..40 {
+            match round {
+                8 => live = 4, // a node joins with nothing
+                14 => {
+                    // its lease expires: cut off, it holds its static share, reserved
+                    claims[3] = lost_static;
+                    reserved = lost_static;
+                    live = 3;
+                }
+                26 => {
+                    // it registers again with what it holds; the reservation ends
+                    live = 4;
+                    reserved = 0;
+                }
+                _ => {}
             }
-            if round == 14 {
-                claims[3] = 0; // and dies: its key vanishes with its lease
-                live = 3;
-            }
+            let held = if live == 3 { claims[3] } else { 0 };
             for i in (0..live).rev() {
                 let others: u32 = (0..live).filter(|&j| j != i).map(|j| claims[j]).sum();
-                let (c, _) =
-                    next_ceiling(claims[i], target(b, live, 4096), b.saturating_sub(others));
+                let live_budget = b - reserved;
+                let (c, _) = next_ceiling(
+                    claims[i],
+                    target(live_budget, live, 4096),
+                    live_budget.saturating_sub(others),
+                );
                 claims[i] = c;
-                let total: u32 = claims[..live].iter().sum();
+                let total = claims[..live].iter().sum::<u32>() + held;
                 assert!(total <= b, "round {round}: claims {claims:?} exceed {b}");
             }
+            if round == 25 {
+                assert_eq!(
+                    claims[..3],
+                    [135, 135, 135],
+                    "(450 − 45) / 3 while one is lost"
+                );
+            }
         }
-        assert_eq!(claims[..3], [150, 150, 150]);
+        assert_eq!(claims, [112, 112, 112, 112]);
     }
 }

@@ -149,10 +149,18 @@ fn render_fleet(out: &mut String, f: &FleetState) {
         f.members.len(),
         f.members.join(", ")
     );
+    if !f.departed.is_empty() {
+        let _ = writeln!(
+            out,
+            "  departed, static share reserved ({}): {}",
+            f.departed.len(),
+            f.departed.join(", ")
+        );
+    }
     for s in &f.services {
         let _ = writeln!(
             out,
-            "  {}: global {} budget {}  members {}  share {}  ceiling {}  claim {}  others {}  static {}",
+            "  {}: global {} budget {}  members {}  share {}  ceiling {}  claim {}  others {}  reserved {}  static {}",
             s.service,
             s.global_limit,
             s.budget,
@@ -161,6 +169,7 @@ fn render_fleet(out: &mut String, f: &FleetState) {
             s.ceiling,
             s.claim,
             s.others,
+            s.reserved,
             s.static_share
         );
     }

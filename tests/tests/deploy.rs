@@ -1188,6 +1188,10 @@ fn example_config_documents_every_option_with_its_default() {
             "timeout_ms",
             config::defaults::etcd_timeout_ms().to_string(),
         ),
+        (
+            "reserve_departed_s",
+            config::defaults::reserve_departed_s().to_string(),
+        ),
     ];
     for (key, value) in defaults {
         let par = paragraph_of(&text, key).unwrap_or_default().join("\n");

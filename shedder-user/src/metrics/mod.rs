@@ -386,6 +386,11 @@ fn fleet_metrics(
         "shedder_fleet_members",
         &one(f.members.len() as f64),
     )?;
+    gauges(
+        encoder,
+        "shedder_fleet_departed",
+        &one(f.departed.len() as f64),
+    )?;
     let standing: Vec<(Labels, f64)> = ["joining", "member", "fail-static", "static"]
         .iter()
         .map(|s| {
@@ -418,6 +423,7 @@ fn fleet_metrics(
         ("shedder_fleet_share", |s| s.target),
         ("shedder_fleet_ceiling", |s| s.ceiling),
         ("shedder_fleet_claim", |s| s.claim),
+        ("shedder_fleet_reserved", |s| s.reserved),
         ("shedder_fleet_static_share", |s| s.static_share),
     ] {
         let series = one_label(&f.services, "service", |s| &s.service, &|s| {

@@ -218,6 +218,18 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "Fleet mode: what this node published as its claim (the most connections it may hold).",
     ),
     (
+        "shedder_fleet_reserved",
+        "gauge",
+        &["service"],
+        "Fleet mode: connections kept free for members whose lease expired without their leaving cleanly (their static shares, until they register again or fleet.reserve_departed_s passes).",
+    ),
+    (
+        "shedder_fleet_departed",
+        "gauge",
+        &[],
+        "Fleet mode: departed members whose static share is reserved.",
+    ),
+    (
         "shedder_fleet_static_share",
         "gauge",
         &["service"],
