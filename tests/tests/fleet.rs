@@ -64,22 +64,32 @@ struct Etcd {
     hub: Arc<Netns>,
     dir: PathBuf,
     child: Option<Child>,
+    /// Client URL scheme and the extra arguments (TLS).
+    scheme: &'static str,
+    extra: Vec<String>,
 }
 
 impl Etcd {
     fn start(hub: Arc<Netns>) -> Self {
+        Self::start_with(hub, "etcd", "http", Vec::new())
+    }
+
+    /// etcd under `dir`'s tag `tag`, serving `scheme` with `extra` arguments.
+    fn start_with(hub: Arc<Netns>, tag: &str, scheme: &'static str, extra: Vec<String>) -> Self {
         assert!(
             std::path::Path::new(etcd_bin()).exists(),
             "no etcd at {}: install Debian's etcd-server (cargo xtask test does)",
             etcd_bin()
         );
-        let dir = std::env::temp_dir().join(format!("shedder-test-{}-etcd", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("shedder-test-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("etcd dir");
         let mut e = Self {
             hub,
             dir,
             child: None,
+            scheme,
+            extra,
         };
         e.spawn();
         e
@@ -100,9 +110,9 @@ impl Etcd {
             .arg(self.dir.join("data"))
             .args([
                 "--listen-client-urls",
-                &format!("http://0.0.0.0:{ETCD_PORT}"),
+                &format!("{}://0.0.0.0:{ETCD_PORT}", self.scheme),
                 "--advertise-client-urls",
-                &format!("http://127.0.0.1:{ETCD_PORT}"),
+                &format!("{}://127.0.0.1:{ETCD_PORT}", self.scheme),
                 "--listen-peer-urls",
                 &peer,
                 "--initial-advertise-peer-urls",
@@ -112,6 +122,7 @@ impl Etcd {
                 "--log-level",
                 "warn",
             ])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log);
         // A test process killed outright takes etcd with it (nsenter execs etcd in place).
@@ -790,4 +801,180 @@ fn fleet_shares_a_global_limit_through_kill_join_etcd_restart_and_partition() {
     );
     drop(nodes);
     drop(etcd);
+}
+
+/// A CA and a server certificate for 127.0.0.1 (openssl), in `dir`.
+fn make_certificates(dir: &std::path::Path) {
+    let p = |f: &str| dir.join(f).display().to_string();
+    sh(&[
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &p("ca.key"),
+        "-out",
+        &p("ca.pem"),
+        "-days",
+        "1",
+        "-subj",
+        "/CN=shedder test CA",
+    ]);
+    sh(&[
+        "openssl",
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &p("server.key"),
+        "-out",
+        &p("server.csr"),
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("ext.cnf");
+    sh(&[
+        "openssl",
+        "x509",
+        "-req",
+        "-in",
+        &p("server.csr"),
+        "-CA",
+        &p("ca.pem"),
+        "-CAkey",
+        &p("ca.key"),
+        "-CAcreateserial",
+        "-out",
+        &p("server.pem"),
+        "-days",
+        "1",
+        "-extfile",
+        &p("ext.cnf"),
+    ]);
+}
+
+/// `[fleet]` over TLS with etcd authentication: doctor's probe and a daemon's registration
+/// succeed with the right CA and password, and fail with a clear error otherwise.
+#[test]
+fn fleet_connects_over_tls_with_authentication() {
+    require_root();
+    shedder_tests::ensure_fs();
+    let hub = Arc::new(Netns::new("fltls"));
+    let certs = std::env::temp_dir().join(format!("shedder-test-{}-certs", std::process::id()));
+    let _ = std::fs::remove_dir_all(&certs);
+    std::fs::create_dir_all(&certs).expect("certs dir");
+    make_certificates(&certs);
+    let file = |f: &str| certs.join(f).display().to_string();
+    let _etcd = Etcd::start_with(
+        hub.clone(),
+        "etcd-tls",
+        "https",
+        vec![
+            "--cert-file".into(),
+            file("server.pem"),
+            "--key-file".into(),
+            file("server.key"),
+        ],
+    );
+    let endpoint = format!("https://127.0.0.1:{ETCD_PORT}");
+    let etcdctl = |args: &[&str]| {
+        let mut full = vec![
+            "nsenter".to_string(),
+            format!("--net=/var/run/netns/{}", hub.name),
+            "etcdctl".into(),
+            "--endpoints".into(),
+            endpoint.clone(),
+            "--cacert".into(),
+            file("ca.pem"),
+        ];
+        full.extend(args.iter().map(|a| a.to_string()));
+        let refs: Vec<&str> = full.iter().map(String::as_str).collect();
+        sh(&refs)
+    };
+    etcdctl(&["user", "add", "root", "--new-user-password", "s3cret-root"]);
+    etcdctl(&["auth", "enable"]);
+    std::fs::write(certs.join("password"), "s3cret-root\n").expect("password file");
+
+    let pins = pin_dir("fleettls");
+    let socket =
+        std::env::temp_dir().join(format!("shedder-test-{}-fleettls.sock", std::process::id()));
+    let config = |password: &str, ca: bool| {
+        format!(
+            r#"
+[daemon]
+pin_dir = "{pins}"
+control_socket = "{socket}"
+tick_ms = 100
+
+[fleet]
+endpoints = ["{endpoint}"]
+node = "tls-node"
+prefix = "/shedder-test-{pid}-tls"
+max_nodes = 4
+lease_ttl_s = 3
+fail_static_ms = 1000
+timeout_ms = 1000
+username = "root"
+password_file = "{password}"
+{ca}
+
+[[service]]
+name = "db"
+ports = [{port}]
+global_limit = 40
+"#,
+            pins = pins.display(),
+            socket = socket.display(),
+            pid = std::process::id(),
+            password = certs.join(password).display(),
+            ca = if ca {
+                format!("ca_file = \"{}\"", file("ca.pem"))
+            } else {
+                String::new()
+            },
+            port = PORTS[3],
+        )
+    };
+    std::fs::write(certs.join("wrong"), "not-the-password\n").expect("wrong password file");
+    let probe = |text: &str| {
+        let cfg = shedder::config::Config::parse(text).expect("config");
+        let fleet = cfg.fleet.expect("[fleet]");
+        hub.run(move || shedder::fleet::probe(&fleet).map_err(|e| format!("{e:#}")))
+    };
+    let ok = probe(&config("password", true)).expect("TLS + authentication");
+    assert!(
+        ok.starts_with("etcd 3.") && ok.contains("0 node(s) registered"),
+        "{ok}"
+    );
+    let wrong = probe(&config("wrong", true)).expect_err("a wrong password");
+    assert!(wrong.contains("authentication failed"), "{wrong}");
+    let untrusted = probe(&config("password", false)).expect_err("no CA for a private CA");
+    assert!(
+        untrusted.to_lowercase().contains("certificate")
+            || untrusted.contains("tls")
+            || untrusted.contains("transport"),
+        "{untrusted}"
+    );
+    eprintln!("probe: {ok}\nwrong password: {wrong}\nno CA: {untrusted}");
+
+    // The daemon registers through the same settings.
+    let mut daemon = Daemon::start(&hub, "fleettls", &config("password", true), &pins);
+    daemon.wait_for_log("fleet: registered", Duration::from_secs(15));
+    let ok = probe(&config("password", true)).expect("TLS + authentication");
+    assert!(ok.contains("1 node(s) registered"), "{ok}");
+    let status = daemon.terminate();
+    assert!(status.success(), "exit status {status}\n{}", daemon.log());
+    assert!(
+        daemon.log().contains("fleet: left (lease revoked)"),
+        "{}",
+        daemon.log()
+    );
+    let _ = std::fs::remove_dir_all(&certs);
 }

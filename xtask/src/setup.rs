@@ -30,6 +30,8 @@ pub const DEBIAN_PACKAGES: &[&str] = &[
     // Fleet mode's tests start a real etcd on loopback (tests/tests/fleet.rs).
     "etcd-server",
     "etcd-client",
+    // The fleet TLS test makes its CA and server certificate.
+    "openssl",
 ];
 
 /// Pinned: a newer bpf-linker may default to another LLVM than the nightly's.
