@@ -643,6 +643,28 @@ impl Agent {
         }
     }
 
+    /// Put every ceiling at the static share: at most that (`at_most`), or exactly that
+    /// (a node coming back from a cut-off, where it has been holding it).
+    fn cap_at_static(&self, at_most: bool) {
+        if let Ok(mut sh) = self.shared.lock() {
+            let statics: Vec<(String, u32)> = sh
+                .services
+                .iter()
+                .map(|svc| {
+                    let b = budget(svc.global_limit, self.s.safety);
+                    (
+                        svc.name.clone(),
+                        static_share(b, self.s.max_nodes, svc.max_limit),
+                    )
+                })
+                .collect();
+            for (name, st) in statics {
+                let c = sh.ceilings.entry(name).or_insert(0);
+                *c = if at_most { (*c).min(st) } else { st };
+            }
+        }
+    }
+
     /// An etcd request under the timeout; an answer counts as contact.
     async fn timed<T>(
         &self,
@@ -709,6 +731,12 @@ impl Agent {
             .lock()
             .map(|sh| sh.cut_off(self.s.fail_static))
             .unwrap_or(false);
+        // Whether its lease survived or not, it comes back from the static shares it has
+        // been holding, before anything from etcd counts as contact (and ends the cut-off):
+        // the ceilings above those are raised again through transactions like any other.
+        if was_cut_off {
+            self.cap_at_static(false);
+        }
         let mut client = self
             .bounded(
                 "connecting",
@@ -737,25 +765,8 @@ impl Agent {
                 self.view.lease = Some(g.id());
                 self.view.published = None;
                 // A new lease: whatever this node claimed before is gone from etcd (the
-                // others may hold it now). It starts again from at most its static share
-                // (exactly that when it has been holding it, cut off).
-                if let Ok(mut sh) = self.shared.lock() {
-                    let statics: Vec<(String, u32)> = sh
-                        .services
-                        .iter()
-                        .map(|svc| {
-                            let b = budget(svc.global_limit, self.s.safety);
-                            (
-                                svc.name.clone(),
-                                static_share(b, self.s.max_nodes, svc.max_limit),
-                            )
-                        })
-                        .collect();
-                    for (name, st) in statics {
-                        let c = sh.ceilings.entry(name).or_insert(0);
-                        *c = if was_cut_off { st } else { (*c).min(st) };
-                    }
-                }
+                // others may hold it now). It starts again from at most its static share.
+                self.cap_at_static(true);
                 g.id()
             }
         };
