@@ -396,6 +396,50 @@ mod tests {
     }
 
     #[test]
+    fn fleet_mode_adds_membership_shares_and_etcd_health() {
+        let mut s = fixture();
+        s.services[0].fleet_ceiling = Some(18);
+        s.fleet = Some(FleetState {
+            node: "lb-1".into(),
+            prefix: "/shedder".into(),
+            endpoints: vec!["https://198.18.0.21:2379".into()],
+            standing: "member".into(),
+            etcd_up: true,
+            etcd_last_contact_s: Some(0.4),
+            etcd_errors: 2,
+            last_error: None,
+            lease_id: Some(0x1f),
+            lease_ttl_s: 10,
+            members: vec!["lb-1".into(), "lb-2".into()],
+            departed: vec!["lb-3".into()],
+            services: vec![crate::fleet::ServiceShare {
+                service: "api".into(),
+                global_limit: 60,
+                budget: 54,
+                members: 2,
+                target: 22,
+                ceiling: 18,
+                claim: 20,
+                others: 22,
+                reserved: 9,
+                static_share: 9,
+            }],
+        });
+        let out = render(&s);
+        for line in [
+            "fleet: node lb-1 (member) under /shedder  etcd up (last answer 0.4 s ago, 2 errors)  lease 1f ttl 10 s",
+            "  members (2): lb-1, lb-2",
+            "  departed, static share reserved (1): lb-3",
+            "  api: global 60 budget 54  members 2  share 22  ceiling 18  claim 20  others 22  reserved 9  static 9",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line:?} not in\n{out}");
+        }
+        assert!(out.contains("fleet ceiling 18"), "{out}");
+        let again: State = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(s, again);
+    }
+
+    #[test]
     fn state_round_trips_through_json() {
         let s = fixture();
         let again: State = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
