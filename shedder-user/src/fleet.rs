@@ -697,6 +697,17 @@ impl Agent {
         let Some(lease) = self.view.lease.take() else {
             return;
         };
+        // Cut off from etcd, a revoke would only wait out its timeouts; the lease expires
+        // on its own and the others keep this node's static share reserved.
+        if self
+            .shared
+            .lock()
+            .map(|sh| sh.cut_off(self.s.fail_static))
+            .unwrap_or(true)
+        {
+            warn!(node = %self.s.node, "fleet: leaving without etcd: the others see this node's lease expire");
+            return;
+        }
         let connect =
             etcd_client::Client::connect(&self.s.endpoints, Some(self.s.connect_options()));
         if let Ok(Ok(mut c)) = tokio::time::timeout(self.s.timeout, connect).await {
