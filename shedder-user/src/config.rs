@@ -771,6 +771,17 @@ impl Config {
                 ),
             ));
         }
+        if self.daemon.heartbeat_timeout_ms >= lease_ms {
+            return Err(err(
+                "daemon.heartbeat_timeout_ms",
+                format!(
+                    "{} must be below the etcd lease (fleet.lease_ttl_s less 1 s: {lease_ms} ms) in \
+                     fleet mode: a node whose daemon died must be on its fallback limit (its static \
+                     share) before its lease expires and the others take its share",
+                    self.daemon.heartbeat_timeout_ms
+                ),
+            ));
+        }
         if !(100..=60_000).contains(&f.timeout_ms) {
             return Err(err(
                 "fleet.timeout_ms",
@@ -1190,6 +1201,10 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
             (
                 format!("{FLEET}lease_ttl_s = 4\nfail_static_ms = 3000\n"),
                 "line 6: fleet.fail_static_ms: 3000 must be at least tick_ms (200) and below the etcd lease (lease_ttl_s less 1 s: 3000 ms): a partitioned node must let go of its share before its lease expires",
+            ),
+            (
+                format!("[daemon]\nheartbeat_timeout_ms = 3000\n{FLEET}lease_ttl_s = 4\n"),
+                "line 2: daemon.heartbeat_timeout_ms: 3000 must be below the etcd lease (fleet.lease_ttl_s less 1 s: 3000 ms) in fleet mode: a node whose daemon died must be on its fallback limit (its static share) before its lease expires and the others take its share",
             ),
             (
                 "[fleet]\nendpoints = []\nmax_nodes = 3\n".to_string(),

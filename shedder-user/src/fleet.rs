@@ -692,42 +692,38 @@ impl Agent {
         }
     }
 
-    /// Revoke the lease on the way out, so the others' ceilings rise at once.
+    /// Revoke the lease on the way out, so the others' ceilings rise at once; the whole
+    /// exchange is bounded by one etcd timeout, so a daemon stopping without etcd does not
+    /// wait long (its lease then expires, and the others reserve its static share).
     async fn leave(&mut self) {
         let Some(lease) = self.view.lease.take() else {
             return;
         };
-        // Cut off from etcd, a revoke would only wait out its timeouts; the lease expires
-        // on its own and the others keep this node's static share reserved.
-        if self
-            .shared
-            .lock()
-            .map(|sh| sh.cut_off(self.s.fail_static))
-            .unwrap_or(true)
-        {
-            warn!(node = %self.s.node, "fleet: leaving without etcd: the others see this node's lease expire");
-            return;
-        }
-        let connect =
-            etcd_client::Client::connect(&self.s.endpoints, Some(self.s.connect_options()));
-        if let Ok(Ok(mut c)) = tokio::time::timeout(self.s.timeout, connect).await {
+        let exchange = async {
+            let mut c =
+                etcd_client::Client::connect(&self.s.endpoints, Some(self.s.connect_options()))
+                    .await?;
             // Say this node is leaving before its key goes, so that nobody reserves its
             // static share.
             let mut record = self.record(BTreeMap::new());
             record.leaving = true;
-            if let Ok(value) = serde_json::to_vec(&record) {
-                let put = c.put(
-                    self.s.key.clone(),
-                    value,
-                    Some(etcd_client::PutOptions::new().with_lease(lease)),
-                );
-                let _ = tokio::time::timeout(self.s.timeout, put).await;
+            let value = serde_json::to_vec(&record).unwrap_or_default();
+            c.put(
+                self.s.key.clone(),
+                value,
+                Some(etcd_client::PutOptions::new().with_lease(lease)),
+            )
+            .await?;
+            c.lease_revoke(lease).await?;
+            Ok::<(), etcd_client::Error>(())
+        };
+        match tokio::time::timeout(self.s.timeout, exchange).await {
+            Ok(Ok(())) => info!(node = %self.s.node, "fleet: left (lease revoked)"),
+            Ok(Err(e)) => {
+                warn!(node = %self.s.node, error = %brief(&e), "fleet: could not leave cleanly; the others see this node's lease expire and keep its static share reserved")
             }
-            match tokio::time::timeout(self.s.timeout, c.lease_revoke(lease)).await {
-                Ok(Ok(_)) => info!(node = %self.s.node, "fleet: left (lease revoked)"),
-                _ => {
-                    warn!(node = %self.s.node, "fleet: could not revoke the lease; the others see this node leave when it expires")
-                }
+            Err(_) => {
+                warn!(node = %self.s.node, "fleet: etcd did not answer the leave in time; the others see this node's lease expire and keep its static share reserved")
             }
         }
     }
