@@ -82,13 +82,7 @@ struct Runtime {
     signals: Option<Signals>,
     /// Fleet mode: this node's ceiling for the service, and its static share (the cap of
     /// the kernel's fallback limit). `None` for a service the fleet does not share.
-    fleet: Option<FleetCap>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FleetCap {
-    ceiling: u32,
-    static_share: u32,
+    fleet: Option<fleet::Cap>,
 }
 
 impl Runtime {
@@ -108,8 +102,9 @@ impl Runtime {
     }
 
     /// The service as written to the kernel: as configured, or under the fleet's ceiling
-    /// (which wins over `min_limit` and `max_limit`), with the kernel's fallback limit capped
-    /// at the static share.
+    /// (which wins over `min_limit` and `max_limit`, so [`service_policy`] clamps any limit
+    /// given to it, an override's included, under the ceiling), with the kernel's fallback
+    /// limit capped at the static share.
     fn effective(&self) -> std::borrow::Cow<'_, Service> {
         match self.fleet {
             None => std::borrow::Cow::Borrowed(&self.cfg),
@@ -125,16 +120,18 @@ impl Runtime {
 
     /// Take the fleet's ceiling for this service (from `fleet`, if it shares it).
     fn set_fleet(&mut self, fleet: Option<&fleet::Handle>) {
-        let cap = fleet.and_then(|f| {
-            Some(FleetCap {
-                ceiling: f.ceiling(&self.cfg.name)?,
-                static_share: f.static_share_of(&self.cfg.name)?,
-            })
-        });
+        let cap = fleet.and_then(|f| f.cap(&self.cfg.name));
         if cap != self.fleet {
             self.controller.set_cap(cap.map(|c| c.ceiling));
             self.fleet = cap;
         }
+    }
+
+    /// The limit in force: the override's, else the controller's.
+    fn limit_in_force(&self) -> u32 {
+        self.override_limit
+            .as_ref()
+            .map_or(self.controller.limit(), |o| o.limit)
     }
 
     /// The service's state, once it has been measured.
@@ -546,10 +543,6 @@ impl Daemon {
             if let Some(o) = &rt.override_limit {
                 decision.limit = o.limit;
             }
-            // An override never lifts a service above its fleet ceiling.
-            if let Some(f) = rt.fleet {
-                decision.limit = decision.limit.min(f.ceiling);
-            }
             if let Err(e) = write_limits(
                 &mut self.shedder,
                 (&self.ladder, self.hz),
@@ -740,11 +733,18 @@ impl Daemon {
             e.field = Some("limit".into());
             return Err(e);
         }
-        let current = rt
-            .override_limit
-            .as_ref()
-            .map_or(rt.controller.limit(), |o| o.limit)
-            .max(1);
+        if let Some(f) = rt.fleet
+            && req.limit > f.ceiling
+        {
+            let mut e = ApiError::bad(format!(
+                "limit {} is above this node's fleet ceiling for `{service}` ({}): its share of \
+                 the global_limit the fleet shares; an override cannot lift it",
+                req.limit, f.ceiling
+            ));
+            e.field = Some("limit".into());
+            return Err(e);
+        }
+        let current = rt.limit_in_force().max(1);
         let step_ok = req.limit <= current.saturating_mul(OVERRIDE_MAX_STEP)
             && req.limit.saturating_mul(OVERRIDE_MAX_STEP) >= current;
         if !step_ok && !req.force {
@@ -791,13 +791,7 @@ impl Daemon {
     /// request that returns has taken effect in the kernel.
     fn enforce_now(&mut self, i: usize) -> Result<(), ApiError> {
         let rt = &mut self.services[i];
-        let mut limit = rt
-            .override_limit
-            .as_ref()
-            .map_or(rt.controller.limit(), |o| o.limit);
-        if let Some(f) = rt.fleet {
-            limit = limit.min(f.ceiling);
-        }
+        let limit = rt.limit_in_force();
         let demand = rt.signals.as_ref().and_then(demand);
         write_limits(
             &mut self.shedder,
@@ -899,13 +893,7 @@ impl Daemon {
             }
             // What is in force from now: the kept override, else the new controller's
             // limit (a fixed controller's new fixed_limit takes effect at once).
-            let mut limit = rt
-                .override_limit
-                .as_ref()
-                .map_or(rt.controller.limit(), |o| o.limit);
-            if let Some(f) = rt.fleet {
-                limit = limit.min(f.ceiling);
-            }
+            let limit = rt.limit_in_force();
             let demand = rt.signals.as_ref().and_then(demand);
             compiled.services[i].policy =
                 service_policy(&rt.effective(), &ladder, limit, demand.as_ref(), self.hz);

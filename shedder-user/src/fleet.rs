@@ -101,11 +101,7 @@ pub fn static_share(budget: u32, max_nodes: u32, max_limit: u32) -> u32 {
 /// higher and may be used only once a transaction has published it.
 pub fn next_ceiling(current: u32, target: u32, room: u32) -> (u32, bool) {
     let want = target.min(room);
-    if want <= current {
-        (want, false)
-    } else {
-        (want, true)
-    }
+    (want, want > current)
 }
 
 /// The claim a node publishes for a service: everything it may hold.
@@ -198,6 +194,16 @@ pub struct FleetState {
     #[serde(default)]
     pub departed: Vec<String>,
     pub services: Vec<ServiceShare>,
+}
+
+/// What the fleet allows this node for one service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cap {
+    /// The node's hard ceiling for the service.
+    pub ceiling: u32,
+    /// What a node cut off from etcd holds, and the cap of the kernel's fallback limit (a
+    /// dead daemon).
+    pub static_share: u32,
 }
 
 /// What the daemon tells the fleet thread about one service each tick.
@@ -349,6 +355,16 @@ impl Settings {
         })
     }
 
+    /// A shared service's static share on this node: what it holds cut off from etcd, and
+    /// the cap of the kernel's fallback limit.
+    fn static_share(&self, svc: &SharedService) -> u32 {
+        static_share(
+            budget(svc.global_limit, self.safety),
+            self.max_nodes,
+            svc.max_limit,
+        )
+    }
+
     fn connect_options(&self) -> etcd_client::ConnectOptions {
         let mut o = etcd_client::ConnectOptions::new()
             .with_timeout(self.timeout)
@@ -496,34 +512,23 @@ impl Handle {
         }
     }
 
-    /// The ceiling in force for a shared service (`None`: not shared). Without an answer
-    /// from etcd for longer than `fail_static` (since the start, or since the last answer)
-    /// it is the static share, whatever the fleet thread is doing.
-    pub fn ceiling(&self, service: &str) -> Option<u32> {
+    /// The ceiling in force for a shared service and its static share (`None`: not
+    /// shared). Without an answer from etcd for longer than `fail_static` (since the start,
+    /// or since the last answer) the ceiling is the static share, whatever the fleet thread
+    /// is doing.
+    pub fn cap(&self, service: &str) -> Option<Cap> {
         let sh = self.shared.lock().ok()?;
         let svc = sh.services.iter().find(|s| s.name == service)?;
-        if sh.cut_off(self.settings.fail_static) {
-            Some(self.static_share(svc))
+        let static_share = self.settings.static_share(svc);
+        let ceiling = if sh.cut_off(self.settings.fail_static) {
+            static_share
         } else {
-            Some(sh.ceilings.get(service).copied().unwrap_or(0))
-        }
-    }
-
-    /// The static share of a shared service: what a node cut off from etcd holds, and the
-    /// cap of the kernel's fallback limit (a dead daemon).
-    pub fn static_share(&self, svc: &SharedService) -> u32 {
-        static_share(
-            budget(svc.global_limit, self.settings.safety),
-            self.settings.max_nodes,
-            svc.max_limit,
-        )
-    }
-
-    /// The static share of a service by name (`None`: not shared).
-    pub fn static_share_of(&self, service: &str) -> Option<u32> {
-        let sh = self.shared.lock().ok()?;
-        let svc = sh.services.iter().find(|s| s.name == service)?;
-        Some(self.static_share(svc))
+            sh.ceilings.get(service).copied().unwrap_or(0)
+        };
+        Some(Cap {
+            ceiling,
+            static_share,
+        })
     }
 
     pub fn state(&self) -> FleetState {
@@ -542,15 +547,12 @@ impl Handle {
             st.services = sh
                 .services
                 .iter()
-                .map(|svc| {
-                    let budget = budget(svc.global_limit, self.settings.safety);
-                    ServiceShare {
-                        service: svc.name.clone(),
-                        global_limit: svc.global_limit,
-                        budget,
-                        static_share: self.static_share(svc),
-                        ..Default::default()
-                    }
+                .map(|svc| ServiceShare {
+                    service: svc.name.clone(),
+                    global_limit: svc.global_limit,
+                    budget: budget(svc.global_limit, self.settings.safety),
+                    static_share: self.settings.static_share(svc),
+                    ..Default::default()
                 })
                 .collect();
         }
@@ -650,13 +652,7 @@ impl Agent {
             let statics: Vec<(String, u32)> = sh
                 .services
                 .iter()
-                .map(|svc| {
-                    let b = budget(svc.global_limit, self.s.safety);
-                    (
-                        svc.name.clone(),
-                        static_share(b, self.s.max_nodes, svc.max_limit),
-                    )
-                })
+                .map(|svc| (svc.name.clone(), self.s.static_share(svc)))
                 .collect();
             for (name, st) in statics {
                 let c = sh.ceilings.entry(name).or_insert(0);
@@ -1131,7 +1127,7 @@ impl Agent {
                 claim: 0,
                 others,
                 reserved,
-                static_share: static_share(budget, self.s.max_nodes, svc.max_limit),
+                static_share: self.s.static_share(svc),
             });
         }
         if let Ok(mut sh) = self.shared.lock() {

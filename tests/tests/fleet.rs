@@ -507,6 +507,26 @@ fn fleet_shares_a_global_limit_through_kill_join_etcd_restart_and_partition() {
             (BUDGET, 3, third, third, STATIC_SHARE)
         );
         assert_eq!(st.services[0].fleet_ceiling, Some(third));
+        // An override cannot lift a node above its fleet ceiling: refused, nothing changes.
+        let refused = Client::new(&n[0].socket)
+            .call(
+                "PUT",
+                "/shedding/override/db",
+                br#"{"limit": 40, "ttl_s": 60, "force": true}"#,
+            )
+            .expect_err("an override above the fleet ceiling");
+        match refused {
+            shedder::control::ClientError::Api(e) => {
+                assert_eq!(e.status, 400, "{e:?}");
+                assert!(
+                    e.error
+                        .contains("above this node's fleet ceiling for `db` (18)"),
+                    "{e:?}"
+                );
+            }
+            other => panic!("expected a refusal, got {other}"),
+        }
+        assert_eq!(n[0].enforced(), Some(third));
         // The kernel's fallback (a dead daemon; 50 configured) is capped at the static
         // share, and status says so.
         assert_eq!(st.services[0].fallback_limit, STATIC_SHARE);
@@ -744,14 +764,6 @@ fn fleet_shares_a_global_limit_through_kill_join_etcd_restart_and_partition() {
     std::thread::sleep(Duration::from_secs(1));
 
     let samples = monitor.finish();
-    {
-        let n = nodes.lock().unwrap();
-        let log = n[1].daemon.as_ref().map(|d| d.log()).unwrap_or_default();
-        eprintln!("node-1's fleet log:");
-        for l in log.lines().filter(|l| l.contains("fleet")) {
-            eprintln!("  {l}");
-        }
-    }
 
     // A node that stops cleanly (SIGTERM) revokes its lease: the others rise at once, not
     // a lease TTL later.
@@ -975,9 +987,7 @@ global_limit = 40
     assert!(wrong.contains("authentication failed"), "{wrong}");
     let untrusted = probe(&config("password", false)).expect_err("no CA for a private CA");
     assert!(
-        untrusted.to_lowercase().contains("certificate")
-            || untrusted.contains("tls")
-            || untrusted.contains("transport"),
+        untrusted.contains("invalid peer certificate: UnknownIssuer"),
         "{untrusted}"
     );
     eprintln!("probe: {ok}\nwrong password: {wrong}\nno CA: {untrusted}");
