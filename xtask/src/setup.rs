@@ -27,6 +27,9 @@ pub const DEBIAN_PACKAGES: &[&str] = &[
     "fonts-dejavu-core",
     // etcd-client's build compiles etcd's protobuf API (prost-build runs protoc).
     "protobuf-compiler",
+    // protoc's well-known types (google/protobuf/descriptor.proto), which etcd's API
+    // imports: only a Recommends of protobuf-compiler, so named here.
+    "libprotobuf-dev",
     // Fleet mode's tests start a real etcd on loopback (tests/tests/fleet.rs).
     "etcd-server",
     "etcd-client",
