@@ -256,6 +256,8 @@ pub mod maps {
     pub const SYNS: &str = "SHEDDER_SYNS";
     pub const SHED_SOURCES: &str = "SHEDDER_SHED_SRC";
     pub const DEMOTED: &str = "SHEDDER_DEMOTED";
+    /// Connections to count at attach ([`crate::SeedSock`]); private to one load, not pinned.
+    pub const SEED: &str = "SHEDDER_SEED";
     pub const ALL: [&str; 18] = [
         GLOBALS,
         PORTS,
@@ -291,6 +293,10 @@ pub mod programs {
     pub const SOCK_RECV: &str = "shedder_sock_recv";
     /// sock:sock_send_length: response latency (read → next write).
     pub const SOCK_SEND: &str = "shedder_sock_send";
+    /// `iter/tcp`: counts the connections that were open before the tracking programs were
+    /// attached (the daemon hands them over in `SHEDDER_SEED`). Never attached to an event;
+    /// the daemon runs it once per network namespace when it starts.
+    pub const SEED: &str = "shedder_seed";
     /// (program, tracepoint category, tracepoint name) of the tracking programs.
     pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
         (SOCK_STATE, "sock", "inet_sock_set_state"),
@@ -565,6 +571,48 @@ pub struct SockState {
 /// [`SockState::flags`]: the first read (end of the accept-queue wait) was seen.
 pub const SOCK_AGE_SEEN: u8 = 1;
 
+/// A connection that was open before the tracking programs were attached, handed by the
+/// daemon to the seeding iterator (`iter/tcp`) in [`maps::SEED`], keyed by its socket
+/// cookie (what sock_diag reports). The iterator finds the kernel socket with that cookie
+/// and counts it as the tracepoint would have when it was born: same service lookup, same
+/// classification. Addresses and ports are laid out as in the tracepoint records
+/// (addresses in network byte order as read, ports in host order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SeedSock {
+    pub local: [u32; 4],
+    pub remote: [u32; 4],
+    pub local_port: u16,
+    pub remote_port: u16,
+    /// 1 for IPv6 (not v4-mapped), else 0.
+    pub v6: u8,
+    pub _pad: [u8; 3],
+}
+
+/// What the seeding iterator writes for each socket it found in [`maps::SEED`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SeedResult {
+    pub cookie: u64,
+    pub service: u16,
+    pub class: u8,
+    /// One of the `SEED_*` outcomes.
+    pub outcome: u8,
+    pub _pad: u32,
+}
+
+/// [`SeedResult::outcome`]: counted now.
+pub const SEED_COUNTED: u8 = 1;
+/// Already tracked (born while the tracepoints were attached, or counted by an earlier run).
+pub const SEED_KNOWN: u8 = 2;
+/// Not a connection of a configured service (the port or address is not protected).
+pub const SEED_UNPROTECTED: u8 = 3;
+/// The tracked-connection table is full: not counted (as the tracepoint would not).
+pub const SEED_TABLE_FULL: u8 = 4;
+
+/// The most connections handed to the seeding iterator at once; more are seeded in batches.
+pub const SEED_BATCH: u32 = 16384;
+
 /// Value of the class tries: the class id.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -585,6 +633,8 @@ const _: () = {
     assert!(core::mem::size_of::<ClassRule>() == 4);
     assert!(core::mem::size_of::<ClassBlock>() == 256);
     assert!(core::mem::size_of::<SockState>() == 24);
+    assert!(core::mem::size_of::<SeedSock>() == 40);
+    assert!(core::mem::size_of::<SeedResult>() == 16);
     assert!(COUNTERS_PER_SERVICE.is_power_of_two());
     assert!(NUM_CLASSES.is_power_of_two());
 };
@@ -605,6 +655,8 @@ mod pod {
     unsafe impl aya::Pod for ClassRule {}
     unsafe impl aya::Pod for ClassBlock {}
     unsafe impl aya::Pod for SockState {}
+    unsafe impl aya::Pod for SeedSock {}
+    unsafe impl aya::Pod for SeedResult {}
     unsafe impl aya::Pod for ServiceCounters {}
     unsafe impl aya::Pod for ServiceHist {}
     unsafe impl aya::Pod for table::Set {}

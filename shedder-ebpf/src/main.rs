@@ -18,8 +18,10 @@ mod track;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
+    cty::c_void,
     helpers::generated::{
-        bpf_jiffies64, bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_xdp_adjust_tail,
+        bpf_get_socket_cookie, bpf_jiffies64, bpf_redirect, bpf_seq_write, bpf_skb_change_tail,
+        bpf_skb_pull_data, bpf_xdp_adjust_tail,
     },
     macros::{classifier, tracepoint, xdp},
     programs::{TcContext, TracePointContext, XdpContext},
@@ -138,6 +140,36 @@ pub fn shedder_sock_recv(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn shedder_sock_send(ctx: TracePointContext) -> u32 {
     track::on_send(&ctx);
+    0
+}
+
+/// `iter/tcp`: counts the connections that were open before tracking began (see
+/// [`track::seed`]). The daemon opens it once per network namespace at start; for each
+/// socket the daemon listed, one [`shedder_common::SeedResult`] is written to the output.
+///
+/// The context is `struct bpf_iter__tcp { struct bpf_iter_meta *meta; struct sock_common
+/// *sk_common; uid_t uid; }`; `meta->seq` is the output.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/tcp")]
+pub fn shedder_seed(ctx: *mut c_void) -> i32 {
+    let args = ctx as *const u64;
+    let meta = unsafe { core::ptr::read_volatile(args) };
+    let sk = unsafe { core::ptr::read_volatile(args.add(1)) };
+    // A null socket marks the end of the iteration.
+    if sk == 0 || meta == 0 {
+        return 0;
+    }
+    let cookie = unsafe { bpf_get_socket_cookie(sk as *mut c_void) };
+    if let Some(result) = track::seed(sk, cookie) {
+        let seq = unsafe { core::ptr::read_volatile(meta as *const u64) };
+        unsafe {
+            bpf_seq_write(
+                seq as *mut _,
+                (&raw const result).cast(),
+                core::mem::size_of::<shedder_common::SeedResult>() as u32,
+            )
+        };
+    }
     0
 }
 

@@ -17,7 +17,9 @@ use aya_ebpf::{
 };
 use shedder_common::{
     DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
-    POLICY_CONFIGURED, SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, ServiceHist, SockState,
+    POLICY_CONFIGURED, SEED_BATCH, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SEED_UNPROTECTED,
+    SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, SeedResult, SeedSock, ServiceHist,
+    SockState,
     hist, table,
     tp::{length, state},
 };
@@ -33,6 +35,10 @@ use crate::{
 #[map]
 static SHEDDER_SOCKS: HashMap<u64, SockState> =
     HashMap::with_max_entries(DEFAULT_TRACKED_SOCKETS, 0);
+/// Connections to count at attach, by socket cookie (filled by the daemon before each run
+/// of the seeding iterator; private to one load).
+#[map]
+static SHEDDER_SEED: HashMap<u64, SeedSock> = HashMap::with_max_entries(SEED_BATCH, 0);
 #[map]
 static SHEDDER_HIST: PerCpuArray<ServiceHist> = PerCpuArray::with_max_entries(MAX_SERVICES, 0);
 
@@ -144,19 +150,74 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
         class: class as u8,
         ..Default::default()
     };
-    if SHEDDER_SOCKS.insert(sk, state, BPF_NOEXIST).is_err() {
+    if !count_connection(sk, &state) {
         bump(&SHEDDER_STATS, STAT_UNTRACKED);
         return;
     }
-    if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service) {
+    retire_pending(service, class);
+}
+
+/// Track `sk` and count it in its service's and class's in-flight connections; false if it
+/// could not be added (already tracked, or the table is full).
+#[inline(always)]
+fn count_connection(sk: u64, state: &SockState) -> bool {
+    if SHEDDER_SOCKS.insert(sk, *state, BPF_NOEXIST).is_err() {
+        return false;
+    }
+    if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(state.service as u32) {
         unsafe {
             atomic::add32(
-                &raw mut (*inflight).class[(class as usize) & (NUM_CLASSES - 1)],
+                &raw mut (*inflight).class[(state.class as usize) & (NUM_CLASSES - 1)],
                 1,
             )
         };
     }
-    retire_pending(service, class);
+    true
+}
+
+/// The seeding iterator's visit of one TCP socket (`sk`, with socket cookie `cookie`): if
+/// the daemon listed it in `SHEDDER_SEED` (an open connection of a protected port, found
+/// by sock_diag), count it as [`child_created`] would have when it was born. The `iter/tcp`
+/// iterator runs with the socket locked and skips unhashed (closed) sockets, so the socket
+/// cannot end between this check and the insertion: its close will find the entry.
+#[inline(always)]
+pub fn seed(sk: u64, cookie: u64) -> Option<SeedResult> {
+    let s = unsafe { SHEDDER_SEED.get(&cookie) }?;
+    let mut result = SeedResult {
+        cookie,
+        outcome: SEED_UNPROTECTED,
+        ..Default::default()
+    };
+    let v6 = (s.v6 & 1) as u32;
+    let Some(service) = lookup_service(s.local_port, s.local, v6) else {
+        return Some(result);
+    };
+    let policy = match SHEDDER_POLICY.get(service) {
+        Some(p) if p.configured == POLICY_CONFIGURED => p,
+        _ => return Some(result),
+    };
+    let class = classify(s.remote, v6, policy);
+    result.service = service as u16;
+    result.class = class as u8;
+    if SHEDDER_SOCKS.get_ptr(sk).is_some() {
+        result.outcome = SEED_KNOWN;
+        return Some(result);
+    }
+    // Its accept-queue wait is long over: no queue-age sample from its next read.
+    let state = SockState {
+        service: service as u16,
+        class: class as u8,
+        flags: SOCK_AGE_SEEN,
+        ..Default::default()
+    };
+    result.outcome = if count_connection(sk, &state) {
+        SEED_COUNTED
+    } else if SHEDDER_SOCKS.get_ptr(sk).is_some() {
+        SEED_KNOWN
+    } else {
+        SEED_TABLE_FULL
+    };
+    Some(result)
 }
 
 /// The attempt admitted for this connection is no longer pending: take one off the older

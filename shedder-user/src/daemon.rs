@@ -442,6 +442,7 @@ impl Daemon {
         if let Some(note) = crate::ebpf::missing_tracepoints_note(&missing) {
             warn!("{note}");
         }
+        crate::seed::seed_and_report(&mut shedder, &cfg);
         let mode = match cfg.daemon.attach {
             Attach::Auto => AttachMode::Auto,
             Attach::Native => AttachMode::Native,

@@ -18,8 +18,8 @@ use aya::{
 use shedder_common::{
     CLASS_L2_BLOCKS, CLOCK_STAMP_HEARTBEAT, COUNTERS_PER_SERVICE, ClassBlock, ClassRule, Globals,
     HIST_PER_SERVICE, Inflight, NUM_CLASSES, NUM_REASONS, NUM_STATS, NUM_VERDICTS,
-    PORT_HAS_ADDR_SERVICES, PORT_SERVICE_MASK, ServiceAddrKey, ServiceCounters, ServiceHist,
-    ServicePolicy, classmap, decision_index, hist, maps, programs,
+    PORT_HAS_ADDR_SERVICES, PORT_SERVICE_MASK, SEED_BATCH, SeedResult, SeedSock, ServiceAddrKey,
+    ServiceCounters, ServiceHist, ServicePolicy, classmap, decision_index, hist, maps, programs,
 };
 
 /// The eBPF object built by build.rs.
@@ -160,6 +160,30 @@ pub struct Shedder {
     /// What the first level of the IPv4 direct class table holds (we are its only writer):
     /// known to be empty for fresh maps, read once from adopted pinned maps.
     class_l1: Option<Vec<u32>>,
+    /// Why the seeding iterator (counting connections open before attach) did not load.
+    seed_unavailable: Option<String>,
+}
+
+/// Load the seeding iterator (`iter/tcp`, Linux 5.9+; the socket-cookie helper in tracing
+/// programs, 5.12+), or say why it cannot be.
+fn load_seed(ebpf: &mut Ebpf) -> std::result::Result<(), String> {
+    let btf = aya::Btf::from_sys_fs().map_err(|e| format!("kernel BTF: {e}"))?;
+    let prog: &mut aya::programs::Iter = ebpf
+        .program_mut(programs::SEED)
+        .ok_or_else(|| format!("the eBPF object has no program `{}`", programs::SEED))?
+        .try_into()
+        .map_err(|e: ProgramError| e.to_string())?;
+    prog.load("tcp", &btf).map_err(|e| match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => format!(
+            "the verifier rejected `{}`: {} ({io_error})",
+            programs::SEED,
+            verifier_reason(&verifier_log.to_string())
+        ),
+        other => other.to_string(),
+    })
 }
 
 impl Shedder {
@@ -240,10 +264,14 @@ impl Shedder {
                 },
             })?;
         }
+        // Optional: without it shedder still tracks every connection born after attach,
+        // and says that older ones are not counted.
+        let seed_unavailable = load_seed(&mut ebpf).err();
         Ok(Self {
             ebpf,
             pin_dir: pin_dir.map(Path::to_path_buf),
             links: Vec::new(),
+            seed_unavailable,
             class_l1: pin_dir.is_none().then(|| {
                 vec![classmap::CLASS_CELL_NONE; shedder_common::CLASS_L1_ENTRIES as usize]
             }),
@@ -543,6 +571,68 @@ impl Shedder {
         Ok(())
     }
 
+    /// Why connections open before attach cannot be counted on this kernel, if they cannot.
+    pub fn seed_unavailable(&self) -> Option<&str> {
+        self.seed_unavailable.as_deref()
+    }
+
+    /// Hand `batch` (socket cookie, connection) to the seeding iterator and open it: the
+    /// returned link, opened with [`IterLink::into_file`] on a thread in the network
+    /// namespace the connections belong to and read to the end, counts them (one
+    /// [`SeedResult`] per socket found; see [`parse_seed_results`]). Call
+    /// [`Shedder::seed_clear`] with the same batch afterwards.
+    pub fn seed_prepare(
+        &mut self,
+        batch: &[(u64, SeedSock)],
+    ) -> Result<aya::programs::iter::IterLink> {
+        if let Some(why) = &self.seed_unavailable {
+            return Err(Error::Tracing(format!("seeding unavailable: {why}")));
+        }
+        if batch.len() > SEED_BATCH as usize {
+            return Err(Error::Range(
+                "seed batch",
+                format!("{} > {SEED_BATCH}", batch.len()),
+            ));
+        }
+        {
+            let mut map: HashMap<&mut MapData, u64, SeedSock> = self
+                .map_mut(maps::SEED)?
+                .try_into()
+                .map_err(map_err(maps::SEED))?;
+            for (cookie, sock) in batch {
+                map.insert(cookie, sock, 0).map_err(map_err(maps::SEED))?;
+            }
+        }
+        let prog: &mut aya::programs::Iter = self
+            .ebpf
+            .program_mut(programs::SEED)
+            .ok_or(Error::MissingProgram(programs::SEED))?
+            .try_into()
+            .map_err(|source| Error::Program {
+                program: programs::SEED,
+                source,
+            })?;
+        let program = programs::SEED;
+        let id = prog
+            .attach()
+            .map_err(|source| Error::Program { program, source })?;
+        prog.take_link(id)
+            .map_err(|source| Error::Program { program, source })
+    }
+
+    /// Remove `batch` from the seeding iterator's table again.
+    pub fn seed_clear(&mut self, batch: &[(u64, SeedSock)]) -> Result<()> {
+        let mut map: HashMap<&mut MapData, u64, SeedSock> = self
+            .map_mut(maps::SEED)?
+            .try_into()
+            .map_err(map_err(maps::SEED))?;
+        for (cookie, _) in batch {
+            // Absent only if never inserted: nothing to undo.
+            let _ = map.remove(cookie);
+        }
+        Ok(())
+    }
+
     fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map> {
         self.ebpf.map_mut(name).ok_or(Error::MissingMap(name))
     }
@@ -550,6 +640,24 @@ impl Shedder {
     fn map(&self, name: &'static str) -> Result<&aya::maps::Map> {
         self.ebpf.map(name).ok_or(Error::MissingMap(name))
     }
+}
+
+/// The seeding iterator's output: one [`SeedResult`] per socket it found.
+pub fn parse_seed_results(bytes: &[u8]) -> Vec<SeedResult> {
+    const N: usize = core::mem::size_of::<SeedResult>();
+    bytes
+        .chunks_exact(N)
+        .map(|c| {
+            let u64_at = |o: usize| u64::from_ne_bytes(c[o..o + 8].try_into().expect("8 bytes"));
+            SeedResult {
+                cookie: u64_at(0),
+                service: u16::from_ne_bytes([c[8], c[9]]),
+                class: c[10],
+                outcome: c[11],
+                _pad: 0,
+            }
+        })
+        .collect()
 }
 
 /// A random non-zero 64-bit seed from the kernel's generator.

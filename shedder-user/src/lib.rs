@@ -13,6 +13,7 @@ pub mod golden;
 pub mod klog;
 pub mod metrics;
 pub mod policy;
+pub mod seed;
 pub mod signals;
 pub mod state;
 pub mod sysfs;

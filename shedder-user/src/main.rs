@@ -492,6 +492,15 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
     shedder
         .apply(&compile(&cfg, hz))
         .context("writing the policy into the maps")?;
+    // The fallback limits bound connections in service: without tracking they would bound
+    // only attempts not yet established.
+    let missing = shedder
+        .attach_tracking()
+        .context("attaching the connection-tracking tracepoints")?;
+    if let Some(note) = ebpf::missing_tracepoints_note(&missing) {
+        eprintln!("warning: {note}");
+    }
+    shedder::seed::seed_and_report(&mut shedder, &cfg);
     for iface in &interfaces {
         if pin_dir.join("links").join(iface).exists() {
             println!("{iface}: already attached (pinned link kept; policy updated)");

@@ -1,0 +1,385 @@
+//! Counting the connections that were open before shedder attached.
+//!
+//! The tracking tracepoint counts a connection when a listener makes it, so on a host that
+//! already carries connections the in-flight counts would start at zero and a service at its
+//! limit would be admitted past it. At start the daemon therefore lists the open connections
+//! of every network namespace with sock_diag (a connection of a protected port with a
+//! listener on that port in the same namespace, established or close-wait: what the
+//! tracepoint counts), hands them to the seeding iterator by socket cookie, and the iterator
+//! (run in that namespace, with each socket locked) adds the ones not yet tracked, classed as
+//! the packet path classes their source. Closing them later decrements as for any other.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    fs::File,
+    io::Read as _,
+    net::IpAddr,
+    os::{fd::AsRawFd, unix::fs::MetadataExt as _},
+    path::PathBuf,
+};
+
+use shedder_common::{
+    SEED_BATCH, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SeedResult, SeedSock,
+};
+
+use crate::{
+    ebpf::{Shedder, parse_seed_results},
+    signals::diag::{self, TCP_CLOSE_WAIT, TCP_ESTABLISHED, TCP_LISTEN, TcpSocket},
+};
+
+/// What seeding found and did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Summary {
+    /// Network namespaces looked at.
+    pub namespaces: usize,
+    /// Connections counted now, by (service id, class id).
+    pub counted: BTreeMap<(u32, u32), u32>,
+    /// Connections already tracked (born while tracking was attached).
+    pub known: u32,
+    /// Connections not counted because the tracked-connection table is full.
+    pub table_full: u32,
+    /// Namespaces that could not be read, with the reason.
+    pub failures: Vec<String>,
+    /// Protected ports with listeners in more than one network namespace, and how many:
+    /// the tracking counts connections by port in every namespace, so all of them count.
+    pub shared_ports: BTreeMap<u16, usize>,
+}
+
+impl Summary {
+    pub fn total_counted(&self) -> u32 {
+        self.counted.values().sum()
+    }
+}
+
+/// A network namespace to visit: a path that names it and the open file that keeps it.
+struct Namespace {
+    path: PathBuf,
+    file: File,
+}
+
+/// Every network namespace a process is in, or that `ip netns` names, once each.
+fn namespaces() -> Vec<Namespace> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let mut add = |path: PathBuf| {
+        let Ok(file) = File::open(&path) else {
+            return;
+        };
+        let Ok(meta) = file.metadata() else {
+            return;
+        };
+        if seen.insert((meta.dev(), meta.ino())) {
+            out.push(Namespace { path, file });
+        }
+    };
+    // Our own first: it is where the daemon's services usually are.
+    add(PathBuf::from("/proc/thread-self/ns/net"));
+    for dir in ["/run/netns", "/var/run/netns"] {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                add(e.path());
+            }
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            if e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+                add(e.path().join("ns/net"));
+            }
+        }
+    }
+    out
+}
+
+/// Run `f` on a thread that has entered the network namespace `ns`.
+fn in_namespace<T: Send>(
+    ns: &Namespace,
+    f: impl FnOnce() -> std::io::Result<T> + Send,
+) -> std::io::Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: a valid fd of a network namespace; only this thread switches.
+            if unsafe { libc::setns(ns.file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            f()
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// An address as the tracepoint records lay it out: IPv4 in the first word, network byte
+/// order as read; an IPv4-mapped IPv6 address as IPv4.
+fn words(addr: IpAddr) -> ([u32; 4], u8) {
+    match addr {
+        IpAddr::V4(a) => ([u32::from_ne_bytes(a.octets()), 0, 0, 0], 0),
+        IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            Some(v4) => ([u32::from_ne_bytes(v4.octets()), 0, 0, 0], 0),
+            None => {
+                let o = a.octets();
+                let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+                ([w(0), w(4), w(8), w(12)], 1)
+            }
+        },
+    }
+}
+
+/// The connections of one namespace's sockets that the tracepoint would have counted: the
+/// server side of an open connection on a protected port that has a listener.
+pub fn candidates(sockets: &[TcpSocket], protected: &BTreeSet<u16>) -> Vec<(u64, SeedSock)> {
+    let listening: HashSet<u16> = sockets
+        .iter()
+        .filter(|s| s.state == TCP_LISTEN && protected.contains(&s.local_port))
+        .map(|s| s.local_port)
+        .collect();
+    sockets
+        .iter()
+        .filter(|s| {
+            matches!(s.state, TCP_ESTABLISHED | TCP_CLOSE_WAIT)
+                && listening.contains(&s.local_port)
+        })
+        .map(|s| {
+            let (local, v6) = words(s.local);
+            let (remote, _) = words(s.remote);
+            (
+                s.cookie,
+                SeedSock {
+                    local,
+                    remote,
+                    local_port: s.local_port,
+                    remote_port: s.remote_port,
+                    v6,
+                    _pad: [0; 3],
+                },
+            )
+        })
+        .collect()
+}
+
+fn tally(summary: &mut Summary, results: &[SeedResult]) {
+    for r in results {
+        match r.outcome {
+            SEED_COUNTED => {
+                *summary
+                    .counted
+                    .entry((u32::from(r.service), u32::from(r.class)))
+                    .or_default() += 1
+            }
+            SEED_KNOWN => summary.known += 1,
+            SEED_TABLE_FULL => summary.table_full += 1,
+            _ => {}
+        }
+    }
+}
+
+/// Count the open connections of the `protected` ports in every network namespace that the
+/// tracking does not know yet. `Err` when this kernel cannot (the reason), or nothing
+/// could be read at all.
+pub fn seed(shedder: &mut Shedder, protected: &BTreeSet<u16>) -> Result<Summary, String> {
+    if let Some(why) = shedder.seed_unavailable() {
+        return Err(why.to_string());
+    }
+    let mut summary = Summary::default();
+    let mut listener_namespaces: HashMap<u16, usize> = HashMap::new();
+    for ns in namespaces() {
+        let sockets = match in_namespace(&ns, diag::open_sockets) {
+            Ok(s) => s,
+            // A process that exited while we looked leaves nothing to count.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                summary
+                    .failures
+                    .push(format!("{}: sock_diag: {e}", ns.path.display()));
+                continue;
+            }
+        };
+        summary.namespaces += 1;
+        let ports: BTreeSet<u16> = sockets
+            .iter()
+            .filter(|s| s.state == TCP_LISTEN && protected.contains(&s.local_port))
+            .map(|s| s.local_port)
+            .collect();
+        for p in ports {
+            *listener_namespaces.entry(p).or_default() += 1;
+        }
+        let found = candidates(&sockets, protected);
+        for batch in found.chunks(SEED_BATCH as usize) {
+            let link = shedder.seed_prepare(batch).map_err(|e| e.to_string())?;
+            let output = in_namespace(&ns, move || {
+                let mut file = link.into_file().map_err(std::io::Error::other)?;
+                let mut bytes = Vec::new();
+                file.read_to_end(&mut bytes)?;
+                Ok(bytes)
+            });
+            shedder.seed_clear(batch).map_err(|e| e.to_string())?;
+            match output {
+                Ok(bytes) => tally(&mut summary, &parse_seed_results(&bytes)),
+                Err(e) => summary
+                    .failures
+                    .push(format!("{}: seeding iterator: {e}", ns.path.display())),
+            }
+        }
+    }
+    if summary.namespaces == 0 {
+        return Err(format!(
+            "no network namespace could be read: {}",
+            summary.failures.join("; ")
+        ));
+    }
+    summary.shared_ports = listener_namespaces
+        .into_iter()
+        .filter(|&(_, n)| n > 1)
+        .collect();
+    Ok(summary)
+}
+
+/// Seed the in-flight counts of `cfg`'s services and log what was found: the connections
+/// counted, a warning when they cannot be (in-flight then starts from the connections born
+/// after attach), and protected ports listened on in several network namespaces.
+pub fn seed_and_report(shedder: &mut Shedder, cfg: &crate::config::Config) {
+    let protected: BTreeSet<u16> = cfg
+        .services
+        .iter()
+        .flat_map(|s| s.ports.iter().copied())
+        .collect();
+    if protected.is_empty() {
+        return;
+    }
+    match seed(shedder, &protected) {
+        Ok(summary) => {
+            for ((service, class), n) in &summary.counted {
+                let name = cfg
+                    .services
+                    .get(*service as usize)
+                    .map_or("?", |s| s.name.as_str());
+                let class = shedder_common::CLASS_NAMES
+                    .get(*class as usize)
+                    .copied()
+                    .unwrap_or("?");
+                tracing::info!(
+                    service = name,
+                    class,
+                    connections = n,
+                    "counted connections that were open before tracking began"
+                );
+            }
+            tracing::info!(
+                counted = summary.total_counted(),
+                already_tracked = summary.known,
+                namespaces = summary.namespaces,
+                "existing connections seeded"
+            );
+            if summary.table_full > 0 {
+                tracing::warn!(
+                    connections = summary.table_full,
+                    capacity = shedder_common::DEFAULT_TRACKED_SOCKETS,
+                    "open connections not counted: the tracked-connection table is full"
+                );
+            }
+            for failure in &summary.failures {
+                tracing::warn!(
+                    "open connections of a network namespace not counted: {failure}"
+                );
+            }
+            for (port, n) in &summary.shared_ports {
+                tracing::warn!(
+                    port,
+                    namespaces = n,
+                    "a protected port has listeners in several network namespaces: the \
+                     connections of all of them count toward its service's limit"
+                );
+            }
+        }
+        Err(why) => tracing::warn!(
+            "connections open before tracking began are not counted ({why}): in-flight \
+             counts start from the connections born from now on, so a service that is \
+             already busy is admitted past its limit until those connections close"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sock(local: &str, lport: u16, remote: &str, rport: u16, state: u8, cookie: u64) -> TcpSocket {
+        TcpSocket {
+            local: local.parse().unwrap(),
+            local_port: lport,
+            remote: remote.parse().unwrap(),
+            remote_port: rport,
+            state,
+            cookie,
+        }
+    }
+
+    #[test]
+    fn candidates_are_open_server_sides_of_protected_listening_ports() {
+        let sockets = [
+            sock("0.0.0.0", 8080, "0.0.0.0", 0, TCP_LISTEN, 1),
+            sock("198.18.0.2", 8080, "198.18.20.1", 40000, TCP_ESTABLISHED, 2),
+            sock("198.18.0.2", 8080, "198.18.20.1", 40001, TCP_CLOSE_WAIT, 3),
+            // A client of another host's 8080: its local port is ephemeral.
+            sock("198.18.0.2", 50000, "198.18.0.9", 8080, TCP_ESTABLISHED, 4),
+            // Port 9090 is protected but nothing listens on it here: a client bound to it.
+            sock("198.18.0.2", 9090, "198.18.0.9", 80, TCP_ESTABLISHED, 5),
+            // Unprotected port.
+            sock("::", 22, "::", 0, TCP_LISTEN, 6),
+            sock("2001:db8::2", 22, "2001:db8::1", 40000, TCP_ESTABLISHED, 7),
+        ];
+        let protected = BTreeSet::from([8080, 9090]);
+        let got: Vec<u64> = candidates(&sockets, &protected)
+            .iter()
+            .map(|(c, _)| *c)
+            .collect();
+        assert_eq!(got, [2, 3]);
+    }
+
+    #[test]
+    fn addresses_are_laid_out_as_in_the_tracepoint() {
+        let c = candidates(
+            &[
+                sock("::", 443, "::", 0, TCP_LISTEN, 1),
+                sock("::ffff:198.18.0.2", 443, "::ffff:198.18.20.1", 40000, TCP_ESTABLISHED, 2),
+                sock("2001:db8::2", 443, "2001:db8:20::1", 40001, TCP_ESTABLISHED, 3),
+            ],
+            &BTreeSet::from([443]),
+        );
+        let (_, mapped) = c[0];
+        assert_eq!(mapped.v6, 0);
+        assert_eq!(mapped.remote[0].to_ne_bytes(), [198, 18, 20, 1]);
+        assert_eq!(mapped.local[0].to_ne_bytes(), [198, 18, 0, 2]);
+        assert_eq!((mapped.local_port, mapped.remote_port), (443, 40000));
+        let (_, v6) = c[1];
+        assert_eq!(v6.v6, 1);
+        assert_eq!(v6.remote[0].to_ne_bytes(), [0x20, 0x01, 0x0d, 0xb8]);
+        assert_eq!(v6.remote[1].to_ne_bytes(), [0, 0x20, 0, 0]);
+        assert_eq!(v6.remote[3].to_ne_bytes(), [0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn results_are_tallied_by_outcome() {
+        let r = |service, class, outcome| SeedResult {
+            cookie: 0,
+            service,
+            class,
+            outcome,
+            _pad: 0,
+        };
+        let mut s = Summary::default();
+        tally(
+            &mut s,
+            &[
+                r(0, 1, SEED_COUNTED),
+                r(0, 1, SEED_COUNTED),
+                r(0, 2, SEED_COUNTED),
+                r(0, 1, SEED_KNOWN),
+                r(1, 3, SEED_TABLE_FULL),
+                r(0, 0, shedder_common::SEED_UNPROTECTED),
+            ],
+        );
+        assert_eq!(s.counted, BTreeMap::from([((0, 1), 2), ((0, 2), 1)]));
+        assert_eq!((s.known, s.table_full, s.total_counted()), (1, 1, 3));
+    }
+}
