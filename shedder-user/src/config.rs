@@ -133,12 +133,37 @@ impl Fleet {
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Attach {
-    /// Native XDP, generic XDP where the driver has none.
+    /// Native XDP, generic XDP where the driver has none; on a veth with `rst`, TC (see
+    /// [`crate::netdev::choose`]).
     #[default]
     Auto,
+    /// Native (driver) XDP only.
     Native,
+    /// Generic (skb) XDP only.
     Generic,
+    /// TC ingress (tcx, Linux 6.6+).
     Tc,
+}
+
+impl Attach {
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "auto" => Self::Auto,
+            "native" => Self::Native,
+            "generic" => Self::Generic,
+            "tc" => Self::Tc,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Native => "native",
+            Self::Generic => "generic",
+            Self::Tc => "tc",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -170,6 +195,13 @@ pub struct Daemon {
     /// programs stay attached and the fallback limits take over after the heartbeat timeout.
     #[serde(default = "defaults::detach_on_exit")]
     pub detach_on_exit: bool,
+    /// Fail-static: a daemon that dies leaves the programs attached with its last limits,
+    /// then the fallback limits. With `true` (the default) the daemon refuses to enforce
+    /// where its pins would die with it (a private mount namespace from which the host's
+    /// bpf filesystem cannot be reached); `false` accepts that: after a crash nothing is
+    /// shed.
+    #[serde(default = "defaults::fail_static")]
+    pub fail_static: bool,
     /// Debug lines from the packet path (each shed decision, each fail-open), at most
     /// 20 a second per CPU, logged on the target `shedder::kernel`. Off: the log sites are
     /// pruned at load and cost nothing. Changes with a restart.
@@ -196,6 +228,7 @@ impl Default for Daemon {
             pin_dir: defaults::pin_dir(),
             signal_window_ms: defaults::signal_window_ms(),
             detach_on_exit: defaults::detach_on_exit(),
+            fail_static: defaults::fail_static(),
             kernel_debug_log: false,
             syn_retransmit_window_ms: defaults::syn_retransmit_window_ms(),
         }
@@ -382,6 +415,9 @@ pub mod defaults {
     }
     pub fn signal_window_ms() -> u64 {
         1000
+    }
+    pub fn fail_static() -> bool {
+        true
     }
     pub fn detach_on_exit() -> bool {
         true
@@ -602,6 +638,20 @@ impl Config {
             e
         })?;
         Ok(cfg)
+    }
+
+    /// Whether the daemon would refuse attempts at all: some interface to attach to and
+    /// some service that enforces (not dry-run).
+    pub fn enforces(&self) -> bool {
+        !self.daemon.interfaces.is_empty() && self.services.iter().any(|s| s.mode == Mode::Enforce)
+    }
+
+    /// Whether some enforcing service answers refused attempts with a reset, which the
+    /// packet path sends back out of the interface (XDP_TX, or a TC redirect).
+    pub fn sends_replies(&self) -> bool {
+        self.services
+            .iter()
+            .any(|s| s.action == Action::Rst && s.mode == Mode::Enforce)
     }
 
     /// Check every value; the first problem is returned.

@@ -24,11 +24,12 @@ use shedder_common::{CLASS_NAMES, NUM_CLASSES, POLICY_CONFIGURED, STAT_NAMES, Se
 use tracing::{error, info, warn};
 
 use crate::{
-    config::{Attach, Config, Controller as ControllerKind, Service},
+    config::{Config, Controller as ControllerKind, Service},
     control::{self, ApiError, Request},
     controller::{Aimd, Bounds, Controller, Decision, Fixed, Gradient2, Mode, Observation, Tuning},
-    ebpf::{AttachMode, MapReader, Shedder},
+    ebpf::{AttachMode, Attached, MapReader, Shedder},
     fleet, metrics,
+    pins::{Durability, PinDir},
     policy::{Ladder, class_demand, compile, service_policy},
     signals::{ServiceSpec, SignalReader, Signals, psi},
     state::{Attachment, ClassState, Override, ProgramCost, ServiceState, State},
@@ -292,6 +293,10 @@ struct Daemon {
     detach_requested: bool,
     /// Fleet mode's etcd agent (`None` without `[fleet]`).
     fleet: Option<fleet::Handle>,
+    /// Where the pins are (see [`crate::pins`]).
+    pins: PinDir,
+    /// Refusals that do not leave the host: the drivers' XDP transmit errors.
+    delivery: crate::netdev::delivery::Monitor,
 }
 
 pub fn run(opts: Options) -> Result<()> {
@@ -302,8 +307,26 @@ pub fn run(opts: Options) -> Result<()> {
         e.file = Some(opts.config.clone());
         crate::BadInput(e.to_string())
     })?;
-    crate::sysfs::ensure_bpffs().context("mounting bpffs")?;
-    let mut daemon = Daemon::start(opts.config.clone(), cfg, text)?;
+    let pins = crate::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
+    if let Durability::Private(why) = &pins.durability {
+        if cfg.daemon.fail_static && cfg.enforces() {
+            return Err(crate::BadInput(format!(
+                "daemon.fail_static: the pins under {} would die with this process ({why}), \
+                 so a crashed daemon would leave nothing shed; start it in the host's mount \
+                 namespace (e.g. `nsenter --net=/var/run/netns/NAME` instead of `ip netns \
+                 exec`), or set daemon.fail_static = false to run without fail-static",
+                cfg.daemon.pin_dir.display()
+            ))
+            .into());
+        }
+        warn!(
+            "fail-static is off: the pins under {} die with this process ({why}); if it \
+             dies, the programs detach and nothing is shed",
+            cfg.daemon.pin_dir.display()
+        );
+    }
+    info!(pins = %pins.describe(), "pin directory");
+    let mut daemon = Daemon::start(opts.config.clone(), cfg, text, pins)?;
     info!(
         services = daemon.services.len(),
         interfaces = ?daemon.cfg.daemon.interfaces,
@@ -330,7 +353,7 @@ pub fn run(opts: Options) -> Result<()> {
     }
     let detach =
         daemon.detach_requested || (daemon.cfg.daemon.detach_on_exit && !opts.keep_attached);
-    let pin_dir = daemon.cfg.daemon.pin_dir.clone();
+    let pin_dir = daemon.pins.path.clone();
     let socket = daemon.cfg.daemon.control_socket.clone();
     drop(daemon);
     let _ = std::fs::remove_file(&socket);
@@ -347,14 +370,39 @@ pub fn run(opts: Options) -> Result<()> {
     Ok(())
 }
 
+/// Attach to `iface` in the mode, of those `requested` allows, in which the configured
+/// action reaches the client ([`crate::netdev::choose`]); refuse a mode that cannot deliver
+/// it. The choice and its reason are logged.
+pub fn attach_delivering(
+    shedder: &mut Shedder,
+    cfg: &Config,
+    iface: &str,
+    requested: AttachMode,
+) -> Result<Attached> {
+    let tcx = crate::doctor::running_kernel().is_none_or(|v| v >= crate::doctor::TCX_KERNEL);
+    let facts = crate::netdev::Facts::of(iface);
+    let (mode, note) = crate::netdev::choose(iface, requested, &facts, cfg.sends_replies(), tcx)
+        .map_err(crate::BadInput)?;
+    if let Some(note) = note {
+        if mode == requested {
+            warn!("{note}");
+        } else {
+            info!("{note}");
+        }
+    }
+    shedder
+        .attach(iface, mode)
+        .with_context(|| format!("attaching to {iface} ({})", mode.as_str()))
+}
+
 /// The largest change of the limit an override may make without `force`.
 pub const OVERRIDE_MAX_STEP: u32 = 4;
 /// The longest an override may last.
 pub const OVERRIDE_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 
 impl Daemon {
-    fn start(config_path: PathBuf, cfg: Config, config_text: String) -> Result<Self> {
-        let pin_dir = cfg.daemon.pin_dir.clone();
+    fn start(config_path: PathBuf, cfg: Config, config_text: String, pins: PinDir) -> Result<Self> {
+        let pin_dir = pins.path.clone();
         let adopting = pin_dir.join("maps").exists();
         // Endpoints first: a port or a socket in use fails the start before anything is
         // attached.
@@ -443,12 +491,6 @@ impl Daemon {
             warn!("{note}");
         }
         crate::seed::seed_and_report(&mut shedder, &cfg);
-        let mode = match cfg.daemon.attach {
-            Attach::Auto => AttachMode::Auto,
-            Attach::Native => AttachMode::Native,
-            Attach::Generic => AttachMode::Generic,
-            Attach::Tc => AttachMode::Tc,
-        };
         let mut attach = Vec::new();
         for iface in &cfg.daemon.interfaces {
             if pin_dir.join("links").join(iface).exists() {
@@ -459,19 +501,29 @@ impl Daemon {
                     )
                 })?;
                 info!(iface = %iface, mode = how.as_str(), "adopted the pinned attachment: now running this daemon's program");
+                if how == Attached::XdpNative
+                    && cfg.sends_replies()
+                    && let Some(problem) = crate::netdev::native_reset_problem(iface)
+                {
+                    return Err(crate::BadInput(format!(
+                        "action = rst cannot be delivered: {problem}; `shedder detach`, then \
+                         start again (attach = \"auto\" chooses tc on a veth)"
+                    ))
+                    .into());
+                }
                 attach.push(Attachment {
                     interface: iface.clone(),
                     mode: how.as_str().into(),
+                    xdp_tx_errors: None,
                 });
                 continue;
             }
-            let how = shedder
-                .attach(iface, mode)
-                .with_context(|| format!("attaching to {iface}"))?;
+            let how = attach_delivering(&mut shedder, &cfg, iface, cfg.daemon.attach)?;
             info!(iface = %iface, mode = how.as_str(), "attached");
             attach.push(Attachment {
                 interface: iface.clone(),
                 mode: how.as_str().into(),
+                xdp_tx_errors: None,
             });
         }
         if kernel_log {
@@ -511,7 +563,7 @@ impl Daemon {
             ladder,
             hz,
             start: Instant::now(),
-            attach,
+            attach: attach.clone(),
             stats_enabled: stats,
             last_run_stats: Vec::new(),
             programs: Vec::new(),
@@ -520,6 +572,12 @@ impl Daemon {
             requests,
             detach_requested: false,
             fleet,
+            pins,
+            delivery: crate::netdev::delivery::Monitor::new(
+                attach
+                    .iter()
+                    .map(|a| (a.interface.clone(), a.mode == Attached::XdpNative.as_str())),
+            ),
         })
     }
 
@@ -575,6 +633,7 @@ impl Daemon {
             Err(e) => error!(error = %e, "stamping the heartbeat"),
         }
         self.update_program_costs();
+        self.delivery.poll(now, self.cfg.sends_replies());
         let snapshot = self.snapshot();
         if let Ok(mut m) = self.metrics.lock() {
             *m = Some(snapshot);
@@ -626,7 +685,14 @@ impl Daemon {
             tick_ms: self.cfg.daemon.tick_ms,
             heartbeat_timeout_ms: self.cfg.daemon.heartbeat_timeout_ms,
             heartbeat_age_ms: now.duration_since(self.last_heartbeat).as_millis() as u64,
-            attach: self.attach.clone(),
+            attach: self
+                .attach
+                .iter()
+                .map(|a| Attachment {
+                    xdp_tx_errors: self.delivery.errors(&a.interface),
+                    ..a.clone()
+                })
+                .collect(),
             programs: self.programs.clone(),
             kernel_events,
             services: self
@@ -865,6 +931,28 @@ impl Daemon {
                 let mut e = ApiError::bad(format!("{field} changes only with a restart"));
                 e.field = Some(field.into());
                 return Err(e);
+            }
+        }
+        if cfg.sends_replies() {
+            for a in &self.attach {
+                if a.mode != Attached::XdpNative.as_str() {
+                    continue;
+                }
+                if let Some(problem) = crate::netdev::native_reset_problem(&a.interface) {
+                    let (i, s) = cfg
+                        .services
+                        .iter()
+                        .enumerate()
+                        .find(|(_, s)| s.action == crate::config::Action::Rst)
+                        .expect("a service sends replies");
+                    let field = format!("service[{i}] ({}).action", s.name);
+                    let mut e = ApiError::bad(format!(
+                        "{field}: rst cannot be delivered: {problem}; keep action = \"drop\", or \
+                         restart shedder so that attach = \"auto\" chooses tc on a veth"
+                    ));
+                    e.field = Some(field);
+                    return Err(e);
+                }
             }
         }
         let ladder = Ladder::from_config(&cfg);

@@ -10,8 +10,8 @@ use std::{fmt::Write as _, io, path::Path};
 use serde::Serialize;
 
 use crate::{
-    config::{Action, Attach, Config, Daemon, Mode},
-    ebpf::ifindex,
+    config::{Attach, Config, Daemon},
+    netdev::ifindex,
 };
 
 /// The documented minimum: the oldest kernel `cargo xtask vm-test` passes on (every program
@@ -204,11 +204,56 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
     if let Some(f) = config.and_then(|c| c.fleet.as_ref()) {
         out.push(check_fleet(f));
     }
+    let pins = crate::pins::inspect(&daemon.pin_dir);
+    out.push(check_fail_static(&pins, config));
+    let pin_path = pins.map_or_else(|_| daemon.pin_dir.clone(), |p| p.path);
     let privileged = caps.is_some_and(|c| missing_capabilities(c).is_empty());
-    let (daemon_check, alive) = check_daemon(&daemon.pin_dir, privileged, &start);
+    let (daemon_check, alive) = check_daemon(&pin_path, privileged, &start);
     out.push(daemon_check);
     out.push(check_control_socket(&daemon.control_socket, alive));
     out
+}
+
+/// Whether the pins outlive the daemon (fail-static), and what the daemon does if not.
+fn check_fail_static(pins: &io::Result<crate::pins::PinDir>, config: Option<&Config>) -> Check {
+    const NAME: &str = "fail-static";
+    let pins = match pins {
+        Ok(p) => p,
+        Err(e) => {
+            return Check::warn(
+                NAME,
+                format!("cannot tell where the pins would go: {e}"),
+                "run doctor as root",
+            );
+        }
+    };
+    let enforcing = config.is_none_or(Config::enforces);
+    let required = config.is_none_or(|c| c.daemon.fail_static);
+    match &pins.durability {
+        crate::pins::Durability::Private(_) if required && enforcing => Check::fail(
+            NAME,
+            format!(
+                "pins under {}: the daemon refuses to start here",
+                pins.describe()
+            ),
+            "start it in the host's mount namespace (`nsenter --net=/var/run/netns/NAME`, not `ip netns exec`; in a container, bind-mount the host's /sys/fs/bpf), or set daemon.fail_static = false",
+        ),
+        crate::pins::Durability::Private(_) => Check::warn(
+            NAME,
+            format!(
+                "pins under {}: a daemon that dies takes its programs with it (fail_static = false or nothing enforced)",
+                pins.describe()
+            ),
+            "start it in the host's mount namespace to keep protection after a crash",
+        ),
+        _ => Check::ok(
+            NAME,
+            format!(
+                "pins under {}: a daemon that dies leaves its programs attached (last limits, then the fallback limits)",
+                pins.describe()
+            ),
+        ),
+    }
 }
 
 /// Fleet mode: etcd answers at the configured endpoints, with the configured credentials.
@@ -296,6 +341,11 @@ pub fn parse_kernel_release(release: &str) -> Option<KernelVersion> {
     let minor = parts.next()?.parse().ok()?;
     let patch = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     Some(KernelVersion::new(major, minor, patch))
+}
+
+/// The running kernel's version, if its release string parses.
+pub fn running_kernel() -> Option<KernelVersion> {
+    kernel_release().ok().and_then(|r| parse_kernel_release(&r))
 }
 
 fn kernel_release() -> io::Result<String> {
@@ -763,9 +813,7 @@ fn check_service_cgroup(service: &str, dir: &Path, psi: bool) -> Check {
 // ---------------------------------------------------------------------------------------
 // Interfaces
 
-/// What the kernel says about an interface's XDP (`NETDEV_XDP_ACT_*`).
-const XDP_ACT_BASIC: u64 = 1;
-const XDP_ACT_NDO_XMIT: u64 = 4;
+use crate::netdev::XDP_ACT_BASIC;
 
 fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
     let Some(ifindex) = ifindex(iface) else {
@@ -775,10 +823,8 @@ fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
             "fix daemon.interfaces (`ip link` lists the interfaces), or run doctor in the daemon's network namespace",
         )];
     };
-    let driver = ethtool_driver(iface)
-        .or_else(|| sysfs_driver(iface, ifindex))
-        .unwrap_or_else(|| "virtual".to_string());
-    let features = netlink::xdp_features(ifindex).ok();
+    let driver = crate::netdev::driver(iface).unwrap_or_else(|| "virtual".to_string());
+    let features = crate::netdev::netlink::xdp_features(ifindex).ok();
     let native = match features {
         Some(f) => Some(f & XDP_ACT_BASIC != 0),
         None if NATIVE_XDP_DRIVERS.contains(&driver.as_str()) => Some(true),
@@ -790,15 +836,33 @@ fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
         (Some(false), _) => "no native XDP",
         (None, _) => "native XDP unknown",
     };
-    let attach = cfg.daemon.attach;
     let head = format!("{iface}: {driver}, {support}");
     let mut out = Vec::new();
-    let tcx = kernel_release()
-        .ok()
-        .and_then(|r| parse_kernel_release(&r))
-        .map(|v| v >= TCX_KERNEL);
-    out.push(match (attach, native) {
-        (Attach::Tc, _) if tcx == Some(false) => Check::fail(
+    let tcx = running_kernel().map(|v| v >= TCX_KERNEL);
+    let facts = crate::netdev::Facts {
+        driver: Some(driver.clone()),
+        xdp_features: features,
+    };
+    // The mode the daemon would choose so that the configured action is delivered.
+    let chosen = crate::netdev::choose(
+        iface,
+        cfg.daemon.attach,
+        &facts,
+        cfg.sends_replies(),
+        tcx != Some(false),
+    );
+    let attach = match &chosen {
+        Ok((mode, _)) => *mode,
+        Err(_) => cfg.daemon.attach,
+    };
+    let asked = cfg.daemon.attach.as_str();
+    out.push(match (&chosen, attach, native) {
+        (Err(why), _, _) => Check::fail(
+            "interface",
+            format!("{head}; {why}"),
+            "set daemon.attach = \"auto\" or \"tc\" (or action = \"drop\")",
+        ),
+        (Ok(_), Attach::Tc, _) if tcx == Some(false) => Check::fail(
             "interface",
             format!(
                 "{head}; attach = tc needs tcx (Linux {TCX_KERNEL} and later): this kernel \
@@ -806,25 +870,39 @@ fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
             ),
             "set daemon.attach = \"native\" or \"generic\" (XDP) on this kernel",
         ),
-        (Attach::Tc, _) => Check::ok("interface", format!("{head}; attach = tc")),
-        (Attach::Generic, _) => Check::ok("interface", format!("{head}; attach = generic")),
-        (Attach::Native, Some(false)) => Check::fail(
+        (Ok((_, Some(_))), Attach::Tc | Attach::Generic, _) if asked == "auto" => Check::ok(
+            "interface",
+            format!(
+                "{head}; attach = auto → {} (action = rst on a veth: native XDP_TX would depend on the peer)",
+                if attach == Attach::Tc { "tc" } else { "generic XDP" }
+            ),
+        ),
+        (Ok(_), Attach::Tc, _) => Check::ok("interface", format!("{head}; attach = tc")),
+        (Ok(_), Attach::Generic, _) => Check::ok("interface", format!("{head}; attach = generic")),
+        (Ok(_), Attach::Native, Some(false)) => Check::fail(
             "interface",
             format!("{head}; attach = native cannot work"),
             "set daemon.attach = \"auto\" (generic XDP fallback) or \"tc\"",
         ),
-        (Attach::Native, None) => Check::warn(
+        (Ok(_), Attach::Native, None) => Check::warn(
             "interface",
             format!("{head}; attach = native may fail"),
             "if attaching fails, set daemon.attach = \"auto\" or \"tc\"",
         ),
-        (Attach::Native, Some(true)) => Check::ok("interface", format!("{head}; attach = native")),
-        (Attach::Auto, Some(false)) => {
+        (Ok((_, Some(note))), Attach::Native, Some(true)) => Check::warn(
+            "interface",
+            format!("{head}; attach = native: {note}"),
+            "set daemon.attach = \"auto\" (tc on a veth with rst)",
+        ),
+        (Ok(_), Attach::Native, Some(true)) => {
+            Check::ok("interface", format!("{head}; attach = native"))
+        }
+        (Ok(_), Attach::Auto, Some(false)) => {
             Check::ok("interface", format!("{head}; attach = auto → generic XDP"))
         }
-        (Attach::Auto, _) => Check::ok("interface", format!("{head}; attach = auto → native")),
+        (Ok(_), Attach::Auto, _) => Check::ok("interface", format!("{head}; attach = auto → native")),
     });
-    let xdp = netlink::xdp_attachment(ifindex);
+    let xdp = crate::netdev::netlink::xdp_attachment(ifindex);
     let ours = match &xdp {
         Ok(Some(a)) => {
             let name = program_name(a.prog_id);
@@ -834,35 +912,29 @@ fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
         _ => None,
     };
     out.push(check_attachment(cfg, iface, &xdp, ours.as_ref(), start));
-    let sends_rst = cfg
-        .services
-        .iter()
-        .any(|s| s.action == Action::Rst && s.mode == Mode::Enforce);
-    // What shedder's XDP program runs as: the attachment when there is one, else what the
-    // configuration would give.
-    let native_attach = match &ours {
-        Some((a, _, true)) => a.mode == netlink::XDP_ATTACHED_DRV,
-        _ => {
-            matches!(attach, Attach::Native)
-                || (matches!(attach, Attach::Auto) && native != Some(false))
-        }
-    };
-    if driver == "veth" && sends_rst && native_attach {
-        out.push(match features {
-            Some(f) if f & XDP_ACT_NDO_XMIT != 0 => Check::ok(
-                "veth rst",
-                format!(
-                    "{iface}: the peer takes XDP_TX frames now (it runs XDP or has GRO on): RST replies are delivered"
-                ),
+    // What runs now: shedder's native XDP program on a veth whose peer takes no XDP_TX
+    // frames drops every reset it sends.
+    if cfg.sends_replies()
+        && matches!(&ours, Some((a, _, true)) if a.mode == crate::netdev::netlink::XDP_ATTACHED_DRV)
+        && let Some(problem) = crate::netdev::native_reset_problem(iface)
+    {
+        out.push(Check::fail(
+            "resets",
+            problem,
+            format!(
+                "shedder detach, then {start} with daemon.attach = \"auto\" (tc on a veth), or give the peer an XDP program"
             ),
-            _ => Check::warn(
-                "veth rst",
-                format!(
-                    "{iface}: native XDP on veth delivers RST replies (XDP_TX) to the peer only if the peer has an XDP program (or GRO on)"
-                ),
-                "use daemon.attach = \"tc\" or \"generic\", or give the peer an XDP program (or `ethtool -K <peer> gro on`)",
+        ));
+    }
+    match crate::netdev::xdp_tx_errors(iface) {
+        Ok(Some(n)) if n > 0 => out.push(Check::warn(
+            "resets",
+            format!(
+                "{iface}: the driver counts {n} frames XDP_TX failed to send (xdp_tx_errors): resets that never reached a client, now or earlier"
             ),
-        });
+            "watch shedder_xdp_tx_errors_total; on a veth use daemon.attach = \"auto\" or \"tc\"",
+        )),
+        _ => {}
     }
     out
 }
@@ -872,8 +944,8 @@ fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
 fn check_attachment(
     cfg: &Config,
     iface: &str,
-    xdp: &io::Result<Option<netlink::XdpAttachment>>,
-    attached: Option<&(netlink::XdpAttachment, Option<String>, bool)>,
+    xdp: &io::Result<Option<crate::netdev::netlink::XdpAttachment>>,
+    attached: Option<&(crate::netdev::netlink::XdpAttachment, Option<String>, bool)>,
     start: &str,
 ) -> Check {
     const NAME: &str = "attachment";
@@ -891,7 +963,7 @@ fn check_attachment(
     };
     let is_shedder = attached.is_some_and(|a| a.2);
     let prog = attached.map(|(a, name, _)| (a, name.clone()));
-    let describe = |(a, name): &(&netlink::XdpAttachment, Option<String>)| {
+    let describe = |(a, name): &(&crate::netdev::netlink::XdpAttachment, Option<String>)| {
         format!(
             "{} (prog id {}, {})",
             a.mode_name(),
@@ -970,76 +1042,6 @@ fn check_attachment(
             )
         }
     }
-}
-
-/// The driver's name through the ethtool ioctl (works in any network namespace).
-fn ethtool_driver(iface: &str) -> Option<String> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    const SIOCETHTOOL: u32 = 0x8946;
-    const ETHTOOL_GDRVINFO: u32 = 0x0000_0003;
-    #[repr(C)]
-    struct DrvInfo {
-        cmd: u32,
-        driver: [u8; 32],
-        version: [u8; 32],
-        fw_version: [u8; 32],
-        bus_info: [u8; 32],
-        erom_version: [u8; 32],
-        reserved2: [u8; 12],
-        n_priv_flags: u32,
-        n_stats: u32,
-        testinfo_len: u32,
-        eedump_len: u32,
-        regdump_len: u32,
-    }
-    #[repr(C)]
-    struct IfReq {
-        name: [u8; libc::IFNAMSIZ],
-        data: *mut libc::c_void,
-        pad: [u8; 16],
-    }
-    if iface.len() >= libc::IFNAMSIZ {
-        return None;
-    }
-    // SAFETY: plain socket call; the fd is owned right after.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: fd is a fresh, valid descriptor we own.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: all-zero is a valid DrvInfo.
-    let mut info: DrvInfo = unsafe { std::mem::zeroed() };
-    info.cmd = ETHTOOL_GDRVINFO;
-    let mut req = IfReq {
-        name: [0; libc::IFNAMSIZ],
-        data: (&mut info as *mut DrvInfo).cast(),
-        pad: [0; 16],
-    };
-    req.name[..iface.len()].copy_from_slice(iface.as_bytes());
-    // SAFETY: req points at a live DrvInfo for the duration of the call.
-    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), SIOCETHTOOL as _, &mut req) };
-    if rc != 0 {
-        return None;
-    }
-    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
-    let name = String::from_utf8_lossy(&info.driver[..end]).into_owned();
-    (!name.is_empty()).then_some(name)
-}
-
-/// The driver from sysfs, when sysfs shows this network namespace (same ifindex).
-fn sysfs_driver(iface: &str, ifindex: u32) -> Option<String> {
-    let base = Path::new("/sys/class/net").join(iface);
-    let index: u32 = std::fs::read_to_string(base.join("ifindex"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    if index != ifindex {
-        return None;
-    }
-    let link = std::fs::read_link(base.join("device/driver")).ok()?;
-    Some(link.file_name()?.to_string_lossy().into_owned())
 }
 
 /// The name of the loaded BPF program `id`.
@@ -1253,241 +1255,6 @@ fn check_control_socket(path: &Path, daemon_alive: bool) -> Check {
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// Netlink: the interface's XDP attachment (rtnetlink) and XDP features (netdev family).
-
-pub(crate) mod netlink {
-    use std::{
-        io,
-        os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    };
-
-    const NLMSG_HDR: usize = 16;
-    const NLMSG_ERROR: u16 = 2;
-    const NLMSG_DONE: u16 = 3;
-    const NLM_F_REQUEST: u16 = 1;
-    const NLA_TYPE_MASK: u16 = 0x3fff;
-    /// `XDP_ATTACHED_DRV`: native XDP.
-    pub const XDP_ATTACHED_DRV: u8 = 1;
-    const SEQ: u32 = 0x5eed;
-
-    const RTM_GETLINK: u16 = 18;
-    const IFINFOMSG_LEN: usize = 16;
-    const IFLA_XDP: u16 = 43;
-    const IFLA_XDP_ATTACHED: u16 = 2;
-    const IFLA_XDP_PROG_ID: u16 = 4;
-    const IFLA_XDP_DRV_PROG_ID: u16 = 5;
-    const IFLA_XDP_SKB_PROG_ID: u16 = 6;
-
-    const GENL_ID_CTRL: u16 = 0x10;
-    const GENL_HDR: usize = 4;
-    const CTRL_CMD_GETFAMILY: u8 = 3;
-    const CTRL_ATTR_FAMILY_ID: u16 = 1;
-    const CTRL_ATTR_FAMILY_NAME: u16 = 2;
-    const NETDEV_CMD_DEV_GET: u8 = 1;
-    const NETDEV_A_DEV_IFINDEX: u16 = 1;
-    const NETDEV_A_DEV_XDP_FEATURES: u16 = 3;
-
-    /// An XDP program attached to an interface.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub struct XdpAttachment {
-        /// `XDP_ATTACHED_*`: 1 driver, 2 generic, 3 offloaded, 4 several.
-        pub mode: u8,
-        pub prog_id: u32,
-    }
-
-    impl XdpAttachment {
-        pub fn mode_name(&self) -> &'static str {
-            match self.mode {
-                1 => "native XDP",
-                2 => "generic XDP",
-                3 => "offloaded XDP",
-                4 => "XDP in several modes",
-                _ => "XDP",
-            }
-        }
-    }
-
-    /// The XDP program attached to `ifindex`, if any.
-    pub fn xdp_attachment(ifindex: u32) -> io::Result<Option<XdpAttachment>> {
-        let mut body = vec![0u8; IFINFOMSG_LEN];
-        body[0] = libc::AF_UNSPEC as u8;
-        body[4..8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
-        let reply = request(libc::NETLINK_ROUTE, RTM_GETLINK, &body)?;
-        let Some(xdp) = attrs(reply.get(IFINFOMSG_LEN..).unwrap_or_default())
-            .into_iter()
-            .find_map(|(t, v)| (t == IFLA_XDP).then_some(v))
-        else {
-            return Ok(None);
-        };
-        let mut mode = 0;
-        let (mut prog, mut drv, mut skb) = (0, 0, 0);
-        for (t, v) in attrs(xdp) {
-            match t {
-                IFLA_XDP_ATTACHED => mode = v.first().copied().unwrap_or(0),
-                IFLA_XDP_PROG_ID => prog = u32_of(v),
-                IFLA_XDP_DRV_PROG_ID => drv = u32_of(v),
-                IFLA_XDP_SKB_PROG_ID => skb = u32_of(v),
-                _ => {}
-            }
-        }
-        let prog_id = [prog, drv, skb].into_iter().find(|&id| id != 0);
-        Ok(match (mode, prog_id) {
-            (0, _) | (_, None) => None,
-            (mode, Some(prog_id)) => Some(XdpAttachment { mode, prog_id }),
-        })
-    }
-
-    /// The interface's `NETDEV_XDP_ACT_*` mask (kernel 6.3+).
-    pub fn xdp_features(ifindex: u32) -> io::Result<u64> {
-        let mut body = vec![CTRL_CMD_GETFAMILY, 1, 0, 0];
-        push_attr(&mut body, CTRL_ATTR_FAMILY_NAME, b"netdev\0");
-        let reply = request(libc::NETLINK_GENERIC, GENL_ID_CTRL, &body)?;
-        let family = attrs(reply.get(GENL_HDR..).unwrap_or_default())
-            .into_iter()
-            .find_map(|(t, v)| {
-                (t == CTRL_ATTR_FAMILY_ID && v.len() >= 2).then(|| u16::from_ne_bytes([v[0], v[1]]))
-            })
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no netdev netlink family"))?;
-        let mut body = vec![NETDEV_CMD_DEV_GET, 1, 0, 0];
-        push_attr(&mut body, NETDEV_A_DEV_IFINDEX, &ifindex.to_ne_bytes());
-        let reply = request(libc::NETLINK_GENERIC, family, &body)?;
-        attrs(reply.get(GENL_HDR..).unwrap_or_default())
-            .into_iter()
-            .find_map(|(t, v)| {
-                (t == NETDEV_A_DEV_XDP_FEATURES && v.len() >= 8)
-                    .then(|| u64::from_ne_bytes(v[..8].try_into().unwrap_or_default()))
-            })
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no xdp-features attribute"))
-    }
-
-    fn u32_of(v: &[u8]) -> u32 {
-        v.get(..4)
-            .and_then(|b| b.try_into().ok())
-            .map(u32::from_ne_bytes)
-            .unwrap_or(0)
-    }
-
-    fn push_attr(buf: &mut Vec<u8>, ty: u16, data: &[u8]) {
-        let len = 4 + data.len();
-        buf.extend_from_slice(&(len as u16).to_ne_bytes());
-        buf.extend_from_slice(&ty.to_ne_bytes());
-        buf.extend_from_slice(data);
-        buf.resize(buf.len() + (len.next_multiple_of(4) - len), 0);
-    }
-
-    /// The attributes of a netlink attribute stream: (type without flags, payload).
-    pub fn attrs(mut buf: &[u8]) -> Vec<(u16, &[u8])> {
-        let mut out = Vec::new();
-        while buf.len() >= 4 {
-            let len = u16::from_ne_bytes([buf[0], buf[1]]) as usize;
-            let ty = u16::from_ne_bytes([buf[2], buf[3]]) & NLA_TYPE_MASK;
-            if len < 4 || len > buf.len() {
-                break;
-            }
-            out.push((ty, &buf[4..len]));
-            buf = &buf[len.next_multiple_of(4).min(buf.len())..];
-        }
-        out
-    }
-
-    /// Send one request and return the payload of its reply (after the netlink header).
-    fn request(protocol: libc::c_int, msg_type: u16, body: &[u8]) -> io::Result<Vec<u8>> {
-        // SAFETY: plain socket call; the fd is owned right after.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                protocol,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a fresh, valid descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let timeout = libc::timeval {
-            tv_sec: 2,
-            tv_usec: 0,
-        };
-        // SAFETY: a valid timeval of the size given.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&timeout as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        let len = NLMSG_HDR + body.len();
-        let mut msg = Vec::with_capacity(len);
-        msg.extend_from_slice(&(len as u32).to_ne_bytes());
-        msg.extend_from_slice(&msg_type.to_ne_bytes());
-        msg.extend_from_slice(&NLM_F_REQUEST.to_ne_bytes());
-        msg.extend_from_slice(&SEQ.to_ne_bytes());
-        msg.extend_from_slice(&0u32.to_ne_bytes());
-        msg.extend_from_slice(body);
-        // SAFETY: all-zero is a valid sockaddr_nl (the kernel as destination).
-        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: msg and addr are valid for the lengths given.
-        let sent = unsafe {
-            libc::sendto(
-                fd.as_raw_fd(),
-                msg.as_ptr().cast(),
-                msg.len(),
-                0,
-                (&addr as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if sent < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            // SAFETY: buf is valid for its length.
-            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let mut rest = &buf[..n as usize];
-            while rest.len() >= NLMSG_HDR {
-                let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-                let ty = u16::from_ne_bytes([rest[4], rest[5]]);
-                let seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
-                if len < NLMSG_HDR || len > rest.len() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "truncated netlink reply",
-                    ));
-                }
-                let payload = &rest[NLMSG_HDR..len];
-                rest = &rest[len.next_multiple_of(4).min(rest.len())..];
-                if seq != SEQ {
-                    continue;
-                }
-                match ty {
-                    NLMSG_ERROR => {
-                        let errno = payload
-                            .get(..4)
-                            .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                            .unwrap_or(0);
-                        if errno != 0 {
-                            return Err(io::Error::from_raw_os_error(-errno));
-                        }
-                    }
-                    NLMSG_DONE => {
-                        return Err(io::Error::new(io::ErrorKind::NotFound, "empty reply"));
-                    }
-                    _ => return Ok(payload.to_vec()),
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1686,28 +1453,6 @@ none /mnt/with\\040space tmpfs rw 0 0
             parse_timer_list_jiffies("now at 1 nsecs\n\njiffies: 4296587655\n"),
             Some(4296587655)
         );
-    }
-
-    #[test]
-    fn netlink_attributes_round_trip() {
-        let mut buf = Vec::new();
-        netlink_push(&mut buf, 2, &[1]);
-        netlink_push(&mut buf, 0x8000 | 4, &7u32.to_ne_bytes());
-        let a = netlink::attrs(&buf);
-        assert_eq!(a.len(), 2);
-        assert_eq!(a[0], (2, &[1u8][..]));
-        assert_eq!(a[1].0, 4, "the nested flag is masked");
-        assert_eq!(a[1].1, &7u32.to_ne_bytes()[..]);
-        // A length past the end stops the walk instead of panicking.
-        assert!(netlink::attrs(&[200, 0, 1, 0, 0]).is_empty());
-    }
-
-    fn netlink_push(buf: &mut Vec<u8>, ty: u16, data: &[u8]) {
-        let len = 4 + data.len();
-        buf.extend_from_slice(&(len as u16).to_ne_bytes());
-        buf.extend_from_slice(&ty.to_ne_bytes());
-        buf.extend_from_slice(data);
-        buf.resize(buf.len() + (len.next_multiple_of(4) - len), 0);
     }
 
     fn sample() -> Vec<Check> {

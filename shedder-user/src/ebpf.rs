@@ -108,30 +108,10 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// How to attach to an interface.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttachMode {
-    /// Native XDP; if the driver cannot, generic XDP.
-    Auto,
-    /// Native (driver) XDP only.
-    Native,
-    /// Generic (skb) XDP only.
-    Generic,
-    /// TC ingress (tcx on kernels ≥ 6.6, clsact + netlink before).
-    Tc,
-}
-
-impl AttachMode {
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "auto" => Self::Auto,
-            "native" => Self::Native,
-            "generic" => Self::Generic,
-            "tc" => Self::Tc,
-            _ => return None,
-        })
-    }
-}
+/// How to attach to an interface: the configuration's `daemon.attach`. [`Shedder::attach`]
+/// does what it names (`Auto`: native XDP, else generic); which one delivers the configured
+/// action is [`crate::netdev::choose`]'s decision.
+pub use crate::config::Attach as AttachMode;
 
 /// How a program ended up attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -524,9 +504,9 @@ impl Shedder {
                     .map_err(attach_err("xdp link update"))?;
                 // The pin holds the attachment; our handle can go.
                 drop(xdp.take_link(id));
-                let native = ifindex(iface)
-                    .and_then(|i| crate::doctor::netlink::xdp_attachment(i).ok().flatten())
-                    .is_some_and(|a| a.mode == crate::doctor::netlink::XDP_ATTACHED_DRV);
+                let native = crate::netdev::ifindex(iface)
+                    .and_then(|i| crate::netdev::netlink::xdp_attachment(i).ok().flatten())
+                    .is_some_and(|a| a.mode == crate::netdev::netlink::XDP_ATTACHED_DRV);
                 Ok(if native {
                     Attached::XdpNative
                 } else {
@@ -1267,14 +1247,6 @@ fn attach_error(iface: &str, mode: &'static str) -> impl Fn(ProgramError) -> Err
         mode,
         source,
     }
-}
-
-/// The index of interface `iface`, if it exists.
-pub fn ifindex(iface: &str) -> Option<u32> {
-    let name = std::ffi::CString::new(iface).ok()?;
-    // SAFETY: a valid NUL-terminated name.
-    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    (index != 0).then_some(index)
 }
 
 #[cfg(test)]

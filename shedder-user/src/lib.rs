@@ -12,6 +12,8 @@ pub mod fleet;
 pub mod golden;
 pub mod klog;
 pub mod metrics;
+pub mod netdev;
+pub mod pins;
 pub mod policy;
 pub mod seed;
 pub mod signals;

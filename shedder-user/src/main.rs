@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use shedder::{
     BadInput,
-    config::{Attach, Config},
+    config::Config,
     control::{Client, ClientError, OverrideRequest},
     ebpf::{self, AttachMode, MapReader, Shedder},
     policy::compile,
@@ -396,7 +396,9 @@ fn run(cli: Cli) -> Result<u8> {
             match target.client()?.call("POST", "/shedding/detach", b"") {
                 Ok(_) => println!("the daemon is stopping and detaching"),
                 Err(ClientError::NotRunning(_)) => {
-                    let detached = ebpf::unpin_all(&pin_dir)
+                    let pins =
+                        shedder::pins::locate(&pin_dir).context("finding the bpf filesystem")?;
+                    let detached = ebpf::unpin_all(&pins.path)
                         .with_context(|| format!("removing pins under {}", pin_dir.display()))?;
                     if detached.is_empty() {
                         println!(
@@ -466,12 +468,7 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
     let mode = match mode.as_deref() {
         Some(m) => AttachMode::parse(m)
             .ok_or_else(|| BadInput(format!("--mode {m}: use auto, native, generic or tc")))?,
-        None => match cfg.daemon.attach {
-            Attach::Auto => AttachMode::Auto,
-            Attach::Native => AttachMode::Native,
-            Attach::Generic => AttachMode::Generic,
-            Attach::Tc => AttachMode::Tc,
-        },
+        None => cfg.daemon.attach,
     };
     let interfaces = if interfaces.is_empty() {
         cfg.daemon.interfaces.clone()
@@ -483,8 +480,16 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
             "no interface: give --iface or set daemon.interfaces in the configuration".into()
         ));
     }
-    shedder::sysfs::ensure_bpffs().context("mounting bpffs")?;
-    let pin_dir = &cfg.daemon.pin_dir;
+    let pins = shedder::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
+    if let shedder::pins::Durability::Private(why) = &pins.durability {
+        bail!(
+            "the pins under {} would die when this command exits ({why}), and the programs \
+             with them: run it in the host's mount namespace (e.g. `nsenter \
+             --net=/var/run/netns/NAME` instead of `ip netns exec`)",
+            cfg.daemon.pin_dir.display()
+        );
+    }
+    let pin_dir = &pins.path;
     let mut shedder = Shedder::load_pinned(pin_dir, false).context("loading the eBPF programs")?;
     let hz = shedder
         .calibrate_hz(std::time::Duration::from_millis(100))
@@ -506,15 +511,13 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
             println!("{iface}: already attached (pinned link kept; policy updated)");
             continue;
         }
-        let how = shedder
-            .attach(iface, mode)
-            .with_context(|| format!("attaching to {iface}"))?;
+        let how = shedder::daemon::attach_delivering(&mut shedder, &cfg, iface, mode)?;
         println!("{iface}: attached ({})", how.as_str());
     }
     println!(
         "{} service(s) protected; policy pinned under {}",
         cfg.services.len(),
-        pin_dir.display()
+        pins.describe()
     );
     println!("no daemon is stamping the heartbeat, so each service's fallback_limit is in force");
     Ok(())
@@ -522,12 +525,10 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
 
 fn counters(config: PathBuf, json: bool) -> Result<()> {
     let cfg = load_config(&config)?;
-    let pin_dir = &cfg.daemon.pin_dir;
+    let pins = shedder::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
+    let pin_dir = &pins.path;
     if !pin_dir.join("maps").exists() {
-        bail!(
-            "nothing is attached: no maps under {}",
-            pin_dir.join("maps").display()
-        );
+        bail!("nothing is attached: no maps under {}", pins.describe());
     }
     let shedder = ebpf::PinnedMaps::open(pin_dir).context("opening the pinned maps")?;
     // Decisions (unique attempts), then retransmitted SYNs and retries per class; each row

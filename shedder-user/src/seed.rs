@@ -18,9 +18,7 @@ use std::{
     path::PathBuf,
 };
 
-use shedder_common::{
-    SEED_BATCH, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SeedResult, SeedSock,
-};
+use shedder_common::{SEED_BATCH, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SeedResult, SeedSock};
 
 use crate::{
     ebpf::{Shedder, parse_seed_results},
@@ -83,7 +81,10 @@ fn namespaces() -> Vec<Namespace> {
     }
     if let Ok(entries) = std::fs::read_dir("/proc") {
         for e in entries.flatten() {
-            if e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+            if e.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            {
                 add(e.path().join("ns/net"));
             }
         }
@@ -136,8 +137,7 @@ pub fn candidates(sockets: &[TcpSocket], protected: &BTreeSet<u16>) -> Vec<(u64,
     sockets
         .iter()
         .filter(|s| {
-            matches!(s.state, TCP_ESTABLISHED | TCP_CLOSE_WAIT)
-                && listening.contains(&s.local_port)
+            matches!(s.state, TCP_ESTABLISHED | TCP_CLOSE_WAIT) && listening.contains(&s.local_port)
         })
         .map(|s| {
             let (local, v6) = words(s.local);
@@ -278,9 +278,7 @@ pub fn seed_and_report(shedder: &mut Shedder, cfg: &crate::config::Config) {
                 );
             }
             for failure in &summary.failures {
-                tracing::warn!(
-                    "open connections of a network namespace not counted: {failure}"
-                );
+                tracing::warn!("open connections of a network namespace not counted: {failure}");
             }
             for (port, n) in &summary.shared_ports {
                 tracing::warn!(
@@ -303,7 +301,14 @@ pub fn seed_and_report(shedder: &mut Shedder, cfg: &crate::config::Config) {
 mod tests {
     use super::*;
 
-    fn sock(local: &str, lport: u16, remote: &str, rport: u16, state: u8, cookie: u64) -> TcpSocket {
+    fn sock(
+        local: &str,
+        lport: u16,
+        remote: &str,
+        rport: u16,
+        state: u8,
+        cookie: u64,
+    ) -> TcpSocket {
         TcpSocket {
             local: local.parse().unwrap(),
             local_port: lport,
@@ -341,8 +346,22 @@ mod tests {
         let c = candidates(
             &[
                 sock("::", 443, "::", 0, TCP_LISTEN, 1),
-                sock("::ffff:198.18.0.2", 443, "::ffff:198.18.20.1", 40000, TCP_ESTABLISHED, 2),
-                sock("2001:db8::2", 443, "2001:db8:20::1", 40001, TCP_ESTABLISHED, 3),
+                sock(
+                    "::ffff:198.18.0.2",
+                    443,
+                    "::ffff:198.18.20.1",
+                    40000,
+                    TCP_ESTABLISHED,
+                    2,
+                ),
+                sock(
+                    "2001:db8::2",
+                    443,
+                    "2001:db8:20::1",
+                    40001,
+                    TCP_ESTABLISHED,
+                    3,
+                ),
             ],
             &BTreeSet::from([443]),
         );

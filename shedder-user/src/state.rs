@@ -38,6 +38,10 @@ pub struct Attachment {
     pub interface: String,
     /// xdp-native, xdp-generic, tc, or "adopted" (a pinned attachment of an earlier run).
     pub mode: String,
+    /// The driver's count of frames XDP_TX failed to send (resets that did not leave),
+    /// where the driver reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xdp_tx_errors: Option<u64>,
 }
 
 /// A program's cost from the kernel's BPF statistics.
@@ -189,7 +193,11 @@ pub fn render(state: &State) -> String {
     let attach: Vec<String> = state
         .attach
         .iter()
-        .map(|a| format!("{} ({})", a.interface, a.mode))
+        .map(|a| match a.xdp_tx_errors {
+            // Resets that never left: worth a look on the first line an operator reads.
+            Some(n) if n > 0 => format!("{} ({}, {n} XDP_TX errors)", a.interface, a.mode),
+            _ => format!("{} ({})", a.interface, a.mode),
+        })
         .collect();
     let _ = writeln!(
         out,

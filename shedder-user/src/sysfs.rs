@@ -6,10 +6,10 @@ use std::{ffi::CString, io, path::Path};
 pub const BPFFS: &str = "/sys/fs/bpf";
 pub const TRACEFS: &str = "/sys/kernel/tracing";
 
-const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+pub const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 const TRACEFS_MAGIC: i64 = 0x74726163;
 
-fn fs_magic(path: &Path) -> io::Result<i64> {
+pub fn fs_magic(path: &Path) -> io::Result<i64> {
     let c = CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     // SAFETY: zeroed statfs is a valid out-parameter; the path is NUL-terminated.

@@ -335,6 +335,15 @@ impl Collector for ShedderCollector {
             })
             .collect();
         gauges(&mut encoder, "shedder_attach_mode", &attach)?;
+        let tx_errors: Vec<(Labels, f64)> = st
+            .attach
+            .iter()
+            .filter_map(|a| {
+                a.xdp_tx_errors
+                    .map(|n| (vec![("interface", a.interface.clone())], n as f64))
+            })
+            .collect();
+        counters(&mut encoder, "shedder_xdp_tx_errors", &tx_errors)?;
         let program = |f: &dyn Fn(&crate::state::ProgramCost) -> Option<f64>| {
             one_label(&st.programs, "program", |p| &p.program, f)
         };

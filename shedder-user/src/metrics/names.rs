@@ -139,6 +139,12 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "1 for how each interface is attached (xdp-native, xdp-generic, tc).",
     ),
     (
+        "shedder_xdp_tx_errors",
+        "counter",
+        &["interface"],
+        "Frames XDP_TX failed to send (resets that never left), from the driver's statistics, where it reports them.",
+    ),
+    (
         "shedder_program_run_seconds",
         "counter",
         &["program"],
