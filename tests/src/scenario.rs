@@ -136,7 +136,9 @@ impl Lab {
                 )
             })
             .rps;
-        // Resets sent with XDP_TX reach a veth peer promptly only if it has an XDP program.
+        // Native XDP_TX on a veth is delivered only while the peer has an XDP program (or
+        // GRO): asked for explicitly, native gets one on the client's side, as a user who
+        // chooses it must arrange; `auto` needs none (it attaches with tc on a veth).
         let client_xdp = (cfg.attach == "native").then(|| pair.pass_program_on_client());
         Self {
             tag: tag.to_string(),

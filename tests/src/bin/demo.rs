@@ -37,8 +37,10 @@ struct Args {
     /// Seconds to ramp up (and, halved, down).
     #[arg(long, default_value_t = 6)]
     ramp: u64,
-    /// Attach with `tc`, `native` or `generic`.
-    #[arg(long, default_value = "native")]
+    /// Attach with `auto` (what a new configuration uses: tc on this veth, since the demo
+    /// resets), `tc`, `native` (with a pass-through XDP program on the client's veth, which
+    /// native XDP_TX on a veth needs) or `generic`.
+    #[arg(long, default_value = "auto")]
     attach: String,
     /// Only the protected run.
     #[arg(long)]
@@ -80,10 +82,11 @@ fn run() -> Result<()> {
         bail!("the demo needs root (namespaces, BPF): run `cargo xtask demo` as root");
     }
     let attach: &'static str = match args.attach.as_str() {
+        "auto" => "auto",
         "tc" => "tc",
         "native" => "native",
         "generic" => "generic",
-        other => bail!("--attach {other}: use tc, native or generic"),
+        other => bail!("--attach {other}: use auto, tc, native or generic"),
     };
     let started = Instant::now();
     println!("Setting up: namespaces, a backend of 4 workers × 20 ms, capacity measured...");
