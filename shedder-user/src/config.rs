@@ -144,9 +144,14 @@ pub enum Attach {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Daemon {
-    /// Interfaces to attach to.
+    /// Interfaces to attach to. At least one, unless `measure_only`.
     #[serde(default)]
     pub interfaces: Vec<String>,
+    /// Attach to no interface: measure, run the controllers and serve status and metrics,
+    /// shed nothing. Stated, so that a file that forgot its interfaces is refused instead
+    /// of protecting nothing.
+    #[serde(default)]
+    pub measure_only: bool,
     #[serde(default)]
     pub attach: Attach,
     #[serde(default = "defaults::metrics_listen")]
@@ -187,6 +192,7 @@ impl Default for Daemon {
     fn default() -> Self {
         Self {
             interfaces: Vec::new(),
+            measure_only: false,
             attach: Attach::Auto,
             metrics_listen: defaults::metrics_listen(),
             control_socket: defaults::control_socket(),
@@ -857,7 +863,32 @@ impl Config {
         }
         self.validate_classes()?;
         self.validate_services()?;
-        self.validate_fleet()
+        self.validate_fleet()?;
+        // Last: a file with a mistake elsewhere hears of that mistake first.
+        self.validate_measure_only()
+    }
+
+    /// A file without interfaces would shed nothing: refused unless it says so.
+    fn validate_measure_only(&self) -> Result<(), ConfigError> {
+        let d = &self.daemon;
+        match (d.measure_only, d.interfaces.is_empty()) {
+            (false, true) => Err(err(
+                "daemon.interfaces",
+                "no interface is listed, so nothing would be shed; list the interfaces that \
+                 receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set \
+                 daemon.measure_only = true to measure, run the controllers and serve status \
+                 and metrics without shedding",
+            )),
+            (true, false) => Err(err(
+                "daemon.measure_only",
+                format!(
+                    "true attaches to no interface, but daemon.interfaces lists {:?}; remove \
+                     measure_only to shed on them, or the interfaces to measure only",
+                    d.interfaces
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn validate_fleet(&self) -> Result<(), ConfigError> {
@@ -1301,7 +1332,9 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
 
     #[test]
     fn defaults_are_documented_values() {
-        let c = Config::parse("[[service]]\nname = \"a\"\nports = [80]\n").unwrap();
+        let c =
+            Config::parse(&format!("{IFACE}[[service]]\nname = \"a\"\nports = [80]\n")).unwrap();
+        assert!(!c.daemon.measure_only);
         assert_eq!(c.daemon.tick_ms, 200);
         assert_eq!(c.daemon.heartbeat_timeout_ms, 3000);
         assert_eq!(c.daemon.attach, Attach::Auto);
@@ -1321,7 +1354,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
     fn retry_settings() {
         let svc = |extra: &str| {
             Config::parse(&format!(
-                "[daemon]\nsyn_retransmit_window_ms = 0\n[[service]]\nname = \"a\"\nports = [80]\n{extra}"
+                "{IFACE}syn_retransmit_window_ms = 0\n[[service]]\nname = \"a\"\nports = [80]\n{extra}"
             ))
             .unwrap()
         };
@@ -1338,13 +1371,16 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
         let c = svc("retry_window_ms = 0\ndemote_retries = false\n");
         assert!(!c.services[0].demotes_retries());
         // The bounds themselves are accepted.
-        let c = Config::parse(
-            "[daemon]\nsyn_retransmit_window_ms = 600000\n\
+        let c = Config::parse(&format!(
+            "{IFACE}syn_retransmit_window_ms = 600000\n\
              [[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 3600000\n",
-        )
+        ))
         .unwrap();
         assert_eq!(c.services[0].retry_window_ms, MAX_RETRY_WINDOW_MS);
     }
+
+    /// The `[daemon]` table of a file that sheds on one interface.
+    const IFACE: &str = "[daemon]\ninterfaces = [\"eth0\"]\n";
 
     fn error_of(toml: &str) -> String {
         Config::parse(toml).unwrap_err().to_string()
@@ -1356,7 +1392,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
 
     #[test]
     fn fleet_section_defaults_and_shared_services() {
-        let cfg = Config::parse(&format!("{FLEET}{SHARED}")).unwrap();
+        let cfg = Config::parse(&format!("{IFACE}{FLEET}{SHARED}")).unwrap();
         let f = cfg.fleet.as_ref().unwrap();
         assert_eq!(f.prefix, "/shedder");
         assert_eq!(f.lease_ttl_s, 10);
@@ -1370,7 +1406,10 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
         assert_eq!(shared.len(), 1);
         assert_eq!((shared[0].global_limit, shared[0].max_limit), (500, 4096));
         // Without [fleet] nothing is shared and nothing changes.
-        let plain = Config::parse("[[service]]\nname = \"db\"\nports = [5432]\n").unwrap();
+        let plain = Config::parse(&format!(
+            "{IFACE}[[service]]\nname = \"db\"\nports = [5432]\n"
+        ))
+        .unwrap();
         assert!(plain.fleet.is_none());
         assert!(crate::fleet::shared_services(&plain).is_empty());
     }
@@ -1620,7 +1659,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
             ),
             (
                 "[daemon]\ntick = 100\n".into(),
-                "line 2: daemon.tick: unknown key, expected one of `interfaces`, `attach`, `metrics_listen`, `control_socket`, `control_group`, `tick_ms`, `heartbeat_timeout_ms`, `pin_dir`, `signal_window_ms`, `detach_on_exit`, `kernel_debug_log`, `syn_retransmit_window_ms`",
+                "line 2: daemon.tick: unknown key, expected one of `interfaces`, `measure_only`, `attach`, `metrics_listen`, `control_socket`, `control_group`, `tick_ms`, `heartbeat_timeout_ms`, `pin_dir`, `signal_window_ms`, `detach_on_exit`, `kernel_debug_log`, `syn_retransmit_window_ms`",
             ),
             (
                 format!("{SVC}max_limt = 5\n"),
@@ -1668,6 +1707,49 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
         }
     }
 
+    /// A file that attaches to nothing sheds nothing: it must say that it means it.
+    #[test]
+    fn no_interface_needs_measure_only() {
+        const SVC: &str = "[[service]]\nname = \"a\"\nports = [80]\n";
+        let cases: &[(String, &str)] = &[
+            (
+                SVC.into(),
+                "daemon.interfaces: no interface is listed, so nothing would be shed; list the interfaces that receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set daemon.measure_only = true to measure, run the controllers and serve status and metrics without shedding",
+            ),
+            (
+                format!("[daemon]\ntick_ms = 100\ninterfaces = []\n{SVC}"),
+                "line 3: daemon.interfaces: no interface is listed, so nothing would be shed; list the interfaces that receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set daemon.measure_only = true to measure, run the controllers and serve status and metrics without shedding",
+            ),
+            (
+                format!("[daemon]\nmeasure_only = false\n{SVC}"),
+                "line 1: daemon.interfaces: no interface is listed, so nothing would be shed; list the interfaces that receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set daemon.measure_only = true to measure, run the controllers and serve status and metrics without shedding",
+            ),
+            (
+                format!("[daemon]\ninterfaces = [\"eth0\"]\nmeasure_only = true\n{SVC}"),
+                "line 3: daemon.measure_only: true attaches to no interface, but daemon.interfaces lists [\"eth0\"]; remove measure_only to shed on them, or the interfaces to measure only",
+            ),
+            (
+                format!("[daemon]\nmeasure_only = \"yes\"\n{SVC}"),
+                "line 2: daemon.measure_only: invalid type: string \"yes\", expected a boolean",
+            ),
+            (
+                // A more specific mistake is reported first.
+                "[daemon]\ntick_ms = 5\n".into(),
+                "line 2: daemon.tick_ms: 5 is outside 10..=60000",
+            ),
+        ];
+        for (toml, expected) in cases {
+            assert_eq!(&error_of(toml), expected, "for\n{toml}");
+        }
+        let c = Config::parse(&format!("[daemon]\nmeasure_only = true\n{SVC}")).unwrap();
+        assert!(c.daemon.measure_only && c.daemon.interfaces.is_empty());
+        let c = Config::parse(&format!("[daemon]\ninterfaces = [\"eth0\"]\n{SVC}")).unwrap();
+        assert!(!c.daemon.measure_only, "shedding is the default");
+        // Without services too: a daemon that only serves its status.
+        assert!(Config::parse("[daemon]\nmeasure_only = true\n").is_ok());
+        assert!(Config::parse("").is_err());
+    }
+
     #[test]
     fn file_errors_name_the_file() {
         let e = Config::load(Path::new("/nonexistent/shedder.toml")).unwrap_err();
@@ -1696,11 +1778,11 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
 
     #[test]
     fn address_bound_services_may_share_a_port() {
-        let c = Config::parse(
-            "[[service]]\nname = \"a\"\nports = [80]\naddresses = [\"198.18.0.2\"]\n\
+        let c = Config::parse(&format!(
+            "{IFACE}[[service]]\nname = \"a\"\nports = [80]\naddresses = [\"198.18.0.2\"]\n\
              [[service]]\nname = \"b\"\nports = [80]\naddresses = [\"198.18.0.3\"]\n\
              [[service]]\nname = \"c\"\nports = [80]\n",
-        );
+        ));
         assert!(c.is_ok(), "{c:?}");
     }
 }
