@@ -169,9 +169,14 @@ impl Attach {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Daemon {
-    /// Interfaces to attach to.
+    /// Interfaces to attach to. At least one, unless `measure_only`.
     #[serde(default)]
     pub interfaces: Vec<String>,
+    /// Attach to no interface: measure, run the controllers and serve status and metrics,
+    /// shed nothing. Stated, so that a file that forgot its interfaces is refused instead
+    /// of protecting nothing.
+    #[serde(default)]
+    pub measure_only: bool,
     #[serde(default)]
     pub attach: Attach,
     #[serde(default = "defaults::metrics_listen")]
@@ -219,6 +224,7 @@ impl Default for Daemon {
     fn default() -> Self {
         Self {
             interfaces: Vec::new(),
+            measure_only: false,
             attach: Attach::Auto,
             metrics_listen: defaults::metrics_listen(),
             control_socket: defaults::control_socket(),
@@ -543,6 +549,177 @@ fn locate(text: &str, field: &str) -> Option<usize> {
     found.map(|i| i + 1)
 }
 
+/// A refusal by the deserializer (a wrong type, an unknown key or value, an integer out of
+/// range) as a [`ConfigError`] like the validation's: the key path (`service[0] (checkout)
+/// .ports[1]`) as the field, and serde's message in the file's terms, saying what is allowed
+/// (`an integer in 0..=65535` rather than `u16`).
+fn shape_error(text: &str, path: &serde_path_to_error::Path, message: &str) -> ConfigError {
+    use fmt::Write as _;
+    use serde_path_to_error::Segment;
+    let segments: Vec<&Segment> = path.iter().collect();
+    let mut field = String::new();
+    for (i, segment) in segments.iter().enumerate() {
+        match segment {
+            Segment::Seq { index } => {
+                let _ = write!(field, "[{index}]");
+                // A service is named as the validation names it, when its name is usable.
+                if i == 1
+                    && field.starts_with("service[")
+                    && !matches!(segments.get(2), Some(Segment::Map { key }) if key == "name")
+                    && let Some(name) = service_name(text, *index)
+                {
+                    let _ = write!(field, " ({name})");
+                }
+            }
+            other => {
+                if !field.is_empty() {
+                    field.push('.');
+                }
+                let _ = write!(field, "{other}");
+            }
+        }
+    }
+    let key = segments.last().map(|s| s.to_string()).unwrap_or_default();
+    let message = if let Some(rest) = message.strip_prefix("missing field `") {
+        // The path is the table's; the key it lacks is in the message.
+        if !field.is_empty() {
+            field.push('.');
+        }
+        field.push_str(rest.trim_end_matches('`'));
+        "missing (this key has no default)".to_string()
+    } else if let Some(rest) = message.strip_prefix("unknown field `") {
+        // The path ends with the unknown key already.
+        let known = rest.split_once("`, ").map_or("", |(_, k)| k);
+        format!("unknown key, {known}")
+    } else if let Some(rest) = message.strip_prefix("unknown variant ") {
+        format!("unknown value {rest}")
+    } else if message == "wanted string or table" {
+        // toml's refusal of a number or array where an enum's name belongs.
+        match enum_values(&key) {
+            Some(values) => format!("not a string, expected {values}"),
+            None => "expected a string".to_string(),
+        }
+    } else if message == "invalid IP address syntax" {
+        match value_at(text, &segments) {
+            Some(toml::Value::String(v)) => {
+                format!("`{v}` is not an IP address (e.g. 198.18.0.10 or 2001:db8::10)")
+            }
+            _ => "not an IP address (e.g. 198.18.0.10 or 2001:db8::10)".to_string(),
+        }
+    } else {
+        let (what, expected) = message.rsplit_once(", expected ").unwrap_or((message, ""));
+        let what = what
+            .replace("invalid type: sequence", "invalid type: array")
+            .replace("invalid type: map", "invalid type: table");
+        // An integer beyond i64 reaches serde as an i128: out of range, not of another type.
+        let what = match what.strip_suffix(" as i128") {
+            Some(w) => w.replace("invalid type: integer", "invalid value: integer"),
+            None => what,
+        };
+        match expected {
+            "" => what,
+            "u16" => format!("{what}, expected an integer in 0..={}", u16::MAX),
+            "u32" => format!("{what}, expected an integer in 0..={}", u32::MAX),
+            "u64" => format!("{what}, expected a non-negative integer"),
+            "f64" => format!("{what}, expected a number"),
+            "a sequence" => format!("{what}, expected an array"),
+            "a map" => format!("{what}, expected a table"),
+            "IP address" => format!("{what}, expected an IP address (e.g. 198.18.0.10)"),
+            "path string" => format!("{what}, expected a path (a string)"),
+            e if e.starts_with("struct ") => format!("{what}, expected a table"),
+            e => format!("{what}, expected {e}"),
+        }
+    };
+    err(field, message)
+}
+
+/// A key or table defined twice: a syntax error to toml, but one about a key, so it is
+/// named like the others, the table it is in found from the headers above it.
+fn duplicate_key(text: &str, span: std::ops::Range<usize>) -> ConfigError {
+    let key = text.get(span.clone()).unwrap_or("");
+    let start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[start..].lines().next().unwrap_or("").trim();
+    // The table a header names, `[[x]]` as `x[n]` (counted when `count`: headers above).
+    let mut arrays: HashMap<String, usize> = HashMap::new();
+    let mut table_of = |header: &str, count: bool| -> Option<String> {
+        if let Some(name) = header.strip_prefix("[[") {
+            let name = name.split("]]").next()?.trim();
+            let n = arrays.entry(name.to_string()).or_default();
+            if count {
+                *n += 1;
+            }
+            return Some(format!("{name}[{}]", n.saturating_sub(1)));
+        }
+        let name = header.strip_prefix('[')?.split(']').next()?.trim();
+        // `[service.rate.high]` belongs to the last `[[service]]`.
+        let (first, rest) = name.split_once('.').unwrap_or((name, ""));
+        Some(match arrays.get(first) {
+            Some(n) if !rest.is_empty() => format!("{first}[{}].{rest}", n.saturating_sub(1)),
+            _ => name.to_string(),
+        })
+    };
+    let mut table = None;
+    for l in text[..start].lines() {
+        if let Some(t) = table_of(l.trim(), true) {
+            table = Some(t);
+        }
+    }
+    if line.starts_with('[') {
+        return err(
+            table_of(line, false).unwrap_or_default(),
+            "this table is already defined above",
+        );
+    }
+    let at_line_start = line
+        .strip_prefix(key)
+        .is_some_and(|r| r.trim_start().starts_with(['=', '.']));
+    match table {
+        // A key inside an inline table has a path the headers do not tell.
+        _ if !at_line_start => err("", format!("duplicate key `{key}`")),
+        Some(t) => err(format!("{t}.{key}"), "this key is already set above"),
+        None => err(key, "this key is already set above"),
+    }
+}
+
+/// The names an enum-valued key takes, as serde lists them for an unknown one
+/// (e.g. "`rst` or `drop`").
+fn enum_values(key: &str) -> Option<String> {
+    fn of<'de, T: Deserialize<'de>>() -> Option<String> {
+        let de = serde::de::value::StrDeserializer::<serde::de::value::Error>::new("");
+        let e = T::deserialize(de).err()?.to_string();
+        e.split_once(", expected ").map(|(_, v)| v.to_string())
+    }
+    match key {
+        "attach" => of::<Attach>(),
+        "default_class" => of::<ClassName>(),
+        "controller" => of::<Controller>(),
+        "action" => of::<Action>(),
+        "mode" => of::<Mode>(),
+        _ => None,
+    }
+}
+
+/// The value at a deserializer's path in the text, read again without the types.
+fn value_at(text: &str, path: &[&serde_path_to_error::Segment]) -> Option<toml::Value> {
+    use serde_path_to_error::Segment;
+    let mut value = toml::Value::Table(text.parse().ok()?);
+    for segment in path {
+        value = match segment {
+            Segment::Seq { index } => value.as_array()?.get(*index)?.clone(),
+            Segment::Map { key } | Segment::Enum { variant: key } => value.get(key)?.clone(),
+            Segment::Unknown => return None,
+        };
+    }
+    Some(value)
+}
+
+/// The name of the `index`-th `[[service]]` as written, when it is a valid name.
+fn service_name(text: &str, index: usize) -> Option<String> {
+    let table: toml::Table = text.parse().ok()?;
+    let name = table.get("service")?.get(index)?.get("name")?.as_str()?;
+    valid_name(name).then(|| name.to_string())
+}
+
 /// A name that can be a metric label or an etcd key component: 1 to 64 characters from
 /// `[A-Za-z0-9._-]`.
 fn valid_name(name: &str) -> bool {
@@ -628,9 +805,22 @@ impl Config {
 
     /// Parse and validate configuration text.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| {
-            let mut error = err("", e.message().to_string());
-            error.line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
+        let line_of =
+            |e: &toml::de::Error| e.span().map(|s| text[..s.start].matches('\n').count() + 1);
+        // Syntax first (no key to name), then the shape, with the path of the key at fault.
+        let de = toml::Deserializer::parse(text).map_err(|e| {
+            let mut error = match e.span() {
+                Some(span) if e.message() == "duplicate key" => duplicate_key(text, span),
+                _ => err("", e.message().to_string()),
+            };
+            error.line = line_of(&e);
+            error
+        })?;
+        let cfg: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().clone();
+            let e = e.into_inner();
+            let mut error = shape_error(text, &path, e.message());
+            error.line = line_of(&e).or_else(|| locate(text, &error.field));
             error
         })?;
         cfg.validate().map_err(|mut e| {
@@ -723,7 +913,32 @@ impl Config {
         }
         self.validate_classes()?;
         self.validate_services()?;
-        self.validate_fleet()
+        self.validate_fleet()?;
+        // Last: a file with a mistake elsewhere hears of that mistake first.
+        self.validate_measure_only()
+    }
+
+    /// A file without interfaces would shed nothing: refused unless it says so.
+    fn validate_measure_only(&self) -> Result<(), ConfigError> {
+        let d = &self.daemon;
+        match (d.measure_only, d.interfaces.is_empty()) {
+            (false, true) => Err(err(
+                "daemon.interfaces",
+                "no interface is listed, so nothing would be shed; list the interfaces that \
+                 receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set \
+                 daemon.measure_only = true to measure, run the controllers and serve status \
+                 and metrics without shedding",
+            )),
+            (true, false) => Err(err(
+                "daemon.measure_only",
+                format!(
+                    "true attaches to no interface, but daemon.interfaces lists {:?}; remove \
+                     measure_only to shed on them, or the interfaces to measure only",
+                    d.interfaces
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn validate_fleet(&self) -> Result<(), ConfigError> {
@@ -1167,7 +1382,9 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
 
     #[test]
     fn defaults_are_documented_values() {
-        let c = Config::parse("[[service]]\nname = \"a\"\nports = [80]\n").unwrap();
+        let c =
+            Config::parse(&format!("{IFACE}[[service]]\nname = \"a\"\nports = [80]\n")).unwrap();
+        assert!(!c.daemon.measure_only);
         assert_eq!(c.daemon.tick_ms, 200);
         assert_eq!(c.daemon.heartbeat_timeout_ms, 3000);
         assert_eq!(c.daemon.attach, Attach::Auto);
@@ -1187,7 +1404,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
     fn retry_settings() {
         let svc = |extra: &str| {
             Config::parse(&format!(
-                "[daemon]\nsyn_retransmit_window_ms = 0\n[[service]]\nname = \"a\"\nports = [80]\n{extra}"
+                "{IFACE}syn_retransmit_window_ms = 0\n[[service]]\nname = \"a\"\nports = [80]\n{extra}"
             ))
             .unwrap()
         };
@@ -1204,13 +1421,16 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
         let c = svc("retry_window_ms = 0\ndemote_retries = false\n");
         assert!(!c.services[0].demotes_retries());
         // The bounds themselves are accepted.
-        let c = Config::parse(
-            "[daemon]\nsyn_retransmit_window_ms = 600000\n\
+        let c = Config::parse(&format!(
+            "{IFACE}syn_retransmit_window_ms = 600000\n\
              [[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 3600000\n",
-        )
+        ))
         .unwrap();
         assert_eq!(c.services[0].retry_window_ms, MAX_RETRY_WINDOW_MS);
     }
+
+    /// The `[daemon]` table of a file that sheds on one interface.
+    const IFACE: &str = "[daemon]\ninterfaces = [\"eth0\"]\n";
 
     fn error_of(toml: &str) -> String {
         Config::parse(toml).unwrap_err().to_string()
@@ -1222,7 +1442,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
 
     #[test]
     fn fleet_section_defaults_and_shared_services() {
-        let cfg = Config::parse(&format!("{FLEET}{SHARED}")).unwrap();
+        let cfg = Config::parse(&format!("{IFACE}{FLEET}{SHARED}")).unwrap();
         let f = cfg.fleet.as_ref().unwrap();
         assert_eq!(f.prefix, "/shedder");
         assert_eq!(f.lease_ttl_s, 10);
@@ -1236,7 +1456,10 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
         assert_eq!(shared.len(), 1);
         assert_eq!((shared[0].global_limit, shared[0].max_limit), (500, 4096));
         // Without [fleet] nothing is shared and nothing changes.
-        let plain = Config::parse("[[service]]\nname = \"db\"\nports = [5432]\n").unwrap();
+        let plain = Config::parse(&format!(
+            "{IFACE}[[service]]\nname = \"db\"\nports = [5432]\n"
+        ))
+        .unwrap();
         assert!(plain.fleet.is_none());
         assert!(crate::fleet::shared_services(&plain).is_empty());
     }
@@ -1282,7 +1505,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
             ),
             (
                 "[fleet]\nendpoints = [\"http://e:2379\"]\n".to_string(),
-                "line 1: missing field `max_nodes`",
+                "line 1: fleet.max_nodes: missing (this key has no default)",
             ),
             (
                 format!("{FLEET}[[service]]\nname = \"db\"\nports = [5432]\nglobal_limit = 0\n"),
@@ -1378,31 +1601,203 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
                 "[[service]]\nname = \"a\"\nports = [80]\ndemote_retries = true\nretry_window_ms = 0\n",
                 "line 4: service[0] (a).demote_retries: true has no effect with retry_window_ms = 0 (no attempt is recognised as a retry); give retry_window_ms a window or remove demote_retries",
             ),
-            (
-                "[[service]]\nname = \"a\"\nports = [80]\ndemote_retries = \"yes\"\n",
-                "line 4: invalid type: string \"yes\", expected a boolean",
-            ),
-            (
-                "[daemon]\nsyn_retransmit_window_ms = -1\n",
-                "line 2: invalid value: integer `-1`, expected u64",
-            ),
-            (
-                "[[service]]\nname = \"a\"\nports = [80]\naction = \"reject\"\n",
-                "line 4: unknown variant `reject`, expected `rst` or `drop`",
-            ),
-            (
-                "[[service]]\nname = \"a\"\nports = [80]\nmax_limt = 5\n",
-                "line 4: unknown field `max_limt`, expected one of `name`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`, `retry_window_ms`, `demote_retries`, `global_limit`",
-            ),
-            (
-                "[[service]]\nname = \"a\"\nports = [70000]\n",
-                "line 3: invalid value: integer `70000`, expected u16",
-            ),
         ];
         for (toml, expected) in cases {
             let got = error_of(toml);
             assert_eq!(&got, expected, "for\n{toml}");
         }
+    }
+
+    /// What the deserializer refuses (wrong type, unknown key or value, integer out of
+    /// range, a key set twice), named like the validation's refusals: line, key path, what
+    /// is allowed.
+    #[test]
+    fn shape_errors_name_the_key_and_what_is_allowed() {
+        const SVC: &str = "[[service]]\nname = \"checkout\"\nports = [80]\n";
+        let cases: &[(String, &str)] = &[
+            (
+                format!("{SVC}action = \"explode\"\n"),
+                "line 4: service[0] (checkout).action: unknown value `explode`, expected `rst` or `drop`",
+            ),
+            (
+                format!("{SVC}mode = \"dryrun\"\n"),
+                "line 4: service[0] (checkout).mode: unknown value `dryrun`, expected `enforce` or `dry-run`",
+            ),
+            (
+                format!("{SVC}action = 5\n"),
+                "line 4: service[0] (checkout).action: not a string, expected `rst` or `drop`",
+            ),
+            (
+                "[daemon]\nattach = \"xdp\"\n".into(),
+                "line 2: daemon.attach: unknown value `xdp`, expected one of `auto`, `native`, `generic`, `tc`",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\n[[service]]\nname = \"b\"\nports = [80, 70000]\n".into(),
+                "line 6: service[1] (b).ports[1]: invalid value: integer `70000`, expected an integer in 0..=65535",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [70000]\n".into(),
+                "line 3: service[0] (a).ports[0]: invalid value: integer `70000`, expected an integer in 0..=65535",
+            ),
+            (
+                format!("{SVC}max_limit = 5000000000\n"),
+                "line 4: service[0] (checkout).max_limit: invalid value: integer `5000000000`, expected an integer in 0..=4294967295",
+            ),
+            (
+                "[daemon]\ntick_ms = -5\n".into(),
+                "line 2: daemon.tick_ms: invalid value: integer `-5`, expected a non-negative integer",
+            ),
+            (
+                "[daemon]\nsyn_retransmit_window_ms = -1\n".into(),
+                "line 2: daemon.syn_retransmit_window_ms: invalid value: integer `-1`, expected a non-negative integer",
+            ),
+            (
+                "[daemon]\ntick_ms = 99999999999999999999\n".into(),
+                "line 2: daemon.tick_ms: invalid value: integer `99999999999999999999`, expected a non-negative integer",
+            ),
+            (
+                "[daemon]\ntick_ms = 1.5\n".into(),
+                "line 2: daemon.tick_ms: invalid type: floating point `1.5`, expected a non-negative integer",
+            ),
+            (
+                format!("{FLEET}lease_ttl_s = -1\n"),
+                "line 5: fleet.lease_ttl_s: invalid value: integer `-1`, expected a non-negative integer",
+            ),
+            (
+                "[daemon]\ndetach_on_exit = \"yes\"\n".into(),
+                "line 2: daemon.detach_on_exit: invalid type: string \"yes\", expected a boolean",
+            ),
+            (
+                format!("{SVC}demote_retries = \"yes\"\n"),
+                "line 4: service[0] (checkout).demote_retries: invalid type: string \"yes\", expected a boolean",
+            ),
+            (
+                "[classes.high]\nfloor = \"half\"\n".into(),
+                "line 2: classes.high.floor: invalid type: string \"half\", expected a number",
+            ),
+            (
+                "[daemon]\ninterfaces = \"eth0\"\n".into(),
+                "line 2: daemon.interfaces: invalid type: string \"eth0\", expected an array",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [\"80\"]\n".into(),
+                "line 3: service[0] (a).ports[0]: invalid type: string \"80\", expected an integer in 0..=65535",
+            ),
+            (
+                "[[service]]\nname = 5\nports = [80]\n".into(),
+                "line 2: service[0].name: invalid type: integer `5`, expected a string",
+            ),
+            (
+                format!("{SVC}addresses = [\"198.18.0.1\", \"198.18.0.300\"]\n"),
+                "line 4: service[0] (checkout).addresses[1]: `198.18.0.300` is not an IP address (e.g. 198.18.0.10 or 2001:db8::10)",
+            ),
+            (
+                format!("{SVC}rate = {{ high = {{ per_second = -1, burst = 1 }} }}\n"),
+                "line 4: service[0] (checkout).rate.high.per_second: invalid value: integer `-1`, expected a non-negative integer",
+            ),
+            (
+                format!("{SVC}[service.rate.high]\nper_second = \"fast\"\nburst = 1\n"),
+                "line 5: service[0] (checkout).rate.high.per_second: invalid type: string \"fast\", expected a non-negative integer",
+            ),
+            (
+                format!("{SVC}rate = {{ high = {{ per_sec = 1, burst = 1 }} }}\n"),
+                "line 4: service[0] (checkout).rate.high.per_sec: unknown key, expected `per_second` or `burst`",
+            ),
+            (
+                format!("{SVC}rate = {{ high = {{ per_second = 1 }} }}\n"),
+                "line 4: service[0] (checkout).rate.high.burst: missing (this key has no default)",
+            ),
+            (
+                "[daemon]\ntick = 100\n".into(),
+                "line 2: daemon.tick: unknown key, expected one of `interfaces`, `measure_only`, `attach`, `metrics_listen`, `control_socket`, `control_group`, `tick_ms`, `heartbeat_timeout_ms`, `pin_dir`, `signal_window_ms`, `detach_on_exit`, `kernel_debug_log`, `syn_retransmit_window_ms`",
+            ),
+            (
+                format!("{SVC}max_limt = 5\n"),
+                "line 4: service[0] (checkout).max_limt: unknown key, expected one of `name`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`, `retry_window_ms`, `demote_retries`, `global_limit`",
+            ),
+            (
+                "[classes.high]\nflor = 0.5\n".into(),
+                "line 2: classes.high.flor: unknown key, expected one of `sources`, `floor`, `ceiling`",
+            ),
+            (
+                "[classes]\nhigh = { flor = 0.5 }\n".into(),
+                "line 2: classes.high.flor: unknown key, expected one of `sources`, `floor`, `ceiling`",
+            ),
+            (
+                "[classes]\nvip = { floor = 0.5 }\n".into(),
+                "line 2: classes.vip: unknown key, expected one of `critical`, `high`, `medium`, `sheddable`",
+            ),
+            (
+                format!("{FLEET}lease_ttl = 4\n"),
+                "line 5: fleet.lease_ttl: unknown key, expected one of `endpoints`, `node`, `prefix`, `lease_ttl_s`, `safety`, `max_nodes`, `fail_static_ms`, `timeout_ms`, `reserve_departed_s`, `username`, `password_file`, `ca_file`, `cert_file`, `key_file`",
+            ),
+            (
+                "[deamon]\ntick_ms = 100\n".into(),
+                "line 1: deamon: unknown key, expected one of `daemon`, `classes`, `service`, `fleet`",
+            ),
+            (
+                "[[service]]\nname = \"a\"\n".into(),
+                "line 1: service[0] (a).ports: missing (this key has no default)",
+            ),
+            (
+                "[daemon]\ntick_ms = 100\ntick_ms = 200\n".into(),
+                "line 3: daemon.tick_ms: this key is already set above",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\n[[service]]\nname = \"b\"\nports = [81]\nports = [82]\n".into(),
+                "line 7: service[1].ports: this key is already set above",
+            ),
+            (
+                "[daemon]\ntick_ms = 100\n[daemon]\n".into(),
+                "line 3: daemon: this table is already defined above",
+            ),
+        ];
+        for (toml, expected) in cases {
+            assert_eq!(&error_of(toml), expected, "for\n{toml}");
+        }
+    }
+
+    /// A file that attaches to nothing sheds nothing: it must say that it means it.
+    #[test]
+    fn no_interface_needs_measure_only() {
+        const SVC: &str = "[[service]]\nname = \"a\"\nports = [80]\n";
+        let cases: &[(String, &str)] = &[
+            (
+                SVC.into(),
+                "daemon.interfaces: no interface is listed, so nothing would be shed; list the interfaces that receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set daemon.measure_only = true to measure, run the controllers and serve status and metrics without shedding",
+            ),
+            (
+                format!("[daemon]\ntick_ms = 100\ninterfaces = []\n{SVC}"),
+                "line 3: daemon.interfaces: no interface is listed, so nothing would be shed; list the interfaces that receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set daemon.measure_only = true to measure, run the controllers and serve status and metrics without shedding",
+            ),
+            (
+                format!("[daemon]\nmeasure_only = false\n{SVC}"),
+                "line 1: daemon.interfaces: no interface is listed, so nothing would be shed; list the interfaces that receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set daemon.measure_only = true to measure, run the controllers and serve status and metrics without shedding",
+            ),
+            (
+                format!("[daemon]\ninterfaces = [\"eth0\"]\nmeasure_only = true\n{SVC}"),
+                "line 3: daemon.measure_only: true attaches to no interface, but daemon.interfaces lists [\"eth0\"]; remove measure_only to shed on them, or the interfaces to measure only",
+            ),
+            (
+                format!("[daemon]\nmeasure_only = \"yes\"\n{SVC}"),
+                "line 2: daemon.measure_only: invalid type: string \"yes\", expected a boolean",
+            ),
+            (
+                // A more specific mistake is reported first.
+                "[daemon]\ntick_ms = 5\n".into(),
+                "line 2: daemon.tick_ms: 5 is outside 10..=60000",
+            ),
+        ];
+        for (toml, expected) in cases {
+            assert_eq!(&error_of(toml), expected, "for\n{toml}");
+        }
+        let c = Config::parse(&format!("[daemon]\nmeasure_only = true\n{SVC}")).unwrap();
+        assert!(c.daemon.measure_only && c.daemon.interfaces.is_empty());
+        let c = Config::parse(&format!("[daemon]\ninterfaces = [\"eth0\"]\n{SVC}")).unwrap();
+        assert!(!c.daemon.measure_only, "shedding is the default");
+        // Without services too: a daemon that only serves its status.
+        assert!(Config::parse("[daemon]\nmeasure_only = true\n").is_ok());
+        assert!(Config::parse("").is_err());
     }
 
     #[test]
@@ -1413,15 +1808,31 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
                 .starts_with("/nonexistent/shedder.toml: cannot read"),
             "{e}"
         );
+        // A refusal of the deserializer is prefixed like the validation's.
+        let path = std::env::temp_dir().join(format!("shedder-config-{}.toml", std::process::id()));
+        std::fs::write(
+            &path,
+            "[[service]]\nname = \"a\"\nports = [80]\naction = \"reject\"\n",
+        )
+        .unwrap();
+        let e = Config::load(&path).unwrap_err().to_string();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            e,
+            format!(
+                "{}:4: service[0] (a).action: unknown value `reject`, expected `rst` or `drop`",
+                path.display()
+            )
+        );
     }
 
     #[test]
     fn address_bound_services_may_share_a_port() {
-        let c = Config::parse(
-            "[[service]]\nname = \"a\"\nports = [80]\naddresses = [\"198.18.0.2\"]\n\
+        let c = Config::parse(&format!(
+            "{IFACE}[[service]]\nname = \"a\"\nports = [80]\naddresses = [\"198.18.0.2\"]\n\
              [[service]]\nname = \"b\"\nports = [80]\naddresses = [\"198.18.0.3\"]\n\
              [[service]]\nname = \"c\"\nports = [80]\n",
-        );
+        ));
         assert!(c.is_ok(), "{c:?}");
     }
 }

@@ -330,6 +330,7 @@ pub fn run(opts: Options) -> Result<()> {
     info!(
         services = daemon.services.len(),
         interfaces = ?daemon.cfg.daemon.interfaces,
+        measure_only = daemon.cfg.daemon.measure_only,
         tick_ms = daemon.cfg.daemon.tick_ms,
         metrics = %daemon.cfg.daemon.metrics_listen,
         control = %daemon.cfg.daemon.control_socket.display(),
@@ -907,6 +908,7 @@ impl Daemon {
         let (old, new) = (&self.cfg.daemon, &cfg.daemon);
         for (field, same) in [
             ("daemon.pin_dir", old.pin_dir == new.pin_dir),
+            ("daemon.measure_only", old.measure_only == new.measure_only),
             ("daemon.interfaces", old.interfaces == new.interfaces),
             ("daemon.attach", old.attach == new.attach),
             (

@@ -190,10 +190,10 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
                 daemon.pin_dir.display()
             ),
         )),
-        Some(cfg) if cfg.daemon.interfaces.is_empty() => out.push(Check::warn(
+        // Stated in the file (validation refuses no interface otherwise): not a fault.
+        Some(cfg) if cfg.daemon.measure_only => out.push(Check::ok(
             "interface",
-            "daemon.interfaces is empty: nothing is attached, nothing is protected",
-            "list the interfaces that receive the services' SYNs in daemon.interfaces",
+            "none: daemon.measure_only = true (measures and serves status and metrics, sheds nothing)",
         )),
         Some(cfg) => {
             for iface in &cfg.daemon.interfaces {

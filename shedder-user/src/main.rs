@@ -311,7 +311,11 @@ fn run(cli: Cli) -> Result<u8> {
                     "{}: ok ({}, {})",
                     file.display(),
                     count(cfg.services.len(), "service"),
-                    count(cfg.daemon.interfaces.len(), "interface")
+                    if cfg.daemon.measure_only {
+                        "measure only: no interface".to_string()
+                    } else {
+                        count(cfg.daemon.interfaces.len(), "interface")
+                    }
                 );
             }
             PolicyCommand::Apply { file, target } => {
@@ -475,10 +479,13 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
     } else {
         interfaces
     };
+    // A validated configuration lists interfaces unless it is measure-only.
     if interfaces.is_empty() {
-        bail!(BadInput(
-            "no interface: give --iface or set daemon.interfaces in the configuration".into()
-        ));
+        bail!(BadInput(format!(
+            "{}: daemon.measure_only = true attaches to no interface; give --iface to attach \
+             anyway, or list daemon.interfaces instead of measure_only",
+            config.display()
+        )));
     }
     let pins = shedder::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
     if let shedder::pins::Durability::Private(why) = &pins.durability {

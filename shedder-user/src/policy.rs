@@ -429,7 +429,8 @@ mod tests {
     #[test]
     fn compile_example() {
         let cfg = Config::parse(
-            "[classes]\ncritical = { sources = [\"198.18.10.0/24\"], ceiling = 0.05 }\n\
+            "[daemon]\ninterfaces = [\"eth0\"]\n\
+             [classes]\ncritical = { sources = [\"198.18.10.0/24\"], ceiling = 0.05 }\n\
              high = { floor = 0.6 }\n\
              [[service]]\nname = \"checkout\"\nports = [8080, 8443]\nmax_limit = 1000\n\
              fallback_limit = 200\naction = \"drop\"\n\
@@ -460,7 +461,7 @@ mod tests {
     #[test]
     fn windows_are_converted_to_jiffies_at_the_calibrated_hz() {
         let cfg = Config::parse(
-            "[daemon]\nsyn_retransmit_window_ms = 1500\n\
+            "[daemon]\ninterfaces = [\"eth0\"]\nsyn_retransmit_window_ms = 1500\n\
              [[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 2001\n\
              [[service]]\nname = \"b\"\nports = [81]\nretry_window_ms = 0\n\
              [[service]]\nname = \"c\"\nports = [82]\ndemote_retries = false\n",
@@ -493,7 +494,7 @@ mod tests {
         }
         // Zero windows disable recognition on both sides.
         let off = Config::parse(
-            "[daemon]\nsyn_retransmit_window_ms = 0\n[[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 0\n",
+            "[daemon]\ninterfaces = [\"eth0\"]\nsyn_retransmit_window_ms = 0\n[[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 0\n",
         )
         .unwrap();
         let c = compile(&off, 1000);
@@ -501,9 +502,11 @@ mod tests {
         assert_eq!(c.services[0].policy.retry_window_jiffies, 0);
         // The longest window fits 32 bits with room at any HZ, and a wild calibration
         // saturates rather than wrapping to a short window.
-        let long =
-            Config::parse("[[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 3600000\n")
-                .unwrap();
+        let long = Config::parse(
+            "[daemon]\ninterfaces = [\"eth0\"]\n\
+             [[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 3600000\n",
+        )
+        .unwrap();
         assert_eq!(
             compile(&long, 1000).services[0].policy.retry_window_jiffies,
             3_600_000
@@ -517,7 +520,8 @@ mod tests {
     #[test]
     fn the_per_tick_rewrite_keeps_the_retry_settings() {
         let cfg = Config::parse(
-            "[classes]\nhigh = { floor = 0.5 }\n\
+            "[daemon]\ninterfaces = [\"eth0\"]\n\
+             [classes]\nhigh = { floor = 0.5 }\n\
              [[service]]\nname = \"a\"\nports = [80]\nmax_limit = 1000\nretry_window_ms = 4000\n",
         )
         .unwrap();

@@ -208,7 +208,9 @@ pub fn render(state: &State) -> String {
         out,
         "attached: {}",
         if attach.is_empty() {
-            "nothing".into()
+            // A configuration lists interfaces unless it is measure-only, and a daemon
+            // that cannot attach to one does not start: nothing attached is measure-only.
+            "nothing (measure only: daemon.measure_only = true, nothing is shed)".into()
         } else {
             attach.join(", ")
         }
@@ -356,6 +358,20 @@ mod tests {
     #[test]
     fn status_table_matches_the_golden_file() {
         crate::golden::check("status.txt", &render(&fixture()));
+    }
+
+    #[test]
+    fn a_daemon_attached_to_nothing_says_it_only_measures() {
+        let mut s = fixture();
+        s.attach.clear();
+        let out = render(&s);
+        assert!(
+            out.lines().nth(1)
+                == Some(
+                    "attached: nothing (measure only: daemon.measure_only = true, nothing is shed)"
+                ),
+            "{out}"
+        );
     }
 
     #[test]

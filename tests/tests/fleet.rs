@@ -938,6 +938,8 @@ fn fleet_connects_over_tls_with_authentication() {
         format!(
             r#"
 [daemon]
+# This test is about registering with etcd, not traffic: attach to nothing.
+measure_only = true
 pin_dir = "{pins}"
 control_socket = "{socket}"
 tick_ms = 100
