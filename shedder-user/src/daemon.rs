@@ -295,6 +295,8 @@ struct Daemon {
     fleet: Option<fleet::Handle>,
     /// Where the pins are (see [`crate::pins`]).
     pins: PinDir,
+    /// Lasting limitations found at start, for `status` (see [`State::warnings`]).
+    warnings: Vec<String>,
     /// Refusals that do not leave the host: the drivers' XDP transmit errors.
     delivery: crate::netdev::delivery::Monitor,
 }
@@ -326,7 +328,18 @@ pub fn run(opts: Options) -> Result<()> {
         );
     }
     info!(pins = %pins.describe(), "pin directory");
-    let mut daemon = Daemon::start(opts.config.clone(), cfg, text, pins)?;
+    // A start that fails leaves nothing of its own behind; an earlier run's pins stay.
+    let fresh = !pins.path.join("maps").exists();
+    let fresh_dir = pins.path.clone();
+    let mut daemon = match Daemon::start(opts.config.clone(), cfg, text, pins) {
+        Ok(d) => d,
+        Err(e) => {
+            if fresh {
+                let _ = crate::ebpf::unpin_all(&fresh_dir);
+            }
+            return Err(e);
+        }
+    };
     info!(
         services = daemon.services.len(),
         interfaces = ?daemon.cfg.daemon.interfaces,
@@ -371,15 +384,11 @@ pub fn run(opts: Options) -> Result<()> {
     Ok(())
 }
 
-/// Attach to `iface` in the mode, of those `requested` allows, in which the configured
-/// action reaches the client ([`crate::netdev::choose`]); refuse a mode that cannot deliver
-/// it. The choice and its reason are logged.
-pub fn attach_delivering(
-    shedder: &mut Shedder,
-    cfg: &Config,
-    iface: &str,
-    requested: AttachMode,
-) -> Result<Attached> {
+/// The mode to attach `iface` in, of those `requested` allows, in which the configured
+/// action reaches the client ([`crate::netdev::choose`]); a mode that cannot deliver it is
+/// refused (bad input). The choice and its reason are logged. Called before anything is
+/// loaded, so a refusal leaves nothing behind.
+pub fn delivering_mode(cfg: &Config, iface: &str, requested: AttachMode) -> Result<AttachMode> {
     let tcx = crate::doctor::running_kernel().is_none_or(|v| v >= crate::doctor::TCX_KERNEL);
     let facts = crate::netdev::Facts::of(iface);
     let (mode, note) = crate::netdev::choose(iface, requested, &facts, cfg.sends_replies(), tcx)
@@ -391,9 +400,7 @@ pub fn attach_delivering(
             info!("{note}");
         }
     }
-    shedder
-        .attach(iface, mode)
-        .with_context(|| format!("attaching to {iface} ({})", mode.as_str()))
+    Ok(mode)
 }
 
 /// The largest change of the limit an override may make without `force`.
@@ -423,6 +430,19 @@ impl Daemon {
                     cfg.daemon.control_socket.display()
                 )
             })?;
+        // Each interface's mode, unless an earlier run's attachment is adopted.
+        let modes = cfg
+            .daemon
+            .interfaces
+            .iter()
+            .map(|iface| {
+                if pin_dir.join("links").join(iface).exists() {
+                    Ok(None)
+                } else {
+                    delivering_mode(&cfg, iface, cfg.daemon.attach).map(Some)
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut kernel_log = cfg.daemon.kernel_debug_log;
         let loaded = match Shedder::load_pinned(&pin_dir, kernel_log) {
             // The log sites multiply what the verifier explores: older kernels' verifiers
@@ -491,10 +511,17 @@ impl Daemon {
         if let Some(note) = crate::ebpf::missing_tracepoints_note(&missing) {
             warn!("{note}");
         }
-        crate::seed::seed_and_report(&mut shedder, &cfg);
+        let mut warnings: Vec<String> = crate::seed::seed_and_report(&mut shedder, &cfg)
+            .into_iter()
+            .collect();
+        if let Durability::Private(why) = &pins.durability {
+            warnings.push(format!(
+                "no fail-static: the pins die with this daemon ({why}); if it dies, nothing is shed"
+            ));
+        }
         let mut attach = Vec::new();
-        for iface in &cfg.daemon.interfaces {
-            if pin_dir.join("links").join(iface).exists() {
+        for (iface, mode) in cfg.daemon.interfaces.iter().zip(modes) {
+            let Some(mode) = mode else {
                 let how = shedder.adopt(iface).with_context(|| {
                     format!(
                         "adopting the attachment pinned at {} (`shedder detach` removes it)",
@@ -518,8 +545,10 @@ impl Daemon {
                     xdp_tx_errors: None,
                 });
                 continue;
-            }
-            let how = attach_delivering(&mut shedder, &cfg, iface, cfg.daemon.attach)?;
+            };
+            let how = shedder
+                .attach(iface, mode)
+                .with_context(|| format!("attaching to {iface} ({})", mode.as_str()))?;
             info!(iface = %iface, mode = how.as_str(), "attached");
             attach.push(Attachment {
                 interface: iface.clone(),
@@ -574,6 +603,7 @@ impl Daemon {
             detach_requested: false,
             fleet,
             pins,
+            warnings,
             delivery: crate::netdev::delivery::Monitor::new(
                 attach
                     .iter()
@@ -702,6 +732,12 @@ impl Daemon {
                 .filter_map(|rt| rt.state(now))
                 .collect(),
             fleet: self.fleet.as_ref().map(|f| f.state()),
+            warnings: self
+                .warnings
+                .iter()
+                .cloned()
+                .chain(self.delivery.problems())
+                .collect(),
         }
     }
 

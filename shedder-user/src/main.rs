@@ -468,6 +468,8 @@ fn init_logging() {
 }
 
 fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Result<()> {
+    // The choice of mode and the connections counted are logged, as by the daemon.
+    init_logging();
     let cfg = load_config(&config)?;
     let mode = match mode.as_deref() {
         Some(m) => AttachMode::parse(m)
@@ -497,6 +499,11 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
         );
     }
     let pin_dir = &pins.path;
+    // Modes first: a refusal leaves nothing loaded or pinned.
+    let modes = interfaces
+        .iter()
+        .map(|iface| shedder::daemon::delivering_mode(&cfg, iface, mode))
+        .collect::<Result<Vec<_>>>()?;
     let mut shedder = Shedder::load_pinned(pin_dir, false).context("loading the eBPF programs")?;
     let hz = shedder
         .calibrate_hz(std::time::Duration::from_millis(100))
@@ -512,13 +519,16 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
     if let Some(note) = ebpf::missing_tracepoints_note(&missing) {
         eprintln!("warning: {note}");
     }
-    shedder::seed::seed_and_report(&mut shedder, &cfg);
-    for iface in &interfaces {
+    // Its warning is logged (and there is no status to show it in).
+    let _ = shedder::seed::seed_and_report(&mut shedder, &cfg);
+    for (iface, mode) in interfaces.iter().zip(modes) {
         if pin_dir.join("links").join(iface).exists() {
             println!("{iface}: already attached (pinned link kept; policy updated)");
             continue;
         }
-        let how = shedder::daemon::attach_delivering(&mut shedder, &cfg, iface, mode)?;
+        let how = shedder
+            .attach(iface, mode)
+            .with_context(|| format!("attaching to {iface} ({})", mode.as_str()))?;
         println!("{iface}: attached ({})", how.as_str());
     }
     println!(

@@ -236,15 +236,16 @@ pub fn seed(shedder: &mut Shedder, protected: &BTreeSet<u16>) -> Result<Summary,
 
 /// Seed the in-flight counts of `cfg`'s services and log what was found: the connections
 /// counted, a warning when they cannot be (in-flight then starts from the connections born
-/// after attach), and protected ports listened on in several network namespaces.
-pub fn seed_and_report(shedder: &mut Shedder, cfg: &crate::config::Config) {
+/// after attach), and protected ports listened on in several network namespaces. Returns
+/// the warning for `status` when nothing could be counted.
+pub fn seed_and_report(shedder: &mut Shedder, cfg: &crate::config::Config) -> Option<String> {
     let protected: BTreeSet<u16> = cfg
         .services
         .iter()
         .flat_map(|s| s.ports.iter().copied())
         .collect();
     if protected.is_empty() {
-        return;
+        return None;
     }
     match seed(shedder, &protected) {
         Ok(summary) => {
@@ -289,12 +290,17 @@ pub fn seed_and_report(shedder: &mut Shedder, cfg: &crate::config::Config) {
                 );
             }
         }
-        Err(why) => tracing::warn!(
-            "connections open before tracking began are not counted ({why}): in-flight \
-             counts start from the connections born from now on, so a service that is \
-             already busy is admitted past its limit until those connections close"
-        ),
+        Err(why) => {
+            let warning = format!(
+                "connections open before tracking began are not counted ({why}): in-flight \
+                 counts start from the connections born from now on, so a service that is \
+                 already busy is admitted past its limit until those connections close"
+            );
+            tracing::warn!("{warning}");
+            return Some(warning);
+        }
     }
+    None
 }
 
 #[cfg(test)]

@@ -31,6 +31,10 @@ pub struct State {
     /// Fleet mode: membership, shares and etcd health (absent without `[fleet]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetState>,
+    /// What the daemon cannot do here, as an operator must know it (connections open
+    /// before attach not counted, no fail-static, resets that cannot leave).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -215,6 +219,9 @@ pub fn render(state: &State) -> String {
             attach.join(", ")
         }
     );
+    for w in &state.warnings {
+        let _ = writeln!(out, "WARNING: {w}");
+    }
     let costs: Vec<String> = state
         .programs
         .iter()
@@ -358,6 +365,19 @@ mod tests {
     #[test]
     fn status_table_matches_the_golden_file() {
         crate::golden::check("status.txt", &render(&fixture()));
+    }
+
+    #[test]
+    fn warnings_follow_the_attachments() {
+        let mut s = fixture();
+        s.warnings = vec!["connections open before tracking began are not counted".into()];
+        let out = render(&s);
+        assert_eq!(
+            out.lines().nth(2),
+            Some("WARNING: connections open before tracking began are not counted")
+        );
+        let back: State = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Running the real `shedder` daemon in a test: in a chosen network namespace (entered with
-//! nsenter, so bpffs stays the host's and pins outlive the process), with its own pin
-//! directory, killed and unpinned when the guard drops.
+//! nsenter unless the test asks for another [`Launch`]), with its own pin directory, killed
+//! and unpinned when the guard drops.
 
 use std::{
     io::Write,
@@ -42,6 +42,18 @@ pub fn shedder_bin() -> PathBuf {
         })
 }
 
+/// How a test starts the daemon in a network namespace, as users do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launch {
+    /// `nsenter --net=…`: the host's mounts, bpffs included.
+    Nsenter,
+    /// `ip netns exec`: a private mount namespace with a fresh `/sys` (no bpffs).
+    IpNetnsExec,
+    /// `ip netns exec … unshare --pid --fork --mount-proc`: pid 1 of its own pid and mount
+    /// namespaces, as a container's entry point without the host's bpffs.
+    Pid1,
+}
+
 /// A daemon process and the files it uses.
 pub struct Daemon {
     child: Option<Child>,
@@ -51,34 +63,63 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Write `config` (TOML; its `pin_dir` must be `pin_dir`) to a file and start
-    /// `shedder run` inside `ns`.
+    /// Write `config` and start `shedder run` inside `ns` the way `launch` says.
+    pub fn start_as(ns: &Netns, tag: &str, config: &str, pin_dir: &Path, launch: Launch) -> Self {
+        let mut d = Self::start_stopped(tag, config, pin_dir);
+        d.spawn_as(ns, launch);
+        d
+    }
+
+    /// Write `config` and start `shedder run` inside `ns` (entered with nsenter).
     pub fn start(ns: &Netns, tag: &str, config: &str, pin_dir: &Path) -> Self {
+        Self::start_as(ns, tag, config, pin_dir, Launch::Nsenter)
+    }
+
+    fn start_stopped(tag: &str, config: &str, pin_dir: &Path) -> Self {
         let dir = std::env::temp_dir().join(format!("shedder-test-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("shedder.toml");
         std::fs::File::create(&path)
             .and_then(|mut f| f.write_all(config.as_bytes()))
             .expect("write config");
-        let mut d = Self {
+        Self {
             child: None,
             config: path,
             pin_dir: pin_dir.to_path_buf(),
             log: dir.join("daemon.log"),
-        };
-        d.spawn(ns);
-        d
+        }
     }
 
     /// Start (again) with the same configuration, appending to the log.
     pub fn spawn(&mut self, ns: &Netns) {
+        self.spawn_as(ns, Launch::Nsenter);
+    }
+
+    pub fn spawn_as(&mut self, ns: &Netns, launch: Launch) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log)
             .expect("log file");
-        let child = Command::new("nsenter")
-            .arg(format!("--net=/var/run/netns/{}", ns.name))
+        let mut command = match launch {
+            Launch::Nsenter => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/var/run/netns/{}", ns.name));
+                c
+            }
+            Launch::IpNetnsExec => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &ns.name]);
+                c
+            }
+            Launch::Pid1 => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &ns.name]);
+                c.args(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]);
+                c
+            }
+        };
+        let child = command
             .arg(shedder_bin())
             .args(["run", "--config"])
             .arg(&self.config)
@@ -88,6 +129,21 @@ impl Daemon {
             .spawn()
             .expect("spawn shedder run");
         self.child = Some(child);
+    }
+
+    /// Wait up to `timeout` for the daemon to exit by itself; its status, or `None` if it
+    /// still runs.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let c = self.child.as_mut()?;
+            if let Some(status) = c.try_wait().expect("wait") {
+                self.child = None;
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
     }
 
     pub fn pid(&self) -> u32 {

@@ -119,10 +119,10 @@ pub const IFACE: &str = "veth0";
 
 impl Pair {
     /// Attach the pass-everything baseline XDP program to the client's veth; held while the
-    /// returned object lives. veth delivers frames sent with XDP_TX to its peer promptly
-    /// only when the peer has an XDP program of its own (the kernel kicks the peer's NAPI
-    /// only then; otherwise a RST waits in the peer's ring until other traffic arrives), so
-    /// native mode with `rst` needs one there, as on a container's veth in production.
+    /// returned object lives. Native XDP_TX on a veth is delivered only while the peer has
+    /// an XDP program (or GRO on); otherwise the kernel drops the frame and counts it in
+    /// the sender's `xdp_tx_errors`. Only tests of native mode with `rst` arrange this, as a
+    /// user who chooses native on a veth must; `attach = "auto"` needs none.
     pub fn pass_program_on_client(&self) -> aya::Ebpf {
         let mut ebpf = aya::Ebpf::load(shedder::ebpf::BASELINE_OBJECT).expect("baseline object");
         let prog: &mut aya::programs::Xdp = ebpf

@@ -113,6 +113,21 @@ impl Monitor {
         }
     }
 
+    /// What is wrong now, for `status`: native veths whose peer takes no XDP_TX frames.
+    pub fn problems(&self) -> Vec<String> {
+        self.watched
+            .iter()
+            .filter(|w| w.native && w.peer_takes_tx == Some(false))
+            .map(|w| {
+                format!(
+                    "{}: resets are dropped: {}, and this veth's peer has neither",
+                    w.iface,
+                    super::VETH_NATIVE_TX
+                )
+            })
+            .collect()
+    }
+
     /// The driver's cumulative XDP_TX error count of `iface` at the last reading.
     pub fn errors(&self, iface: &str) -> Option<u64> {
         self.watched

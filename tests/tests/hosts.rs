@@ -1,0 +1,324 @@
+//! shedder in the shapes real hosts have: a client veth with no XDP program and default
+//! offloads (a container's), a daemon started with `ip netns exec` (a private mount
+//! namespace with no bpffs) or as pid 1 of its own namespaces (a container's entry point),
+//! and a service that already carries connections when shedder starts.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{IpAddr, TcpStream},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use shedder_tests::{
+    daemon::{Daemon, Launch, admitted, connect, hold, pin_dir, refused, settle},
+    netns::{IFACE, Netns, Pair},
+    policy::{CLIENT_V4, SERVER_V4},
+    require_root,
+    tcp::{TestServer, connect_from},
+};
+
+// Tracking sees every namespace's sockets on a protected port, so tests that may run at
+// once use different ports.
+const RST_PORT: u16 = 7620;
+const NATIVE_PORT: u16 = 7621;
+const SEED_PORT: u16 = 7622;
+const NETNS_EXEC_PORT: u16 = 7623;
+const PID1_PORT: u16 = 7624;
+const METRICS_PORT: u16 = 9464;
+
+/// One service `web` on `port`: a fixed limit of 4, fallback 1, resets, retry recognition
+/// off (these tests count limits from one client address); the daemon's socket is the
+/// test's own, metrics on the server's address.
+fn config(pins: &Path, tag: &str, port: u16, daemon_extra: &str) -> String {
+    format!(
+        r#"
+[daemon]
+interfaces = ["{IFACE}"]
+pin_dir = "{}"
+control_socket = "/run/shedder-test-{}-{tag}/shedder.sock"
+metrics_listen = "{SERVER_V4}:{METRICS_PORT}"
+tick_ms = 100
+heartbeat_timeout_ms = 1500
+{daemon_extra}
+
+[[service]]
+name = "web"
+ports = [{port}]
+controller = "fixed"
+min_limit = 1
+max_limit = 100
+fixed_limit = 4
+fallback_limit = 1
+action = "rst"
+retry_window_ms = 0
+"#,
+        pins.display(),
+        std::process::id()
+    )
+}
+
+/// One metric's value from a scrape of the daemon in `ns`.
+fn metric(ns: &Netns, series: &str) -> Option<f64> {
+    let text = ns.run(|| {
+        let mut s = TcpStream::connect((SERVER_V4, METRICS_PORT)).expect("connect to metrics");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("request");
+        let mut body = String::new();
+        s.read_to_string(&mut body).expect("scrape");
+        body
+    });
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// `n` attempts are all refused with a reset, each well under 100 ms.
+fn all_reset(pair: &Pair, port: u16, n: usize, what: &str) {
+    let mut slowest = Duration::ZERO;
+    for i in 0..n {
+        let a = connect(pair, port);
+        match &a.result {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+            other => panic!("{what}, attempt {i}: expected ECONNREFUSED, got {other:?}"),
+        }
+        slowest = slowest.max(a.elapsed);
+    }
+    assert!(
+        slowest < Duration::from_millis(100),
+        "{what}: the slowest refusal took {slowest:?}"
+    );
+    println!("{what}: {n} attempts refused by reset, slowest {slowest:?}");
+}
+
+/// A container's veth: no XDP program on the client's side, default offloads. With
+/// `attach = "auto"` the daemon chooses a mode whose resets arrive, and the client's
+/// `connect` fails with ECONNREFUSED at once.
+#[test]
+fn resets_reach_a_client_whose_veth_has_no_xdp_program() {
+    require_root();
+    let pair = Pair::new("hrst");
+    let _server = pair.server.run(|| TestServer::echo(RST_PORT));
+    let pins = pin_dir("hrst");
+    let daemon = Daemon::start(
+        &pair.server,
+        "hrst",
+        &config(&pins, "hrst", RST_PORT, "attach = \"auto\""),
+        &pins,
+    );
+    daemon.wait_for_log("running", Duration::from_secs(10));
+    assert!(
+        daemon.log().contains("attach = auto chose tc"),
+        "the daemon says why it chose tc:\n{}",
+        daemon.log()
+    );
+    let _held = hold(&pair, &pins, RST_PORT, 4);
+    all_reset(&pair, RST_PORT, 20, "auto on a plain veth");
+    assert_eq!(
+        metric(
+            &pair.server,
+            &format!("shedder_attach_mode{{interface=\"{IFACE}\",mode=\"tc\"}}")
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &pair.server,
+            &format!("shedder_xdp_tx_errors_total{{interface=\"{IFACE}\"}}")
+        ),
+        Some(0.0),
+        "veth reports its XDP_TX errors: none in tc mode"
+    );
+}
+
+/// `attach = "native"` with resets on a veth whose peer cannot take XDP_TX frames is
+/// refused with the reason. With a peer that can (an XDP program on it) it runs; when the
+/// peer loses its program the resets stop arriving, and the daemon says so in its log, its
+/// metrics and its status.
+#[test]
+fn native_resets_on_a_veth_are_refused_or_watched() {
+    require_root();
+    let pair = Pair::new("hnat");
+    let _server = pair.server.run(|| TestServer::echo(NATIVE_PORT));
+    let pins = pin_dir("hnat");
+    let cfg = config(&pins, "hnat", NATIVE_PORT, "attach = \"native\"");
+
+    let mut refused_start = Daemon::start(&pair.server, "hnat0", &cfg, &pins);
+    let status = refused_start
+        .wait_exit(Duration::from_secs(10))
+        .expect("the daemon exits");
+    assert_eq!(status.code(), Some(2), "bad input:\n{}", refused_start.log());
+    assert!(
+        refused_start
+            .log()
+            .contains("attach = native cannot deliver action = rst"),
+        "{}",
+        refused_start.log()
+    );
+    assert!(
+        !pins.join("links").join(IFACE).exists(),
+        "nothing is left attached"
+    );
+    drop(refused_start);
+
+    let client_xdp = pair.pass_program_on_client();
+    let daemon = Daemon::start(&pair.server, "hnat1", &cfg, &pins);
+    daemon.wait_for_log("running", Duration::from_secs(10));
+    assert!(daemon.log().contains("native XDP with action = rst works now"));
+    let _held = hold(&pair, &pins, NATIVE_PORT, 4);
+    all_reset(&pair, NATIVE_PORT, 5, "native with a peer program");
+
+    // The peer loses its XDP program: resets sent with XDP_TX are dropped by the kernel.
+    drop(client_xdp);
+    for _ in 0..5 {
+        let a = pair.client.run(|| {
+            connect_from(
+                IpAddr::V4(CLIENT_V4),
+                IpAddr::V4(SERVER_V4),
+                NATIVE_PORT,
+                Duration::from_millis(300),
+            )
+        });
+        assert!(
+            matches!(&a.result, Err(e) if e.kind() != std::io::ErrorKind::ConnectionRefused),
+            "a dropped reset is no refusal: {:?}",
+            a.result
+        );
+    }
+    daemon.wait_for_log("failed to leave the interface", Duration::from_secs(5));
+    daemon.wait_for_log("this veth's peer now has neither", Duration::from_secs(5));
+    let series = format!("shedder_xdp_tx_errors_total{{interface=\"{IFACE}\"}}");
+    let errors = metric(&pair.server, &series).expect("the metric");
+    assert!(errors >= 5.0, "{series} = {errors}");
+    println!("peer program removed: {errors} XDP_TX errors exported");
+}
+
+/// A live host: connections open before shedder starts are counted, so a service at its
+/// limit refuses the next attempt; once they close, in-flight is back at zero.
+#[test]
+fn connections_open_before_attach_are_counted() {
+    require_root();
+    let pair = Pair::new("hseed");
+    let _server = pair.server.run(|| TestServer::echo(SEED_PORT));
+    let early: Vec<TcpStream> = (0..4)
+        .map(|i| admitted(&pair, SEED_PORT, &format!("connection {i} before the daemon")))
+        .collect();
+    let pins = pin_dir("hseed");
+    let daemon = Daemon::start(
+        &pair.server,
+        "hseed",
+        &config(&pins, "hseed", SEED_PORT, "attach = \"tc\""),
+        &pins,
+    );
+    daemon.wait_for_log("running", Duration::from_secs(10));
+    assert!(
+        daemon.log().contains("existing connections seeded counted=4"),
+        "{}",
+        daemon.log()
+    );
+    settle(&pins, 4);
+    refused(&pair, SEED_PORT, "a fifth attempt with four open before attach");
+    drop(early);
+    settle(&pins, 0);
+    let _again = hold(&pair, &pins, SEED_PORT, 4);
+    refused(&pair, SEED_PORT, "a fifth attempt after the early ones closed");
+}
+
+/// Under `ip netns exec` (a private mount namespace with a fresh /sys) the pins go to the
+/// host's bpffs, so after `kill -9` the program stays attached and sheds with the fallback
+/// limits.
+#[test]
+fn a_daemon_started_with_ip_netns_exec_stays_attached_after_kill() {
+    require_root();
+    shedder_tests::ensure_fs();
+    let pair = Pair::new("hexec");
+    let _server = pair.server.run(|| TestServer::echo(NETNS_EXEC_PORT));
+    let pins = pin_dir("hexec");
+    let mut daemon = Daemon::start_as(
+        &pair.server,
+        "hexec",
+        &config(&pins, "hexec", NETNS_EXEC_PORT, "attach = \"auto\""),
+        &pins,
+        Launch::IpNetnsExec,
+    );
+    daemon.wait_for_log("running", Duration::from_secs(10));
+    assert!(
+        daemon.log().contains("of the host's bpf filesystem, reached through /proc/"),
+        "{}",
+        daemon.log()
+    );
+    assert!(pins.join("links").join(IFACE).exists(), "pinned on the host");
+    let mut held = hold(&pair, &pins, NETNS_EXEC_PORT, 4);
+    refused(&pair, NETNS_EXEC_PORT, "at the live limit");
+
+    daemon.kill();
+    let killed = Instant::now();
+    refused(&pair, NETNS_EXEC_PORT, "right after kill -9");
+    std::thread::sleep(
+        Duration::from_millis(1500).saturating_sub(killed.elapsed()) + Duration::from_millis(500),
+    );
+    held.truncate(1);
+    settle(&pins, 1);
+    refused(&pair, NETNS_EXEC_PORT, "fallback limit 1, one in flight");
+    held.clear();
+    settle(&pins, 0);
+    let _one = admitted(&pair, NETNS_EXEC_PORT, "fallback limit 1, none in flight");
+    refused(&pair, NETNS_EXEC_PORT, "a second under the fallback limit 1");
+}
+
+/// As pid 1 of its own pid and mount namespaces without the host's bpffs (a container's
+/// entry point), the pins would die with the daemon: it refuses to enforce, saying why.
+/// With `fail_static = false` it runs, says that protection ends with it, and indeed
+/// nothing is shed once it is killed.
+#[test]
+fn a_daemon_whose_pins_would_die_with_it_refuses_to_enforce() {
+    require_root();
+    let pair = Pair::new("hpid1");
+    let _server = pair.server.run(|| TestServer::echo(PID1_PORT));
+    let pins = pin_dir("hpid1");
+    let mut refusing = Daemon::start_as(
+        &pair.server,
+        "hpid1a",
+        &config(&pins, "hpid1a", PID1_PORT, "attach = \"tc\""),
+        &pins,
+        Launch::Pid1,
+    );
+    let status = refusing
+        .wait_exit(Duration::from_secs(10))
+        .expect("the daemon exits");
+    assert_eq!(status.code(), Some(2), "{}", refusing.log());
+    assert!(
+        refusing.log().contains("daemon.fail_static: the pins under")
+            && refusing.log().contains("would die with this process"),
+        "{}",
+        refusing.log()
+    );
+    drop(refusing);
+
+    let mut daemon = Daemon::start_as(
+        &pair.server,
+        "hpid1b",
+        &config(&pins, "hpid1b", PID1_PORT, "attach = \"tc\"\nfail_static = false"),
+        &pins,
+        Launch::Pid1,
+    );
+    daemon.wait_for_log("running", Duration::from_secs(10));
+    assert!(daemon.log().contains("fail-static is off"), "{}", daemon.log());
+    let _held: Vec<TcpStream> = (0..4)
+        .map(|i| admitted(&pair, PID1_PORT, &format!("connection {i}")))
+        .collect();
+    refused(&pair, PID1_PORT, "at the live limit");
+    daemon.kill();
+    // Its private bpffs went with it, and the attachment with the last pin.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let a = connect(&pair, PID1_PORT);
+        if a.result.is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still refused after the daemon died without fail-static"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
