@@ -36,7 +36,7 @@ fn config(pins: &Path, tag: &str, port: u16, daemon_extra: &str) -> String {
 [daemon]
 interfaces = ["{IFACE}"]
 pin_dir = "{}"
-control_socket = "/run/shedder-test-{}-{tag}/shedder.sock"
+control_socket = "{}"
 metrics_listen = "{SERVER_V4}:{METRICS_PORT}"
 tick_ms = 100
 heartbeat_timeout_ms = 1500
@@ -54,8 +54,16 @@ action = "rst"
 retry_window_ms = 0
 "#,
         pins.display(),
-        std::process::id()
+        socket(tag).display()
     )
+}
+
+/// The control socket of the daemon started with `tag`: in the directory the test's
+/// [`Daemon`] guard removes.
+fn socket(tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir()
+        .join(format!("shedder-test-{}-{tag}", std::process::id()))
+        .join("shedder.sock")
 }
 
 /// One metric's value from a scrape of the daemon in `ns`.
@@ -140,13 +148,18 @@ fn native_resets_on_a_veth_are_refused_or_watched() {
     let pair = Pair::new("hnat");
     let _server = pair.server.run(|| TestServer::echo(NATIVE_PORT));
     let pins = pin_dir("hnat");
-    let cfg = config(&pins, "hnat", NATIVE_PORT, "attach = \"native\"");
+    let cfg = |tag| config(&pins, tag, NATIVE_PORT, "attach = \"native\"");
 
-    let mut refused_start = Daemon::start(&pair.server, "hnat0", &cfg, &pins);
+    let mut refused_start = Daemon::start(&pair.server, "hnat0", &cfg("hnat0"), &pins);
     let status = refused_start
         .wait_exit(Duration::from_secs(10))
         .expect("the daemon exits");
-    assert_eq!(status.code(), Some(2), "bad input:\n{}", refused_start.log());
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "bad input:\n{}",
+        refused_start.log()
+    );
     assert!(
         refused_start
             .log()
@@ -161,9 +174,13 @@ fn native_resets_on_a_veth_are_refused_or_watched() {
     drop(refused_start);
 
     let client_xdp = pair.pass_program_on_client();
-    let daemon = Daemon::start(&pair.server, "hnat1", &cfg, &pins);
+    let daemon = Daemon::start(&pair.server, "hnat1", &cfg("hnat1"), &pins);
     daemon.wait_for_log("running", Duration::from_secs(10));
-    assert!(daemon.log().contains("native XDP with action = rst works now"));
+    assert!(
+        daemon
+            .log()
+            .contains("native XDP with action = rst works now")
+    );
     let _held = hold(&pair, &pins, NATIVE_PORT, 4);
     all_reset(&pair, NATIVE_PORT, 5, "native with a peer program");
 
@@ -186,10 +203,29 @@ fn native_resets_on_a_veth_are_refused_or_watched() {
     }
     daemon.wait_for_log("failed to leave the interface", Duration::from_secs(5));
     daemon.wait_for_log("this veth's peer now has neither", Duration::from_secs(5));
+    // The driver statistic is read once a second.
     let series = format!("shedder_xdp_tx_errors_total{{interface=\"{IFACE}\"}}");
-    let errors = metric(&pair.server, &series).expect("the metric");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let errors = loop {
+        let errors = metric(&pair.server, &series).expect("the metric");
+        if errors >= 5.0 || Instant::now() > deadline {
+            break errors;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(errors >= 5.0, "{series} = {errors}");
     println!("peer program removed: {errors} XDP_TX errors exported");
+    let status = std::process::Command::new(shedder_tests::daemon::shedder_bin())
+        .args(["status", "--socket"])
+        .arg(socket("hnat1"))
+        .output()
+        .expect("shedder status");
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains("XDP_TX errors)") && text.contains("WARNING: veth0: resets are dropped"),
+        "status shows the dropped resets:\n{text}{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
 }
 
 /// A live host: connections open before shedder starts are counted, so a service at its
@@ -200,7 +236,13 @@ fn connections_open_before_attach_are_counted() {
     let pair = Pair::new("hseed");
     let _server = pair.server.run(|| TestServer::echo(SEED_PORT));
     let early: Vec<TcpStream> = (0..4)
-        .map(|i| admitted(&pair, SEED_PORT, &format!("connection {i} before the daemon")))
+        .map(|i| {
+            admitted(
+                &pair,
+                SEED_PORT,
+                &format!("connection {i} before the daemon"),
+            )
+        })
         .collect();
     let pins = pin_dir("hseed");
     let daemon = Daemon::start(
@@ -211,16 +253,26 @@ fn connections_open_before_attach_are_counted() {
     );
     daemon.wait_for_log("running", Duration::from_secs(10));
     assert!(
-        daemon.log().contains("existing connections seeded counted=4"),
+        daemon
+            .log()
+            .contains("existing connections seeded counted=4"),
         "{}",
         daemon.log()
     );
     settle(&pins, 4);
-    refused(&pair, SEED_PORT, "a fifth attempt with four open before attach");
+    refused(
+        &pair,
+        SEED_PORT,
+        "a fifth attempt with four open before attach",
+    );
     drop(early);
     settle(&pins, 0);
     let _again = hold(&pair, &pins, SEED_PORT, 4);
-    refused(&pair, SEED_PORT, "a fifth attempt after the early ones closed");
+    refused(
+        &pair,
+        SEED_PORT,
+        "a fifth attempt after the early ones closed",
+    );
 }
 
 /// Under `ip netns exec` (a private mount namespace with a fresh /sys) the pins go to the
@@ -242,11 +294,16 @@ fn a_daemon_started_with_ip_netns_exec_stays_attached_after_kill() {
     );
     daemon.wait_for_log("running", Duration::from_secs(10));
     assert!(
-        daemon.log().contains("of the host's bpf filesystem, reached through /proc/"),
+        daemon
+            .log()
+            .contains("of the host's bpf filesystem, reached through /proc/"),
         "{}",
         daemon.log()
     );
-    assert!(pins.join("links").join(IFACE).exists(), "pinned on the host");
+    assert!(
+        pins.join("links").join(IFACE).exists(),
+        "pinned on the host"
+    );
     let mut held = hold(&pair, &pins, NETNS_EXEC_PORT, 4);
     refused(&pair, NETNS_EXEC_PORT, "at the live limit");
 
@@ -262,7 +319,11 @@ fn a_daemon_started_with_ip_netns_exec_stays_attached_after_kill() {
     held.clear();
     settle(&pins, 0);
     let _one = admitted(&pair, NETNS_EXEC_PORT, "fallback limit 1, none in flight");
-    refused(&pair, NETNS_EXEC_PORT, "a second under the fallback limit 1");
+    refused(
+        &pair,
+        NETNS_EXEC_PORT,
+        "a second under the fallback limit 1",
+    );
 }
 
 /// As pid 1 of its own pid and mount namespaces without the host's bpffs (a container's
@@ -287,7 +348,9 @@ fn a_daemon_whose_pins_would_die_with_it_refuses_to_enforce() {
         .expect("the daemon exits");
     assert_eq!(status.code(), Some(2), "{}", refusing.log());
     assert!(
-        refusing.log().contains("daemon.fail_static: the pins under")
+        refusing
+            .log()
+            .contains("daemon.fail_static: the pins under")
             && refusing.log().contains("would die with this process"),
         "{}",
         refusing.log()
@@ -297,12 +360,21 @@ fn a_daemon_whose_pins_would_die_with_it_refuses_to_enforce() {
     let mut daemon = Daemon::start_as(
         &pair.server,
         "hpid1b",
-        &config(&pins, "hpid1b", PID1_PORT, "attach = \"tc\"\nfail_static = false"),
+        &config(
+            &pins,
+            "hpid1b",
+            PID1_PORT,
+            "attach = \"tc\"\nfail_static = false",
+        ),
         &pins,
         Launch::Pid1,
     );
     daemon.wait_for_log("running", Duration::from_secs(10));
-    assert!(daemon.log().contains("fail-static is off"), "{}", daemon.log());
+    assert!(
+        daemon.log().contains("fail-static is off"),
+        "{}",
+        daemon.log()
+    );
     let _held: Vec<TcpStream> = (0..4)
         .map(|i| admitted(&pair, PID1_PORT, &format!("connection {i}")))
         .collect();

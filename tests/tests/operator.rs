@@ -391,6 +391,7 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
         "bpffs",
         "tracepoints",
         "interface",
+        "fail-static",
     ] {
         assert_eq!(check(name).0, "ok", "{name}: {:?}", check(name));
     }
