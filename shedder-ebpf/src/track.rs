@@ -181,7 +181,7 @@ fn count_connection(sk: u64, state: &SockState) -> bool {
 /// cannot end between this check and the insertion: its close will find the entry.
 #[inline(always)]
 pub fn seed(sk: u64, cookie: u64) -> Option<SeedResult> {
-    let s = unsafe { SHEDDER_SEED.get(&cookie) }?;
+    let s = unsafe { SHEDDER_SEED.get(cookie) }?;
     let mut result = SeedResult {
         cookie,
         outcome: SEED_UNPROTECTED,
