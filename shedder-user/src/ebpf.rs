@@ -279,11 +279,13 @@ impl Shedder {
         [programs::XDP, programs::TC, programs::CLOCK]
             .into_iter()
             .chain(programs::TRACEPOINTS.map(|(name, _, _)| name))
+            .chain(self.seed_unavailable.is_none().then_some(programs::SEED))
             .map(|name| {
                 let count = self.ebpf.program(name).and_then(|p| match p {
                     aya::programs::Program::Xdp(p) => p.info().ok(),
                     aya::programs::Program::SchedClassifier(p) => p.info().ok(),
                     aya::programs::Program::TracePoint(p) => p.info().ok(),
+                    aya::programs::Program::Iter(p) => p.info().ok(),
                     _ => None,
                 });
                 (name, count.and_then(|i| i.verified_instruction_count()))
