@@ -146,12 +146,16 @@ fn propagated(point: &Path) -> bool {
     })
 }
 
-fn mount_bpffs(point: &Path) -> io::Result<()> {
-    std::fs::create_dir_all(point)?;
-    let target = CString::new(point.as_os_str().as_encoded_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// mount(2) of a bpffs at `target`: only the system call, so that a forked child may make
+/// it. Returns its result (0, or -1 with errno set).
+fn mount_bpf_at(target: &CString) -> libc::c_int {
     // SAFETY: valid NUL-terminated strings; no data argument.
-    let rc = unsafe {
+    unsafe {
         libc::mount(
             c"bpf".as_ptr(),
             target.as_ptr(),
@@ -159,8 +163,12 @@ fn mount_bpffs(point: &Path) -> io::Result<()> {
             0,
             std::ptr::null(),
         )
-    };
-    if rc != 0 {
+    }
+}
+
+fn mount_bpffs(point: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(point)?;
+    if mount_bpf_at(&c_path(point)?) != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
@@ -170,8 +178,7 @@ fn mount_bpffs(point: &Path) -> io::Result<()> {
 /// enters that namespace (a multi-threaded process cannot) and mounts it there.
 fn mount_bpffs_in(pid: u32, point: &Path) -> io::Result<()> {
     let ns = File::open(format!("/proc/{pid}/ns/mnt"))?;
-    let target = CString::new(point.as_os_str().as_encoded_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let target = c_path(point)?;
     // SAFETY: the child only makes system calls (setns, mount, _exit) before it exits,
     // which is what is allowed after fork in a multi-threaded process.
     let child = unsafe { libc::fork() };
@@ -183,14 +190,7 @@ fn mount_bpffs_in(pid: u32, point: &Path) -> io::Result<()> {
             if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
                 libc::_exit(10 + *libc::__errno_location());
             }
-            if libc::mount(
-                c"bpf".as_ptr(),
-                target.as_ptr(),
-                c"bpf".as_ptr(),
-                0,
-                std::ptr::null(),
-            ) != 0
-            {
+            if mount_bpf_at(&target) != 0 {
                 libc::_exit(100 + *libc::__errno_location());
             }
             libc::_exit(0);

@@ -11,7 +11,7 @@ use std::{
 };
 
 use shedder_tests::{
-    daemon::{Daemon, Launch, admitted, connect, hold, pin_dir, refused, settle},
+    daemon::{Daemon, Launch, admitted, connect, hold, pin_dir, refused, settle, web_config},
     netns::{IFACE, Netns, Pair},
     policy::{CLIENT_V4, SERVER_V4},
     require_root,
@@ -27,35 +27,17 @@ const NETNS_EXEC_PORT: u16 = 7623;
 const PID1_PORT: u16 = 7624;
 const METRICS_PORT: u16 = 9464;
 
-/// One service `web` on `port`: a fixed limit of 4, fallback 1, resets, retry recognition
-/// off (these tests count limits from one client address); the daemon's socket is the
-/// test's own, metrics on the server's address.
-fn config(pins: &Path, tag: &str, port: u16, daemon_extra: &str) -> String {
-    format!(
-        r#"
-[daemon]
-interfaces = ["{IFACE}"]
-pin_dir = "{}"
-control_socket = "{}"
-metrics_listen = "{SERVER_V4}:{METRICS_PORT}"
-tick_ms = 100
-heartbeat_timeout_ms = 1500
-{daemon_extra}
-
-[[service]]
-name = "web"
-ports = [{port}]
-controller = "fixed"
-min_limit = 1
-max_limit = 100
-fixed_limit = 4
-fallback_limit = 1
-action = "rst"
-retry_window_ms = 0
-"#,
-        pins.display(),
+/// The test daemon's service (`web` on `port`: a fixed limit of 4, fallback 1, resets),
+/// attached as `attach` says, with retry recognition off (these tests count limits from
+/// one client address); the daemon's socket is the test's own, metrics on the server's
+/// address.
+fn config(pins: &Path, tag: &str, port: u16, attach: &str) -> String {
+    let daemon = format!(
+        "control_socket = \"{}\"\nmetrics_listen = \"{SERVER_V4}:{METRICS_PORT}\"\n\
+         heartbeat_timeout_ms = 1500",
         socket(tag).display()
-    )
+    );
+    web_config(pins, port, 1, &daemon).replace("attach = \"tc\"", attach) + "retry_window_ms = 0\n"
 }
 
 /// The control socket of the daemon started with `tag`: in the directory the test's
