@@ -233,7 +233,8 @@ fn find(pin_dir: &Path, act: bool) -> io::Result<PinDir> {
     let point = mount_point(pin_dir);
     let ours_bpf = fs_magic(&point).ok() == Some(BPF_FS_MAGIC);
     let me = std::process::id();
-    let private = |why: String| -> io::Result<PinDir> {
+    // Our own namespace's bpffs, mounted where absent (when acting).
+    let ensure_ours = || -> io::Result<()> {
         if act && !ours_bpf {
             mount_bpffs(&point).map_err(|e| {
                 io::Error::new(
@@ -242,6 +243,10 @@ fn find(pin_dir: &Path, act: bool) -> io::Result<PinDir> {
                 )
             })?;
         }
+        Ok(())
+    };
+    let private = |why: String| -> io::Result<PinDir> {
+        ensure_ours()?;
         Ok(PinDir {
             configured: pin_dir.to_path_buf(),
             path: pin_dir.to_path_buf(),
@@ -267,14 +272,7 @@ fn find(pin_dir: &Path, act: bool) -> io::Result<PinDir> {
     };
     let own_ns = mount_ns("self");
     if own_ns == Some(host_ns) {
-        if act && !ours_bpf {
-            mount_bpffs(&point).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("mount -t bpf bpf {}: {e}", point.display()),
-                )
-            })?;
-        }
+        ensure_ours()?;
         return Ok(shared(Durability::Host));
     }
     // Another mount namespace: the host's bpffs, seen through the host process's root.
