@@ -321,9 +321,14 @@ pub fn run(opts: Options) -> Result<()> {
             ))
             .into());
         }
+        let allowed = if cfg.daemon.fail_static {
+            "nothing is enforced"
+        } else {
+            "fail-static is off"
+        };
         warn!(
-            "fail-static is off: the pins under {} die with this process ({why}); if it \
-             dies, the programs detach and nothing is shed",
+            "{allowed}: the pins under {} die with this process ({why}); if it dies, the \
+             programs detach and nothing is shed",
             cfg.daemon.pin_dir.display()
         );
     }
