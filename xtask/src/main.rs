@@ -8,6 +8,7 @@
 
 mod bench;
 mod cmd;
+mod fresh;
 mod setup;
 mod test;
 mod vm;
@@ -49,6 +50,11 @@ enum Command {
     /// tests in each VM and natively on the host's kernel, with a table per kernel. Logs in
     /// target/vm/.
     VmTest(vm::VmTestArgs),
+    /// Prove that a fresh Debian machine passes `cargo xtask test` and `cargo xtask demo`
+    /// with no manual step: a cached minimal Debian root (debootstrap) under a fresh overlay
+    /// per run, HEAD of this checkout cloned into it, both commands run there (chroot).
+    /// Root only; not part of `cargo xtask test`. Logs in target/fresh-check/.
+    FreshCheck(fresh::FreshArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +65,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => bench::run_demo(args),
         Command::Bench { bench } => bench::run_bench(bench),
         Command::VmTest(args) => vm::run_vm_test(args),
+        Command::FreshCheck(args) => fresh::run_fresh_check(args),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -32,7 +32,7 @@ pub struct Dep {
     pub package: &'static str,
 }
 
-const fn dep(what: &'static str, probe: Probe, package: &'static str) -> Dep {
+pub(crate) const fn dep(what: &'static str, probe: Probe, package: &'static str) -> Dep {
     Dep {
         what,
         probe,
