@@ -440,10 +440,48 @@ fn mount_pseudo_filesystems(root: &Path) -> Result<()> {
     mount(&["--rbind", "/dev"], &root.join("dev"))?;
     // A bpffs instance of its own: pins made inside die with the run.
     mount(&["-t", "bpf", "bpf"], &root.join("sys/fs/bpf"))?;
-    mount(
-        &["-t", "tracefs", "tracefs"],
-        &root.join("sys/kernel/tracing"),
-    )
+    // sysfs automounts tracefs there on access (also in a bind of /sys), so a mount may
+    // find one already there (EBUSY): that one does.
+    let tracing = root.join("sys/kernel/tracing");
+    if fs_magic(&tracing) == Some(TRACEFS_MAGIC) {
+        return Ok(());
+    }
+    let mut c = Command::new("mount");
+    c.args(["-t", "tracefs", "tracefs"]).arg(&tracing);
+    let out = capture(&mut c)?;
+    let magic = fs_magic(&tracing);
+    if !out.status.success() && magic != Some(TRACEFS_MAGIC) {
+        bail!(
+            "`{}` failed ({}), and {} is not tracefs (f_type {magic:x?}): {}",
+            show(&c),
+            out.status,
+            tracing.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+const TRACEFS_MAGIC: i64 = 0x74726163;
+
+/// The type of the filesystem `path` is on (statfs's f_type).
+fn fs_magic(path: &Path) -> Option<i64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: a zeroed statfs is a valid out-parameter; the path is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    (rc == 0).then_some(st.f_type as i64)
+}
+
+/// An overlay of `upper` over `lower` at `target`. `redirect_dir=on`: without it, renaming a
+/// directory of the lower layer fails with EXDEV (rustup moves a component's directories
+/// aside to remove it).
+fn overlay(lower: &Path, upper: &str, work: &str, target: &Path) -> Result<()> {
+    let options = format!(
+        "lowerdir={},upperdir={upper},workdir={work},redirect_dir=on",
+        lower.display()
+    );
+    mount(&["-t", "overlay", "overlay", "-o", &options], target)
 }
 
 /// This process's mounts from here on are its own: invisible to the host and gone when it
@@ -731,24 +769,17 @@ impl RunRoot {
 
     fn prepare(&self, base: &Path, host: &Host) -> Result<()> {
         let d = |s: &str| self.dir.join(s).display().to_string();
-        let overlay = format!(
-            "lowerdir={},upperdir={},workdir={}",
-            base.display(),
-            d("upper"),
-            d("work")
-        );
-        mount(&["-t", "overlay", "overlay", "-o", &overlay], &self.merged)?;
+        overlay(base, &d("upper"), &d("work"), &self.merged)?;
         mount_pseudo_filesystems(&self.merged)?;
         // The host's toolchains, read-only underneath: what rustup changes (rust-src
         // below, then setup's own install) lands in this run's layer.
         let rustup_home = self.merged.join("root/.rustup");
-        let overlay = format!(
-            "lowerdir={},upperdir={},workdir={}",
-            host.rustup_home.display(),
-            d("rustup-upper"),
-            d("rustup-work")
-        );
-        mount(&["-t", "overlay", "overlay", "-o", &overlay], &rustup_home)?;
+        overlay(
+            &host.rustup_home,
+            &d("rustup-upper"),
+            &d("rustup-work"),
+            &rustup_home,
+        )?;
         // A fresh CARGO_HOME: only rustup and its proxies, so bpf-linker and every crate
         // come the way they come on a new machine.
         let bin = self.merged.join("root/.cargo/bin");
