@@ -144,16 +144,17 @@ fn protoc_compiles_well_known_imports() -> Result<(), String> {
     result
 }
 
-/// Run `c` silently; `Err` with its exit status and first line of output unless it succeeds.
+/// Run `c` silently; `Err` with its exit status and the last line of its error output (where
+/// a Python traceback or protoc names the cause) unless it succeeds.
 fn probe_command(c: &mut Command) -> Result<(), String> {
     let out = capture(c).map_err(|e| format!("{e:#}"))?;
     if out.status.success() {
         return Ok(());
     }
     let text =
-        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    let first = text.lines().map(str::trim).find(|l| !l.is_empty());
-    Err(match first {
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let last = text.lines().map(str::trim).rfind(|l| !l.is_empty());
+    Err(match last {
         Some(line) => format!("`{}` failed ({}): {line}", show(c), out.status),
         None => format!("`{}` failed ({})", show(c), out.status),
     })
@@ -573,7 +574,7 @@ mod tests {
     #[test]
     fn probes_report_what_failed() {
         assert_eq!(Probe::Runs("true", &[]).check(), Ok(()));
-        let err = Probe::Runs("sh", &["-c", "echo nope >&2; exit 3"])
+        let err = Probe::Runs("sh", &["-c", "echo Traceback >&2; echo nope >&2; exit 3"])
             .check()
             .unwrap_err();
         assert!(
