@@ -769,6 +769,8 @@ impl RunRoot {
 
     fn prepare(&self, base: &Path, host: &Host) -> Result<()> {
         let d = |s: &str| self.dir.join(s).display().to_string();
+        // The overlay is a mount point itself, as `ip netns exec` needs of "/" (mount
+        // --make-rslave /); no bind of the root onto itself is needed here.
         overlay(base, &d("upper"), &d("work"), &self.merged)?;
         mount_pseudo_filesystems(&self.merged)?;
         // The host's toolchains, read-only underneath: what rustup changes (rust-src
