@@ -19,7 +19,10 @@
 use std::{
     fs::{self, OpenOptions},
     io::{self, Read as _, Write as _},
-    os::unix::{fs::symlink, process::CommandExt as _},
+    os::{
+        fd::AsRawFd as _,
+        unix::{fs::symlink, process::CommandExt as _},
+    },
     path::{Path, PathBuf},
     process::{Command, Stdio},
     sync::atomic::{AtomicBool, Ordering},
@@ -520,9 +523,33 @@ fn in_root(root: &Path, host: &Host, script: &str) -> Command {
     c
 }
 
+/// How long output is still read after the command exited: processes it left behind may
+/// hold the pipe open (they are stopped when the root is unmounted).
+const LINGER: Duration = Duration::from_secs(10);
+
+/// Forward Ctrl-C to process group `group`, then SIGKILL it if it is still there a minute
+/// later. `asked` is when SIGINT was sent.
+fn forward_interrupt(group: libc::pid_t, asked: &mut Option<Instant>, shown: &str) {
+    if !interrupted() {
+        return;
+    }
+    match asked {
+        None => {
+            eprintln!("fresh-check: interrupted; stopping `{shown}`");
+            // SAFETY: signals the process group `tee` created for its command.
+            unsafe { libc::kill(-group, libc::SIGINT) };
+            *asked = Some(Instant::now());
+        }
+        Some(t) if t.elapsed() > Duration::from_secs(60) => {
+            // SAFETY: as above.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+        }
+        Some(_) => {}
+    }
+}
+
 /// Run `c` with its output going both to the terminal and to `log`. It gets a process
-/// group of its own, to which Ctrl-C is forwarded (SIGKILL if it is still there a minute
-/// later), so this process lives on to unmount.
+/// group of its own, to which Ctrl-C is forwarded, so this process lives on to unmount.
 fn tee(mut c: Command, log: &Path, append: bool) -> Result<()> {
     let shown = show(&c);
     let mut file = OpenOptions::new()
@@ -543,49 +570,55 @@ fn tee(mut c: Command, log: &Path, append: bool) -> Result<()> {
     // The command holds the pipe's write end: drop it, or the reader never sees the end.
     drop(c);
     let group = child.id() as libc::pid_t;
-    let done = AtomicBool::new(false);
-    thread::scope(|s| {
-        s.spawn(|| {
-            let mut asked: Option<Instant> = None;
-            while !done.load(Ordering::SeqCst) {
-                if interrupted() {
-                    match asked {
-                        None => {
-                            eprintln!("fresh-check: interrupted; stopping `{shown}`");
-                            // SAFETY: signals a process group this function created.
-                            unsafe { libc::kill(-group, libc::SIGINT) };
-                            asked = Some(Instant::now());
-                        }
-                        Some(t) if t.elapsed() > Duration::from_secs(60) => {
-                            // SAFETY: as above.
-                            unsafe { libc::kill(-group, libc::SIGKILL) };
-                        }
-                        Some(_) => {}
-                    }
-                }
-                thread::sleep(Duration::from_millis(100));
+    let mut asked = None;
+    let mut status = None;
+    let mut exited: Option<Instant> = None;
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        forward_interrupt(group, &mut asked, &shown);
+        if status.is_none()
+            && let Some(s) = child.try_wait()?
+        {
+            status = Some(s);
+            exited = Some(Instant::now());
+        }
+        if exited.is_some_and(|t| t.elapsed() > LINGER) {
+            eprintln!(
+                "fresh-check: `{shown}` exited; processes it left behind still hold its output"
+            );
+            break;
+        }
+        // Wait for output at most 200 ms, to look at Ctrl-C and the child in between.
+        let mut pfd = libc::pollfd {
+            fd: reader.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, 200) } <= 0 {
+            continue;
+        }
+        match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                let _ = file.write_all(&buf[..n]);
+                let _ = io::stderr().write_all(&buf[..n]);
             }
-        });
-        let mut buf = [0u8; 16 * 1024];
-        loop {
-            match reader.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    let _ = file.write_all(&buf[..n]);
-                    let _ = io::stderr().write_all(&buf[..n]);
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    eprintln!("fresh-check: reading the output of `{shown}`: {e}");
-                    break;
-                }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                eprintln!("fresh-check: reading the output of `{shown}`: {e}");
+                break;
             }
         }
-        done.store(true, Ordering::SeqCst);
-    });
-    let status = child
-        .wait()
-        .with_context(|| format!("waiting for `{shown}`"))?;
+    }
+    let status = loop {
+        if let Some(s) = status {
+            break s;
+        }
+        forward_interrupt(group, &mut asked, &shown);
+        status = child.try_wait()?;
+        thread::sleep(Duration::from_millis(100));
+    };
     if interrupted() {
         bail!("interrupted");
     }
@@ -983,6 +1016,23 @@ pub fn run_fresh_check(args: &FreshArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tee_keeps_both_streams_and_the_exit_status() {
+        let log = std::env::temp_dir().join(format!("shedder-tee-{}.log", std::process::id()));
+        let mut ok = Command::new("sh");
+        ok.args(["-c", "echo out; echo err >&2"]);
+        tee(ok, &log, false).unwrap();
+        let mut bad = Command::new("sh");
+        bad.args(["-c", "echo second; exit 3"]);
+        let err = tee(bad, &log, true).unwrap_err().to_string();
+        assert!(err.contains("exit status: 3"), "{err}");
+        let text = fs::read_to_string(&log).unwrap();
+        let _ = fs::remove_file(&log);
+        for line in ["out", "err", "second"] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in {text}");
+        }
+    }
 
     #[test]
     fn codename_from_os_release() {
