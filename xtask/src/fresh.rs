@@ -121,6 +121,13 @@ impl Readme {
             Self::Demo => "demo.log",
         }
     }
+    /// The line that starts the command's own summary in its output.
+    fn summary_marker(self) -> &'static str {
+        match self {
+            Self::Test => "=== summary",
+            Self::Demo => "== Summary",
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -915,6 +922,16 @@ fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// The text from the last line starting with `marker` to the end, if there is one.
+fn last_block<'a>(text: &'a str, marker: &str) -> Option<&'a str> {
+    let at = text
+        .match_indices(marker)
+        .map(|(i, _)| i)
+        .filter(|&i| i == 0 || text.as_bytes()[i - 1] == b'\n')
+        .last()?;
+    Some(text[at..].trim_end())
+}
+
 fn skipped(name: &'static str) -> Record {
     Record {
         name,
@@ -989,6 +1006,14 @@ pub fn run_fresh_check(args: &FreshArgs) -> Result<()> {
         None => records.push(skipped(cleanup_step)),
     }
 
+    for &which in &args.only {
+        let text = fs::read(logs.join(which.log()))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        if let Some(block) = last_block(&text, which.summary_marker()) {
+            eprintln!("\n=== {}: its own summary\n{block}", which.step());
+        }
+    }
     for r in &records {
         if let Some((_, log)) = logs_of.iter().find(|(n, _)| *n == r.name)
             && r.failed()
@@ -1032,6 +1057,17 @@ mod tests {
         for line in ["out", "err", "second"] {
             assert!(text.lines().any(|l| l == line), "{line} missing in {text}");
         }
+    }
+
+    #[test]
+    fn the_last_summary_block() {
+        let text = "x\n=== summary\nold\n=== setup\n=== summary\nbuild ok\nall steps passed\n";
+        assert_eq!(
+            last_block(text, "=== summary"),
+            Some("=== summary\nbuild ok\nall steps passed")
+        );
+        assert_eq!(last_block("a === summary\n", "=== summary"), None);
+        assert_eq!(last_block("", "== Summary"), None);
     }
 
     #[test]
