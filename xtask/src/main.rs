@@ -30,8 +30,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Install what is missing: nightly's rust-src, bpf-linker on the nightly's LLVM, the
-    /// Debian packages the tests use; mount bpffs. Idempotent.
+    /// Check each dependency by using it as the build and tests do, and install only what
+    /// fails: nightly's rust-src, bpf-linker on the nightly's LLVM, the Debian packages
+    /// behind failing checks (xtask/src/setup.rs DEPS); mount bpffs. Idempotent.
     Setup,
     /// Setup, then build, unit tests, root-only integration tests, clippy (host crates and
     /// the eBPF crate) and rustfmt, with a summary. Non-zero exit if any step fails.
