@@ -16,6 +16,15 @@ pub fn root() -> &'static Path {
         .expect("xtask lives inside the workspace")
 }
 
+/// Cargo's target directory (`CARGO_TARGET_DIR`, else `target/` in the workspace root),
+/// where commands keep their logs.
+pub fn target_dir() -> PathBuf {
+    env::var_os("CARGO_TARGET_DIR")
+        .filter(|d| !d.is_empty())
+        .map(|d| root().join(d))
+        .unwrap_or_else(|| root().join("target"))
+}
+
 /// `program args…`, to run in the workspace root.
 pub fn cmd<S: AsRef<std::ffi::OsStr>>(program: &str, args: impl IntoIterator<Item = S>) -> Command {
     let mut c = Command::new(program);

@@ -8,6 +8,7 @@
 
 mod bench;
 mod cmd;
+mod fresh;
 mod setup;
 mod test;
 mod vm;
@@ -29,8 +30,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Install what is missing: nightly's rust-src, bpf-linker on the nightly's LLVM, the
-    /// Debian packages the tests use; mount bpffs. Idempotent.
+    /// Check each dependency by using it as the build and tests do, and install only what
+    /// fails: nightly's rust-src, bpf-linker on the nightly's LLVM, the Debian packages
+    /// behind failing checks (xtask/src/setup.rs DEPS); mount bpffs. Idempotent.
     Setup,
     /// Setup, then build, unit tests, root-only integration tests, clippy (host crates and
     /// the eBPF crate) and rustfmt, with a summary. Non-zero exit if any step fails.
@@ -49,6 +51,11 @@ enum Command {
     /// tests in each VM and natively on the host's kernel, with a table per kernel. Logs in
     /// target/vm/.
     VmTest(vm::VmTestArgs),
+    /// Prove that a fresh Debian machine passes `cargo xtask test` and `cargo xtask demo`
+    /// with no manual step: a cached minimal Debian root (debootstrap) under a fresh overlay
+    /// per run, HEAD of this checkout cloned into it, both commands run there (chroot).
+    /// Root only; not part of `cargo xtask test`. Logs in target/fresh-check/.
+    FreshCheck(fresh::FreshArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +66,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => bench::run_demo(args),
         Command::Bench { bench } => bench::run_bench(bench),
         Command::VmTest(args) => vm::run_vm_test(args),
+        Command::FreshCheck(args) => fresh::run_fresh_check(args),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,31 +11,175 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::cmd::{capture, cargo, cmd, home, require_root, run, stdout};
+use crate::cmd::{capture, cargo, cmd, home, require_root, run, show, stdout};
 
-/// Debian packages the tests and benchmarks use.
-pub const DEBIAN_PACKAGES: &[&str] = &[
-    "iproute2",
-    "ethtool",
-    "util-linux",
+/// How setup tells that a dependency is usable: by using it the way the build and the
+/// tests do, not by a package name (a package can be installed and still lack what is used,
+/// as protobuf-compiler lacks the well-known .proto files).
+pub enum Probe {
+    /// The program starts and exits 0 with these arguments.
+    Runs(&'static str, &'static [&'static str]),
+    /// The file exists.
+    File(&'static str),
+    /// A check of its own; the error says what failed.
+    Check(fn() -> Result<(), String>),
+}
+
+/// One dependency: what uses it, how it is checked, and the Debian package providing it.
+pub struct Dep {
+    pub what: &'static str,
+    pub probe: Probe,
+    pub package: &'static str,
+}
+
+pub(crate) const fn dep(what: &'static str, probe: Probe, package: &'static str) -> Dep {
+    Dep {
+        what,
+        probe,
+        package,
+    }
+}
+
+/// What the build, the tests, the benchmarks and the demo use from Debian (found by what
+/// tests/ and xtask run).
+pub const DEPS: &[Dep] = &[
+    // Namespaces and veth pairs (tests/src/netns.rs).
+    dep("ip", Probe::Runs("ip", &["-V"]), "iproute2"),
+    // The load test lists sockets inside a namespace.
+    dep("ss", Probe::Runs("ss", &["-V"]), "iproute2"),
+    // Inspecting veth offloads and xdp_tx_errors (doctor's hints name it).
+    dep("ethtool", Probe::Runs("ethtool", &["--version"]), "ethtool"),
+    // Daemons, etcd and haproxy are started inside namespaces through nsenter.
+    dep(
+        "nsenter",
+        Probe::Runs("nsenter", &["--version"]),
+        "util-linux",
+    ),
+    // The control-socket permission test runs the CLI as other users.
+    dep(
+        "setpriv",
+        Probe::Runs("setpriv", &["--version"]),
+        "util-linux",
+    ),
     // The metrics test checks the endpoint with the reference OpenMetrics parser.
-    "python3-prometheus-client",
+    dep(
+        "python3 prometheus_client",
+        Probe::Runs(
+            "/usr/bin/python3",
+            &["-c", "import prometheus_client.openmetrics.parser"],
+        ),
+        "python3-prometheus-client",
+    ),
     // The overload benchmark's peers: a haproxy queue and an nftables SYN rate limit.
-    "haproxy",
-    "nftables",
+    dep("haproxy", Probe::Runs("haproxy", &["-v"]), "haproxy"),
+    dep("nft", Probe::Runs("nft", &["--version"]), "nftables"),
     // The font the benchmark charts' text is drawn with (tests/src/plot.rs).
-    "fonts-dejavu-core",
-    // etcd-client's build compiles etcd's protobuf API (prost-build runs protoc).
-    "protobuf-compiler",
-    // protoc's well-known types (google/protobuf/descriptor.proto), which etcd's API
-    // imports: only a Recommends of protobuf-compiler, so named here.
-    "libprotobuf-dev",
-    // Fleet mode's tests start a real etcd on loopback (tests/tests/fleet.rs).
-    "etcd-server",
-    "etcd-client",
+    dep(
+        "DejaVu Sans font",
+        Probe::File("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"),
+        "fonts-dejavu-core",
+    ),
+    // etcd-client's build compiles etcd's protobuf API (prost-build runs protoc) ...
+    dep(
+        "protoc",
+        Probe::Runs("protoc", &["--version"]),
+        "protobuf-compiler",
+    ),
+    // ... which imports protobuf's well-known types: only a Recommends of
+    // protobuf-compiler.
+    dep(
+        "protoc's well-known types",
+        Probe::Check(protoc_compiles_well_known_imports),
+        "libprotobuf-dev",
+    ),
+    // Fleet mode's tests start a real etcd on loopback (tests/tests/fleet.rs) and set up
+    // its authentication with etcdctl.
+    dep(
+        "etcd",
+        Probe::Runs("/usr/bin/etcd", &["--version"]),
+        "etcd-server",
+    ),
+    dep(
+        "etcdctl",
+        Probe::Runs("etcdctl", &["version"]),
+        "etcd-client",
+    ),
     // The fleet TLS test makes its CA and server certificate.
-    "openssl",
+    dep("openssl", Probe::Runs("openssl", &["version"]), "openssl"),
 ];
+
+/// Imports what etcd's API imports from protobuf itself.
+const WELL_KNOWN_PROTO: &str = r#"syntax = "proto3";
+package shedder.setup;
+import "google/protobuf/descriptor.proto";
+import "google/protobuf/struct.proto";
+message Check {
+  google.protobuf.FileDescriptorProto file = 1;
+  google.protobuf.Struct value = 2;
+}
+"#;
+
+/// Compile a small .proto importing descriptor.proto and struct.proto the way prost-build
+/// does (the `PROTOC` it would use, else `protoc`; the well-known types from protoc's own
+/// include path).
+fn protoc_compiles_well_known_imports() -> Result<(), String> {
+    let protoc = std::env::var_os("PROTOC")
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "protoc".into());
+    let dir = std::env::temp_dir().join(format!("shedder-setup-protoc-{}", std::process::id()));
+    let result = (|| {
+        fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        fs::write(dir.join("check.proto"), WELL_KNOWN_PROTO)
+            .map_err(|e| format!("writing check.proto: {e}"))?;
+        let mut c = Command::new(&protoc);
+        c.arg("-I")
+            .arg(&dir)
+            .arg("--include_imports")
+            .arg("--descriptor_set_out")
+            .arg(dir.join("check.pb"))
+            .arg(dir.join("check.proto"));
+        probe_command(&mut c)
+    })();
+    let _ = fs::remove_dir_all(&dir);
+    result
+}
+
+/// Run `c` silently; `Err` with its exit status and the last line of its error output (where
+/// a Python traceback or protoc names the cause) unless it succeeds.
+fn probe_command(c: &mut Command) -> Result<(), String> {
+    let out = capture(c).map_err(|e| format!("{e:#}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let last = text.lines().map(str::trim).rfind(|l| !l.is_empty());
+    Err(match last {
+        Some(line) => format!("`{}` failed ({}): {line}", show(c), out.status),
+        None => format!("`{}` failed ({})", show(c), out.status),
+    })
+}
+
+impl Probe {
+    /// `Ok` when the dependency is usable, else what failed.
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            Probe::Runs(program, args) => {
+                let mut c = Command::new(program);
+                c.args(*args);
+                probe_command(&mut c)
+            }
+            Probe::File(path) => {
+                if Path::new(path).is_file() {
+                    Ok(())
+                } else {
+                    Err(format!("{path} does not exist"))
+                }
+            }
+            Probe::Check(f) => f(),
+        }
+    }
+}
 
 /// Pinned: a newer bpf-linker may default to another LLVM than the nightly's.
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -71,16 +215,13 @@ pub fn run_all() -> Result<()> {
     Ok(())
 }
 
+/// The eBPF object is built by `cargo +nightly` (shedder-user/build.rs): nightly's rustc
+/// must run.
 fn nightly_toolchain() -> Result<()> {
-    let list = stdout(&mut cmd("rustup", ["toolchain", "list"]))?;
-    let present = list
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .any(|name| name == "nightly" || name.starts_with("nightly-"));
-    if !present {
+    if let Err(why) = probe_command(&mut cmd("rustc", ["+nightly", "--version"])) {
         bail!(
-            "the `nightly` Rust toolchain is not installed (`rustup toolchain list`), and it cannot \
-             be downloaded on this machine. The eBPF object is built with nightly (1.97, \
+            "the `nightly` Rust toolchain does not run ({why}), and it cannot be downloaded \
+             on this machine. The eBPF object is built with nightly (1.97, \
              -Z build-std=core): install it (`rustup toolchain install nightly`) where a \
              download is possible, or copy it into $RUSTUP_HOME/toolchains"
         );
@@ -89,21 +230,31 @@ fn nightly_toolchain() -> Result<()> {
     Ok(())
 }
 
+/// What `-Z build-std=core` compiles: core's sources in the nightly's sysroot.
+fn core_sources() -> Result<PathBuf> {
+    let sysroot = stdout(&mut cmd("rustc", ["+nightly", "--print", "sysroot"]))?;
+    Ok(Path::new(sysroot.trim()).join("lib/rustlib/src/rust/library/core/Cargo.toml"))
+}
+
 fn rust_src() -> Result<()> {
     let item = "rust-src (nightly)";
-    let installed = stdout(&mut cmd(
-        "rustup",
-        ["component", "list", "--toolchain", "nightly", "--installed"],
-    ))?;
-    if installed.lines().any(|l| l.trim() == "rust-src") {
+    let core = core_sources()?;
+    if core.is_file() {
         ok(item);
         return Ok(());
     }
-    installing(item, "rustup component add");
+    installing(item, &format!("no {}", core.display()));
     run(&mut cmd(
         "rustup",
         ["component", "add", "rust-src", "--toolchain", "nightly"],
-    ))
+    ))?;
+    if !core_sources()?.is_file() {
+        bail!(
+            "{} is still missing after `rustup component add rust-src --toolchain nightly`",
+            core.display()
+        );
+    }
+    Ok(())
 }
 
 /// The nightly toolchain's shared LLVM library.
@@ -251,7 +402,59 @@ fn debian_package_installed(pkg: &str) -> Result<bool> {
 }
 
 fn debian_packages() -> Result<()> {
-    install_debian_packages(DEBIAN_PACKAGES)
+    ensure(DEPS)
+}
+
+/// Check each of `deps`; install the packages of those that fail (apt-get, as root), then
+/// check those again. When everything is there this only runs the checks.
+pub(crate) fn ensure(deps: &[Dep]) -> Result<()> {
+    let mut failing = Vec::new();
+    for d in deps {
+        match d.probe.check() {
+            Ok(()) => ok(d.what),
+            Err(why) => {
+                eprintln!(
+                    "setup: {:<STATUS_WIDTH$} installing {} ({why})",
+                    d.what, d.package
+                );
+                failing.push(d);
+            }
+        }
+    }
+    if failing.is_empty() {
+        return Ok(());
+    }
+    let packages = packages_of(&failing);
+    apt_install(&packages)?;
+    let still: Vec<String> = failing
+        .iter()
+        .filter_map(|d| {
+            d.probe
+                .check()
+                .err()
+                .map(|why| format!("check `{}` ({}): {why}", d.what, d.package))
+        })
+        .collect();
+    if !still.is_empty() {
+        bail!(
+            "still failing after `apt-get install {}`: {}. The package installed but does not \
+             provide what is checked: see xtask/src/setup.rs DEPS",
+            packages.join(" "),
+            still.join("; ")
+        );
+    }
+    Ok(())
+}
+
+/// The packages of `deps`, each once, in table order.
+fn packages_of(deps: &[&Dep]) -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for d in deps {
+        if !out.contains(&d.package) {
+            out.push(d.package);
+        }
+    }
+    out
 }
 
 /// Install those of `packages` that are missing (apt-get, root), reporting each one's state.
@@ -269,15 +472,21 @@ pub(crate) fn install_debian_packages(packages: &[&str]) -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    require_root("installing Debian packages")?;
+    apt_install(&missing)
+}
+
+/// `apt-get update` and `apt-get install` of `packages`, noninteractive, as root.
+fn apt_install(packages: &[&str]) -> Result<()> {
+    require_root(&format!("installing {}", packages.join(" ")))?;
     let apt = |args: &[&str]| {
         let mut c = cmd("apt-get", args);
         c.env("DEBIAN_FRONTEND", "noninteractive");
         c
     };
+    // A fresh machine may have no package lists yet.
     run(&mut apt(&["update"]))?;
     let mut install = vec!["install", "-y", "--no-install-recommends"];
-    install.extend(&missing);
+    install.extend(packages);
     run(&mut apt(&install))
 }
 
@@ -352,6 +561,54 @@ fn mounts() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn packages_come_once_in_table_order() {
+        let a = dep("a", Probe::File("/"), "iproute2");
+        let b = dep("b", Probe::File("/"), "haproxy");
+        let c = dep("c", Probe::File("/"), "iproute2");
+        assert_eq!(packages_of(&[&a, &b, &c]), ["iproute2", "haproxy"]);
+        assert!(packages_of(&[]).is_empty());
+    }
+
+    #[test]
+    fn probes_report_what_failed() {
+        assert_eq!(Probe::Runs("true", &[]).check(), Ok(()));
+        let err = Probe::Runs("sh", &["-c", "echo Traceback >&2; echo nope >&2; exit 3"])
+            .check()
+            .unwrap_err();
+        assert!(
+            err.contains("exit status: 3") && err.ends_with("nope"),
+            "{err}"
+        );
+        let err = Probe::Runs("shedder-no-such-program", &[])
+            .check()
+            .unwrap_err();
+        assert!(err.contains("starting `shedder-no-such-program`"), "{err}");
+        assert_eq!(Probe::File("/proc/self/status").check(), Ok(()));
+        assert!(Probe::File("/nonexistent").check().is_err());
+        assert_eq!(
+            Probe::Check(|| Err("why".into())).check(),
+            Err("why".into())
+        );
+    }
+
+    #[test]
+    fn every_dependency_names_one_package_and_a_unique_use() {
+        for (i, d) in DEPS.iter().enumerate() {
+            assert!(
+                !d.package.is_empty() && !d.package.contains(char::is_whitespace),
+                "{}",
+                d.what
+            );
+            assert!(d.what.len() <= STATUS_WIDTH, "{} is too long", d.what);
+            assert!(
+                DEPS[..i].iter().all(|e| e.what != d.what),
+                "{} twice",
+                d.what
+            );
+        }
+    }
 
     #[test]
     fn finds_mounts_by_point_and_type() {

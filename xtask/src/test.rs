@@ -119,19 +119,27 @@ fn remove_stale_namespaces() {
     }
 }
 
-enum Outcome {
+pub(crate) enum Outcome {
     Ok,
     Failed(String),
     Skipped,
 }
 
-struct Record {
-    name: &'static str,
-    outcome: Outcome,
-    secs: f64,
+/// A step's result, for the summary.
+pub(crate) struct Record {
+    pub name: &'static str,
+    pub outcome: Outcome,
+    pub secs: f64,
 }
 
-fn timed(name: &'static str, f: impl FnOnce() -> Result<()>) -> Record {
+impl Record {
+    pub fn failed(&self) -> bool {
+        matches!(self.outcome, Outcome::Failed(_))
+    }
+}
+
+/// Run one step under a heading, timing it.
+pub(crate) fn timed(name: &'static str, f: impl FnOnce() -> Result<()>) -> Record {
     eprintln!("\n=== {name}");
     let start = Instant::now();
     let outcome = match f() {
@@ -150,7 +158,7 @@ fn timed(name: &'static str, f: impl FnOnce() -> Result<()>) -> Record {
 
 pub fn run_all() -> Result<()> {
     let mut records = vec![timed("setup", setup::run_all)];
-    let mut blocked = matches!(records[0].outcome, Outcome::Failed(_));
+    let mut blocked = records[0].failed();
     for step in STEPS {
         if blocked {
             records.push(Record {
@@ -161,13 +169,18 @@ pub fn run_all() -> Result<()> {
             continue;
         }
         let record = timed(step.name, step.run);
-        blocked = step.required && matches!(record.outcome, Outcome::Failed(_));
+        blocked = step.required && record.failed();
         records.push(record);
     }
 
+    summarize(&records)
+}
+
+/// Print each step's state and duration; an error naming the steps that did not pass.
+pub(crate) fn summarize(records: &[Record]) -> Result<()> {
     eprintln!("\n=== summary");
     let width = records.iter().map(|r| r.name.len()).max().unwrap_or(0);
-    for r in &records {
+    for r in records {
         let (state, detail) = match &r.outcome {
             Outcome::Ok => ("ok", ""),
             Outcome::Failed(why) => ("FAILED", why.lines().next().unwrap_or("")),

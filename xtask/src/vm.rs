@@ -26,7 +26,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
 use crate::{
-    cmd::{capture, cargo, cmd, is_root, require_root, root, run, show, stdout},
+    cmd::{capture, cargo, cmd, is_root, require_root, root, run, show, stdout, target_dir},
     setup,
 };
 
@@ -306,13 +306,6 @@ fn select_kernels(names: Option<&[String]>) -> Result<Vec<&'static Kernel>> {
         }
     }
     Ok(out)
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .filter(|d| !d.is_empty())
-        .map(|d| root().join(d))
-        .unwrap_or_else(|| root().join("target"))
 }
 
 fn host_tools() -> Result<()> {
