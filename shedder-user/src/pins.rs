@@ -33,6 +33,10 @@ pub enum Durability {
     /// In the bpffs of the host's mount namespace, reached through the root of process
     /// `pid` because this process runs in a mount namespace of its own.
     Through { pid: u32 },
+    /// In a bpffs of this process's own mount namespace (not the host's), which process
+    /// `pid` shares too: they outlive the daemon as long as that namespace lives (a
+    /// container's, say).
+    Namespace { pid: u32 },
     /// In a bpffs that only this process's mount namespace has: they die with it (why).
     Private(String),
 }
@@ -63,6 +67,10 @@ impl PinDir {
             Durability::Through { pid } => format!(
                 "{dir} of the host's bpf filesystem, reached through /proc/{pid}/root (this \
                  process runs in a mount namespace of its own)"
+            ),
+            Durability::Namespace { pid } => format!(
+                "{dir}, in the bpf filesystem of this mount namespace (shared with pid {pid}; \
+                 not the host's)"
             ),
             Durability::Private(why) => {
                 format!("{dir}, in a bpf filesystem that dies with this process: {why}")
@@ -125,6 +133,16 @@ fn host_process() -> Option<(u32, u64)> {
         }
     }
     found
+}
+
+/// Another process in the mount namespace `ns`, if there is one: a namespace that does not
+/// end with this process.
+fn sharer(ns: u64) -> Option<u32> {
+    let me = std::process::id();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        (pid != me && mount_ns(&pid.to_string()) == Some(ns)).then_some(pid)
+    })
 }
 
 /// Whether this process's bpffs at `point` is bind-mounted from elsewhere (a propagation
@@ -258,6 +276,7 @@ fn find(pin_dir: &Path, act: bool) -> io::Result<PinDir> {
         path: pin_dir.to_path_buf(),
         durability,
     };
+    let own_ns = mount_ns("self");
     let Some((host, host_ns)) = host_process() else {
         if ours_bpf && propagated(&point) {
             return Ok(shared(Durability::Host));
@@ -270,10 +289,15 @@ fn find(pin_dir: &Path, act: bool) -> io::Result<PinDir> {
             "no other process's mount namespace can be inspected".into()
         });
     };
-    let own_ns = mount_ns("self");
     if own_ns == Some(host_ns) {
         ensure_ours()?;
         return Ok(shared(Durability::Host));
+    }
+    // A mount namespace of our own that already has a bpffs and that other processes share
+    // (a container's, a test harness's): the pins live there, where the tools of this
+    // namespace look for them, and outlive the daemon with the namespace.
+    if ours_bpf && let Some(pid) = own_ns.and_then(sharer) {
+        return Ok(shared(Durability::Namespace { pid }));
     }
     // Another mount namespace: the host's bpffs, seen through the host process's root.
     let rel = point.strip_prefix("/").unwrap_or(&point);

@@ -153,6 +153,23 @@ fn native_resets_on_a_veth_are_refused_or_watched() {
         !pins.join("links").join(IFACE).exists(),
         "nothing is left attached"
     );
+    // doctor fails the same combination, with the reason.
+    let doctor = std::process::Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{}", pair.server.name))
+        .arg(shedder_tests::daemon::shedder_bin())
+        .args(["doctor", "--config"])
+        .arg(&refused_start.config)
+        .output()
+        .expect("shedder doctor");
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    assert_eq!(doctor.status.code(), Some(1), "doctor fails:\n{report}");
+    assert!(
+        report
+            .lines()
+            .any(|l| l.starts_with("FAIL")
+                && l.contains("attach = native cannot deliver action = rst")),
+        "{report}"
+    );
     drop(refused_start);
 
     let client_xdp = pair.pass_program_on_client();
@@ -168,6 +185,8 @@ fn native_resets_on_a_veth_are_refused_or_watched() {
 
     // The peer loses its XDP program: resets sent with XDP_TX are dropped by the kernel.
     drop(client_xdp);
+    // The daemon sees the peer lose it (the veth's xdp-features), read once a second.
+    daemon.wait_for_log("this veth's peer now has neither", Duration::from_secs(5));
     for _ in 0..5 {
         let a = pair.client.run(|| {
             connect_from(
@@ -184,7 +203,6 @@ fn native_resets_on_a_veth_are_refused_or_watched() {
         );
     }
     daemon.wait_for_log("failed to leave the interface", Duration::from_secs(5));
-    daemon.wait_for_log("this veth's peer now has neither", Duration::from_secs(5));
     // The driver statistic is read once a second.
     let series = format!("shedder_xdp_tx_errors_total{{interface=\"{IFACE}\"}}");
     let deadline = Instant::now() + Duration::from_secs(3);
