@@ -32,8 +32,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-/// The longest request head and body accepted.
-const MAX_HEAD: usize = 16 * 1024;
+/// The longest request body accepted.
 const MAX_BODY: usize = 1024 * 1024;
 
 /// An API error: HTTP status and the JSON body.
@@ -168,7 +167,7 @@ pub fn group_id(name: &str) -> io::Result<u32> {
     Ok(grp.gr_gid)
 }
 
-fn peer_of(stream: &UnixStream) -> io::Result<Peer> {
+fn peer_of(stream: &impl AsRawFd) -> io::Result<Peer> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -197,7 +196,7 @@ fn peer_of(stream: &UnixStream) -> io::Result<Peer> {
 }
 
 /// The peer's supplementary groups. Linux answers ERANGE with the size it needs.
-fn peer_groups(stream: &UnixStream) -> io::Result<Vec<u32>> {
+fn peer_groups(stream: &impl AsRawFd) -> io::Result<Vec<u32>> {
     const SO_PEERGROUPS: libc::c_int = 59;
     let mut groups = vec![0 as libc::gid_t; 64];
     loop {
@@ -256,119 +255,61 @@ pub fn bind(path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Serve the API on `listener` until the process exits: each request is forwarded to the
-/// daemon loop over `requests` and answered with what it replies.
+/// Serve the API on `listener` until the process exits, each connection on a task of its
+/// own (see [`crate::http`]): each request is forwarded to the daemon loop over `requests`
+/// and answered with what it replies.
 pub fn serve(listener: UnixListener, group: Option<u32>, requests: mpsc::Sender<Request>) {
-    std::thread::Builder::new()
-        .name("control".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(mut conn) = conn else { continue };
-                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-                let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
-                let (status, body, content_type) = match handle(&mut conn, group, &requests) {
-                    Ok((body, content_type)) => (200, body, content_type),
-                    Err(e) => (
-                        e.status,
-                        serde_json::to_string(&e).unwrap_or_default(),
-                        "application/json",
-                    ),
-                };
-                let _ = respond(&mut conn, status, content_type, &body);
+    crate::http::runtime().spawn(async move {
+        let listener = match listener
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::UnixListener::from_std(listener))
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "the control socket cannot be served");
+                return;
             }
-        })
-        .expect("spawning the control thread");
-}
-
-fn reason_phrase(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        413 => "Payload Too Large",
-        _ => "Internal Server Error",
-    }
-}
-
-fn respond(conn: &mut UnixStream, status: u16, content_type: &str, body: &str) -> io::Result<()> {
-    write!(
-        conn,
-        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        reason_phrase(status),
-        body.len()
-    )
-}
-
-/// Read one request: method, path, body.
-fn read_request(conn: &mut UnixStream) -> Result<(String, String, Vec<u8>), ApiError> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 4096];
-    let (method, path, head_len, content_length) = loop {
-        let n = conn
-            .read(&mut chunk)
-            .map_err(|e| ApiError::bad(format!("reading the request: {e}")))?;
-        if n == 0 {
-            return Err(ApiError::bad("connection closed before a complete request"));
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        let mut headers = [httparse::EMPTY_HEADER; 32];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(&buf) {
-            Ok(httparse::Status::Complete(head_len)) => {
-                let length = req
-                    .headers
-                    .iter()
-                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-                    .map(|h| {
-                        std::str::from_utf8(h.value)
-                            .ok()
-                            .and_then(|v| v.trim().parse::<usize>().ok())
-                            .ok_or_else(|| ApiError::bad("bad Content-Length"))
-                    })
-                    .transpose()?
-                    .unwrap_or(0);
-                break (
-                    req.method.unwrap_or("").to_string(),
-                    req.path.unwrap_or("").to_string(),
-                    head_len,
-                    length,
+        };
+        loop {
+            let Ok((conn, _)) = listener.accept().await else {
+                continue;
+            };
+            let peer = peer_of(&conn);
+            let requests = requests.clone();
+            crate::http::serve_connection(conn, move |req| {
+                let (peer, requests) = (
+                    peer.as_ref().map_err(|e| e.to_string()).cloned(),
+                    requests.clone(),
                 );
-            }
-            Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => continue,
-            Ok(httparse::Status::Partial) => {
-                return Err(ApiError::new(413, "request head too large"));
-            }
-            Err(e) => return Err(ApiError::bad(format!("malformed request: {e}"))),
+                async move {
+                    let (status, body, content_type) =
+                        match handle(req, peer, group, requests).await {
+                            Ok((body, content_type)) => (200, body, content_type),
+                            Err(e) => (
+                                e.status,
+                                serde_json::to_string(&e).unwrap_or_default(),
+                                "application/json",
+                            ),
+                        };
+                    crate::http::answer(status, content_type, body)
+                }
+            });
         }
-    };
-    if content_length > MAX_BODY {
-        return Err(ApiError::new(413, format!("body over {MAX_BODY} bytes")));
-    }
-    let mut body = buf[head_len..].to_vec();
-    while body.len() < content_length {
-        let n = conn
-            .read(&mut chunk)
-            .map_err(|e| ApiError::bad(format!("reading the body: {e}")))?;
-        if n == 0 {
-            return Err(ApiError::bad("connection closed inside the body"));
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    body.truncate(content_length);
-    Ok((method, path, body))
+    });
 }
 
-fn handle(
-    conn: &mut UnixStream,
+async fn handle(
+    req: hyper::Request<hyper::body::Incoming>,
+    peer: Result<Peer, String>,
     group: Option<u32>,
-    requests: &mpsc::Sender<Request>,
+    requests: mpsc::Sender<Request>,
 ) -> Result<(String, &'static str), ApiError> {
-    let peer = peer_of(conn).map_err(|e| ApiError::new(500, format!("peer credentials: {e}")))?;
+    let peer = peer.map_err(|e| ApiError::new(500, format!("peer credentials: {e}")))?;
+    let method = req.method().as_str().to_string();
+    let path = req.uri().path().to_string();
     // Read the (size-bounded) request before refusing, so the client is not cut off
     // mid-write and gets the answer.
-    let request = read_request(conn);
+    let body = crate::http::body(req, MAX_BODY).await;
     if !authorized(&peer, group) {
         warn!(target: "audit", %peer, "control request refused: not root and not in the control group");
         return Err(ApiError::new(
@@ -376,10 +317,27 @@ fn handle(
             format!("{peer} may not use the control API (root or the control group only)"),
         ));
     }
-    let (method, path, body) = request?;
+    let body = body.map_err(|e| match e {
+        crate::http::BodyError::TooLarge(_) => ApiError::new(413, e.to_string()),
+        _ => ApiError::bad(e.to_string()),
+    })?;
+    // The daemon answers between ticks: wait for it off the runtime's thread.
+    tokio::task::spawn_blocking(move || dispatch(&method, &path, body.to_vec(), &peer, &requests))
+        .await
+        .map_err(|e| ApiError::new(500, format!("the request's handler failed: {e}")))?
+}
+
+/// Hand a request to the daemon loop and wait for its answer.
+fn dispatch(
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+    peer: &Peer,
+    requests: &mpsc::Sender<Request>,
+) -> Result<(String, &'static str), ApiError> {
     let (tx, rx) = mpsc::channel();
     let json = "application/json";
-    let (request, content_type) = match (method.as_str(), path.as_str()) {
+    let (request, content_type) = match (method, path) {
         ("GET", "/shedding/state") => (Request::State(tx), json),
         ("GET", "/shedding/policy") => (Request::Policy(tx), "application/toml"),
         ("PUT", "/shedding/policy") => {

@@ -10,6 +10,7 @@ pub mod ebpf;
 pub mod fleet;
 #[doc(hidden)]
 pub mod golden;
+pub mod http;
 pub mod klog;
 pub mod metrics;
 pub mod netdev;

@@ -23,6 +23,7 @@ use shedder_tests::{
 const VERBS_PORT: u16 = 7610;
 const METRICS_PORT: u16 = 7611;
 const PERMS_PORT: u16 = 7612;
+const STALL_PORT: u16 = 7614;
 const METRICS_LISTEN_PORT: u16 = 9464;
 
 /// A service `web` on `port` with a fixed limit of 4, in [1, 100], fallback 2; resets. The
@@ -419,6 +420,100 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
     assert!(!pins.exists(), "pins removed by detach");
     let r = shedder(&bin, &[], &["status", "--socket", s]);
     assert_eq!(r.code, 3, "no daemon after detach: {r:?}");
+}
+
+/// 64 clients that each send half a request line and stall, on the metrics endpoint and on
+/// the control socket: a scrape and `shedder status` still answer at once, and a stalled
+/// client is cut off once the head timeout passes. A chunked request body is read as such.
+#[test]
+fn stalled_clients_do_not_block_the_endpoints() {
+    require_root();
+    shedder_tests::ensure_fs();
+    let pair = Pair::new("opstall");
+    let dir = scratch("stall");
+    let _cleanup = Scratch(dir.clone());
+    let pins = pin_dir("opstall");
+    let sock = dir.join("ctl.sock");
+    let s = sock.to_str().unwrap();
+    let bin = shedder_bin();
+    let daemon = Daemon::start(
+        &pair.server,
+        "opstall",
+        &config(&pins, &sock, STALL_PORT, ""),
+        &pins,
+    );
+    daemon.wait_for_log("running", Duration::from_secs(10));
+    let metrics = SocketAddr::new(SERVER_V4.into(), METRICS_LISTEN_PORT);
+
+    let mut stalled_tcp: Vec<TcpStream> = pair.server.run(|| {
+        (0..64)
+            .map(|_| {
+                let mut c = TcpStream::connect(metrics).expect("connect to metrics");
+                c.write_all(b"GET /metr").unwrap();
+                c
+            })
+            .collect()
+    });
+    let mut stalled_unix: Vec<std::os::unix::net::UnixStream> = (0..64)
+        .map(|_| {
+            let mut c = std::os::unix::net::UnixStream::connect(&sock).expect("connect");
+            c.write_all(b"GET /shed").unwrap();
+            c
+        })
+        .collect();
+
+    let t = std::time::Instant::now();
+    let (head, body) = pair.server.run(|| http_get(metrics, "/metrics"));
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(body.contains("shedder_heartbeat_age_seconds"), "{body}");
+    let scrape = t.elapsed();
+    let t = std::time::Instant::now();
+    let r = ok(shedder(&bin, &[], &["status", "--socket", s]));
+    assert!(r.stdout.contains("web (ports [7614])"), "{r:?}");
+    let status = t.elapsed();
+    println!("with 64 stalled clients on each: scrape {scrape:?}, status {status:?}");
+    assert!(
+        scrape < Duration::from_secs(2) && status < Duration::from_secs(2),
+        "scrape {scrape:?}, status {status:?}"
+    );
+
+    // A chunked body: the policy in force, sent back in two chunks, is applied.
+    let policy = ok(shedder(&bin, &[], &["policy", "show", "--socket", s])).stdout;
+    let mut c = std::os::unix::net::UnixStream::connect(&sock).expect("connect");
+    let half = policy.len() / 2;
+    write!(
+        c,
+        "PUT /shedding/policy HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{}\r\n{:x}\r\n{}\r\n0\r\n\r\n",
+        half,
+        &policy[..half],
+        policy.len() - half,
+        &policy[half..]
+    )
+    .unwrap();
+    let mut answer = String::new();
+    c.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "chunked policy: {answer}"
+    );
+
+    // The stalled ones are cut off after the head timeout (5 s).
+    std::thread::sleep(Duration::from_secs(6));
+    let mut buf = [0u8; 256];
+    for c in stalled_tcp.iter_mut().take(4) {
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        assert!(
+            matches!(c.read(&mut buf), Ok(_)),
+            "a stalled metrics client is answered or closed, not left hanging"
+        );
+    }
+    for c in stalled_unix.iter_mut().take(4) {
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        assert!(
+            matches!(c.read(&mut buf), Ok(_)),
+            "a stalled control client is answered or closed, not left hanging"
+        );
+    }
 }
 
 /// GET `path` from `addr` over plain HTTP/1.1; (status line, headers+body).

@@ -9,10 +9,9 @@
 pub mod names;
 
 use std::{
-    io::{Read, Write},
-    net::{TcpListener, TcpStream},
+    net::TcpListener,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use prometheus_client::{
@@ -501,51 +500,42 @@ pub fn encode(registry: &Registry) -> String {
     out
 }
 
-/// Serve `GET /metrics` on `listener` from a thread of its own.
+/// Serve `GET /metrics` on `listener`, each connection on a task of its own (see
+/// [`crate::http`]), so that idle or slow clients cannot keep a scrape waiting.
 pub fn serve(listener: TcpListener, shared: Shared) {
-    std::thread::Builder::new()
-        .name("metrics".into())
-        .spawn(move || {
-            let registry = registry(shared);
-            for conn in listener.incoming() {
-                let Ok(mut conn) = conn else { continue };
-                let _ = answer(&mut conn, &registry);
+    let registry = Arc::new(registry(shared));
+    crate::http::runtime().spawn(async move {
+        let listener = match listener
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::TcpListener::from_std(listener))
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "the metrics endpoint cannot be served");
+                return;
             }
-        })
-        .expect("spawning the metrics thread");
+        };
+        loop {
+            let Ok((conn, _)) = listener.accept().await else {
+                continue;
+            };
+            let registry = registry.clone();
+            crate::http::serve_connection(conn, move |req| {
+                let answer = answer(&req, &registry);
+                async move { answer }
+            });
+        }
+    });
 }
 
-fn answer(conn: &mut TcpStream, registry: &Registry) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut buf = [0u8; 4096];
-    let mut req = Vec::new();
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 16 * 1024 {
-        let n = conn.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        req.extend_from_slice(&buf[..n]);
+fn answer(req: &hyper::Request<hyper::body::Incoming>, registry: &Registry) -> crate::http::Answer {
+    if req.method() != hyper::Method::GET || req.uri().path() != "/metrics" {
+        return crate::http::answer(404, "text/plain", "shedder serves GET /metrics\n");
     }
-    let mut headers = [httparse::EMPTY_HEADER; 32];
-    let mut parsed = httparse::Request::new(&mut headers);
-    let ok = matches!(parsed.parse(&req), Ok(httparse::Status::Complete(_)))
-        && parsed.method == Some("GET")
-        && parsed
-            .path
-            .is_some_and(|p| p == "/metrics" || p.starts_with("/metrics?"));
-    if !ok {
-        let body = "shedder serves GET /metrics\n";
-        return write!(
-            conn,
-            "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-    }
-    let body = encode(registry);
-    write!(
-        conn,
-        "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
+    crate::http::answer(
+        200,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        encode(registry),
     )
 }
 

@@ -1,0 +1,110 @@
+//! The daemon's side I/O: one tokio runtime on a thread of its own, and HTTP/1.1 serving on
+//! it (hyper) for the control socket and the metrics endpoint. The tick loop stays
+//! synchronous; these never wait on it except through the control API's request channel.
+//!
+//! Every connection is a task of its own, so a client that sends half a request holds one
+//! task, not the endpoint: its head must arrive within [`HEAD_TIMEOUT`], its body within
+//! [`BODY_TIMEOUT`], and the whole exchange ends within [`CONNECTION_TIMEOUT`]. Bodies are
+//! bounded, and chunked bodies are read as such.
+
+use std::{convert::Infallible, future::Future, sync::OnceLock, time::Duration};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::{Request, Response, body::Incoming, server::conn::http1, service::service_fn};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// The request head (line and headers) must arrive within this.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// The body must arrive within this once the head has.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection ends after this whatever it is doing (an answer is written well within it).
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The runtime for side I/O, started on first use.
+pub fn runtime() -> &'static tokio::runtime::Handle {
+    static HANDLE: OnceLock<tokio::runtime::Handle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("io".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("building the I/O runtime");
+                let _ = tx.send(rt.handle().clone());
+                rt.block_on(std::future::pending::<()>());
+            })
+            .expect("spawning the I/O thread");
+        rx.recv().expect("the I/O runtime starts")
+    })
+}
+
+pub type Answer = Response<Full<Bytes>>;
+
+/// An answer with a body, `Content-Type` and `Connection: close` (one request per
+/// connection, as the clients send).
+pub fn answer(status: u16, content_type: &str, body: impl Into<Bytes>) -> Answer {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .header("connection", "close")
+        .body(Full::new(body.into()))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+/// Serve one connection on the runtime: one request, within the timeouts above.
+pub fn serve_connection<S, F, Fut>(io: S, handler: F)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Answer> + Send + 'static,
+{
+    runtime().spawn(async move {
+        let service = service_fn(move |req| {
+            let f = handler(req);
+            async move { Ok::<_, Infallible>(f.await) }
+        });
+        let conn = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEAD_TIMEOUT)
+            .keep_alive(false)
+            .serve_connection(TokioIo::new(io), service);
+        let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
+    });
+}
+
+/// Why a body could not be read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BodyError {
+    TooLarge(usize),
+    Timeout,
+    Read(String),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TooLarge(max) => write!(f, "body over {max} bytes"),
+            Self::Timeout => write!(
+                f,
+                "the body did not arrive within {} s",
+                BODY_TIMEOUT.as_secs()
+            ),
+            Self::Read(e) => write!(f, "reading the body: {e}"),
+        }
+    }
+}
+
+/// The whole body of `req`, at most `max` bytes (with Content-Length or chunked).
+pub async fn body(req: Request<Incoming>, max: usize) -> Result<Bytes, BodyError> {
+    let collect = Limited::new(req.into_body(), max).collect();
+    match tokio::time::timeout(BODY_TIMEOUT, collect).await {
+        Err(_) => Err(BodyError::Timeout),
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge(max)),
+        Ok(Err(e)) => Err(BodyError::Read(e.to_string())),
+    }
+}
