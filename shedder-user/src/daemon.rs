@@ -128,6 +128,31 @@ impl Runtime {
         }
     }
 
+    /// This tick's limit: the override's while one is in force, else the controller's.
+    /// On the tick an override expires the kernel keeps its limit, and the controller is
+    /// rebuilt from it (under the fleet's ceiling, if any), so it resumes from there.
+    fn decide(&mut self, obs: &Observation, now: Instant) -> Decision {
+        if let Some(o) = self.override_limit.take_if(|o| now >= o.until) {
+            info!(service = %self.cfg.name, limit = o.limit, "override expired; the controller resumes from it");
+            self.controller = controller(&self.cfg, o.limit);
+            self.controller.set_cap(self.fleet.map(|c| c.ceiling));
+            let limit = self.controller.limit();
+            return Decision {
+                limit,
+                previous: limit,
+                action: crate::controller::Action::Hold,
+                signal: crate::controller::Signal::None,
+                mode: self.mode,
+                delay_ms: None,
+            };
+        }
+        let mut decision = self.controller.update(obs);
+        if let Some(o) = &self.override_limit {
+            decision.limit = o.limit;
+        }
+        decision
+    }
+
     /// The limit in force: the override's, else the controller's.
     fn limit_in_force(&self) -> u32 {
         self.override_limit
@@ -627,17 +652,7 @@ impl Daemon {
         for (rt, sig) in self.services.iter_mut().zip(&signals) {
             let obs = observation(sig, t);
             rt.set_fleet(self.fleet.as_ref());
-            let mut decision = rt.controller.update(&obs);
-            if let Some(o) = &rt.override_limit
-                && now >= o.until
-            {
-                info!(service = %rt.cfg.name, limit = o.limit, "override expired; the controller resumes from it");
-                rt.controller = controller(&rt.cfg, o.limit);
-                rt.override_limit = None;
-            }
-            if let Some(o) = &rt.override_limit {
-                decision.limit = o.limit;
-            }
+            let decision = rt.decide(&obs, now);
             if let Err(e) = write_limits(
                 &mut self.shedder,
                 (&self.ladder, self.hz),
@@ -1097,5 +1112,89 @@ fn log_decision(rt: &mut Runtime, d: &Decision, now: Instant) {
             mode = d.mode.as_str(),
             "limit changed"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(controller: &str) -> Service {
+        let text = format!(
+            "[daemon]\nmeasure_only = true\n[[service]]\nname = \"web\"\nports = [80]\n\
+             controller = \"{controller}\"\nmin_limit = 1\nmax_limit = 100\nfallback_limit = 10\n"
+        );
+        Config::parse(&text).expect("config").services.remove(0)
+    }
+
+    /// A busy, healthy service: AIMD raises its limit by one per tick.
+    fn healthy(now: Duration, limit: u32) -> Observation {
+        Observation {
+            now,
+            fresh: true,
+            queue_age_p50_ms: 1.0,
+            queue_age_p99_ms: 2.0,
+            latency_p50_ms: 5.0,
+            latency_p99_ms: 10.0,
+            samples: 100,
+            occupancy: limit,
+            overflows: Some(0),
+            cpu_pressure: Some(0.0),
+            shed_rate: 0.0,
+        }
+    }
+
+    #[test]
+    fn an_expiring_override_hands_its_limit_to_the_controller() {
+        let start = Instant::now();
+        let mut rt = Runtime::new(0, &service("aimd"), 10, ServicePolicy::default());
+        rt.override_limit = Some(OverrideState {
+            limit: 40,
+            until: start + Duration::from_secs(1),
+            by: "test".into(),
+            reason: None,
+        });
+        let tick = |i: u64| start + Duration::from_millis(200 * i);
+        let obs = |i: u64, limit| healthy(Duration::from_millis(200 * i), limit);
+        // While it lasts the override's limit is written, whatever the controller does.
+        for i in 0..5 {
+            assert_eq!(rt.decide(&obs(i, 40), tick(i)).limit, 40);
+        }
+        assert!(rt.controller.limit() < 40, "the controller ran on its own");
+        // The expiry tick writes the override's limit; the controller now holds it.
+        let d = rt.decide(&obs(5, 40), tick(5));
+        assert_eq!((d.limit, rt.controller.limit()), (40, 40));
+        assert!(rt.override_limit.is_none());
+        // And resumes from it: healthy and busy, one up.
+        assert_eq!(rt.decide(&obs(6, 40), tick(6)).limit, 41);
+    }
+
+    #[test]
+    fn an_expiring_override_keeps_the_fleet_ceiling() {
+        let start = Instant::now();
+        let mut rt = Runtime::new(0, &service("aimd"), 10, ServicePolicy::default());
+        rt.fleet = Some(fleet::Cap {
+            ceiling: 20,
+            static_share: 5,
+        });
+        rt.controller.set_cap(Some(20));
+        rt.override_limit = Some(OverrideState {
+            limit: 18,
+            until: start,
+            by: "test".into(),
+            reason: None,
+        });
+        assert_eq!(rt.decide(&healthy(Duration::ZERO, 18), start).limit, 18);
+        for i in 1..10 {
+            let d = rt.decide(
+                &healthy(Duration::from_millis(200 * i), 20),
+                start + Duration::from_millis(200 * i),
+            );
+            assert!(
+                d.limit <= 20,
+                "tick {i}: {} above the fleet ceiling",
+                d.limit
+            );
+        }
     }
 }
