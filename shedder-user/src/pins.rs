@@ -5,7 +5,8 @@
 //! with a fresh `/sys`, and a container may have a mount namespace of its own: a bpffs the
 //! daemon mounted there, with every pin in it, dies with the process, and the programs
 //! detach. So the daemon pins into the bpffs of the *host's* mount namespace (that of pid 1,
-//! or, where pid 1 cannot be inspected, of the outermost process it can see), reaching it
+//! or, where pid 1 cannot be inspected, of the nearest ancestor outside the daemon's own
+//! mount namespace: where it was started from), reaching it
 //! through that process's root (`/proc/<pid>/root`) when its own namespace is another one,
 //! and mounting one there when there is none. Only when no such namespace can be reached
 //! do the pins die with the process, and then the daemon refuses to enforce unless the
@@ -107,8 +108,10 @@ fn parent_of(pid: u32) -> Option<u32> {
 }
 
 /// The process whose mount namespace is the host's, as far as this process can see: pid 1
-/// when it can be inspected, else the outermost ancestor that can. `None` when this process
-/// is pid 1 or sees no other.
+/// when it can be inspected; else the nearest ancestor in another mount namespace than
+/// ours (the one the daemon was started from, as by `ip netns exec`), or, when every
+/// readable ancestor shares ours, the outermost of them. `None` when this process is pid 1
+/// or sees no other.
 fn host_process() -> Option<(u32, u64)> {
     let me = std::process::id();
     if me != 1
@@ -116,6 +119,7 @@ fn host_process() -> Option<(u32, u64)> {
     {
         return Some((1, ns));
     }
+    let own = mount_ns("self");
     let mut found = None;
     let mut pid = parent_of(me)?;
     // Bounded: a chain of parents ends at pid 1 or at a process we cannot read.
@@ -124,6 +128,7 @@ fn host_process() -> Option<(u32, u64)> {
             break;
         }
         match mount_ns(&pid.to_string()) {
+            Some(ns) if Some(ns) != own => return Some((pid, ns)),
             Some(ns) => found = Some((pid, ns)),
             None => break,
         }
