@@ -503,14 +503,14 @@ fn stalled_clients_do_not_block_the_endpoints() {
     for c in stalled_tcp.iter_mut().take(4) {
         c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         assert!(
-            matches!(c.read(&mut buf), Ok(_)),
+            c.read(&mut buf).is_ok(),
             "a stalled metrics client is answered or closed, not left hanging"
         );
     }
     for c in stalled_unix.iter_mut().take(4) {
         c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         assert!(
-            matches!(c.read(&mut buf), Ok(_)),
+            c.read(&mut buf).is_ok(),
             "a stalled control client is answered or closed, not left hanging"
         );
     }
