@@ -259,42 +259,27 @@ pub fn bind(path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
 /// own (see [`crate::http`]): each request is forwarded to the daemon loop over `requests`
 /// and answered with what it replies.
 pub fn serve(listener: UnixListener, group: Option<u32>, requests: mpsc::Sender<Request>) {
-    crate::http::runtime().spawn(async move {
-        let listener = match listener
-            .set_nonblocking(true)
-            .and_then(|()| tokio::net::UnixListener::from_std(listener))
-        {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!(error = %e, "the control socket cannot be served");
-                return;
+    let make = move || {
+        listener.set_nonblocking(true)?;
+        tokio::net::UnixListener::from_std(listener)
+    };
+    crate::http::accept_loop("the control socket", make, move |conn| {
+        let peer = peer_of(&conn).map_err(|e| e.to_string());
+        let requests = requests.clone();
+        crate::http::serve_connection(conn, move |req| {
+            let (peer, requests) = (peer.clone(), requests.clone());
+            async move {
+                let (status, body, content_type) = match handle(req, peer, group, requests).await {
+                    Ok((body, content_type)) => (200, body, content_type),
+                    Err(e) => (
+                        e.status,
+                        serde_json::to_string(&e).unwrap_or_default(),
+                        "application/json",
+                    ),
+                };
+                crate::http::answer(status, content_type, body)
             }
-        };
-        loop {
-            let Ok((conn, _)) = listener.accept().await else {
-                continue;
-            };
-            let peer = peer_of(&conn);
-            let requests = requests.clone();
-            crate::http::serve_connection(conn, move |req| {
-                let (peer, requests) = (
-                    peer.as_ref().map_err(|e| e.to_string()).cloned(),
-                    requests.clone(),
-                );
-                async move {
-                    let (status, body, content_type) =
-                        match handle(req, peer, group, requests).await {
-                            Ok((body, content_type)) => (200, body, content_type),
-                            Err(e) => (
-                                e.status,
-                                serde_json::to_string(&e).unwrap_or_default(),
-                                "application/json",
-                            ),
-                        };
-                    crate::http::answer(status, content_type, body)
-                }
-            });
-        }
+        });
     });
 }
 

@@ -55,6 +55,50 @@ pub fn answer(status: u16, content_type: &str, body: impl Into<Bytes>) -> Answer
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
 }
 
+/// A listening socket the runtime accepts connections on.
+pub trait Listener: Send + 'static {
+    type Conn: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    fn accept(&self) -> impl Future<Output = std::io::Result<Self::Conn>> + Send;
+}
+
+impl Listener for tokio::net::TcpListener {
+    type Conn = tokio::net::TcpStream;
+    async fn accept(&self) -> std::io::Result<Self::Conn> {
+        tokio::net::TcpListener::accept(self).await.map(|(c, _)| c)
+    }
+}
+
+impl Listener for tokio::net::UnixListener {
+    type Conn = tokio::net::UnixStream;
+    async fn accept(&self) -> std::io::Result<Self::Conn> {
+        tokio::net::UnixListener::accept(self).await.map(|(c, _)| c)
+    }
+}
+
+/// Accept connections on the runtime until the process exits, handing each to `each`
+/// (which serves it, usually with [`serve_connection`]). `make` turns the bound socket into
+/// the runtime's listener; if it cannot, `what` is logged as not served.
+pub fn accept_loop<L: Listener>(
+    what: &'static str,
+    make: impl FnOnce() -> std::io::Result<L> + Send + 'static,
+    each: impl Fn(L::Conn) + Send + 'static,
+) {
+    runtime().spawn(async move {
+        let listener = match make() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "{what} cannot be served");
+                return;
+            }
+        };
+        loop {
+            if let Ok(conn) = listener.accept().await {
+                each(conn);
+            }
+        }
+    });
+}
+
 /// Serve one connection on the runtime: one request, within the timeouts above.
 pub fn serve_connection<S, F, Fut>(io: S, handler: F)
 where

@@ -504,27 +504,16 @@ pub fn encode(registry: &Registry) -> String {
 /// [`crate::http`]), so that idle or slow clients cannot keep a scrape waiting.
 pub fn serve(listener: TcpListener, shared: Shared) {
     let registry = Arc::new(registry(shared));
-    crate::http::runtime().spawn(async move {
-        let listener = match listener
-            .set_nonblocking(true)
-            .and_then(|()| tokio::net::TcpListener::from_std(listener))
-        {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!(error = %e, "the metrics endpoint cannot be served");
-                return;
-            }
-        };
-        loop {
-            let Ok((conn, _)) = listener.accept().await else {
-                continue;
-            };
-            let registry = registry.clone();
-            crate::http::serve_connection(conn, move |req| {
-                let answer = answer(&req, &registry);
-                async move { answer }
-            });
-        }
+    let make = move || {
+        listener.set_nonblocking(true)?;
+        tokio::net::TcpListener::from_std(listener)
+    };
+    crate::http::accept_loop("the metrics endpoint", make, move |conn| {
+        let registry = registry.clone();
+        crate::http::serve_connection(conn, move |req| {
+            let answer = answer(&req, &registry);
+            async move { answer }
+        });
     });
 }
 
