@@ -198,10 +198,6 @@ pub fn seed(sk: u64, cookie: u64) -> Option<SeedResult> {
     let class = classify(s.remote, v6, policy);
     result.service = service as u16;
     result.class = class as u8;
-    if SHEDDER_SOCKS.get_ptr(sk).is_some() {
-        result.outcome = SEED_KNOWN;
-        return Some(result);
-    }
     // Its accept-queue wait is long over: no queue-age sample from its next read.
     let state = SockState {
         service: service as u16,
@@ -209,6 +205,7 @@ pub fn seed(sk: u64, cookie: u64) -> Option<SeedResult> {
         flags: SOCK_AGE_SEEN,
         ..Default::default()
     };
+    // Not added: already tracked (born while tracking was attached), or the table is full.
     result.outcome = if count_connection(sk, &state) {
         SEED_COUNTED
     } else if SHEDDER_SOCKS.get_ptr(sk).is_some() {

@@ -916,7 +916,7 @@ fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
     // frames drops every reset it sends.
     if cfg.sends_replies()
         && matches!(&ours, Some((a, _, true)) if a.mode == crate::netdev::netlink::XDP_ATTACHED_DRV)
-        && let Some(problem) = crate::netdev::native_reset_problem(iface)
+        && let Some(problem) = facts.reset_problem(iface)
     {
         out.push(Check::fail(
             "resets",

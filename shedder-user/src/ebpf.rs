@@ -263,6 +263,14 @@ impl Shedder {
     }
 
     fn xdp_program(&mut self, name: &'static str) -> Result<&mut Xdp> {
+        self.program(name)
+    }
+
+    /// The program `name`, as its type.
+    fn program<'a, T>(&'a mut self, name: &'static str) -> Result<&'a mut T>
+    where
+        &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+    {
         self.ebpf
             .program_mut(name)
             .ok_or(Error::MissingProgram(name))?
@@ -350,14 +358,7 @@ impl Shedder {
     }
 
     pub fn tc(&mut self) -> Result<&mut SchedClassifier> {
-        self.ebpf
-            .program_mut(programs::TC)
-            .ok_or(Error::MissingProgram(programs::TC))?
-            .try_into()
-            .map_err(|source| Error::Program {
-                program: programs::TC,
-                source,
-            })
+        self.program(programs::TC)
     }
 
     /// Attach to `iface` in the calling thread's network namespace. With a pin directory,
@@ -444,12 +445,7 @@ impl Shedder {
             {
                 continue;
             }
-            let prog: &mut aya::programs::TracePoint = self
-                .ebpf
-                .program_mut(program)
-                .ok_or(Error::MissingProgram(program))?
-                .try_into()
-                .map_err(|source| Error::Program { program, source })?;
+            let prog: &mut aya::programs::TracePoint = self.program(program)?;
             let id = prog
                 .attach(category, name)
                 .map_err(|source| Error::Program { program, source })?;
@@ -585,16 +581,8 @@ impl Shedder {
                 map.insert(cookie, sock, 0).map_err(map_err(maps::SEED))?;
             }
         }
-        let prog: &mut aya::programs::Iter = self
-            .ebpf
-            .program_mut(programs::SEED)
-            .ok_or(Error::MissingProgram(programs::SEED))?
-            .try_into()
-            .map_err(|source| Error::Program {
-                program: programs::SEED,
-                source,
-            })?;
         let program = programs::SEED;
+        let prog: &mut aya::programs::Iter = self.program(program)?;
         let id = prog
             .attach()
             .map_err(|source| Error::Program { program, source })?;

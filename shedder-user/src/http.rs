@@ -121,25 +121,14 @@ where
 }
 
 /// Why a body could not be read.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BodyError {
+    #[error("body over {0} bytes")]
     TooLarge(usize),
+    #[error("the body did not arrive within {} s", BODY_TIMEOUT.as_secs())]
     Timeout,
+    #[error("reading the body: {0}")]
     Read(String),
-}
-
-impl std::fmt::Display for BodyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::TooLarge(max) => write!(f, "body over {max} bytes"),
-            Self::Timeout => write!(
-                f,
-                "the body did not arrive within {} s",
-                BODY_TIMEOUT.as_secs()
-            ),
-            Self::Read(e) => write!(f, "reading the body: {e}"),
-        }
-    }
 }
 
 /// The whole body of `req`, at most `max` bytes (with Content-Length or chunked).

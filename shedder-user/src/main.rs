@@ -517,7 +517,7 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
         .attach_tracking()
         .context("attaching the connection-tracking tracepoints")?;
     if let Some(note) = ebpf::missing_tracepoints_note(&missing) {
-        eprintln!("warning: {note}");
+        tracing::warn!("{note}");
     }
     // Its warning is logged (and there is no status to show it in).
     let _ = shedder::seed::seed_and_report(&mut shedder, &cfg);

@@ -126,14 +126,19 @@ fn words(addr: IpAddr) -> ([u32; 4], u8) {
     }
 }
 
-/// The connections of one namespace's sockets that the tracepoint would have counted: the
-/// server side of an open connection on a protected port that has a listener.
-pub fn candidates(sockets: &[TcpSocket], protected: &BTreeSet<u16>) -> Vec<(u64, SeedSock)> {
-    let listening: HashSet<u16> = sockets
+/// The protected ports some socket listens on.
+fn listening(sockets: &[TcpSocket], protected: &BTreeSet<u16>) -> BTreeSet<u16> {
+    sockets
         .iter()
         .filter(|s| s.state == TCP_LISTEN && protected.contains(&s.local_port))
         .map(|s| s.local_port)
-        .collect();
+        .collect()
+}
+
+/// The connections of one namespace's sockets that the tracepoint would have counted: the
+/// server side of an open connection on a protected port that has a listener.
+pub fn candidates(sockets: &[TcpSocket], protected: &BTreeSet<u16>) -> Vec<(u64, SeedSock)> {
+    let listening = listening(sockets, protected);
     sockets
         .iter()
         .filter(|s| {
@@ -195,12 +200,7 @@ pub fn seed(shedder: &mut Shedder, protected: &BTreeSet<u16>) -> Result<Summary,
             }
         };
         summary.namespaces += 1;
-        let ports: BTreeSet<u16> = sockets
-            .iter()
-            .filter(|s| s.state == TCP_LISTEN && protected.contains(&s.local_port))
-            .map(|s| s.local_port)
-            .collect();
-        for p in ports {
+        for p in listening(&sockets, protected) {
             *listener_namespaces.entry(p).or_default() += 1;
         }
         let found = candidates(&sockets, protected);

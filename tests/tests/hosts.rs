@@ -186,7 +186,7 @@ fn native_resets_on_a_veth_are_refused_or_watched() {
     // The peer loses its XDP program: resets sent with XDP_TX are dropped by the kernel.
     drop(client_xdp);
     // The daemon sees the peer lose it (the veth's xdp-features), read once a second.
-    daemon.wait_for_log("this veth's peer now has neither", Duration::from_secs(5));
+    daemon.wait_for_log("veth0: resets are dropped", Duration::from_secs(5));
     for _ in 0..5 {
         let a = pair.client.run(|| {
             connect_from(

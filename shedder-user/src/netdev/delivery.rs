@@ -47,8 +47,8 @@ struct Watched {
     iface: String,
     native: bool,
     errors: ErrorTrend,
-    /// For native XDP on a veth: whether the peer took XDP_TX frames at the last reading.
-    peer_takes_tx: Option<bool>,
+    /// For native XDP with resets: why they cannot leave, at the last reading.
+    problem: Option<String>,
 }
 
 /// The interfaces shedder is attached to, watched for refusals that do not leave.
@@ -68,7 +68,7 @@ impl Monitor {
                     iface,
                     native,
                     errors: ErrorTrend::default(),
-                    peer_takes_tx: None,
+                    problem: None,
                 })
                 .collect(),
             last_read: None,
@@ -96,20 +96,19 @@ impl Monitor {
                      of a reset; `shedder doctor` checks the interface"
                 );
             }
-            if !(w.native && replies) {
-                continue;
-            }
-            let facts = super::Facts::of(&w.iface);
-            let takes = facts.native_tx_delivered();
-            if facts.is_veth() && takes == Some(false) && w.peer_takes_tx != Some(false) {
+            let problem = (w.native && replies)
+                .then(|| super::native_reset_problem(&w.iface))
+                .flatten();
+            if let Some(p) = &problem
+                && w.problem.is_none()
+            {
                 warn!(
                     interface = %w.iface,
-                    "{}; this veth's peer now has neither: restart shedder with attach = \
-                     \"auto\" (tc on a veth) or give the peer an XDP program",
-                    super::VETH_NATIVE_TX
+                    "{p}: restart shedder with attach = \"auto\" (tc on a veth) or give the \
+                     peer an XDP program"
                 );
             }
-            w.peer_takes_tx = takes;
+            w.problem = problem;
         }
     }
 
@@ -117,14 +116,7 @@ impl Monitor {
     pub fn problems(&self) -> Vec<String> {
         self.watched
             .iter()
-            .filter(|w| w.native && w.peer_takes_tx == Some(false))
-            .map(|w| {
-                format!(
-                    "{}: resets are dropped: {}, and this veth's peer has neither",
-                    w.iface,
-                    super::VETH_NATIVE_TX
-                )
-            })
+            .filter_map(|w| w.problem.clone())
             .collect()
     }
 

@@ -99,6 +99,14 @@ impl Facts {
         }
         self.xdp_features.map(|f| f & XDP_ACT_NDO_XMIT != 0)
     }
+
+    /// Why native XDP on `iface` cannot send resets now (a veth whose peer takes no
+    /// XDP_TX frames), if it cannot.
+    pub fn reset_problem(&self, iface: &str) -> Option<String> {
+        (self.native_tx_delivered() == Some(false)).then(|| {
+            format!("{iface}: resets are dropped: {VETH_NATIVE_TX}, and {PEER_HAS_NEITHER}")
+        })
+    }
 }
 
 /// Why native XDP on a veth cannot send resets, for messages.
@@ -107,12 +115,11 @@ pub const VETH_NATIVE_TX: &str = "native XDP on a veth sends its XDP_TX frames (
      the kernel drops them (the veth's xdp_tx_errors rise) and the client waits for a \
      timeout instead of being refused";
 
-/// Why `iface`, running native XDP, cannot send resets now (a veth whose peer takes no
-/// XDP_TX frames), if it cannot.
+const PEER_HAS_NEITHER: &str = "this veth's peer has neither";
+
+/// [`Facts::reset_problem`] of `iface` as it is now.
 pub fn native_reset_problem(iface: &str) -> Option<String> {
-    (Facts::of(iface).native_tx_delivered() == Some(false)).then(|| {
-        format!("{iface} runs native XDP: {VETH_NATIVE_TX}, and this veth's peer has neither")
-    })
+    Facts::of(iface).reset_problem(iface)
 }
 
 /// The mode to attach `iface` in, so that the configured action reaches the client, and a
@@ -153,7 +160,7 @@ pub fn choose(
         Attach::Native => match facts.native_tx_delivered() {
             Some(false) => Err(format!(
                 "{iface}: attach = native cannot deliver action = rst here: {VETH_NATIVE_TX}, \
-                 and this veth's peer has neither; use attach = \"auto\" (tc on a veth) or \
+                 and {PEER_HAS_NEITHER}; use attach = \"auto\" (tc on a veth) or \
                  \"tc\", or give the peer an XDP program or GRO (`ethtool -K <peer> gro on`)"
             )),
             Some(true) => Ok((
