@@ -1,35 +1,28 @@
-//! shedder's userspace: configuration, policy compilation, loader and maps, signals,
-//! controllers and the daemon.
-pub mod classmap;
+//! shedder's userspace, one folder per concern, each layer using only those below it:
+//!
+//! - [`config`]: the configuration's types, defaults and validation;
+//! - [`control`]: the controllers and the split of a limit among classes (pure);
+//! - [`kernel`]: the eBPF side: loading, attaching, the maps, pins, the clock;
+//! - [`signals`]: measuring each service from the maps, sock_diag, /proc and PSI;
+//! - [`fleet`]: sharing a downstream's limit across nodes through etcd;
+//! - [`api`]: the control socket, the metrics endpoint and the state they report;
+//! - [`doctor`]: checking a host;
+//! - [`daemon`]: `shedder run`, whose per-service tick is a pure core
+//!   ([`daemon::service`]).
+pub mod api;
 pub mod config;
 pub mod control;
-pub mod controller;
 pub mod daemon;
 pub mod doctor;
-pub mod ebpf;
 pub mod fleet;
-#[doc(hidden)]
-pub mod golden;
-pub mod http;
-pub mod klog;
-pub mod metrics;
-pub mod netdev;
-pub mod pins;
-pub mod policy;
-pub mod seed;
+pub mod kernel;
 pub mod signals;
-pub mod state;
-pub mod sysfs;
+
+#[cfg(test)]
+mod golden;
 
 /// An error in what the user gave (command line, configuration): the CLI exits with 2 and
 /// nothing was changed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
 pub struct BadInput(pub String);
-
-impl std::fmt::Display for BadInput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BadInput {}

@@ -10,16 +10,22 @@ use anyhow::{Context as _, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use shedder::{
     BadInput,
+    api::{
+        control::{Client, ClientError, OverrideRequest},
+        state::State,
+    },
     config::Config,
-    control::{Client, ClientError, OverrideRequest},
-    ebpf::{self, AttachMode, MapReader, Shedder},
-    policy::compile,
-    state::State,
+    kernel::{self, AttachMode, MapReader, Shedder, policy::compile},
 };
 use shedder_common::{
     CLASS_NAMES, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, REASON_NAMES, VERDICT_NAMES,
     decision_index,
 };
+
+/// The golden-file check, shared with the library's tests (test builds only).
+#[cfg(test)]
+#[path = "golden.rs"]
+mod golden;
 
 const EXIT_CODES: &str = "Exit codes:
   0  success
@@ -137,7 +143,7 @@ enum Command {
         #[command(flatten)]
         target: Target,
         /// Pin directory, when no daemon runs (default: /sys/fs/bpf/shedder).
-        #[arg(long, default_value = ebpf::DEFAULT_PIN_DIR)]
+        #[arg(long, default_value = kernel::DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
     },
     /// Attach without a daemon: a static limiter at the fallback limits.
@@ -296,7 +302,7 @@ fn run(cli: Cli) -> Result<u8> {
                 println!("{body}");
             } else {
                 let state: State = serde_json::from_str(&body).context("the daemon's state")?;
-                print!("{}", shedder::state::render(&state));
+                print!("{}", shedder::api::state::render(&state));
             }
         }
         Command::Top {
@@ -400,9 +406,9 @@ fn run(cli: Cli) -> Result<u8> {
             match target.client()?.call("POST", "/shedding/detach", b"") {
                 Ok(_) => println!("the daemon is stopping and detaching"),
                 Err(ClientError::NotRunning(_)) => {
-                    let pins =
-                        shedder::pins::locate(&pin_dir).context("finding the bpf filesystem")?;
-                    let detached = ebpf::unpin_all(&pins.path)
+                    let pins = shedder::kernel::pins::locate(&pin_dir)
+                        .context("finding the bpf filesystem")?;
+                    let detached = kernel::unpin_all(&pins.path)
                         .with_context(|| format!("removing pins under {}", pin_dir.display()))?;
                     if detached.is_empty() {
                         println!(
@@ -439,7 +445,7 @@ fn top(target: &Target, interval: f64, iterations: Option<u64>) -> Result<()> {
         if clear {
             write!(out, "\x1b[H\x1b[2J")?;
         }
-        write!(out, "{}", shedder::state::render(&state))?;
+        write!(out, "{}", shedder::api::state::render(&state))?;
         out.flush()?;
         n += 1;
         if iterations.is_some_and(|max| n >= max) {
@@ -489,8 +495,9 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
             config.display()
         )));
     }
-    let pins = shedder::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
-    if let shedder::pins::Durability::Private(why) = &pins.durability {
+    let pins =
+        shedder::kernel::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
+    if let shedder::kernel::pins::Durability::Private(why) = &pins.durability {
         bail!(
             "the pins under {} would die when this command exits ({why}), and the programs \
              with them: run it in the host's mount namespace (e.g. `nsenter \
@@ -516,11 +523,11 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
     let missing = shedder
         .attach_tracking()
         .context("attaching the connection-tracking tracepoints")?;
-    if let Some(note) = ebpf::missing_tracepoints_note(&missing) {
+    if let Some(note) = kernel::missing_tracepoints_note(&missing) {
         tracing::warn!("{note}");
     }
     // Its warning is logged (and there is no status to show it in).
-    let _ = shedder::seed::seed_and_report(&mut shedder, &cfg);
+    let _ = shedder::kernel::seed::seed_and_report(&mut shedder, &cfg);
     for (iface, mode) in interfaces.iter().zip(modes) {
         if pin_dir.join("links").join(iface).exists() {
             println!("{iface}: already attached (pinned link kept; policy updated)");
@@ -542,12 +549,13 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
 
 fn counters(config: PathBuf, json: bool) -> Result<()> {
     let cfg = load_config(&config)?;
-    let pins = shedder::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
+    let pins =
+        shedder::kernel::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
     let pin_dir = &pins.path;
     if !pin_dir.join("maps").exists() {
         bail!("nothing is attached: no maps under {}", pins.describe());
     }
-    let shedder = ebpf::PinnedMaps::open(pin_dir).context("opening the pinned maps")?;
+    let shedder = kernel::PinnedMaps::open(pin_dir).context("opening the pinned maps")?;
     // Decisions (unique attempts), then retransmitted SYNs and retries per class; each row
     // names its counter as the metric does (`shedder_<counter>_total`).
     let mut rows = Vec::new();
@@ -655,7 +663,7 @@ mod tests {
             assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp, "{argv:?}");
             text.push_str(&format!("==> {}\n{}\n", argv.join(" "), err.render()));
         }
-        shedder::golden::check("help.txt", &text);
+        crate::golden::check("help.txt", &text);
     }
 
     #[test]
@@ -689,7 +697,7 @@ mod tests {
     #[test]
     fn exit_codes() {
         let api = |status| {
-            anyhow::Error::new(ClientError::Api(shedder::control::ApiError::new(
+            anyhow::Error::new(ClientError::Api(shedder::api::control::ApiError::new(
                 status, "x",
             )))
         };

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shedder::ebpf::{MapReader, PinnedMaps};
+use shedder::kernel::{MapReader, PinnedMaps};
 
 use crate::{
     netns::{Netns, Pair},
@@ -221,7 +221,7 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill();
-        let _ = shedder::ebpf::unpin_all(&self.pin_dir);
+        let _ = shedder::kernel::unpin_all(&self.pin_dir);
         if let Some(dir) = self.config.parent() {
             let _ = std::fs::remove_dir_all(dir);
         }

@@ -31,6 +31,6 @@ pub fn require_root() {
 pub fn ensure_fs() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        shedder::sysfs::ensure_bpffs().expect("mounting bpffs");
+        shedder::kernel::sysfs::ensure_bpffs().expect("mounting bpffs");
     });
 }

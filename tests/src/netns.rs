@@ -124,7 +124,7 @@ impl Pair {
     /// the sender's `xdp_tx_errors`. Only tests of native mode with `rst` arrange this, as a
     /// user who chooses native on a veth must; `attach = "auto"` needs none.
     pub fn pass_program_on_client(&self) -> aya::Ebpf {
-        let mut ebpf = aya::Ebpf::load(shedder::ebpf::BASELINE_OBJECT).expect("baseline object");
+        let mut ebpf = aya::Ebpf::load(shedder::kernel::BASELINE_OBJECT).expect("baseline object");
         let prog: &mut aya::programs::Xdp = ebpf
             .program_mut("baseline_xdp")
             .expect("baseline program")

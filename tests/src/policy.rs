@@ -14,7 +14,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use shedder::{config::Prefix, ebpf::Shedder};
+use shedder::{config::Prefix, kernel::Shedder};
 use shedder_common::{
     ACTION_DROP, ACTION_RST, CLASS_CRITICAL, CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE,
     ClassPolicy, Globals, MODE_DRY_RUN, MODE_ENFORCE, POLICY_CONFIGURED, ServicePolicy,

@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shedder::ebpf::{MapReader, PinnedMaps};
+use shedder::kernel::{MapReader, PinnedMaps};
 
 use crate::{
     daemon::Daemon,

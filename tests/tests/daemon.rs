@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shedder::ebpf::{MapReader, PinnedMaps};
+use shedder::kernel::{MapReader, PinnedMaps};
 use shedder_common::STAT_FALLBACK;
 use shedder_tests::{
     daemon::{Daemon, admitted, hold, pin_dir, refused, settle, web_config},

@@ -1,5 +1,5 @@
 //! The deployment files in `deploy/` (no root needed): every metric and label the alert
-//! rules and the dashboard use is one the daemon exports (`shedder::metrics::names`); the
+//! rules and the dashboard use is one the daemon exports (`shedder::api::metrics::names`); the
 //! alerts follow seed 000 R6 (page on floor-class shedding and on goodput, never on the
 //! best-effort shedding level); the example configuration validates and documents every
 //! option; the systemd unit keeps what the daemon needs (capabilities, writable pins,
@@ -15,8 +15,8 @@ use std::{
 use serde::Deserialize;
 use serde_json::Value as Json;
 use shedder::{
+    api::metrics::names::{METRICS, exposed_names},
     config::{self, Config},
-    metrics::names::{METRICS, exposed_names},
 };
 use shedder_common::{CLASS_NAMES, REASON_NAMES, STAT_NAMES, VERDICT_NAMES, programs};
 
@@ -40,7 +40,7 @@ const OTHER_METRICS: [&str; 1] = ["up"];
 
 /// Histogram bucket bounds as the exposition spells them (`0.2`, `1.0`, `+Inf`).
 fn buckets() -> Vec<String> {
-    shedder::metrics::BUCKETS
+    shedder::api::metrics::BUCKETS
         .iter()
         .map(|b| format!("{b:?}"))
         .chain(["+Inf".to_string()])
@@ -413,7 +413,7 @@ fn check_expr(context: &str, expr: &str, errors: &mut Vec<String>) -> Scanned {
         if sel.metric.starts_with("shedder_") {
             let Some((b, labels, bucket)) = exposed.get(&sel.metric) else {
                 fail(format!(
-                    "`{}` is not a metric the daemon exports (shedder::metrics::names::exposed_names())",
+                    "`{}` is not a metric the daemon exports (shedder::api::metrics::names::exposed_names())",
                     sel.metric
                 ));
                 continue;

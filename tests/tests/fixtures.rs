@@ -12,7 +12,7 @@
 //! Parsing rows are sent to services whose every class is closed (limit 0): a frame that
 //! passes there passes because the parser declined it, not because it was admitted.
 
-use shedder::ebpf::MapReader;
+use shedder::kernel::MapReader;
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
     panic::{AssertUnwindSafe, catch_unwind},
@@ -24,7 +24,7 @@ use std::{
 };
 
 use aya::programs::{TestRun, TestRunOptions};
-use shedder::ebpf::Shedder;
+use shedder::kernel::Shedder;
 use shedder_common::{
     ACTION_DROP, ACTION_RST, CLASS_CRITICAL, CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE,
     ClassPolicy, Globals, Inflight, MODE_DRY_RUN, MODE_ENFORCE, NUM_CLASSES, NUM_REASONS,

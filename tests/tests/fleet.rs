@@ -25,9 +25,9 @@ use std::{
 };
 
 use shedder::{
-    control::Client,
-    ebpf::{MapReader, PinnedMaps},
-    state::State,
+    api::control::Client,
+    api::state::State,
+    kernel::{MapReader, PinnedMaps},
 };
 use shedder_tests::{
     daemon::{Daemon, pin_dir},
@@ -341,7 +341,7 @@ impl Drop for Node {
             l.stop();
         }
         self.daemon = None;
-        let _ = shedder::ebpf::unpin_all(&self.pins);
+        let _ = shedder::kernel::unpin_all(&self.pins);
         let _ = std::fs::remove_file(&self.socket);
     }
 }
@@ -516,7 +516,7 @@ fn fleet_shares_a_global_limit_through_kill_join_etcd_restart_and_partition() {
             )
             .expect_err("an override above the fleet ceiling");
         match refused {
-            shedder::control::ClientError::Api(e) => {
+            shedder::api::control::ClientError::Api(e) => {
                 assert_eq!(e.status, 400, "{e:?}");
                 assert!(
                     e.error

@@ -4,14 +4,14 @@
 //! Each test builds its own namespaces (removed on drop, also on panic) and uses only
 //! 198.18.0.0/15 and 2001:db8::/32.
 
-use shedder::ebpf::MapReader;
+use shedder::kernel::MapReader;
 use std::{
     io::ErrorKind,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     time::Duration,
 };
 
-use shedder::ebpf::{AttachMode, Attached, Shedder};
+use shedder::kernel::{AttachMode, Attached, Shedder};
 use shedder_common::{
     ACTION_DROP, ACTION_RST, CLASS_CRITICAL, CLASS_MEDIUM, CLASS_SHEDDABLE, MODE_ENFORCE,
     REASON_CLASS_LIMIT, REASON_CRITICAL, REASON_UNDER_LIMIT, VERDICT_DROP, VERDICT_PASS,
@@ -272,7 +272,7 @@ struct PinDir(std::path::PathBuf);
 
 impl Drop for PinDir {
     fn drop(&mut self) {
-        let _ = shedder::ebpf::unpin_all(&self.0);
+        let _ = shedder::kernel::unpin_all(&self.0);
     }
 }
 
@@ -330,7 +330,7 @@ fn pinned_attachment_outlives_its_loader() {
     );
     drop(adopted);
 
-    let detached = shedder::ebpf::unpin_all(&pins.0).expect("unpin");
+    let detached = shedder::kernel::unpin_all(&pins.0).expect("unpin");
     assert_eq!(detached, ["veth0"]);
     assert!(!pins.0.exists(), "the pin directory is gone");
     assert_admitted(connect(), "admitted once the pins are removed");

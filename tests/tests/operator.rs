@@ -689,7 +689,7 @@ fn metrics_scrape_is_valid_openmetrics_and_counts_what_happened() {
     // The exposition and the documented catalogue (names.rs, which deploy/ is checked
     // against) agree: every family exported is documented with its type and labels, and
     // every documented family is exported.
-    let documented = shedder::metrics::names::METRICS;
+    let documented = shedder::api::metrics::names::METRICS;
     for f in families.as_array().unwrap() {
         let name = f["name"].as_str().unwrap();
         let (_, kind, labels, _) = documented

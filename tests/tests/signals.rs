@@ -5,7 +5,7 @@
 //! The tracking programs hang off global tracepoints, so the tests here take a lock and run
 //! one at a time; each uses its own ports.
 
-use shedder::ebpf::MapReader;
+use shedder::kernel::MapReader;
 use std::{
     io::{Read, Write},
     net::{IpAddr, TcpListener, TcpStream},
@@ -16,7 +16,7 @@ use std::{
 };
 
 use shedder::{
-    ebpf::{AttachMode, Shedder},
+    kernel::{AttachMode, Shedder},
     signals::{Reading, ServiceSpec, SignalReader, Signals, psi},
 };
 use shedder_common::{

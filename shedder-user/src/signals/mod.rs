@@ -24,7 +24,7 @@ use shedder_common::{
     VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST, decision_index, hist,
 };
 
-use crate::ebpf::MapReader;
+use crate::kernel::MapReader;
 
 /// A value from one source, or why there is none.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -31,7 +31,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use serde::Serialize;
-use shedder::ebpf::{MapReader, PinnedMaps};
+use shedder::kernel::{MapReader, PinnedMaps};
 use shedder_common::programs;
 use shedder_tests::{
     daemon::Daemon,

@@ -16,7 +16,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use shedder::{
-    ebpf::Shedder,
+    kernel::Shedder,
     signals::{ServiceSpec, SignalReader, psi},
 };
 use shedder_common::{ACTION_RST, MODE_ENFORCE, programs};

@@ -16,7 +16,7 @@
 //! show exactly the runs made (admissions for SYN-admit, drops for SYN-drop, resets for
 //! SYN-RST, none at all for the paths that take no decision).
 
-use shedder::ebpf::MapReader;
+use shedder::kernel::MapReader;
 use std::{
     io::IsTerminal as _,
     path::PathBuf,
@@ -31,7 +31,7 @@ use aya::{
 };
 use clap::Parser;
 use serde::Serialize;
-use shedder::ebpf::{BASELINE_OBJECT, Shedder};
+use shedder::kernel::{BASELINE_OBJECT, Shedder};
 use shedder_common::{
     ACTION_DROP, ACTION_RST, CLASS_HIGH, MODE_ENFORCE, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS,
     REASON_CLASS_LIMIT, REASON_UNDER_LIMIT, ServicePolicy, VERDICT_DROP, VERDICT_PASS, VERDICT_RST,

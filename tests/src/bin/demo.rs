@@ -15,7 +15,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use shedder::{
     config::Prefix,
-    ebpf::{MapReader, PinnedMaps, Shedder},
+    kernel::{MapReader, PinnedMaps, Shedder},
 };
 use shedder_common::{ACTION_RST, MODE_ENFORCE, hist};
 use shedder_tests::{

@@ -7,7 +7,7 @@
 use std::process::ExitCode;
 
 use serde::Serialize;
-use shedder::ebpf::Shedder;
+use shedder::kernel::Shedder;
 
 #[derive(Serialize)]
 struct Report {
@@ -33,7 +33,7 @@ fn counts(s: &Shedder, only: Option<&[&str]>) -> Vec<(String, Option<u32>)> {
 }
 
 /// The error with a long verifier log cut to its head and tail, where the reason is.
-fn summarise(e: &shedder::ebpf::Error) -> String {
+fn summarise(e: &shedder::kernel::Error) -> String {
     let text = e.to_string();
     let lines: Vec<&str> = text.lines().collect();
     if lines.len() <= 40 {

@@ -18,10 +18,13 @@ use std::{
     path::PathBuf,
 };
 
-use shedder_common::{SEED_BATCH, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SeedResult, SeedSock};
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use shedder_common::{
+    SEED_BATCH, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SeedResult, SeedSock, maps, programs,
+};
 
 use crate::{
-    ebpf::{Shedder, parse_seed_results},
+    kernel::{Error, Result, Shedder, maps::map_err},
     signals::diag::{self, TCP_CLOSE_WAIT, TCP_ESTABLISHED, TCP_LISTEN, TcpSocket},
 };
 
@@ -301,6 +304,80 @@ pub fn seed_and_report(shedder: &mut Shedder, cfg: &crate::config::Config) -> Op
         }
     }
     None
+}
+
+impl Shedder {
+    /// Why connections open before attach cannot be counted on this kernel, if they cannot.
+    pub fn seed_unavailable(&self) -> Option<&str> {
+        self.seed_unavailable.as_deref()
+    }
+
+    /// Hand `batch` (socket cookie, connection) to the seeding iterator and open it: the
+    /// returned link, opened with [`IterLink::into_file`] on a thread in the network
+    /// namespace the connections belong to and read to the end, counts them (one
+    /// [`SeedResult`] per socket found; see [`parse_seed_results`]). Call
+    /// [`Shedder::seed_clear`] with the same batch afterwards.
+    pub fn seed_prepare(
+        &mut self,
+        batch: &[(u64, SeedSock)],
+    ) -> Result<aya::programs::iter::IterLink> {
+        if let Some(why) = &self.seed_unavailable {
+            return Err(Error::Tracing(format!("seeding unavailable: {why}")));
+        }
+        if batch.len() > SEED_BATCH as usize {
+            return Err(Error::Range(
+                "seed batch",
+                format!("{} > {SEED_BATCH}", batch.len()),
+            ));
+        }
+        {
+            let mut map: BpfHashMap<&mut MapData, u64, SeedSock> = self
+                .map_mut(maps::SEED)?
+                .try_into()
+                .map_err(map_err(maps::SEED))?;
+            for (cookie, sock) in batch {
+                map.insert(cookie, sock, 0).map_err(map_err(maps::SEED))?;
+            }
+        }
+        let program = programs::SEED;
+        let prog: &mut aya::programs::Iter = self.program(program)?;
+        let id = prog
+            .attach()
+            .map_err(|source| Error::Program { program, source })?;
+        prog.take_link(id)
+            .map_err(|source| Error::Program { program, source })
+    }
+
+    /// Remove `batch` from the seeding iterator's table again.
+    pub fn seed_clear(&mut self, batch: &[(u64, SeedSock)]) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, u64, SeedSock> = self
+            .map_mut(maps::SEED)?
+            .try_into()
+            .map_err(map_err(maps::SEED))?;
+        for (cookie, _) in batch {
+            // Absent only if never inserted: nothing to undo.
+            let _ = map.remove(cookie);
+        }
+        Ok(())
+    }
+}
+
+/// The seeding iterator's output: one [`SeedResult`] per socket it found.
+pub fn parse_seed_results(bytes: &[u8]) -> Vec<SeedResult> {
+    const N: usize = core::mem::size_of::<SeedResult>();
+    bytes
+        .chunks_exact(N)
+        .map(|c| {
+            let u64_at = |o: usize| u64::from_ne_bytes(c[o..o + 8].try_into().expect("8 bytes"));
+            SeedResult {
+                cookie: u64_at(0),
+                service: u16::from_ne_bytes([c[8], c[9]]),
+                class: c[10],
+                outcome: c[11],
+                _pad: 0,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

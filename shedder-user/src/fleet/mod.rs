@@ -1209,6 +1209,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_services_with_a_global_limit_are_shared_and_only_in_fleet_mode() {
+        const FLEET: &str = "[daemon]\ninterfaces = [\"eth0\"]\n[fleet]\nendpoints = [\"http://198.18.0.21:2379\"]\nnode = \"lb-1\"\nmax_nodes = 10\n";
+        const SERVICES: &str = "[[service]]\nname = \"db\"\nports = [5432]\nglobal_limit = 500\n[[service]]\nname = \"web\"\nports = [80]\n";
+        let cfg = Config::parse(&format!("{FLEET}{SERVICES}")).unwrap();
+        let shared = shared_services(&cfg);
+        assert_eq!(shared.len(), 1);
+        assert_eq!(shared[0].name, "db");
+        assert_eq!((shared[0].global_limit, shared[0].max_limit), (500, 4096));
+        let plain = Config::parse(
+            "[daemon]\ninterfaces = [\"eth0\"]\n[[service]]\nname = \"db\"\nports = [5432]\n",
+        )
+        .unwrap();
+        assert!(shared_services(&plain).is_empty());
+    }
+
+    #[test]
     fn seed_000_c5_arithmetic() {
         // 200 instances, a database of 500 connections: each instance's share is 2 (with
         // safety 0.9: ⌊450 / 200⌋), not the 50 its own AIMD would find.

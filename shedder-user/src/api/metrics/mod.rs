@@ -26,9 +26,9 @@ use shedder_common::{
 };
 
 use crate::{
-    controller::Mode,
+    api::state::State,
+    control::controller::Mode,
     signals::{Cumulative, netstat::ListenCounters},
-    state::State,
 };
 
 /// Histogram bounds (seconds) of the exported queue-age and latency histograms.
@@ -171,7 +171,7 @@ impl Collector for ShedderCollector {
             counters(&mut encoder, name, &series)?;
         }
 
-        let per_service = |f: &dyn Fn(&crate::state::ServiceState) -> Option<f64>| {
+        let per_service = |f: &dyn Fn(&crate::api::state::ServiceState) -> Option<f64>| {
             one_label(&st.services, "service", |s| &s.name, f)
         };
         gauges(
@@ -185,7 +185,7 @@ impl Collector for ShedderCollector {
             &per_service(&|s| Some(s.fallback_limit as f64)),
         )?;
         let per_class =
-            |f: &dyn Fn(&crate::state::ServiceState, usize) -> Option<f64>| -> Vec<(Labels, f64)> {
+            |f: &dyn Fn(&crate::api::state::ServiceState, usize) -> Option<f64>| -> Vec<(Labels, f64)> {
                 let mut out = Vec::new();
                 for s in &st.services {
                     for (c, name) in CLASS_NAMES.iter().enumerate() {
@@ -343,7 +343,7 @@ impl Collector for ShedderCollector {
             })
             .collect();
         counters(&mut encoder, "shedder_xdp_tx_errors", &tx_errors)?;
-        let program = |f: &dyn Fn(&crate::state::ProgramCost) -> Option<f64>| {
+        let program = |f: &dyn Fn(&crate::api::state::ProgramCost) -> Option<f64>| {
             one_label(&st.programs, "program", |p| &p.program, f)
         };
         counters(
@@ -501,27 +501,30 @@ pub fn encode(registry: &Registry) -> String {
 }
 
 /// Serve `GET /metrics` on `listener`, each connection on a task of its own (see
-/// [`crate::http`]), so that idle or slow clients cannot keep a scrape waiting.
+/// [`crate::api::http`]), so that idle or slow clients cannot keep a scrape waiting.
 pub fn serve(listener: TcpListener, shared: Shared) {
     let registry = Arc::new(registry(shared));
     let make = move || {
         listener.set_nonblocking(true)?;
         tokio::net::TcpListener::from_std(listener)
     };
-    crate::http::accept_loop("the metrics endpoint", make, move |conn| {
+    crate::api::http::accept_loop("the metrics endpoint", make, move |conn| {
         let registry = registry.clone();
-        crate::http::serve_connection(conn, move |req| {
+        crate::api::http::serve_connection(conn, move |req| {
             let answer = answer(&req, &registry);
             async move { answer }
         });
     });
 }
 
-fn answer(req: &hyper::Request<hyper::body::Incoming>, registry: &Registry) -> crate::http::Answer {
+fn answer(
+    req: &hyper::Request<hyper::body::Incoming>,
+    registry: &Registry,
+) -> crate::api::http::Answer {
     if req.method() != hyper::Method::GET || req.uri().path() != "/metrics" {
-        return crate::http::answer(404, "text/plain", "shedder serves GET /metrics\n");
+        return crate::api::http::answer(404, "text/plain", "shedder serves GET /metrics\n");
     }
-    crate::http::answer(
+    crate::api::http::answer(
         200,
         "application/openmetrics-text; version=1.0.0; charset=utf-8",
         encode(registry),

@@ -11,20 +11,15 @@ use serde::Serialize;
 
 use crate::{
     config::{Attach, Config, Daemon},
-    netdev::ifindex,
+    kernel::{
+        netdev::ifindex,
+        version::{
+            KernelVersion, MEMCG_BPF_KERNEL, MIN_KERNEL, TCX_KERNEL, TESTED_KERNEL, kernel_release,
+            parse_kernel_release, running_kernel,
+        },
+    },
 };
 
-/// The documented minimum: the oldest kernel `cargo xtask vm-test` passes on (every program
-/// loads, the fixture table and a network-namespace test pass; docs/kernels.md). Below it:
-/// Fail.
-pub const MIN_KERNEL: KernelVersion = KernelVersion::new(6, 1, 0);
-/// The first kernel with tcx, which `attach = "tc"` needs (bpf-link TC attachments).
-pub const TCX_KERNEL: KernelVersion = KernelVersion::new(6, 6, 0);
-/// The kernels `cargo xtask vm-test` runs on.
-pub const TESTED_KERNEL: &str = "6.1, 6.12 and 6.18";
-/// From this kernel BPF memory is charged to the memory cgroup and RLIMIT_MEMLOCK no longer
-/// applies.
-pub const MEMCG_BPF_KERNEL: KernelVersion = KernelVersion::new(5, 11, 0);
 /// Below [`MEMCG_BPF_KERNEL`], a locked-memory limit under this is reported.
 const MIN_MEMLOCK_BYTES: u64 = 64 << 20;
 
@@ -204,7 +199,7 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
     if let Some(f) = config.and_then(|c| c.fleet.as_ref()) {
         out.push(check_fleet(f));
     }
-    let pins = crate::pins::inspect(&daemon.pin_dir);
+    let pins = crate::kernel::pins::inspect(&daemon.pin_dir);
     out.push(check_fail_static(&pins, config));
     let pin_path = pins.map_or_else(|_| daemon.pin_dir.clone(), |p| p.path);
     let privileged = caps.is_some_and(|c| missing_capabilities(c).is_empty());
@@ -215,7 +210,10 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
 }
 
 /// Whether the pins outlive the daemon (fail-static), and what the daemon does if not.
-fn check_fail_static(pins: &io::Result<crate::pins::PinDir>, config: Option<&Config>) -> Check {
+fn check_fail_static(
+    pins: &io::Result<crate::kernel::pins::PinDir>,
+    config: Option<&Config>,
+) -> Check {
     const NAME: &str = "fail-static";
     let pins = match pins {
         Ok(p) => p,
@@ -230,7 +228,7 @@ fn check_fail_static(pins: &io::Result<crate::pins::PinDir>, config: Option<&Con
     let enforcing = config.is_none_or(Config::enforces);
     let required = config.is_none_or(|c| c.daemon.fail_static);
     match &pins.durability {
-        crate::pins::Durability::Private(_) if required && enforcing => Check::fail(
+        crate::kernel::pins::Durability::Private(_) if required && enforcing => Check::fail(
             NAME,
             format!(
                 "pins under {}: the daemon refuses to start here",
@@ -238,7 +236,7 @@ fn check_fail_static(pins: &io::Result<crate::pins::PinDir>, config: Option<&Con
             ),
             "start it in the host's mount namespace (`nsenter --net=/var/run/netns/NAME`, not `ip netns exec`; in a container, bind-mount the host's /sys/fs/bpf), or set daemon.fail_static = false",
         ),
-        crate::pins::Durability::Private(_) => Check::warn(
+        crate::kernel::pins::Durability::Private(_) => Check::warn(
             NAME,
             format!(
                 "pins under {}: a daemon that dies takes its programs with it (fail_static = false or nothing enforced)",
@@ -306,62 +304,6 @@ pub fn exit_code(checks: &[Check]) -> u8 {
 
 // ---------------------------------------------------------------------------------------
 // Kernel
-
-/// A kernel release's leading `major.minor.patch`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct KernelVersion {
-    pub major: u32,
-    pub minor: u32,
-    pub patch: u32,
-}
-
-impl KernelVersion {
-    pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
-        Self {
-            major,
-            minor,
-            patch,
-        }
-    }
-}
-
-impl std::fmt::Display for KernelVersion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.major, self.minor)
-    }
-}
-
-/// `6.18.44-fc-v782` → 6.18.44; `5.15.0-91-generic` → 5.15.0; `6.1` → 6.1.0.
-pub fn parse_kernel_release(release: &str) -> Option<KernelVersion> {
-    let end = release
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(release.len());
-    let mut parts = release[..end].split('.');
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    let patch = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-    Some(KernelVersion::new(major, minor, patch))
-}
-
-/// The running kernel's version, if its release string parses.
-pub fn running_kernel() -> Option<KernelVersion> {
-    kernel_release().ok().and_then(|r| parse_kernel_release(&r))
-}
-
-fn kernel_release() -> io::Result<String> {
-    // SAFETY: utsname is plain data; uname fills it.
-    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
-    if unsafe { libc::uname(&mut uts) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let bytes: Vec<u8> = uts
-        .release
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
-}
 
 fn check_kernel(release: Result<&str, String>) -> Check {
     const NAME: &str = "kernel";
@@ -540,13 +482,13 @@ struct MountSpec {
 impl MountSpec {
     const BPFFS: Self = Self {
         name: "bpffs",
-        dir: crate::sysfs::BPFFS,
+        dir: crate::kernel::sysfs::BPFFS,
         fstype: "bpf",
         needed_for: "pinned maps and links",
     };
     const TRACEFS: Self = Self {
         name: "tracefs",
-        dir: crate::sysfs::TRACEFS,
+        dir: crate::kernel::sysfs::TRACEFS,
         fstype: "tracefs",
         needed_for: "the sock tracepoints",
     };
@@ -593,11 +535,11 @@ fn check_tracepoints(tracefs_mounted: bool) -> Check {
             "not checked: tracefs is not mounted",
             format!(
                 "mount -t tracefs tracefs {} and run doctor again",
-                crate::sysfs::TRACEFS
+                crate::kernel::sysfs::TRACEFS
             ),
         );
     }
-    let events = format!("{}/events/sock", crate::sysfs::TRACEFS);
+    let events = format!("{}/events/sock", crate::kernel::sysfs::TRACEFS);
     if let Err(e) = std::fs::read_dir(&events)
         && e.kind() == io::ErrorKind::PermissionDenied
     {
@@ -607,8 +549,8 @@ fn check_tracepoints(tracefs_mounted: bool) -> Check {
             "run doctor as root",
         );
     }
-    match crate::ebpf::check_tracepoint_formats() {
-        Ok(missing) => match crate::ebpf::missing_tracepoints_note(&missing) {
+    match crate::kernel::check_tracepoint_formats() {
+        Ok(missing) => match crate::kernel::missing_tracepoints_note(&missing) {
             None => Check::ok(
                 NAME,
                 "sock:inet_sock_set_state, sock_recv_length, sock_send_length have the layout shedder reads",
@@ -813,7 +755,7 @@ fn check_service_cgroup(service: &str, dir: &Path, psi: bool) -> Check {
 // ---------------------------------------------------------------------------------------
 // Interfaces
 
-use crate::netdev::XDP_ACT_BASIC;
+use crate::kernel::netdev::XDP_ACT_BASIC;
 
 fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
     let Some(ifindex) = ifindex(iface) else {
@@ -823,8 +765,8 @@ fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
             "fix daemon.interfaces (`ip link` lists the interfaces), or run doctor in the daemon's network namespace",
         )];
     };
-    let driver = crate::netdev::driver(iface).unwrap_or_else(|| "virtual".to_string());
-    let features = crate::netdev::netlink::xdp_features(ifindex).ok();
+    let driver = crate::kernel::netdev::driver(iface).unwrap_or_else(|| "virtual".to_string());
+    let features = crate::kernel::netdev::netlink::xdp_features(ifindex).ok();
     let native = match features {
         Some(f) => Some(f & XDP_ACT_BASIC != 0),
         None if NATIVE_XDP_DRIVERS.contains(&driver.as_str()) => Some(true),
@@ -839,12 +781,12 @@ fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
     let head = format!("{iface}: {driver}, {support}");
     let mut out = Vec::new();
     let tcx = running_kernel().map(|v| v >= TCX_KERNEL);
-    let facts = crate::netdev::Facts {
+    let facts = crate::kernel::netdev::Facts {
         driver: Some(driver.clone()),
         xdp_features: features,
     };
     // The mode the daemon would choose so that the configured action is delivered.
-    let chosen = crate::netdev::choose(
+    let chosen = crate::kernel::netdev::choose(
         iface,
         cfg.daemon.attach,
         &facts,
@@ -902,7 +844,7 @@ fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
         }
         (Ok(_), Attach::Auto, _) => Check::ok("interface", format!("{head}; attach = auto → native")),
     });
-    let xdp = crate::netdev::netlink::xdp_attachment(ifindex);
+    let xdp = crate::kernel::netdev::netlink::xdp_attachment(ifindex);
     let ours = match &xdp {
         Ok(Some(a)) => {
             let name = program_name(a.prog_id);
@@ -915,7 +857,7 @@ fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
     // What runs now: shedder's native XDP program on a veth whose peer takes no XDP_TX
     // frames drops every reset it sends.
     if cfg.sends_replies()
-        && matches!(&ours, Some((a, _, true)) if a.mode == crate::netdev::netlink::XDP_ATTACHED_DRV)
+        && matches!(&ours, Some((a, _, true)) if a.mode == crate::kernel::netdev::netlink::XDP_ATTACHED_DRV)
         && let Some(problem) = facts.reset_problem(iface)
     {
         out.push(Check::fail(
@@ -926,7 +868,7 @@ fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
             ),
         ));
     }
-    match crate::netdev::xdp_tx_errors(iface) {
+    match crate::kernel::netdev::xdp_tx_errors(iface) {
         Ok(Some(n)) if n > 0 => out.push(Check::warn(
             "resets",
             format!(
@@ -944,8 +886,12 @@ fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Check> {
 fn check_attachment(
     cfg: &Config,
     iface: &str,
-    xdp: &io::Result<Option<crate::netdev::netlink::XdpAttachment>>,
-    attached: Option<&(crate::netdev::netlink::XdpAttachment, Option<String>, bool)>,
+    xdp: &io::Result<Option<crate::kernel::netdev::netlink::XdpAttachment>>,
+    attached: Option<&(
+        crate::kernel::netdev::netlink::XdpAttachment,
+        Option<String>,
+        bool,
+    )>,
     start: &str,
 ) -> Check {
     const NAME: &str = "attachment";
@@ -963,7 +909,10 @@ fn check_attachment(
     };
     let is_shedder = attached.is_some_and(|a| a.2);
     let prog = attached.map(|(a, name, _)| (a, name.clone()));
-    let describe = |(a, name): &(&crate::netdev::netlink::XdpAttachment, Option<String>)| {
+    let describe = |(a, name): &(
+        &crate::kernel::netdev::netlink::XdpAttachment,
+        Option<String>,
+    )| {
         format!(
             "{} (prog id {}, {})",
             a.mode_name(),
@@ -1057,7 +1006,7 @@ fn program_name(id: u32) -> Option<String> {
 
 /// Check the pinned state and the heartbeat; also says whether a daemon is alive.
 fn check_daemon(pin_dir: &Path, privileged: bool, start: &str) -> (Check, bool) {
-    use crate::ebpf::MapReader;
+    use crate::kernel::MapReader;
     const NAME: &str = "daemon";
     let maps = pin_dir.join("maps");
     if let Err(e) = std::fs::metadata(&maps)
@@ -1093,7 +1042,7 @@ fn check_daemon(pin_dir: &Path, privileged: bool, start: &str) -> (Check, bool) 
     } else {
         "run doctor as root (reading pinned maps needs CAP_BPF)".to_string()
     };
-    let globals = match crate::ebpf::PinnedMaps::open(pin_dir).and_then(|m| m.globals()) {
+    let globals = match crate::kernel::PinnedMaps::open(pin_dir).and_then(|m| m.globals()) {
         Ok(g) => g,
         Err(e) => {
             return (
@@ -1258,33 +1207,6 @@ fn check_control_socket(path: &Path, daemon_alive: bool) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_kernel_releases() {
-        assert_eq!(
-            parse_kernel_release("6.18.44-fc-v782"),
-            Some(KernelVersion::new(6, 18, 44))
-        );
-        assert_eq!(
-            parse_kernel_release("5.15.0-91-generic"),
-            Some(KernelVersion::new(5, 15, 0))
-        );
-        assert_eq!(
-            parse_kernel_release("6.1"),
-            Some(KernelVersion::new(6, 1, 0))
-        );
-        assert_eq!(
-            parse_kernel_release("6.8.0-rc3+"),
-            Some(KernelVersion::new(6, 8, 0))
-        );
-        assert_eq!(
-            parse_kernel_release("4.19.0"),
-            Some(KernelVersion::new(4, 19, 0))
-        );
-        assert_eq!(parse_kernel_release("6"), None);
-        assert_eq!(parse_kernel_release("linux"), None);
-        assert_eq!(parse_kernel_release(""), None);
-    }
 
     #[test]
     fn kernel_thresholds() {

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    controller::{Decision, Mode},
+    control::controller::{Decision, Mode},
     fleet::FleetState,
     signals::{Quantiles, Reading, RetryWindow, Signals},
 };

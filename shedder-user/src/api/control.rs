@@ -3,7 +3,7 @@
 //!
 //! | request | does |
 //! |---|---|
-//! | `GET /shedding/state` | the daemon's [`State`](crate::state::State) |
+//! | `GET /shedding/state` | the daemon's [`State`](crate::api::state::State) |
 //! | `GET /shedding/policy` | the configuration in force (TOML) |
 //! | `PUT /shedding/policy` | validate a configuration (TOML body) and apply it; a bad one changes nothing |
 //! | `PUT /shedding/override/<service>` | `{"limit": n, "ttl_s": s, "force": false, "reason": "..."}`: a bounded manual limit that expires |
@@ -256,17 +256,17 @@ pub fn bind(path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
 }
 
 /// Serve the API on `listener` until the process exits, each connection on a task of its
-/// own (see [`crate::http`]): each request is forwarded to the daemon loop over `requests`
+/// own (see [`crate::api::http`]): each request is forwarded to the daemon loop over `requests`
 /// and answered with what it replies.
 pub fn serve(listener: UnixListener, group: Option<u32>, requests: mpsc::Sender<Request>) {
     let make = move || {
         listener.set_nonblocking(true)?;
         tokio::net::UnixListener::from_std(listener)
     };
-    crate::http::accept_loop("the control socket", make, move |conn| {
+    crate::api::http::accept_loop("the control socket", make, move |conn| {
         let peer = peer_of(&conn).map_err(|e| e.to_string());
         let requests = requests.clone();
-        crate::http::serve_connection(conn, move |req| {
+        crate::api::http::serve_connection(conn, move |req| {
             let (peer, requests) = (peer.clone(), requests.clone());
             async move {
                 let (status, body, content_type) = match handle(req, peer, group, requests).await {
@@ -277,7 +277,7 @@ pub fn serve(listener: UnixListener, group: Option<u32>, requests: mpsc::Sender<
                         "application/json",
                     ),
                 };
-                crate::http::answer(status, content_type, body)
+                crate::api::http::answer(status, content_type, body)
             }
         });
     });
@@ -294,7 +294,7 @@ async fn handle(
     let path = req.uri().path().to_string();
     // Read the (size-bounded) request before refusing, so the client is not cut off
     // mid-write and gets the answer.
-    let body = crate::http::body(req, MAX_BODY).await;
+    let body = crate::api::http::body(req, MAX_BODY).await;
     if !authorized(&peer, group) {
         warn!(target: "audit", %peer, "control request refused: not root and not in the control group");
         return Err(ApiError::new(
@@ -303,7 +303,7 @@ async fn handle(
         ));
     }
     let body = body.map_err(|e| match e {
-        crate::http::BodyError::TooLarge(_) => ApiError::new(413, e.to_string()),
+        crate::api::http::BodyError::TooLarge(_) => ApiError::new(413, e.to_string()),
         _ => ApiError::bad(e.to_string()),
     })?;
     // The daemon answers between ticks: wait for it off the runtime's thread.

@@ -134,7 +134,7 @@ impl Fleet {
 #[serde(rename_all = "lowercase")]
 pub enum Attach {
     /// Native XDP, generic XDP where the driver has none; on a veth with `rst`, TC (see
-    /// [`crate::netdev::choose`]).
+    /// [`crate::kernel::netdev::choose`]).
     #[default]
     Auto,
     /// Native (driver) XDP only.
@@ -416,8 +416,10 @@ pub mod defaults {
     pub fn heartbeat_timeout_ms() -> u64 {
         3000
     }
+    /// Default root of everything shedder pins.
+    pub const PIN_DIR: &str = "/sys/fs/bpf/shedder";
     pub fn pin_dir() -> PathBuf {
-        crate::ebpf::DEFAULT_PIN_DIR.into()
+        PIN_DIR.into()
     }
     pub fn signal_window_ms() -> u64 {
         1000
@@ -1452,16 +1454,11 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
         assert_eq!(f.fail_static(), std::time::Duration::from_secs(5));
         assert!(!f.tls());
         assert_eq!(cfg.services[0].global_limit, Some(500));
-        let shared = crate::fleet::shared_services(&cfg);
-        assert_eq!(shared.len(), 1);
-        assert_eq!((shared[0].global_limit, shared[0].max_limit), (500, 4096));
-        // Without [fleet] nothing is shared and nothing changes.
         let plain = Config::parse(&format!(
             "{IFACE}[[service]]\nname = \"db\"\nports = [5432]\n"
         ))
         .unwrap();
         assert!(plain.fleet.is_none());
-        assert!(crate::fleet::shared_services(&plain).is_empty());
     }
 
     #[test]

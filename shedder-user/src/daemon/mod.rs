@@ -24,15 +24,25 @@ use shedder_common::{CLASS_NAMES, NUM_CLASSES, POLICY_CONFIGURED, STAT_NAMES, Se
 use tracing::{error, info, warn};
 
 use crate::{
+    api::{
+        control::{self, ApiError, Request},
+        metrics,
+        state::{Attachment, ClassState, Override, ProgramCost, ServiceState, State},
+    },
     config::{Config, Controller as ControllerKind, Service},
-    control::{self, ApiError, Request},
-    controller::{Aimd, Bounds, Controller, Decision, Fixed, Gradient2, Mode, Observation, Tuning},
-    ebpf::{AttachMode, Attached, MapReader, Shedder},
-    fleet, metrics,
-    pins::{Durability, PinDir},
-    policy::{Ladder, class_demand, compile, service_policy},
+    control::{
+        classes::{Ladder, class_demand},
+        controller::{
+            Aimd, Bounds, Controller, Decision, Fixed, Gradient2, Mode, Observation, Tuning,
+        },
+    },
+    fleet,
+    kernel::{
+        AttachMode, Attached, MapReader, Shedder,
+        pins::{Durability, PinDir},
+        policy::{compile, service_policy},
+    },
     signals::{ServiceSpec, SignalReader, Signals, psi},
-    state::{Attachment, ClassState, Override, ProgramCost, ServiceState, State},
 };
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -140,8 +150,8 @@ impl Runtime {
             return Decision {
                 limit,
                 previous: limit,
-                action: crate::controller::Action::Hold,
-                signal: crate::controller::Signal::None,
+                action: crate::control::controller::Action::Hold,
+                signal: crate::control::controller::Signal::None,
                 mode: self.mode,
                 delay_ms: None,
             };
@@ -318,12 +328,12 @@ struct Daemon {
     detach_requested: bool,
     /// Fleet mode's etcd agent (`None` without `[fleet]`).
     fleet: Option<fleet::Handle>,
-    /// Where the pins are (see [`crate::pins`]).
+    /// Where the pins are (see [`crate::kernel::pins`]).
     pins: PinDir,
     /// Lasting limitations found at start, for `status` (see [`State::warnings`]).
     warnings: Vec<String>,
     /// Refusals that do not leave the host: the drivers' XDP transmit errors.
-    delivery: crate::netdev::delivery::Monitor,
+    delivery: crate::kernel::netdev::delivery::Monitor,
 }
 
 pub fn run(opts: Options) -> Result<()> {
@@ -334,7 +344,8 @@ pub fn run(opts: Options) -> Result<()> {
         e.file = Some(opts.config.clone());
         crate::BadInput(e.to_string())
     })?;
-    let pins = crate::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
+    let pins =
+        crate::kernel::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
     if let Durability::Private(why) = &pins.durability {
         if cfg.daemon.fail_static && cfg.enforces() {
             return Err(crate::BadInput(format!(
@@ -365,7 +376,7 @@ pub fn run(opts: Options) -> Result<()> {
         Ok(d) => d,
         Err(e) => {
             if fresh {
-                let _ = crate::ebpf::unpin_all(&fresh_dir);
+                let _ = crate::kernel::unpin_all(&fresh_dir);
             }
             return Err(e);
         }
@@ -402,7 +413,7 @@ pub fn run(opts: Options) -> Result<()> {
     drop(daemon);
     let _ = std::fs::remove_file(&socket);
     if detach {
-        let gone = crate::ebpf::unpin_all(&pin_dir)
+        let gone = crate::kernel::unpin_all(&pin_dir)
             .with_context(|| format!("removing the pins under {}", pin_dir.display()))?;
         info!(links = ?gone, "stopped: detached and unpinned");
     } else {
@@ -415,14 +426,16 @@ pub fn run(opts: Options) -> Result<()> {
 }
 
 /// The mode to attach `iface` in, of those `requested` allows, in which the configured
-/// action reaches the client ([`crate::netdev::choose`]); a mode that cannot deliver it is
+/// action reaches the client ([`crate::kernel::netdev::choose`]); a mode that cannot deliver it is
 /// refused (bad input). The choice and its reason are logged. Called before anything is
 /// loaded, so a refusal leaves nothing behind.
 pub fn delivering_mode(cfg: &Config, iface: &str, requested: AttachMode) -> Result<AttachMode> {
-    let tcx = crate::doctor::running_kernel().is_none_or(|v| v >= crate::doctor::TCX_KERNEL);
-    let facts = crate::netdev::Facts::of(iface);
-    let (mode, note) = crate::netdev::choose(iface, requested, &facts, cfg.sends_replies(), tcx)
-        .map_err(crate::BadInput)?;
+    let tcx = crate::kernel::version::running_kernel()
+        .is_none_or(|v| v >= crate::kernel::version::TCX_KERNEL);
+    let facts = crate::kernel::netdev::Facts::of(iface);
+    let (mode, note) =
+        crate::kernel::netdev::choose(iface, requested, &facts, cfg.sends_replies(), tcx)
+            .map_err(crate::BadInput)?;
     if let Some(note) = note {
         if mode == requested {
             warn!("{note}");
@@ -538,10 +551,10 @@ impl Daemon {
         let missing = shedder
             .attach_tracking()
             .context("attaching the connection-tracking tracepoints")?;
-        if let Some(note) = crate::ebpf::missing_tracepoints_note(&missing) {
+        if let Some(note) = crate::kernel::missing_tracepoints_note(&missing) {
             warn!("{note}");
         }
-        let mut warnings: Vec<String> = crate::seed::seed_and_report(&mut shedder, &cfg)
+        let mut warnings: Vec<String> = crate::kernel::seed::seed_and_report(&mut shedder, &cfg)
             .into_iter()
             .collect();
         if let Durability::Private(why) = &pins.durability {
@@ -561,7 +574,7 @@ impl Daemon {
                 info!(iface = %iface, mode = how.as_str(), "adopted the pinned attachment: now running this daemon's program");
                 if how == Attached::XdpNative
                     && cfg.sends_replies()
-                    && let Some(problem) = crate::netdev::native_reset_problem(iface)
+                    && let Some(problem) = crate::kernel::netdev::native_reset_problem(iface)
                 {
                     return Err(crate::BadInput(format!(
                         "action = rst cannot be delivered: {problem}; `shedder detach`, then \
@@ -589,9 +602,9 @@ impl Daemon {
         if kernel_log {
             match shedder.kernel_logger() {
                 Ok(logger) => {
-                    crate::klog::forward(logger);
+                    crate::kernel::klog::forward(logger);
                     info!(
-                        target = crate::klog::TARGET,
+                        target = crate::kernel::klog::TARGET,
                         per_cpu_per_second = shedder_common::KLOG_LINES_PER_SECOND,
                         "kernel debug log on"
                     );
@@ -634,7 +647,7 @@ impl Daemon {
             fleet,
             pins,
             warnings,
-            delivery: crate::netdev::delivery::Monitor::new(
+            delivery: crate::kernel::netdev::delivery::Monitor::new(
                 attach
                     .iter()
                     .map(|a| (a.interface.clone(), a.mode == Attached::XdpNative.as_str())),
@@ -996,7 +1009,7 @@ impl Daemon {
                 if a.mode != Attached::XdpNative.as_str() {
                     continue;
                 }
-                if let Some(problem) = crate::netdev::native_reset_problem(&a.interface) {
+                if let Some(problem) = crate::kernel::netdev::native_reset_problem(&a.interface) {
                     let (i, s) = cfg
                         .services
                         .iter()

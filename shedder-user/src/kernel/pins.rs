@@ -23,7 +23,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::sysfs::{BPF_FS_MAGIC, BPFFS, fs_magic};
+use crate::kernel::sysfs::{BPF_FS_MAGIC, BPFFS, fs_magic};
 
 /// How long pins outlive the process.
 #[derive(Debug, Clone, PartialEq, Eq)]

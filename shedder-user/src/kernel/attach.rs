@@ -1,0 +1,272 @@
+//! Attaching the packet path (XDP or TC) and the tracking tracepoints, adopting pinned
+//! attachments, and removing every pin.
+
+use std::path::{Path, PathBuf};
+
+use aya::programs::{
+    ProgramError, SchedClassifier, TcAttachType, XdpMode,
+    links::{FdLink, LinkType, PinnedLink},
+    tc,
+};
+use shedder_common::programs;
+
+use super::{Error, Result, Shedder, tracepoints::check_tracepoint_formats};
+
+/// How to attach to an interface: the configuration's `daemon.attach`. [`Shedder::attach`]
+/// does what it names (`Auto`: native XDP, else generic); which one delivers the configured
+/// action is [`crate::kernel::netdev::choose`]'s decision.
+pub use crate::config::Attach as AttachMode;
+
+/// How a program ended up attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attached {
+    XdpNative,
+    XdpGeneric,
+    Tc,
+}
+
+impl Attached {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::XdpNative => "xdp-native",
+            Self::XdpGeneric => "xdp-generic",
+            Self::Tc => "tc",
+        }
+    }
+}
+
+impl Shedder {
+    pub fn tc(&mut self) -> Result<&mut SchedClassifier> {
+        self.program(programs::TC)
+    }
+
+    /// Attach to `iface` in the calling thread's network namespace. With a pin directory,
+    /// the link is pinned at `dir/links/<iface>` so it outlives this process.
+    pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<Attached> {
+        let attach_err = |mode| attach_error(iface, mode);
+        let (attached, link): (Attached, FdLink) = match mode {
+            AttachMode::Native | AttachMode::Generic | AttachMode::Auto => {
+                let xdp = self.xdp()?;
+                let (attached, id) = match mode {
+                    AttachMode::Generic => (
+                        Attached::XdpGeneric,
+                        xdp.attach(iface, XdpMode::Skb)
+                            .map_err(attach_err("xdp generic"))?,
+                    ),
+                    AttachMode::Native => (
+                        Attached::XdpNative,
+                        xdp.attach(iface, XdpMode::Driver)
+                            .map_err(attach_err("xdp native"))?,
+                    ),
+                    _ => match xdp.attach(iface, XdpMode::Driver) {
+                        Ok(id) => (Attached::XdpNative, id),
+                        Err(_) => (
+                            Attached::XdpGeneric,
+                            xdp.attach(iface, XdpMode::Skb)
+                                .map_err(attach_err("xdp generic after native failed"))?,
+                        ),
+                    },
+                };
+                let link = xdp.take_link(id).map_err(attach_err("xdp"))?;
+                let link: FdLink =
+                    link.try_into()
+                        .map_err(|e: aya::programs::links::LinkError| Error::Pin {
+                            path: PathBuf::from(iface),
+                            reason: format!("XDP attached through netlink, not a bpf link: {e}"),
+                        })?;
+                (attached, link)
+            }
+            AttachMode::Tc => {
+                // tcx needs no qdisc; the legacy path (kernel < 6.6) needs clsact.
+                let _ = tc::qdisc_add_clsact(iface);
+                let prog = self.tc()?;
+                let id = prog
+                    .attach(iface, TcAttachType::Ingress)
+                    .map_err(attach_err("tc ingress"))?;
+                let link = prog.take_link(id).map_err(attach_err("tc ingress"))?;
+                let link: FdLink =
+                    link.try_into()
+                        .map_err(|e: aya::programs::links::LinkError| Error::Pin {
+                            path: PathBuf::from(iface),
+                            reason: format!(
+                                "this kernel has no tcx (Linux {} and later): the TC \
+                                 program could only be attached through netlink, which shedder \
+                                 cannot pin, adopt or detach as a bpf link, so it was detached \
+                                 again; use attach = \"native\" or \"generic\" (XDP) on this \
+                                 kernel ({e})",
+                                crate::kernel::version::TCX_KERNEL
+                            ),
+                        })?;
+                (Attached::Tc, link)
+            }
+        };
+        self.keep_link(iface, link)?;
+        Ok(attached)
+    }
+
+    /// Attach the tracking programs to the `sock` tracepoints (in-flight connections,
+    /// accept-queue age, response latency), after checking the running kernel's record
+    /// layouts. With a pin directory the links are pinned as `links/tp-<tracepoint>`; links
+    /// already pinned there are kept (a restarted daemon adopts them).
+    ///
+    /// Returns the optional tracepoints this kernel lacks (see
+    /// [`missing_tracepoints_note`]), which are left unattached.
+    pub fn attach_tracking(&mut self) -> Result<Vec<&'static str>> {
+        crate::kernel::sysfs::ensure_tracefs().map_err(|e| Error::Tracing(e.to_string()))?;
+        let missing = check_tracepoint_formats().map_err(Error::Tracing)?;
+        for (program, category, name) in programs::TRACEPOINTS {
+            if missing.contains(&name) {
+                continue;
+            }
+            let pin_name = format!("tp-{name}");
+            if let Some(dir) = &self.pin_dir
+                && dir.join("links").join(&pin_name).exists()
+            {
+                continue;
+            }
+            let prog: &mut aya::programs::TracePoint = self.program(program)?;
+            let id = prog
+                .attach(category, name)
+                .map_err(|source| Error::Program { program, source })?;
+            let link = prog
+                .take_link(id)
+                .map_err(|source| Error::Program { program, source })?;
+            let link: FdLink = link
+                .try_into()
+                .map_err(|e: aya::programs::links::LinkError| {
+                    Error::Tracing(format!(
+                        "{category}:{name} attached without a bpf link: {e}"
+                    ))
+                })?;
+            self.keep_link(&pin_name, link)?;
+        }
+        Ok(missing)
+    }
+
+    /// The reader of the packet path's log records (written only when loaded with
+    /// `kernel_log`); forward it with [`crate::kernel::klog::forward`].
+    pub fn kernel_logger(&mut self) -> Result<aya_log::EbpfLogger<crate::kernel::klog::KernelLog>> {
+        aya_log::EbpfLogger::init_with_logger(&mut self.ebpf, crate::kernel::klog::KernelLog)
+            .map_err(|e| Error::Tracing(format!("kernel log: {e}")))
+    }
+
+    /// Take over the attachment pinned at `links/<iface>` by an earlier run: the link is
+    /// pointed at this instance's program with BPF_LINK_UPDATE, atomically, so no packet
+    /// goes unprotected, and the program that runs is the one this daemon loaded (its
+    /// version, its log level, its run-time statistics).
+    pub fn adopt(&mut self, iface: &str) -> Result<Attached> {
+        let dir = self.pin_dir.clone().ok_or_else(|| Error::Pin {
+            path: PathBuf::from(iface),
+            reason: "adopting needs a pin directory".into(),
+        })?;
+        let path = dir.join("links").join(iface);
+        let pin_err = |reason: String| Error::Pin {
+            path: path.clone(),
+            reason,
+        };
+        let link: FdLink = PinnedLink::from_pin(&path)
+            .map_err(|e| pin_err(e.to_string()))?
+            .into();
+        let kind = link
+            .info()
+            .and_then(|i| i.link_type())
+            .map_err(|e| pin_err(e.to_string()))?;
+        let attach_err = |mode| attach_error(iface, mode);
+        let wrong = |e: aya::programs::links::LinkError| pin_err(e.to_string());
+        match kind {
+            LinkType::Xdp => {
+                let xdp = self.xdp()?;
+                let id = xdp
+                    .attach_to_link(link.try_into().map_err(wrong)?)
+                    .map_err(attach_err("xdp link update"))?;
+                // The pin holds the attachment; our handle can go.
+                drop(xdp.take_link(id));
+                let native = crate::kernel::netdev::ifindex(iface)
+                    .and_then(|i| {
+                        crate::kernel::netdev::netlink::xdp_attachment(i)
+                            .ok()
+                            .flatten()
+                    })
+                    .is_some_and(|a| a.mode == crate::kernel::netdev::netlink::XDP_ATTACHED_DRV);
+                Ok(if native {
+                    Attached::XdpNative
+                } else {
+                    Attached::XdpGeneric
+                })
+            }
+            LinkType::Tcx => {
+                let tc = self.tc()?;
+                let id = tc
+                    .attach_to_link(link.try_into().map_err(wrong)?)
+                    .map_err(attach_err("tc link update"))?;
+                drop(tc.take_link(id));
+                Ok(Attached::Tc)
+            }
+            other => Err(pin_err(format!(
+                "a {other:?} link, not an XDP or TC attachment"
+            ))),
+        }
+    }
+
+    pub(super) fn keep_link(&mut self, iface: &str, link: FdLink) -> Result<()> {
+        match &self.pin_dir {
+            Some(dir) => {
+                let links = dir.join("links");
+                std::fs::create_dir_all(&links).map_err(|e| Error::Pin {
+                    path: links.clone(),
+                    reason: e.to_string(),
+                })?;
+                let path = links.join(iface);
+                let pinned: PinnedLink = link.pin(&path).map_err(|e| Error::Pin {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+                // The pin holds the attachment; our copy of the fd can go.
+                drop(pinned);
+            }
+            None => {
+                // Unpinned: the attachment lives as long as this process holds the fd.
+                self.links.push(link);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Remove everything pinned under `dir`: the links first (which detaches the programs),
+/// then the maps. Returns the interfaces that were detached.
+pub fn unpin_all(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut detached = Vec::new();
+    for sub in ["links", "maps"] {
+        let d = dir.join(sub);
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            std::fs::remove_file(entry.path())?;
+            if sub == "links" {
+                detached.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        std::fs::remove_dir(&d)?;
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    Ok(detached)
+}
+
+/// Wraps a program error from attaching to `iface` in `mode`.
+pub(super) fn attach_error(iface: &str, mode: &'static str) -> impl Fn(ProgramError) -> Error {
+    let iface = iface.to_string();
+    move |source| Error::Attach {
+        iface: iface.clone(),
+        mode,
+        source,
+    }
+}

@@ -1,0 +1,213 @@
+//! Loading the eBPF object (fresh, or adopting the maps an earlier run pinned).
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{ProgramError, Xdp, links::FdLink},
+};
+use shedder_common::{classmap, maps, programs};
+
+use super::{Error, OBJECT, Result, error::verifier_reason};
+
+/// The loaded programs and their maps.
+pub struct Shedder {
+    pub(super) ebpf: Ebpf,
+    pub(super) pin_dir: Option<PathBuf>,
+    /// Unpinned attachments, detached when dropped.
+    pub(super) links: Vec<FdLink>,
+    /// What the first level of the IPv4 direct class table holds (we are its only writer):
+    /// known to be empty for fresh maps, read once from adopted pinned maps.
+    pub(super) class_l1: Option<Vec<u32>>,
+    /// Why the seeding iterator (counting connections open before attach) did not load.
+    pub(super) seed_unavailable: Option<String>,
+}
+
+/// Load the seeding iterator (`iter/tcp`, Linux 5.9+; the socket-cookie helper in tracing
+/// programs, 5.12+), or say why it cannot be.
+pub(super) fn load_seed(ebpf: &mut Ebpf) -> std::result::Result<(), String> {
+    let btf = aya::Btf::from_sys_fs().map_err(|e| format!("kernel BTF: {e}"))?;
+    let prog: &mut aya::programs::Iter = ebpf
+        .program_mut(programs::SEED)
+        .ok_or_else(|| format!("the eBPF object has no program `{}`", programs::SEED))?
+        .try_into()
+        .map_err(|e: ProgramError| e.to_string())?;
+    prog.load("tcp", &btf).map_err(|e| match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => format!(
+            "the verifier rejected `{}`: {} ({io_error})",
+            programs::SEED,
+            verifier_reason(&verifier_log.to_string())
+        ),
+        other => other.to_string(),
+    })
+}
+
+impl Shedder {
+    /// Load and verify both programs with private (unpinned) maps.
+    pub fn load() -> Result<Self> {
+        Self::load_with(None, false)
+    }
+
+    /// [`Shedder::load`] with the packet path's kernel debug log compiled in (for measuring
+    /// what `daemon.kernel_debug_log` costs the verifier).
+    pub fn load_with_kernel_log() -> Result<Self> {
+        Self::load_with(None, true)
+    }
+
+    /// Load and verify both programs with maps pinned under `dir/maps/`; maps already pinned
+    /// there are reused (a restarted daemon adopts the running state). With `kernel_log`,
+    /// the packet path writes rate-limited debug lines (see [`Shedder::kernel_logger`]);
+    /// without it, every log site is pruned by the verifier.
+    pub fn load_pinned(dir: &Path, kernel_log: bool) -> Result<Self> {
+        Self::load_with(Some(dir), kernel_log)
+    }
+
+    pub(super) fn load_with(pin_dir: Option<&Path>, kernel_log: bool) -> Result<Self> {
+        let mut loader = EbpfLoader::new();
+        // aya-log's level: 0 is off, Debug (4) lets the shed path's debug lines through.
+        let level: u8 = if kernel_log {
+            aya_log::Level::Debug as u8
+        } else {
+            0
+        };
+        loader.override_global(aya_log::LEVEL, &level, true);
+        let map_dir = pin_dir.map(|d| d.join("maps"));
+        if let Some(map_dir) = &map_dir {
+            std::fs::create_dir_all(map_dir).map_err(|e| Error::Pin {
+                path: map_dir.clone(),
+                reason: e.to_string(),
+            })?;
+            for name in maps::ALL {
+                loader.map_pin_path(name, map_dir.join(name));
+            }
+        }
+        let mut ebpf = loader.load(OBJECT)?;
+        let tracking = programs::TRACEPOINTS.map(|(name, _, _)| name);
+        for name in [programs::XDP, programs::TC, programs::CLOCK]
+            .into_iter()
+            .chain(tracking)
+        {
+            let program = ebpf.program_mut(name).ok_or(Error::MissingProgram(name))?;
+            let result = match program {
+                aya::programs::Program::Xdp(p) => p.load(),
+                aya::programs::Program::SchedClassifier(p) => p.load(),
+                aya::programs::Program::TracePoint(p) => p.load(),
+                _ => return Err(Error::MissingProgram(name)),
+            };
+            result.map_err(|e| match e {
+                ProgramError::LoadError {
+                    io_error,
+                    verifier_log,
+                } => {
+                    let log = verifier_log.to_string();
+                    let reason = if io_error.raw_os_error() == Some(libc::E2BIG) {
+                        "too complex for this kernel's verifier (it gave up at its limit of \
+                         processed instructions)"
+                            .into()
+                    } else {
+                        verifier_reason(&log)
+                    };
+                    Error::Verifier {
+                        program: name,
+                        source: io_error,
+                        reason,
+                        log,
+                    }
+                }
+                other => Error::Program {
+                    program: name,
+                    source: other,
+                },
+            })?;
+        }
+        // Optional: without it shedder still tracks every connection born after attach,
+        // and says that older ones are not counted.
+        let seed_unavailable = load_seed(&mut ebpf).err();
+        Ok(Self {
+            ebpf,
+            pin_dir: pin_dir.map(Path::to_path_buf),
+            links: Vec::new(),
+            seed_unavailable,
+            class_l1: pin_dir.is_none().then(|| {
+                vec![classmap::CLASS_CELL_NONE; shedder_common::CLASS_L1_ENTRIES as usize]
+            }),
+        })
+    }
+
+    pub fn xdp(&mut self) -> Result<&mut Xdp> {
+        self.xdp_program(programs::XDP)
+    }
+
+    pub(super) fn xdp_program(&mut self, name: &'static str) -> Result<&mut Xdp> {
+        self.program(name)
+    }
+
+    /// The program `name`, as its type.
+    pub(super) fn program<'a, T>(&'a mut self, name: &'static str) -> Result<&'a mut T>
+    where
+        &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+    {
+        self.ebpf
+            .program_mut(name)
+            .ok_or(Error::MissingProgram(name))?
+            .try_into()
+            .map_err(|source| Error::Program {
+                program: name,
+                source,
+            })
+    }
+
+    /// Instructions the verifier processed for each program (kernel 5.16+; `None` before):
+    /// the verification complexity, tracked so a change that blows it up is noticed.
+    pub fn verified_insns(&self) -> Vec<(&'static str, Option<u32>)> {
+        [programs::XDP, programs::TC, programs::CLOCK]
+            .into_iter()
+            .chain(programs::TRACEPOINTS.map(|(name, _, _)| name))
+            .chain(self.seed_unavailable.is_none().then_some(programs::SEED))
+            .map(|name| {
+                let count = self.ebpf.program(name).and_then(|p| match p {
+                    aya::programs::Program::Xdp(p) => p.info().ok(),
+                    aya::programs::Program::SchedClassifier(p) => p.info().ok(),
+                    aya::programs::Program::TracePoint(p) => p.info().ok(),
+                    aya::programs::Program::Iter(p) => p.info().ok(),
+                    _ => None,
+                });
+                (name, count.and_then(|i| i.verified_instruction_count()))
+            })
+            .collect()
+    }
+
+    /// Cumulative run time and run count of each attached program, from the kernel's BPF
+    /// statistics (only counted while statistics are enabled: `aya::sys::enable_stats`).
+    pub fn run_stats(&self) -> Vec<(&'static str, Duration, u64)> {
+        [programs::XDP, programs::TC]
+            .into_iter()
+            .chain(programs::TRACEPOINTS.map(|(name, _, _)| name))
+            .filter_map(|name| {
+                let info = match self.ebpf.program(name)? {
+                    aya::programs::Program::Xdp(p) => p.info().ok()?,
+                    aya::programs::Program::SchedClassifier(p) => p.info().ok()?,
+                    aya::programs::Program::TracePoint(p) => p.info().ok()?,
+                    _ => return None,
+                };
+                Some((name, info.run_time(), info.run_count()))
+            })
+            .collect()
+    }
+}
+
+impl Shedder {
+    pub(super) fn map_mut(&mut self, name: &'static str) -> Result<&mut aya::maps::Map> {
+        self.ebpf.map_mut(name).ok_or(Error::MissingMap(name))
+    }
+
+    pub(super) fn map(&self, name: &'static str) -> Result<&aya::maps::Map> {
+        self.ebpf.map(name).ok_or(Error::MissingMap(name))
+    }
+}

@@ -1,0 +1,40 @@
+//! Loading the eBPF object, attaching it, and reading and writing its maps.
+//!
+//! One file per concern: [`load`], [`attach`], [`maps`], the [`clock`], the tracking
+//! [`tracepoints`], the [`pins`], [`seed`]ing connections open before attach, the kernel
+//! debug log ([`klog`]), the interfaces ([`netdev`]), the policy's map values
+//! ([`policy`], [`classmap`]), [`version`]s, and the pseudo-filesystems ([`sysfs`]).
+
+/// The eBPF object built by build.rs.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shedder"));
+
+/// An XDP program that returns XDP_PASS and nothing else (program `baseline_xdp`): the
+/// baseline `cargo xtask bench xdp` measures the shed path against. Never attached.
+pub static BASELINE_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shedder-baseline"));
+
+/// Default root of everything shedder pins.
+pub use crate::config::defaults::PIN_DIR as DEFAULT_PIN_DIR;
+
+pub mod attach;
+pub mod classmap;
+pub mod clock;
+pub mod error;
+pub mod klog;
+pub mod load;
+pub mod maps;
+pub mod netdev;
+pub mod pins;
+pub mod policy;
+pub mod seed;
+pub mod sysfs;
+pub mod tracepoints;
+pub mod version;
+
+pub use attach::{AttachMode, Attached, unpin_all};
+pub use clock::{epoch_shift_for, ms_to_jiffies};
+pub use error::{Error, Result};
+pub use load::Shedder;
+pub use maps::{MapReader, PinnedMaps, addr_key};
+pub use seed::parse_seed_results;
+pub use tracepoints::{check_tracepoint_formats, missing_tracepoints_note};

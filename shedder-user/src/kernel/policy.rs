@@ -1,0 +1,266 @@
+//! From a validated configuration to the values the packet path reads: per-class limits
+//! from a service limit (floors, ceilings, priority), token buckets, class rules, globals.
+
+use std::net::IpAddr;
+
+use shedder_common::{
+    ACTION_DROP, ACTION_RST, ClassPolicy, Globals, MODE_DRY_RUN, MODE_ENFORCE, NUM_CLASSES,
+    POLICY_CONFIGURED, ServicePolicy, gcra::BucketParams,
+};
+
+use crate::{
+    config::{Action, Config, Mode, Prefix, Service},
+    kernel::clock::{epoch_shift_for, ms_to_jiffies},
+};
+
+use crate::control::classes::{Ladder, allocate, allocate_for_demand};
+
+/// The kernel's view of one configured service.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompiledService {
+    pub id: u32,
+    pub name: String,
+    pub ports: Vec<u16>,
+    pub addresses: Vec<IpAddr>,
+    pub policy: ServicePolicy,
+}
+
+/// Everything to write into the maps for a configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Compiled {
+    pub services: Vec<CompiledService>,
+    pub class_rules: Vec<(Prefix, u32)>,
+    pub globals: Globals,
+}
+
+/// A service's retry window in jiffies at `hz` (rounded up; 0 keeps retry recognition off).
+/// Configuration bounds it far below `u32::MAX` at any real HZ; a wildly wrong calibration
+/// saturates instead of wrapping to a short window.
+pub fn retry_window_jiffies(s: &Service, hz: u32) -> u32 {
+    ms_to_jiffies(s.retry_window_ms, hz).min(u32::MAX as u64) as u32
+}
+
+/// Build the service policy for `total` (the adaptive limit), split by `demand` when known
+/// (see [`allocate_for_demand`]), else statically (see [`allocate`]); the fallback limits
+/// are always split statically. `hz` converts the retry window to jiffies. The daemon
+/// rebuilds every service's policy with this function each tick, so everything configured
+/// (retry window and demotion included) is written with every limit change.
+pub fn service_policy(
+    s: &Service,
+    ladder: &Ladder,
+    total: u32,
+    demand: Option<&[f64; NUM_CLASSES]>,
+    hz: u32,
+) -> ServicePolicy {
+    let total = total.clamp(s.min_limit, s.max_limit);
+    let live = match demand {
+        Some(d) => allocate_for_demand(total, s.max_limit, ladder, d),
+        None => allocate(total, s.max_limit, ladder),
+    };
+    let fallback = allocate(s.fallback_limit, s.max_limit, ladder);
+    let mut classes = [ClassPolicy::default(); NUM_CLASSES];
+    for (id, c) in classes.iter_mut().enumerate() {
+        let bucket = shedder_common::CLASS_NAMES
+            .get(id)
+            .and_then(|name| s.rate.get(*name))
+            .and_then(|r| BucketParams::new(r.per_second, r.burst));
+        *c = ClassPolicy {
+            limit: live[id].share,
+            fallback_limit: fallback[id].share,
+            floor: live[id].floor,
+            fallback_floor: fallback[id].floor,
+            ceiling: live[id].ceiling,
+            _pad: 0,
+            rate_interval_ns: bucket.map_or(0, |b| b.interval_ns),
+            burst_ns: bucket.map_or(0, |b| b.burst_ns),
+        };
+    }
+    ServicePolicy {
+        classes,
+        total_limit: total,
+        fallback_total: s.fallback_limit,
+        action: match s.action {
+            Action::Drop => ACTION_DROP,
+            Action::Rst => ACTION_RST,
+        },
+        mode: match s.mode {
+            Mode::Enforce => MODE_ENFORCE,
+            Mode::DryRun => MODE_DRY_RUN,
+        },
+        default_class: s.default_class.id() as u8,
+        configured: POLICY_CONFIGURED,
+        retry_window_jiffies: retry_window_jiffies(s, hz),
+        demote_retries: u32::from(s.demotes_retries()),
+        ..Default::default()
+    }
+}
+
+/// Compile a validated configuration. Services start at their fallback limit until a
+/// controller moves them. `hz` converts the heartbeat timeout, the SYN retransmit window and
+/// the services' retry windows to jiffies.
+pub fn compile(cfg: &Config, hz: u32) -> Compiled {
+    let ladder = Ladder::from_config(cfg);
+    let services = cfg
+        .services
+        .iter()
+        .enumerate()
+        .map(|(i, s)| CompiledService {
+            id: i as u32,
+            name: s.name.clone(),
+            ports: s.ports.clone(),
+            addresses: s.addresses.clone(),
+            policy: service_policy(s, &ladder, s.fallback_limit, None, hz),
+        })
+        .collect();
+    let mut class_rules = Vec::new();
+    for (id, class) in cfg.classes.by_id().into_iter().enumerate() {
+        for src in &class.sources {
+            // Validated already; a parse failure here would be a bug in validate().
+            let p = Prefix::parse(src).expect("validated prefix");
+            class_rules.push((p, id as u32));
+        }
+    }
+    Compiled {
+        services,
+        class_rules,
+        globals: Globals {
+            heartbeat_jiffies: 0,
+            heartbeat_timeout_jiffies: ms_to_jiffies(cfg.daemon.heartbeat_timeout_ms, hz),
+            clock_jiffies: 0,
+            pending_epoch_shift: epoch_shift_for(hz),
+            hz,
+            generation: 0,
+            retransmit_window_jiffies: ms_to_jiffies(cfg.daemon.syn_retransmit_window_ms, hz),
+            // Chosen when the policy is written (`Shedder::apply`): kept while the maps live.
+            table_seed: 0,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compile_example() {
+        let cfg = Config::parse(
+            "[daemon]\ninterfaces = [\"eth0\"]\n\
+             [classes]\ncritical = { sources = [\"198.18.10.0/24\"], ceiling = 0.05 }\n\
+             high = { floor = 0.6 }\n\
+             [[service]]\nname = \"checkout\"\nports = [8080, 8443]\nmax_limit = 1000\n\
+             fallback_limit = 200\naction = \"drop\"\n\
+             rate = { sheddable = { per_second = 200, burst = 400 } }\n",
+        )
+        .unwrap();
+        let c = compile(&cfg, 250);
+        assert_eq!(c.globals.heartbeat_timeout_jiffies, 750);
+        assert_eq!(c.globals.pending_epoch_shift, 8);
+        assert_eq!(c.class_rules.len(), 1);
+        let s = &c.services[0];
+        assert_eq!(s.ports, [8080, 8443]);
+        let p = &s.policy;
+        assert_eq!(
+            (p.total_limit, p.fallback_total, p.action),
+            (200, 200, ACTION_DROP)
+        );
+        assert_eq!(p.classes[0].ceiling, 50);
+        assert_eq!(p.classes[1].floor, 120);
+        assert_eq!(p.classes[3].rate_interval_ns, 5_000_000);
+        assert_eq!(p.classes[3].burst_ns, 2_000_000_000);
+        assert_eq!(p.classes[2].rate_interval_ns, 0);
+        // The defaults: retransmits within 30 s, retries within 10 s, demoted.
+        assert_eq!(c.globals.retransmit_window_jiffies, 7_500);
+        assert_eq!((p.retry_window_jiffies, p.demote_retries), (2_500, 1));
+    }
+
+    #[test]
+    fn windows_are_converted_to_jiffies_at_the_calibrated_hz() {
+        let cfg = Config::parse(
+            "[daemon]\ninterfaces = [\"eth0\"]\nsyn_retransmit_window_ms = 1500\n\
+             [[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 2001\n\
+             [[service]]\nname = \"b\"\nports = [81]\nretry_window_ms = 0\n\
+             [[service]]\nname = \"c\"\nports = [82]\ndemote_retries = false\n",
+        )
+        .unwrap();
+        for (hz, retransmit, retry_a, retry_c) in [
+            (100, 150, 201, 1_000), // 2001 ms is 200.1 jiffies: rounded up
+            (250, 375, 501, 2_500),
+            (300, 450, 601, 3_000),
+            (1000, 1_500, 2_001, 10_000),
+        ] {
+            let c = compile(&cfg, hz);
+            assert_eq!(c.globals.retransmit_window_jiffies, retransmit, "HZ {hz}");
+            let p = |i: usize| c.services[i].policy;
+            assert_eq!(
+                (p(0).retry_window_jiffies, p(0).demote_retries),
+                (retry_a, 1),
+                "HZ {hz}"
+            );
+            assert_eq!(
+                (p(1).retry_window_jiffies, p(1).demote_retries),
+                (0, 0),
+                "a zero window recognises no retry and so demotes none"
+            );
+            assert_eq!(
+                (p(2).retry_window_jiffies, p(2).demote_retries),
+                (retry_c, 0),
+                "counted, not demoted"
+            );
+        }
+        // Zero windows disable recognition on both sides.
+        let off = Config::parse(
+            "[daemon]\ninterfaces = [\"eth0\"]\nsyn_retransmit_window_ms = 0\n[[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 0\n",
+        )
+        .unwrap();
+        let c = compile(&off, 1000);
+        assert_eq!(c.globals.retransmit_window_jiffies, 0);
+        assert_eq!(c.services[0].policy.retry_window_jiffies, 0);
+        // The longest window fits 32 bits with room at any HZ, and a wild calibration
+        // saturates rather than wrapping to a short window.
+        let long = Config::parse(
+            "[daemon]\ninterfaces = [\"eth0\"]\n\
+             [[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 3600000\n",
+        )
+        .unwrap();
+        assert_eq!(
+            compile(&long, 1000).services[0].policy.retry_window_jiffies,
+            3_600_000
+        );
+        assert_eq!(retry_window_jiffies(&long.services[0], u32::MAX), u32::MAX);
+    }
+
+    /// The daemon rewrites each service's policy every tick from `service_policy` with the
+    /// controller's limit and the measured demand: the retry settings must survive that
+    /// rewrite, whatever the limit and the split.
+    #[test]
+    fn the_per_tick_rewrite_keeps_the_retry_settings() {
+        let cfg = Config::parse(
+            "[daemon]\ninterfaces = [\"eth0\"]\n\
+             [classes]\nhigh = { floor = 0.5 }\n\
+             [[service]]\nname = \"a\"\nports = [80]\nmax_limit = 1000\nretry_window_ms = 4000\n",
+        )
+        .unwrap();
+        let ladder = Ladder::from_config(&cfg);
+        let s = &cfg.services[0];
+        let compiled = compile(&cfg, 250).services[0].policy;
+        let inf = f64::INFINITY;
+        for (limit, demand) in [
+            (8, None),
+            (300, None),
+            (1000, Some([0.0, 10.0, inf, inf])),
+            (50, Some([1.0, 2.0, 3.0, 4.0])),
+        ] {
+            let p = service_policy(s, &ladder, limit, demand.as_ref(), 250);
+            assert_eq!(p.total_limit, limit);
+            assert_eq!(
+                (p.retry_window_jiffies, p.demote_retries),
+                (1_000, 1),
+                "limit {limit}"
+            );
+            assert_eq!(
+                (p.retry_window_jiffies, p.demote_retries),
+                (compiled.retry_window_jiffies, compiled.demote_retries)
+            );
+        }
+    }
+}
