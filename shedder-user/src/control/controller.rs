@@ -185,6 +185,28 @@ pub trait Controller: Send {
     /// Put the limit under an outside ceiling (`None`: the configured bounds only); the
     /// limit moves under it at once and never grows past it.
     fn set_cap(&mut self, cap: Option<u32>);
+    /// Start over from `limit` (within the bounds, under the cap), with the history of
+    /// earlier windows forgotten: what a manual limit that ends hands back. A fixed
+    /// controller keeps its configured limit.
+    fn resume_from(&mut self, limit: u32);
+}
+
+impl<C: Controller + ?Sized> Controller for Box<C> {
+    fn update(&mut self, obs: &Observation) -> Decision {
+        (**self).update(obs)
+    }
+    fn limit(&self) -> u32 {
+        (**self).limit()
+    }
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn set_cap(&mut self, cap: Option<u32>) {
+        (**self).set_cap(cap)
+    }
+    fn resume_from(&mut self, limit: u32) {
+        (**self).resume_from(limit)
+    }
 }
 
 /// Tunables shared by the adaptive controllers.
@@ -423,6 +445,10 @@ impl Controller for Aimd {
         self.bounds = self.bounds.capped(cap);
         self.limit = self.bounds.clamp(self.limit);
     }
+
+    fn resume_from(&mut self, limit: u32) {
+        *self = Self::new(self.bounds, self.guard.tuning, limit);
+    }
 }
 
 impl Aimd {
@@ -563,6 +589,15 @@ impl Controller for Gradient2 {
         self.bounds = self.bounds.capped(cap);
         self.limit = self.bounds.clamp(self.limit);
     }
+
+    fn resume_from(&mut self, limit: u32) {
+        *self = Self {
+            guard: Guard::new(self.guard.tuning),
+            limit: self.bounds.clamp(limit as f64),
+            long_ms: None,
+            ..self.clone()
+        };
+    }
 }
 
 /// A constant limit (a static limit measured by load testing; seed 000 §10's flip
@@ -610,6 +645,8 @@ impl Controller for Fixed {
     fn set_cap(&mut self, cap: Option<u32>) {
         self.limit = cap.map_or(self.fixed, |c| self.fixed.min(c));
     }
+
+    fn resume_from(&mut self, _limit: u32) {}
 }
 
 #[cfg(test)]

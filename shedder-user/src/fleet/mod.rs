@@ -196,15 +196,8 @@ pub struct FleetState {
     pub services: Vec<ServiceShare>,
 }
 
-/// What the fleet allows this node for one service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cap {
-    /// The node's hard ceiling for the service.
-    pub ceiling: u32,
-    /// What a node cut off from etcd holds, and the cap of the kernel's fallback limit (a
-    /// dead daemon).
-    pub static_share: u32,
-}
+/// What the fleet allows this node for one service (held by the decorator that applies it).
+pub use crate::control::capped::Cap;
 
 /// What the daemon tells the fleet thread about one service each tick.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

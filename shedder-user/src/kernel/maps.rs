@@ -120,6 +120,26 @@ impl Shedder {
     }
 }
 
+/// Writing what the daemon decides: the seam between its pure per-service core and the
+/// kernel ([`Shedder`]; a recording fake in the core's tests), as [`MapReader`] is for
+/// reading.
+pub trait MapWriter {
+    /// Write service `service`'s policy (its limits), read by the packet path at once.
+    fn write_policy(&mut self, service: u32, policy: &ServicePolicy) -> Result<()>;
+    /// Write a whole compiled configuration (see [`Shedder::apply`]).
+    fn write_compiled(&mut self, compiled: &crate::kernel::policy::Compiled) -> Result<()>;
+}
+
+impl MapWriter for Shedder {
+    fn write_policy(&mut self, service: u32, policy: &ServicePolicy) -> Result<()> {
+        self.set_policy(service, policy)
+    }
+
+    fn write_compiled(&mut self, compiled: &crate::kernel::policy::Compiled) -> Result<()> {
+        self.apply(compiled)
+    }
+}
+
 /// Reading the maps, from a loaded [`Shedder`] or from the maps pinned by another process
 /// ([`PinnedMaps`]).
 pub trait MapReader {

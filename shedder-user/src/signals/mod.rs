@@ -83,7 +83,7 @@ pub struct Quantiles {
 /// *unique* attempts: a retransmitted SYN is not in them (the packet path counts it in
 /// `retransmits` only), so a client whose SYN was dropped and who retransmits it is one
 /// attempt, not one a second. This is the offered load the controller and the class
-/// allocation see ([`crate::daemon::demand`]).
+/// allocation see ([`crate::daemon::service::demand`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClassRates {
     /// Every new attempt that reached a decision (retransmits excluded).

@@ -1,0 +1,741 @@
+//! One protected service's tick, as a pure core: observation → controller → override →
+//! fleet cap → class allocation → the policy to write. No I/O: the clock comes in as the
+//! time since the daemon started, and the policy goes out through [`MapWriter`], so every
+//! step is unit-tested with a recording writer.
+
+use std::time::Duration;
+
+use shedder_common::{CLASS_NAMES, NUM_CLASSES, ServicePolicy};
+use tracing::info;
+
+use crate::{
+    api::state::{ClassState, Override as OverrideState, ServiceState},
+    config::{Controller as ControllerKind, Service},
+    control::{
+        capped::{Cap, Capped},
+        classes::{Ladder, class_demand},
+        controller::{
+            Aimd, Bounds, Controller, Decision, Fixed, Gradient2, Mode, Observation, Tuning,
+        },
+        overridden::{self, Overridable, Override, Refusal},
+    },
+    fleet,
+    kernel::{self, MapWriter, policy::service_policy},
+    signals::Signals,
+};
+
+/// A service's controller under its decorators: the manual override, then the fleet's cap.
+pub type Limiter = Capped<Overridable<Box<dyn Controller>>>;
+
+/// What every service's tick shares.
+#[derive(Clone, Copy, Debug)]
+pub struct Context<'a> {
+    pub ladder: &'a Ladder,
+    /// The kernel's HZ (converts the retry window to jiffies).
+    pub hz: u32,
+}
+
+/// An override that could not be put in force.
+#[derive(Debug, thiserror::Error)]
+pub enum OverrideError {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error("writing the limits: {0}")]
+    Kernel(#[from] kernel::Error),
+}
+
+/// One service's control state and what was last written for it.
+pub struct ServiceControl {
+    pub id: u32,
+    pub cfg: Service,
+    limiter: Limiter,
+    written: Option<ServicePolicy>,
+    /// The per-class demand of the last tick (what a write between ticks splits by).
+    demand: Option<[f64; NUM_CLASSES]>,
+    occupancy: u32,
+    mode: Mode,
+    last_log: Option<Duration>,
+    decision: Option<Decision>,
+    signals: Option<Signals>,
+}
+
+fn tuning(s: &Service) -> Tuning {
+    Tuning::new(Duration::from_millis(s.target_latency_ms))
+}
+
+fn bounds(s: &Service) -> Bounds {
+    Bounds::new(
+        s.min_limit,
+        s.max_limit,
+        s.fallback_limit,
+        s.target_rps,
+        Duration::from_millis(s.target_latency_ms),
+    )
+}
+
+/// The configured controller, starting from `initial`.
+pub fn controller(s: &Service, initial: u32) -> Box<dyn Controller> {
+    let (b, t) = (bounds(s), tuning(s));
+    match s.controller {
+        ControllerKind::Aimd => Box::new(Aimd::new(b, t, initial)),
+        ControllerKind::Gradient2 => Box::new(Gradient2::new(b, t, initial)),
+        ControllerKind::Fixed => {
+            Box::new(Fixed::new(b, t, s.fixed_limit.unwrap_or(s.fallback_limit)))
+        }
+    }
+}
+
+impl ServiceControl {
+    /// Service `id` as configured by `cfg`, its controller starting from `initial`, under
+    /// the fleet's `cap` if it shares the service.
+    pub fn new(id: u32, cfg: &Service, initial: u32, cap: Option<Cap>) -> Self {
+        let mut limiter = Capped::new(Overridable::new(controller(cfg, initial)));
+        limiter.set(cap);
+        Self {
+            id,
+            cfg: cfg.clone(),
+            limiter,
+            written: None,
+            demand: None,
+            occupancy: 0,
+            mode: Mode::Normal,
+            last_log: None,
+            decision: None,
+            signals: None,
+        }
+    }
+
+    /// A reload's services: one that keeps its name and controller keeps its limit, its
+    /// last signals and its override (if the override is inside the new bounds); the others
+    /// start at their fallback limit.
+    pub fn carry_over(
+        old: &[ServiceControl],
+        services: &[Service],
+        cap: impl Fn(&str) -> Option<Cap>,
+    ) -> Vec<ServiceControl> {
+        services
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let kept = old
+                    .iter()
+                    .find(|o| o.cfg.name == s.name && o.cfg.controller == s.controller);
+                let initial = kept
+                    .map_or(s.fallback_limit, |o| o.limiter.inner().inner().limit())
+                    .clamp(s.min_limit, s.max_limit);
+                let mut sc = Self::new(i as u32, s, initial, cap(&s.name));
+                if let Some(o) = kept {
+                    let ov = o
+                        .override_in_force()
+                        .filter(|ov| (s.min_limit..=s.max_limit).contains(&ov.limit))
+                        .cloned();
+                    sc.limiter.inner_mut().carry(ov);
+                    sc.signals = o.signals.clone();
+                    sc.demand = o.demand;
+                }
+                sc
+            })
+            .collect()
+    }
+
+    /// The policy for a total of `limit`: the service's configuration under the fleet's
+    /// cap, split among the classes by the last demand.
+    fn policy(&self, ctx: Context, limit: u32) -> ServicePolicy {
+        let s = self.limiter.service(&self.cfg);
+        service_policy(&s, ctx.ladder, limit, self.demand.as_ref(), ctx.hz)
+    }
+
+    /// The policy in force now, as a start or a reload writes it with everything else; it
+    /// counts as written.
+    pub fn initial_policy(&mut self, ctx: Context) -> ServicePolicy {
+        let policy = self.policy(ctx, self.limit_in_force());
+        self.written = Some(policy);
+        policy
+    }
+
+    /// Write the policy for `limit` if it differs from what the kernel holds. The whole
+    /// policy is rebuilt from the configuration, so nothing configured is lost when only
+    /// the limit changes.
+    fn write(&mut self, w: &mut impl MapWriter, ctx: Context, limit: u32) -> kernel::Result<()> {
+        let policy = self.policy(ctx, limit);
+        if self.written != Some(policy) {
+            w.write_policy(self.id, &policy)?;
+            self.written = Some(policy);
+        }
+        Ok(())
+    }
+
+    /// One tick from the service's signals (see [`Self::tick`]).
+    pub fn tick_signals(
+        &mut self,
+        w: &mut impl MapWriter,
+        ctx: Context,
+        sig: &Signals,
+        now: Duration,
+        cap: Option<Cap>,
+    ) -> kernel::Result<Decision> {
+        let result = self.tick(w, ctx, &observation(sig, now), demand(sig), cap);
+        self.signals = Some(sig.clone());
+        result
+    }
+
+    /// One tick: take the fleet's cap, decide, write the limits (split by `demand`), log.
+    /// The decision is kept even when the write fails (the next tick writes again).
+    pub fn tick(
+        &mut self,
+        w: &mut impl MapWriter,
+        ctx: Context,
+        obs: &Observation,
+        demand: Option<[f64; NUM_CLASSES]>,
+        cap: Option<Cap>,
+    ) -> kernel::Result<Decision> {
+        self.limiter.set(cap);
+        let decision = self.limiter.update(obs);
+        self.demand = demand;
+        self.occupancy = obs.occupancy;
+        let written = self.write(w, ctx, decision.limit);
+        if self.override_in_force().is_none() {
+            self.log_decision(&decision, obs.now);
+        }
+        self.decision = Some(decision);
+        written.map(|()| decision)
+    }
+
+    /// The limit in force: the override's, else the controller's; under the cap.
+    pub fn limit_in_force(&self) -> u32 {
+        self.limiter.limit()
+    }
+
+    pub fn override_in_force(&self) -> Option<&Override> {
+        self.limiter.inner().current()
+    }
+
+    /// Put an override in force now (not at the next tick), so that a request that
+    /// returns has taken effect in the kernel. Returns the limit it replaced. A refused
+    /// override changes nothing.
+    pub fn set_override(
+        &mut self,
+        w: &mut impl MapWriter,
+        ctx: Context,
+        req: &overridden::Request,
+        now: Duration,
+        (by, reason): (String, Option<String>),
+    ) -> Result<u32, OverrideError> {
+        let current = self.limit_in_force();
+        overridden::check(
+            &self.cfg.name,
+            req,
+            (self.cfg.min_limit, self.cfg.max_limit),
+            self.limiter.cap().map(|c| c.ceiling),
+            current,
+        )?;
+        self.limiter.inner_mut().set(Override {
+            limit: req.limit,
+            until: now + req.ttl,
+            by,
+            reason,
+        });
+        self.write(w, ctx, req.limit)?;
+        Ok(current)
+    }
+
+    /// End the override now; the controller resumes from its limit, written at once.
+    pub fn clear_override(
+        &mut self,
+        w: &mut impl MapWriter,
+        ctx: Context,
+    ) -> kernel::Result<Option<Override>> {
+        let cleared = self.limiter.inner_mut().clear();
+        if cleared.is_some() {
+            self.write(w, ctx, self.limit_in_force())?;
+        }
+        Ok(cleared)
+    }
+
+    /// What this node tells the fleet about the service, if the fleet shares it.
+    pub fn report(&self) -> Option<fleet::Report> {
+        let written = self.written?;
+        self.limiter.cap()?;
+        Some(fleet::Report {
+            applied: written.total_limit,
+            occupancy: self.occupancy,
+        })
+    }
+
+    /// The service's state, once it has been measured.
+    pub fn state(&self, now: Duration) -> Option<ServiceState> {
+        let signals = self.signals.clone()?;
+        let written = self.written?;
+        Some(ServiceState {
+            name: self.cfg.name.clone(),
+            ports: self.cfg.ports.clone(),
+            controller: self.limiter.name().into(),
+            mode: self.decision.map_or(Mode::Normal, |d| d.mode),
+            limit: written.total_limit,
+            // What the kernel falls back to: in fleet mode capped at the static share.
+            fallback_limit: self.limiter.service(&self.cfg).fallback_limit,
+            min_limit: self.cfg.min_limit,
+            max_limit: self.cfg.max_limit,
+            fleet_ceiling: self.limiter.cap().map(|c| c.ceiling),
+            target_latency_ms: self.cfg.target_latency_ms,
+            override_limit: self.override_in_force().map(|o| OverrideState {
+                limit: o.limit,
+                remaining_s: o.until.saturating_sub(now).as_secs_f64(),
+                by: o.by.clone(),
+                reason: o.reason.clone(),
+            }),
+            decision: self.decision,
+            classes: CLASS_NAMES
+                .iter()
+                .zip(written.classes.iter())
+                .map(|(name, c)| ClassState {
+                    class: name.to_string(),
+                    share: c.limit,
+                    floor: c.floor,
+                    ceiling: c.ceiling,
+                })
+                .collect(),
+            signals,
+        })
+    }
+
+    /// Log a limit change with the signal that caused it (at most once a second), and
+    /// every mode change.
+    fn log_decision(&mut self, d: &Decision, now: Duration) {
+        if d.mode != self.mode {
+            info!(
+                service = %self.cfg.name,
+                from = self.mode.as_str(),
+                to = d.mode.as_str(),
+                limit = d.limit,
+                "mode changed"
+            );
+            self.mode = d.mode;
+        }
+        let due = self
+            .last_log
+            .is_none_or(|t| now.saturating_sub(t) >= Duration::from_secs(1));
+        if d.changed() && due {
+            self.last_log = Some(now);
+            info!(
+                service = %self.cfg.name,
+                controller = self.limiter.name(),
+                limit = d.limit,
+                previous = d.previous,
+                action = ?d.action,
+                signal = ?d.signal,
+                delay_ms = d.delay_ms.map(|v| (v * 10.0).round() / 10.0),
+                mode = d.mode.as_str(),
+                "limit changed"
+            );
+        }
+    }
+}
+
+/// The controller's view of one tick of signals; `now` is the time since the daemon
+/// started.
+pub fn observation(sig: &Signals, now: Duration) -> Observation {
+    let (age, latency) = (sig.queue_age.ok(), sig.latency.ok());
+    let inflight = sig.inflight.ok();
+    let fresh = age.is_some() && latency.is_some() && inflight.is_some();
+    let occupancy = inflight.map_or(0, |i| i.iter().sum::<u32>())
+        + sig.pending.value().map_or(0, |p| p.iter().sum::<u32>());
+    // Listen overflows are counted per network namespace; charge them to this service when
+    // its accept queue is at least half full (its queue is the one overflowing).
+    let overflows = sig.listen.ok().map(|l| {
+        let ours = sig
+            .accept_queue
+            .value()
+            .is_some_and(|q| q.backlog > 0 && q.depth * 2 >= q.backlog);
+        if ours { l.overflows } else { 0 }
+    });
+    Observation {
+        now,
+        fresh,
+        queue_age_p50_ms: age.and_then(|q| q.p50_ms).unwrap_or(0.0),
+        queue_age_p99_ms: age.and_then(|q| q.p99_ms).unwrap_or(0.0),
+        latency_p50_ms: latency.and_then(|q| q.p50_ms).unwrap_or(0.0),
+        latency_p99_ms: latency.and_then(|q| q.p99_ms).unwrap_or(0.0),
+        samples: age
+            .map_or(0, |q| q.samples)
+            .max(latency.map_or(0, |q| q.samples)),
+        occupancy,
+        overflows,
+        cpu_pressure: sig.pressure.cpu.ok().map(|p| p.some_ratio),
+        shed_rate: sig
+            .rates
+            .ok()
+            .map_or(0.0, |r| r.iter().map(|c| c.shed).sum()),
+    }
+}
+
+/// Per-class demand from this tick's signals, if the rates and occupancy are known. The
+/// offered and admitted rates count unique attempts (the decision counters `n`): a
+/// retransmitted SYN is not offered load, so a dropped client retransmitting its SYN does
+/// not look like more demand (see [`crate::signals::ClassRates`]).
+pub fn demand(sig: &Signals) -> Option<[f64; NUM_CLASSES]> {
+    let rates = sig.rates.ok()?;
+    let inflight = sig.inflight.ok()?;
+    let pending = sig.pending.value().copied().unwrap_or([0; NUM_CLASSES]);
+    Some(std::array::from_fn(|c| {
+        class_demand(
+            inflight[c] + pending[c],
+            rates[c].offered,
+            rates[c].admitted,
+        )
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        config::Config,
+        control::overridden::{MAX_STEP, Request},
+        kernel::policy::Compiled,
+    };
+
+    /// Records what would reach the kernel.
+    #[derive(Default)]
+    struct Kernel {
+        policies: Vec<(u32, ServicePolicy)>,
+        compiled: usize,
+        fail: bool,
+    }
+
+    impl MapWriter for Kernel {
+        fn write_policy(&mut self, service: u32, policy: &ServicePolicy) -> kernel::Result<()> {
+            if self.fail {
+                return Err(kernel::Error::MissingMap("policies"));
+            }
+            self.policies.push((service, *policy));
+            Ok(())
+        }
+        fn write_compiled(&mut self, _: &Compiled) -> kernel::Result<()> {
+            self.compiled += 1;
+            Ok(())
+        }
+    }
+
+    impl Kernel {
+        /// The total limit last written.
+        fn limit(&self) -> Option<u32> {
+            self.policies.last().map(|(_, p)| p.total_limit)
+        }
+    }
+
+    const LADDER: Ladder = Ladder {
+        floor: [0.0; NUM_CLASSES],
+        ceiling: [1.0; NUM_CLASSES],
+    };
+    const CTX: Context = Context {
+        ladder: &LADDER,
+        hz: 250,
+    };
+
+    fn config(services: &str) -> Config {
+        Config::parse(&format!("[daemon]\nmeasure_only = true\n{services}")).expect("config")
+    }
+
+    fn service(controller: &str) -> Service {
+        let text = format!(
+            "[[service]]\nname = \"web\"\nports = [80]\ncontroller = \"{controller}\"\n\
+             min_limit = 1\nmax_limit = 100\nfallback_limit = 10\n"
+        );
+        config(&text).services.remove(0)
+    }
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    /// A busy, healthy service at `now`: AIMD raises its limit by one per tick.
+    fn healthy(now: Duration, limit: u32) -> Observation {
+        Observation {
+            now,
+            fresh: true,
+            queue_age_p50_ms: 1.0,
+            queue_age_p99_ms: 2.0,
+            latency_p50_ms: 5.0,
+            latency_p99_ms: 10.0,
+            samples: 100,
+            occupancy: limit,
+            overflows: Some(0),
+            cpu_pressure: Some(0.0),
+            shed_rate: 0.0,
+        }
+    }
+
+    /// Far over its latency target: AIMD cuts.
+    fn overloaded(now: Duration, limit: u32) -> Observation {
+        Observation {
+            queue_age_p99_ms: 400.0,
+            latency_p99_ms: 300.0,
+            ..healthy(now, limit)
+        }
+    }
+
+    fn request(limit: u32, ttl_s: u64) -> Request {
+        Request {
+            limit,
+            ttl: Duration::from_secs(ttl_s),
+            force: false,
+        }
+    }
+
+    fn by() -> (String, Option<String>) {
+        ("uid 0 (pid 1)".into(), Some("incident".into()))
+    }
+
+    #[test]
+    fn a_tick_writes_only_what_changed() {
+        let mut k = Kernel::default();
+        let mut sc = ServiceControl::new(0, &service("fixed"), 10, None);
+        sc.initial_policy(CTX);
+        for i in 0..5 {
+            sc.tick(&mut k, CTX, &healthy(ms(200 * i), 10), None, None)
+                .unwrap();
+        }
+        assert!(
+            k.policies.is_empty(),
+            "a fixed limit is written once, at start"
+        );
+        let mut sc = ServiceControl::new(0, &service("aimd"), 10, None);
+        sc.initial_policy(CTX);
+        let d = sc
+            .tick(&mut k, CTX, &healthy(ms(0), 10), None, None)
+            .unwrap();
+        assert_eq!((d.limit, k.limit()), (11, Some(11)));
+    }
+
+    #[test]
+    fn an_override_is_written_at_once_and_its_expiry_tick_hands_it_to_the_controller() {
+        let mut k = Kernel::default();
+        let mut sc = ServiceControl::new(0, &service("aimd"), 30, None);
+        sc.initial_policy(CTX);
+        let previous = sc
+            .set_override(&mut k, CTX, &request(40, 1), ms(0), by())
+            .unwrap();
+        assert_eq!((previous, k.limit()), (30, Some(40)), "in force when set");
+        // While it lasts the override's limit is in force, whatever the controller does
+        // underneath (here it is cut hard).
+        for i in 0..5 {
+            let d = sc
+                .tick(&mut k, CTX, &overloaded(ms(200 * i), 40), None, None)
+                .unwrap();
+            assert_eq!((d.limit, k.limit()), (40, Some(40)), "tick {i}");
+        }
+        assert!(
+            sc.limiter.inner().inner().limit() < 30,
+            "the controller ran on its own"
+        );
+        // The expiry tick writes the override's limit; the controller now holds it.
+        let d = sc
+            .tick(&mut k, CTX, &healthy(ms(1000), 40), None, None)
+            .unwrap();
+        assert_eq!((d.limit, k.limit()), (40, Some(40)));
+        assert!(sc.override_in_force().is_none());
+        assert_eq!(sc.limiter.inner().inner().limit(), 40);
+        // And resumes from it: healthy and busy, one up.
+        let d = sc
+            .tick(&mut k, CTX, &healthy(ms(1200), 40), None, None)
+            .unwrap();
+        assert_eq!((d.limit, k.limit()), (41, Some(41)));
+    }
+
+    #[test]
+    fn clearing_an_override_resumes_from_it_at_once() {
+        let mut k = Kernel::default();
+        let mut sc = ServiceControl::new(0, &service("aimd"), 30, None);
+        sc.initial_policy(CTX);
+        sc.set_override(&mut k, CTX, &request(60, 600), ms(0), by())
+            .unwrap();
+        let o = sc.clear_override(&mut k, CTX).unwrap().expect("cleared");
+        assert_eq!((o.limit, k.limit()), (60, Some(60)));
+        assert_eq!(sc.limit_in_force(), 60);
+        assert!(sc.clear_override(&mut k, CTX).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_refused_override_changes_nothing() {
+        let mut k = Kernel::default();
+        let mut sc = ServiceControl::new(
+            0,
+            &service("aimd"),
+            20,
+            Some(Cap {
+                ceiling: 50,
+                static_share: 5,
+            }),
+        );
+        sc.initial_policy(CTX);
+        let refused = |sc: &mut ServiceControl, k: &mut Kernel, req: Request| match sc.set_override(
+            k,
+            CTX,
+            &req,
+            ms(0),
+            by(),
+        ) {
+            Err(OverrideError::Refused(r)) => r,
+            other => panic!("{req:?} was not refused: {other:?}"),
+        };
+        let r = refused(&mut sc, &mut k, request(101, 60));
+        assert_eq!(r.field(), "limit");
+        assert_eq!(
+            r.to_string(),
+            "limit 101 is outside [min_limit, max_limit] = [1, 100] of `web`"
+        );
+        let r = refused(&mut sc, &mut k, request(0, 60));
+        assert!(matches!(r, Refusal::OutsideBounds { .. }), "{r}");
+        let r = refused(&mut sc, &mut k, request(60, 60));
+        assert!(
+            r.to_string()
+                .starts_with("limit 60 is above this node's fleet ceiling for `web` (50)"),
+            "{r}"
+        );
+        let r = refused(&mut sc, &mut k, request(20 / MAX_STEP - 1, 60));
+        assert!(matches!(r, Refusal::TooFar { current: 20, .. }), "{r}");
+        let r = refused(&mut sc, &mut k, request(20, 0));
+        assert_eq!(
+            (r.field(), r.to_string().as_str()),
+            ("ttl_s", "ttl 0 s is outside 1 s to 24 h (86400 s)")
+        );
+        refused(&mut sc, &mut k, request(20, 86_401));
+        assert!(k.policies.is_empty(), "nothing was written");
+        assert!(sc.override_in_force().is_none());
+        assert_eq!(sc.limit_in_force(), 20);
+        // Forced, a step beyond 4× is allowed (within the bounds and the ceiling).
+        let forced = Request {
+            force: true,
+            ..request(2, 60)
+        };
+        sc.set_override(&mut k, CTX, &forced, ms(0), by()).unwrap();
+        assert_eq!(k.limit(), Some(2));
+    }
+
+    #[test]
+    fn the_fleet_cap_bounds_everything_written() {
+        let mut k = Kernel::default();
+        let cap = Cap {
+            ceiling: 20,
+            static_share: 5,
+        };
+        let mut sc = ServiceControl::new(0, &service("aimd"), 18, Some(cap));
+        let start = sc.initial_policy(CTX);
+        assert_eq!((start.total_limit, start.fallback_total), (18, 5));
+        for i in 0..10 {
+            let d = sc
+                .tick(&mut k, CTX, &healthy(ms(200 * i), 20), None, Some(cap))
+                .unwrap();
+            assert!(d.limit <= 20, "tick {i}: {} above the ceiling", d.limit);
+        }
+        assert_eq!(k.limit(), Some(20));
+        // A ceiling that drops takes effect on the tick it arrives, override included.
+        sc.set_override(&mut k, CTX, &request(20, 600), ms(2000), by())
+            .unwrap();
+        let lower = Cap {
+            ceiling: 8,
+            static_share: 2,
+        };
+        let d = sc
+            .tick(&mut k, CTX, &healthy(ms(2200), 8), None, Some(lower))
+            .unwrap();
+        let (_, p) = *k.policies.last().unwrap();
+        assert_eq!((d.limit, p.total_limit, p.fallback_total), (8, 8, 2));
+        assert_eq!(sc.report().map(|r| r.applied), Some(8));
+        // An expiring override keeps the ceiling.
+        sc.tick(&mut k, CTX, &healthy(ms(700_000), 8), None, Some(lower))
+            .unwrap();
+        assert!(sc.override_in_force().is_none());
+        for i in 0..10 {
+            let d = sc
+                .tick(
+                    &mut k,
+                    CTX,
+                    &healthy(ms(700_200 + 200 * i), 8),
+                    None,
+                    Some(lower),
+                )
+                .unwrap();
+            assert!(d.limit <= 8, "tick {i}: {} above the ceiling", d.limit);
+        }
+        // The fleet lets go: the configured bounds again, and nothing to report.
+        sc.tick(&mut k, CTX, &healthy(ms(800_000), 8), None, None)
+            .unwrap();
+        assert!(sc.report().is_none());
+        assert_eq!(sc.limiter.service(&sc.cfg).fallback_limit, 10);
+    }
+
+    #[test]
+    fn a_failed_write_is_retried_on_the_next_tick() {
+        let mut k = Kernel {
+            fail: true,
+            ..Default::default()
+        };
+        let mut sc = ServiceControl::new(0, &service("aimd"), 10, None);
+        sc.initial_policy(CTX);
+        assert!(
+            sc.tick(&mut k, CTX, &healthy(ms(0), 10), None, None)
+                .is_err()
+        );
+        k.fail = false;
+        sc.tick(&mut k, CTX, &healthy(ms(200), 10), None, None)
+            .unwrap();
+        assert_eq!(k.limit(), Some(12));
+    }
+
+    #[test]
+    fn a_reload_keeps_what_it_can() {
+        let mut k = Kernel::default();
+        let cfg = config(
+            "[[service]]\nname = \"web\"\nports = [80]\nmin_limit = 1\nmax_limit = 100\nfallback_limit = 10\n\
+             [[service]]\nname = \"api\"\nports = [81]\nmin_limit = 1\nmax_limit = 100\nfallback_limit = 10\n\
+             [[service]]\nname = \"db\"\nports = [82]\nmin_limit = 1\nmax_limit = 100\nfallback_limit = 10\n",
+        );
+        let mut old: Vec<_> = cfg
+            .services
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ServiceControl::new(i as u32, s, 30, None))
+            .collect();
+        for sc in &mut old {
+            sc.initial_policy(CTX);
+        }
+        old[0]
+            .set_override(&mut k, CTX, &request(50, 600), ms(0), by())
+            .unwrap();
+        old[1]
+            .set_override(&mut k, CTX, &request(90, 600), ms(0), by())
+            .unwrap();
+        // web keeps its name and controller; api's maximum drops under its override; db
+        // changes controller; cache is new. The order changes too.
+        let new = config(
+            "[[service]]\nname = \"cache\"\nports = [83]\nmin_limit = 1\nmax_limit = 100\nfallback_limit = 7\n\
+             [[service]]\nname = \"web\"\nports = [80]\nmin_limit = 1\nmax_limit = 100\nfallback_limit = 10\n\
+             [[service]]\nname = \"api\"\nports = [81]\nmin_limit = 1\nmax_limit = 60\nfallback_limit = 10\n\
+             [[service]]\nname = \"db\"\nports = [82]\ncontroller = \"gradient2\"\nmin_limit = 1\nmax_limit = 100\nfallback_limit = 10\n",
+        );
+        let mut now = ServiceControl::carry_over(&old, &new.services, |_| None);
+        let ids: Vec<_> = now.iter().map(|s| (s.id, s.cfg.name.as_str())).collect();
+        assert_eq!(ids, [(0, "cache"), (1, "web"), (2, "api"), (3, "db")]);
+        let limits: Vec<_> = now
+            .iter_mut()
+            .map(|s| s.initial_policy(CTX).total_limit)
+            .collect();
+        assert_eq!(
+            limits,
+            [7, 50, 30, 10],
+            "new: fallback; web: its override; api: its controller's limit; db: fallback"
+        );
+        assert_eq!(now[1].override_in_force().map(|o| o.limit), Some(50));
+        assert!(
+            now[2].override_in_force().is_none(),
+            "an override outside the new bounds is dropped"
+        );
+        // The kept override still expires on its own clock.
+        now[1]
+            .tick(&mut k, CTX, &healthy(ms(600_000), 50), None, None)
+            .unwrap();
+        assert!(now[1].override_in_force().is_none());
+    }
+}

@@ -1,0 +1,243 @@
+//! Starting the daemon: endpoints first, then the programs (loaded or adopted), the policy,
+//! tracking, seeding, the attachments, the kernel log and the readers.
+
+use std::{
+    path::PathBuf,
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use shedder_common::POLICY_CONFIGURED;
+use tracing::{info, warn};
+
+use super::{
+    Daemon, delivering_mode,
+    service::{Context, ServiceControl},
+    specs,
+};
+use crate::{
+    api::{control, metrics, state::Attachment},
+    config::Config,
+    control::classes::Ladder,
+    fleet,
+    kernel::{
+        Attached, MapReader as _, MapWriter as _, Shedder,
+        pins::{Durability, PinDir},
+        policy::compile,
+    },
+    signals::{SignalReader, psi},
+};
+
+impl Daemon {
+    pub(super) fn start(
+        config_path: PathBuf,
+        cfg: Config,
+        config_text: String,
+        pins: PinDir,
+    ) -> Result<Self> {
+        let pin_dir = pins.path.clone();
+        let adopting = pin_dir.join("maps").exists();
+        // Endpoints first: a port or a socket in use fails the start before anything is
+        // attached.
+        let metrics_listener = std::net::TcpListener::bind(&cfg.daemon.metrics_listen)
+            .with_context(|| format!("listening for metrics on {}", cfg.daemon.metrics_listen))?;
+        let group = match &cfg.daemon.control_group {
+            Some(g) => Some(
+                control::group_id(g)
+                    .map_err(|e| crate::BadInput(format!("daemon.control_group: {e}")))?,
+            ),
+            None => None,
+        };
+        let control_listener =
+            control::bind(&cfg.daemon.control_socket, group).with_context(|| {
+                format!(
+                    "creating the control socket {}",
+                    cfg.daemon.control_socket.display()
+                )
+            })?;
+        // Each interface's mode, unless an earlier run's attachment is adopted.
+        let modes = cfg
+            .daemon
+            .interfaces
+            .iter()
+            .map(|iface| {
+                if pin_dir.join("links").join(iface).exists() {
+                    Ok(None)
+                } else {
+                    delivering_mode(&cfg, iface, cfg.daemon.attach).map(Some)
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut kernel_log = cfg.daemon.kernel_debug_log;
+        let loaded = match Shedder::load_pinned(&pin_dir, kernel_log) {
+            // The log sites multiply what the verifier explores: older kernels' verifiers
+            // (Linux 6.1) give up on the packet path with them, and shedding matters more
+            // than its debug log.
+            Err(e) if kernel_log && e.too_complex() => {
+                warn!(
+                    "daemon.kernel_debug_log: this kernel's verifier cannot verify the packet \
+                     path with the debug log compiled in (too complex; Linux 6.12 and later \
+                     can): running without the kernel debug log"
+                );
+                kernel_log = false;
+                Shedder::load_pinned(&pin_dir, false)
+            }
+            other => other,
+        };
+        let mut shedder = loaded.with_context(|| {
+            format!(
+                "loading the programs with the maps pinned under {} (if they come from an \
+                 incompatible version, `shedder detach` removes them; `shedder doctor` checks \
+                 this kernel)",
+                pin_dir.display()
+            )
+        })?;
+        let hz = shedder
+            .calibrate_hz(Duration::from_millis(100))
+            .context("calibrating the kernel clock")?;
+        let ladder = Ladder::from_config(&cfg);
+        let mut compiled = compile(&cfg, hz);
+        // Fleet mode starts before anything is written, so a shared service is under its
+        // fleet ceiling (0 until this node has its share) from the first write.
+        let fleet = match &cfg.fleet {
+            Some(f) => Some(
+                fleet::Handle::start(f, fleet::shared_services(&cfg))
+                    .context("starting fleet mode")?,
+            ),
+            None => None,
+        };
+        let mut services = Vec::new();
+        for (i, s) in cfg.services.iter().enumerate() {
+            let id = i as u32;
+            // On restart, continue from the limit in the maps rather than from the fallback.
+            let initial = if adopting {
+                shedder
+                    .policy(id)
+                    .ok()
+                    .filter(|p| p.configured == POLICY_CONFIGURED)
+                    .map(|p| p.total_limit)
+                    .filter(|l| (s.min_limit..=s.max_limit).contains(l))
+                    .unwrap_or(s.fallback_limit)
+            } else {
+                s.fallback_limit
+            };
+            let cap = fleet.as_ref().and_then(|f| f.cap(&s.name));
+            let mut sc = ServiceControl::new(id, s, initial, cap);
+            compiled.services[i].policy = sc.initial_policy(Context {
+                ladder: &ladder,
+                hz,
+            });
+            services.push(sc);
+        }
+        shedder
+            .write_compiled(&compiled)
+            .context("writing the policy")?;
+        shedder.heartbeat().context("stamping the heartbeat")?;
+        let missing = shedder
+            .attach_tracking()
+            .context("attaching the connection-tracking tracepoints")?;
+        if let Some(note) = crate::kernel::missing_tracepoints_note(&missing) {
+            warn!("{note}");
+        }
+        let mut warnings: Vec<String> = crate::kernel::seed::seed_and_report(&mut shedder, &cfg)
+            .into_iter()
+            .collect();
+        if let Durability::Private(why) = &pins.durability {
+            warnings.push(format!(
+                "no fail-static: the pins die with this daemon ({why}); if it dies, nothing is shed"
+            ));
+        }
+        let mut attach = Vec::new();
+        for (iface, mode) in cfg.daemon.interfaces.iter().zip(modes) {
+            let Some(mode) = mode else {
+                let how = shedder.adopt(iface).with_context(|| {
+                    format!(
+                        "adopting the attachment pinned at {} (`shedder detach` removes it)",
+                        pin_dir.join("links").join(iface).display()
+                    )
+                })?;
+                info!(iface = %iface, mode = how.as_str(), "adopted the pinned attachment: now running this daemon's program");
+                if how == Attached::XdpNative
+                    && cfg.sends_replies()
+                    && let Some(problem) = crate::kernel::netdev::native_reset_problem(iface)
+                {
+                    return Err(crate::BadInput(format!(
+                        "action = rst cannot be delivered: {problem}; `shedder detach`, then \
+                         start again (attach = \"auto\" chooses tc on a veth)"
+                    ))
+                    .into());
+                }
+                attach.push(Attachment {
+                    interface: iface.clone(),
+                    mode: how.as_str().into(),
+                    xdp_tx_errors: None,
+                });
+                continue;
+            };
+            let how = shedder
+                .attach(iface, mode)
+                .with_context(|| format!("attaching to {iface} ({})", mode.as_str()))?;
+            info!(iface = %iface, mode = how.as_str(), "attached");
+            attach.push(Attachment {
+                interface: iface.clone(),
+                mode: how.as_str().into(),
+                xdp_tx_errors: None,
+            });
+        }
+        if kernel_log {
+            match shedder.kernel_logger() {
+                Ok(logger) => {
+                    crate::kernel::klog::forward(logger);
+                    info!(
+                        target = crate::kernel::klog::TARGET,
+                        per_cpu_per_second = shedder_common::KLOG_LINES_PER_SECOND,
+                        "kernel debug log on"
+                    );
+                }
+                Err(e) => warn!(error = %e, "kernel debug log unavailable"),
+            }
+        }
+        let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                warn!(error = %e, "BPF run-time statistics unavailable: no per-program cost");
+                None
+            }
+        };
+        let window_ticks = cfg.daemon.signal_window_ms.div_ceil(cfg.daemon.tick_ms) as usize;
+        let cgroup_root = psi::cgroup2_mount().ok();
+        let reader = SignalReader::new(specs(&cfg, cgroup_root.as_deref()), window_ticks);
+        let shared: metrics::Shared = Default::default();
+        metrics::serve(metrics_listener, shared.clone());
+        let (tx, requests) = mpsc::channel();
+        control::serve(control_listener, group, tx);
+        Ok(Self {
+            config_path,
+            cfg,
+            config_text,
+            shedder,
+            reader,
+            services,
+            ladder,
+            hz,
+            start: Instant::now(),
+            attach: attach.clone(),
+            stats_enabled: stats,
+            last_run_stats: Vec::new(),
+            programs: Vec::new(),
+            last_heartbeat: Instant::now(),
+            metrics: shared,
+            requests,
+            detach_requested: false,
+            fleet,
+            pins,
+            warnings,
+            delivery: crate::kernel::netdev::delivery::Monitor::new(
+                attach
+                    .iter()
+                    .map(|a| (a.interface.clone(), a.mode == Attached::XdpNative.as_str())),
+            ),
+        })
+    }
+}

@@ -1,0 +1,129 @@
+//! The daemon's tick (measure, decide and write every service, stamp the heartbeat) and
+//! what it reports: the state, the metrics' snapshot, the programs' costs.
+
+use std::time::Instant;
+
+use shedder_common::STAT_NAMES;
+use tracing::{error, warn};
+
+use super::{Daemon, service::Context};
+use crate::{
+    api::{
+        metrics,
+        state::{Attachment, ProgramCost, State},
+    },
+    kernel::MapReader as _,
+};
+
+impl Daemon {
+    pub(super) fn tick(&mut self) {
+        let now = Instant::now();
+        if let Err(e) = self.shedder.clock(false) {
+            warn!(error = %e, "reading the kernel clock");
+        }
+        let signals = self.reader.tick(&self.shedder, now);
+        let t = now.duration_since(self.start);
+        let ctx = Context {
+            ladder: &self.ladder,
+            hz: self.hz,
+        };
+        for (sc, sig) in self.services.iter_mut().zip(&signals) {
+            let cap = self.fleet.as_ref().and_then(|f| f.cap(&sc.cfg.name));
+            if let Err(e) = sc.tick_signals(&mut self.shedder, ctx, sig, t, cap) {
+                error!(service = %sc.cfg.name, error = %e, "writing the limits");
+            }
+            if let (Some(f), Some(report)) = (&self.fleet, sc.report()) {
+                f.report(&sc.cfg.name, report);
+            }
+        }
+        match self.shedder.heartbeat() {
+            Ok(_) => self.last_heartbeat = Instant::now(),
+            Err(e) => error!(error = %e, "stamping the heartbeat"),
+        }
+        self.update_program_costs();
+        self.delivery.poll(now, self.cfg.sends_replies());
+        let snapshot = self.snapshot();
+        if let Ok(mut m) = self.metrics.lock() {
+            *m = Some(snapshot);
+        }
+    }
+
+    fn update_program_costs(&mut self) {
+        if self.stats_enabled.is_none() {
+            return;
+        }
+        let now = self.shedder.run_stats();
+        self.programs = now
+            .iter()
+            .map(|&(name, time, runs)| {
+                let prev = self.last_run_stats.iter().find(|(n, _, _)| *n == name);
+                let ns_per_run = prev.and_then(|&(_, t0, r0)| {
+                    let dr = runs.saturating_sub(r0);
+                    (dr > 0).then(|| time.saturating_sub(t0).as_nanos() as f64 / dr as f64)
+                });
+                ProgramCost {
+                    program: name.to_string(),
+                    runs,
+                    run_seconds: time.as_secs_f64(),
+                    ns_per_run,
+                }
+            })
+            .collect();
+        self.last_run_stats = now;
+    }
+
+    /// The state as the API and the metrics report it.
+    pub(super) fn state(&self) -> State {
+        let now = Instant::now();
+        let kernel_events = match self.shedder.stats() {
+            Ok(stats) => STAT_NAMES
+                .iter()
+                .zip(stats)
+                .filter(|(n, _)| !n.starts_with("reserved"))
+                .map(|(n, v)| (n.to_string(), v))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        State {
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            uptime_s: now.duration_since(self.start).as_secs_f64(),
+            config: self.config_path.display().to_string(),
+            pin_dir: self.cfg.daemon.pin_dir.display().to_string(),
+            tick_ms: self.cfg.daemon.tick_ms,
+            heartbeat_timeout_ms: self.cfg.daemon.heartbeat_timeout_ms,
+            heartbeat_age_ms: now.duration_since(self.last_heartbeat).as_millis() as u64,
+            attach: self
+                .attach
+                .iter()
+                .map(|a| Attachment {
+                    xdp_tx_errors: self.delivery.errors(&a.interface),
+                    ..a.clone()
+                })
+                .collect(),
+            programs: self.programs.clone(),
+            kernel_events,
+            services: self
+                .services
+                .iter()
+                .filter_map(|sc| sc.state(now.duration_since(self.start)))
+                .collect(),
+            fleet: self.fleet.as_ref().map(|f| f.state()),
+            warnings: self
+                .warnings
+                .iter()
+                .cloned()
+                .chain(self.delivery.problems())
+                .collect(),
+        }
+    }
+
+    pub(super) fn snapshot(&self) -> metrics::Snapshot {
+        metrics::Snapshot {
+            state: self.state(),
+            services: self.reader.cumulative(),
+            listen: self.reader.listen_counters(),
+            heartbeat: self.last_heartbeat,
+        }
+    }
+}
