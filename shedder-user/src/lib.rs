@@ -7,6 +7,7 @@
 //! - [`fleet`]: sharing a downstream's limit across nodes through etcd;
 //! - [`api`]: the control socket, the metrics endpoint and the state they report;
 //! - [`doctor`]: checking a host;
+//! - [`runtime`]: the one thread of side I/O they share;
 //! - [`daemon`]: `shedder run`, whose per-service tick is a pure core
 //!   ([`daemon::service`]).
 pub mod api;
@@ -16,6 +17,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod fleet;
 pub mod kernel;
+pub mod runtime;
 pub mod signals;
 
 #[cfg(test)]

@@ -1,13 +1,13 @@
-//! The daemon's side I/O: one tokio runtime on a thread of its own, and HTTP/1.1 serving on
-//! it (hyper) for the control socket and the metrics endpoint. The tick loop stays
-//! synchronous; these never wait on it except through the control API's request channel.
+//! HTTP/1.1 (hyper) for the control socket and the metrics endpoint, served on the side-I/O
+//! runtime ([`crate::runtime`]). These never wait on the tick loop except through the
+//! control API's request channel.
 //!
 //! Every connection is a task of its own, so a client that sends half a request holds one
 //! task, not the endpoint: its head must arrive within [`HEAD_TIMEOUT`], its body within
 //! [`BODY_TIMEOUT`], and the whole exchange ends within [`CONNECTION_TIMEOUT`]. Bodies are
 //! bounded, and chunked bodies are read as such.
 
-use std::{convert::Infallible, future::Future, sync::OnceLock, time::Duration};
+use std::{convert::Infallible, future::Future, time::Duration};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
@@ -21,26 +21,6 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 /// A connection ends after this whatever it is doing (an answer is written well within it).
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The runtime for side I/O, started on first use.
-pub fn runtime() -> &'static tokio::runtime::Handle {
-    static HANDLE: OnceLock<tokio::runtime::Handle> = OnceLock::new();
-    HANDLE.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("io".into())
-            .spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("building the I/O runtime");
-                let _ = tx.send(rt.handle().clone());
-                rt.block_on(std::future::pending::<()>());
-            })
-            .expect("spawning the I/O thread");
-        rx.recv().expect("the I/O runtime starts")
-    })
-}
 
 pub type Answer = Response<Full<Bytes>>;
 
@@ -83,7 +63,7 @@ pub fn accept_loop<L: Listener>(
     make: impl FnOnce() -> std::io::Result<L> + Send + 'static,
     each: impl Fn(L::Conn) + Send + 'static,
 ) {
-    runtime().spawn(async move {
+    crate::runtime::handle().spawn(async move {
         let listener = match make() {
             Ok(l) => l,
             Err(e) => {
@@ -106,7 +86,7 @@ where
     F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Answer> + Send + 'static,
 {
-    runtime().spawn(async move {
+    crate::runtime::handle().spawn(async move {
         let service = service_fn(move |req| {
             let f = handler(req);
             async move { Ok::<_, Infallible>(f.await) }

@@ -47,7 +47,6 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
-    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
@@ -424,11 +423,12 @@ pub fn probe(f: &Fleet) -> Result<String> {
     })
 }
 
-/// The daemon's handle on the fleet thread.
+/// The daemon's handle on the fleet agent.
 pub struct Handle {
     shared: Arc<Mutex<Shared>>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    /// Answers (or closes) once the agent has left the fleet.
+    done: std::sync::mpsc::Receiver<()>,
     settings: Settings,
 }
 
@@ -453,38 +453,23 @@ impl Handle {
             },
         }));
         let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (shared, stop, settings) = (shared.clone(), stop.clone(), settings.clone());
-            std::thread::Builder::new()
-                .name("fleet".into())
-                .spawn(move || {
-                    let rt = match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(rt) => rt,
-                        Err(e) => {
-                            warn!(error = %e, "fleet: cannot start the etcd client runtime");
-                            return;
-                        }
-                    };
-                    rt.block_on(
-                        Agent {
-                            shared,
-                            stop,
-                            s: settings,
-                            view: View::default(),
-                        }
-                        .run(),
-                    );
-                })
-                .context("starting the fleet thread")?
+        // The agent is a task on the side-I/O runtime; `done` says when it has left.
+        let (finished, done) = std::sync::mpsc::channel();
+        let agent = Agent {
+            shared: shared.clone(),
+            stop: stop.clone(),
+            s: settings.clone(),
+            view: View::default(),
         };
+        crate::runtime::handle().spawn(async move {
+            agent.run().await;
+            let _ = finished.send(());
+        });
         info!(node = %settings.node, endpoints = ?settings.endpoints, key = %settings.key, "fleet mode: registering with etcd");
         Ok(Self {
             shared,
             stop,
-            thread: Some(thread),
+            done,
             settings,
         })
     }
@@ -563,9 +548,8 @@ impl Handle {
 impl Drop for Handle {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        // Leaving is bounded by the etcd timeout; this waits for it, as a join would.
+        let _ = self.done.recv();
     }
 }
 

@@ -6,12 +6,13 @@
 //! per CPU and counts the rest (`log_suppressed` in the kernel events).
 
 use std::{
-    os::fd::{AsFd as _, AsRawFd as _},
+    os::fd::{AsFd as _, AsRawFd, RawFd},
     time::Duration,
 };
 
 use aya_log::EbpfLogger;
 use shedder_common::{CLASS_NAMES, REASON_NAMES, VERDICT_NAMES};
+use tokio::io::{Interest, unix::AsyncFd};
 use tracing::{debug, error, info, warn};
 
 /// The target of the re-emitted events (e.g. `RUST_LOG=info,shedder::kernel=off` hides them).
@@ -63,30 +64,45 @@ pub fn spell_out(line: &str) -> String {
         .join(" ")
 }
 
-/// Read `logger`'s ring buffer from a thread of its own until the process exits.
-pub fn forward(mut logger: EbpfLogger<KernelLog>) {
-    std::thread::Builder::new()
-        .name("kernel-log".into())
-        .spawn(move || {
-            loop {
-                let mut pfd = libc::pollfd {
-                    fd: logger.as_fd().as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd.
-                let n = unsafe { libc::poll(&mut pfd, 1, 1000) };
-                if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
-                {
-                    warn!(error = %std::io::Error::last_os_error(), "kernel log: poll failed; no more kernel logs");
+/// The logger, as a file descriptor the runtime can wait on (its ring buffer's).
+struct Readable(EbpfLogger<KernelLog>);
+
+impl AsRawFd for Readable {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+/// Forward `logger`'s records as they come, from a task on the side-I/O runtime, until the
+/// process exits.
+pub fn forward(logger: EbpfLogger<KernelLog>) {
+    crate::runtime::handle().spawn(async move {
+        // SAFETY: the logger owns its ring buffer's fd and keeps it open, unreplaced, for as
+        // long as the AsyncFd holds the logger.
+        let registered =
+            unsafe { AsyncFd::register_with_interest(Readable(logger), Interest::READABLE) };
+        let mut fd = match registered {
+            Ok(fd) => fd,
+            Err(e) => {
+                warn!(error = %e, "kernel log: cannot wait on its ring buffer; no kernel logs");
+                return;
+            }
+        };
+        loop {
+            match fd.readable_mut().await {
+                Ok(mut ready) => {
+                    ready.get_inner_mut().0.flush();
+                    ready.clear_ready();
+                }
+                Err(e) => {
+                    warn!(error = %e, "kernel log: waiting failed; no more kernel logs");
                     return;
                 }
-                logger.flush();
-                // Bound the wake-up rate whatever the kernel writes.
-                std::thread::sleep(Duration::from_millis(50));
             }
-        })
-        .expect("spawning the kernel-log thread");
+            // Bound the wake-up rate whatever the kernel writes.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
 }
 
 #[cfg(test)]
