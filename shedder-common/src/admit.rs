@@ -4,11 +4,11 @@
 //! Occupancy of a class = its established connections + its admitted-but-not-yet-established
 //! attempts. The order of the checks is the contract:
 //!
-//! 1. a class at its **ceiling** is shed, in every mode (seed 000 R4: critical means
-//!    unsheddable by pressure, not unbounded);
+//! 1. a class at its **ceiling** is shed, in every mode (critical means unsheddable by
+//!    pressure, not unbounded: a flood marked critical must still be bounded);
 //! 2. **CRITICAL** below its ceiling is admitted: it is never shed by pressure;
 //! 3. a class below its **floor** is admitted whatever the service's pressure, so a class
-//!    with a floor is never starved (seed 000 §7);
+//!    with a floor is never starved;
 //! 4. a class at its **share** of the service limit is shed;
 //! 5. when the **service** is at its total limit, the attempt is shed;
 //! 6. otherwise it is admitted (the token bucket, if any, is checked afterwards).

@@ -1,6 +1,7 @@
 //! Internet checksums of the RST|ACK the packet path sends back, computed from the header
 //! fields (not from packet memory, and not incrementally from the SYN's checksum: on veth a
-//! SYN may carry only the pseudo-header partial sum, see DESIGN.md).
+//! SYN may carry only the pseudo-header partial sum when checksum offload is on, so its
+//! checksum field cannot be trusted as a base).
 //!
 //! All 16-bit words are taken as big-endian numbers; the result is the value to store
 //! big-endian in the checksum field.

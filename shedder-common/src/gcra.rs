@@ -57,10 +57,10 @@ pub fn conform(tat: u64, now: u64, interval_ns: u64, burst_ns: u64) -> Option<u6
 mod tests {
     use super::*;
 
-    /// Seed 003's fixture: 200 tokens/s, 400 burst tokens, one token per request.
+    /// 200 tokens/s, 400 burst tokens, one token per request.
     /// A full bucket admits 400 requests immediately and takes two seconds to refill.
     #[test]
-    fn seed_003_bucket_200_per_second_burst_400() {
+    fn bucket_200_per_second_burst_400() {
         let p = BucketParams::new(200, 400).unwrap();
         assert_eq!(p.interval_ns, 5_000_000);
         let t0 = 1_000 * NS_PER_SEC;

@@ -49,7 +49,8 @@ pub const DEMOTED_SETS: u32 = 4096;
 /// Longest IPv6 extension-header chain walked before giving up (and passing).
 pub const MAX_IPV6_EXT_HEADERS: usize = 6;
 
-/// The four-level criticality ladder (seed 001). Lower id = more important.
+/// The four-level criticality ladder (CRITICAL, HIGH, MEDIUM, SHEDDABLE, as Google's SRE
+/// book names them). Lower id = more important.
 pub const NUM_CLASSES: usize = 4;
 pub const CLASS_CRITICAL: u32 = 0;
 pub const CLASS_HIGH: u32 = 1;
@@ -143,7 +144,8 @@ impl Default for ServiceCounters {
 }
 
 /// The class a retry is decided in: one level below the attempt's own (CRITICAL → HIGH →
-/// MEDIUM → SHEDDABLE; SHEDDABLE stays), so under load first attempts win (seed 001).
+/// MEDIUM → SHEDDABLE; SHEDDABLE stays), so under load first attempts win and a retry storm
+/// sheds itself first.
 /// `class` is taken modulo [`NUM_CLASSES`], as everywhere on the packet path.
 #[inline(always)]
 pub fn demote(class: u32) -> u32 {

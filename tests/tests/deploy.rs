@@ -1,8 +1,8 @@
 //! The deployment files in `deploy/` (no root needed): every metric and label the alert
-//! rules and the dashboard use is one the daemon exports (`shedder::api::metrics::names`); the
-//! alerts follow seed 000 R6 (page on floor-class shedding and on goodput, never on the
-//! best-effort shedding level); the example configuration validates and documents every
-//! option; the systemd unit keeps what the daemon needs (capabilities, writable pins,
+//! rules and the dashboard use is one the daemon exports (`shedder::api::metrics::names`);
+//! the alerts page on floor-class shedding and on goodput, never on the best-effort
+//! shedding level, which is shedding doing its job; the example configuration validates
+//! and documents every option; the systemd unit keeps what the daemon needs (capabilities, writable pins,
 //! reload by SIGHUP, restart).
 
 use std::{
@@ -662,7 +662,7 @@ fn alerts_follow_r6_page_on_floor_classes_and_goodput_never_on_the_shedding_leve
             for classes in &sheds {
                 if !floor_only(classes) {
                     errors.push(format!(
-                        "{name} pages on shedding of {classes:?}: only {FLOOR_CLASSES:?} may page (R6)\n    in: {}",
+                        "{name} pages on shedding of {classes:?}: only {FLOOR_CLASSES:?} may page\n    in: {}",
                         rule.expr.trim()
                     ));
                 }

@@ -100,7 +100,7 @@ pub fn allocate(total: u32, max_limit: u32, ladder: &Ladder) -> [ClassLimits; NU
 ///   whatever the total), so a class with a floor is never starved.
 ///
 /// `demand[c]` is the concurrency class `c` would use if none of it were shed
-/// (`f64::INFINITY` when unknown but unsatisfied). Seed 003: a 4,000-unit capacity with
+/// (`f64::INFINITY` when unknown but unsatisfied). For example, a 4,000-unit capacity with
 /// premium reserved 60% and free 40%, premium wanting 3,000 and free 6,000, gives 2,400 and
 /// 1,600; when premium wants only 1,200, free borrows the slack (2,800).
 pub fn allocate_for_demand(
@@ -151,9 +151,9 @@ pub fn class_demand(occupancy: u32, offered: f64, admitted: f64) -> f64 {
 mod tests {
     use super::*;
 
-    fn seed_000_ladder() -> Ladder {
+    fn example_ladder() -> Ladder {
         // critical never shed (ceiling 5%), paid (high) floor 60%, free (medium) floor 5%,
-        // batch (sheddable) no floor: seed 000 §7.
+        // batch (sheddable) no floor.
         Ladder {
             floor: [0.0, 0.60, 0.05, 0.0],
             ceiling: [0.05, 1.0, 1.0, 1.0],
@@ -161,8 +161,8 @@ mod tests {
     }
 
     #[test]
-    fn seed_000_table() {
-        let a = allocate(100, 1000, &seed_000_ladder());
+    fn the_example_ladder_splits_as_priority_says() {
+        let a = allocate(100, 1000, &example_ladder());
         assert_eq!(
             a[0],
             ClassLimits {
@@ -204,7 +204,7 @@ mod tests {
     }
 
     #[test]
-    fn seed_003_premium_and_free_reservations() {
+    fn reservations_split_by_demand_and_lend_their_slack() {
         // Capacity 4,000 units; premium (high) reserved 60%, free (medium) 40%.
         let ladder = Ladder {
             floor: [0.0, 0.60, 0.40, 0.0],
@@ -221,10 +221,10 @@ mod tests {
     }
 
     #[test]
-    fn seed_000_table_under_overload() {
+    fn the_example_ladder_under_overload() {
         // Every class wants more than the service has.
         let inf = f64::INFINITY;
-        let a = allocate_for_demand(100, 1000, &seed_000_ladder(), &[inf; 4]);
+        let a = allocate_for_demand(100, 1000, &example_ladder(), &[inf; 4]);
         assert_eq!(
             a[0].ceiling, 50,
             "critical: never shed by pressure, bounded by its ceiling"
@@ -241,11 +241,11 @@ mod tests {
         );
         assert_eq!((a[3].floor, a[3].share), (0, 0), "batch: shed first");
         // Batch alone wants capacity: it gets what the others leave.
-        let a = allocate_for_demand(100, 1000, &seed_000_ladder(), &[0.0, 10.0, 3.0, inf]);
+        let a = allocate_for_demand(100, 1000, &example_ladder(), &[0.0, 10.0, 3.0, inf]);
         assert_eq!(a[3].share, 87, "100 - 10 - 3");
         // Little demand: headroom for everybody, less what the classes above want and
         // the reservations in use below.
-        let a = allocate_for_demand(100, 1000, &seed_000_ladder(), &[0.0, 10.0, 3.0, 2.0]);
+        let a = allocate_for_demand(100, 1000, &example_ladder(), &[0.0, 10.0, 3.0, 2.0]);
         assert_eq!((a[1].share, a[2].share, a[3].share), (97, 90, 87));
     }
 
@@ -256,10 +256,10 @@ mod tests {
         // HIGH and MEDIUM keep room to grow past their last occupancy; only SHEDDABLE is
         // held to what they leave.
         let inf = f64::INFINITY;
-        let a = allocate_for_demand(10, 64, &seed_000_ladder(), &[0.0, 1.3, 1.2, inf]);
+        let a = allocate_for_demand(10, 64, &example_ladder(), &[0.0, 1.3, 1.2, inf]);
         assert_eq!((a[1].share, a[2].share, a[3].share), (9, 8, 7));
         // Unknown MEDIUM demand squeezes SHEDDABLE, not HIGH.
-        let a = allocate_for_demand(10, 64, &seed_000_ladder(), &[0.0, 1.3, inf, 2.0]);
+        let a = allocate_for_demand(10, 64, &example_ladder(), &[0.0, 1.3, inf, 2.0]);
         assert_eq!((a[1].share, a[2].share, a[3].share), (9, 8, 0));
     }
 
@@ -273,7 +273,7 @@ mod tests {
 
     #[test]
     fn a_class_with_a_floor_is_never_starved() {
-        let a = allocate(8, 4000, &seed_000_ladder());
+        let a = allocate(8, 4000, &example_ladder());
         // 5% of 8 rounds down to 0, but a class with a floor keeps one connection.
         assert_eq!(a[2].floor, 1);
         assert!(a.iter().skip(1).all(|c| c.share >= c.floor));

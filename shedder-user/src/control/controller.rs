@@ -5,7 +5,7 @@
 //!
 //! | signal | role | used as |
 //! |---|---|---|
-//! | accept-queue age | primary pressure signal (seed 000: shed on queue wait) | part of the delay compared with the target |
+//! | accept-queue age | primary pressure signal (time waiting is the earliest sign of overload) | part of the delay compared with the target |
 //! | response latency | health signal | the other part of the delay |
 //! | listen overflows | failure signal | an immediate multiplicative cut |
 //! | cgroup CPU pressure | secondary signal | blocks increases while high |
@@ -23,7 +23,8 @@
 //! - the limit is clamped to `[min, max]`, where `max` is the configured hard ceiling, or
 //!   Little's law (`target_rps × target latency × 1.5`) when a target rate is configured;
 //! - a window with too few samples, or missing signals, freezes the limit; once signals have
-//!   been missing for `stale_after`, the limit moves to the fallback limit (seed 004);
+//!   been missing for `stale_after`, the limit moves to the fallback limit (a controller blind for that long must not
+//!   hold a limit it can no longer justify);
 //! - the mode (normal / shedding / recovering) changes with hysteresis.
 
 use std::time::Duration;
@@ -44,7 +45,7 @@ pub struct Bounds {
 
 impl Bounds {
     /// The hard ceiling: the configured maximum, lowered by Little's law when a target rate
-    /// is known (the concurrency the SLO can support at that rate, with 50% headroom; R1).
+    /// is known (the concurrency the SLO can support at that rate, with 50% headroom).
     pub fn new(
         min: u32,
         max: u32,
@@ -336,7 +337,7 @@ fn delay_signal(obs: &Observation) -> Signal {
     }
 }
 
-/// AIMD as seed 000 §6 with revision R1: `+1` only when the delay is under the target and
+/// AIMD: `+1` only when the delay is under the target and
 /// the service is near its limit (in-flight ≥ 0.9 × limit); `× 0.8` when the delay exceeds
 /// twice the target or the listen queue overflowed — `× 0.5` for the first cut after a quiet
 /// period (mode normal), because a limit that grew while calm is likely badly wrong; idle
@@ -452,7 +453,7 @@ impl Controller for Aimd {
 }
 
 impl Aimd {
-    /// R1: the first cut after a quiet period halves the limit; later ones take 20%.
+    /// The first cut after a quiet period halves the limit; later ones take 20%.
     fn cut_factor(&self) -> f64 {
         if self.guard.mode == Mode::Normal {
             0.5
@@ -467,7 +468,7 @@ impl Aimd {
     }
 }
 
-/// Gradient2 as documented for Netflix's concurrency-limits and in seed 003: the gradient
+/// Gradient2 as Netflix's concurrency-limits library describes it: the gradient
 /// `clamp(tolerance × long-term delay / current delay, 0.5, 1)` scales the limit, a queue
 /// allowance of `√limit` is added, and the result is smoothed
 /// (`new = limit × (1 − smoothing) + target × smoothing`). With long 20 ms, current 50 ms,
@@ -600,8 +601,8 @@ impl Controller for Gradient2 {
     }
 }
 
-/// A constant limit (a static limit measured by load testing; seed 000 §10's flip
-/// condition). Still reports the mode.
+/// A constant limit (a static limit measured by load testing, for a service whose
+/// capacity is known and stable, where adapting buys nothing). Still reports the mode.
 #[derive(Clone, Debug)]
 pub struct Fixed {
     limit: u32,
@@ -685,7 +686,7 @@ mod tests {
             (100, 101, Action::Increase)
         );
         assert_eq!(d.signal, Signal::QueueAge);
-        // Healthy but not saturated (89 < 0.9 × 101): no growth (the R1 guard).
+        // Healthy but not saturated (89 < 0.9 × 101): no growth (the near-the-limit guard).
         let d = c.update(&obs(200, 50.0, 89));
         assert_eq!(d.action, Action::Hold);
         assert_eq!(d.limit, 101);
@@ -793,7 +794,7 @@ mod tests {
     }
 
     #[test]
-    fn gradient2_seed_003_example() {
+    fn gradient2_worked_example() {
         let g = Gradient2::new(
             Bounds::new(1, 1000, 10, None, TARGET),
             Tuning::new(TARGET),

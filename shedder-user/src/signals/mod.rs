@@ -103,7 +103,7 @@ pub struct ClassRates {
 }
 
 /// Retries against shed attempts over the signal window: whether shedding reduced demand
-/// or the refused clients came back (seed 001).
+/// or the refused clients came back (a retry storm: refusals that turn into more demand).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RetryWindow {
     /// Width of the window: the same ticks as the percentiles, fewer just after a start
@@ -856,7 +856,7 @@ mod tests {
 
     #[test]
     fn signals_without_the_retry_fields_still_parse() {
-        // A daemon from before issue 7 reports neither `retry` nor the per-class
+        // A daemon from before retries were counted reports neither `retry` nor the per-class
         // retransmit and retry rates.
         let rates: ClassRates = serde_json::from_str(
             r#"{"offered": 1.0, "admitted": 1.0, "shed": 0.0, "dry_run": 0.0}"#,

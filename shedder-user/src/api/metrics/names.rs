@@ -1,6 +1,7 @@
 //! Every metric the daemon exports (OpenMetrics text on `daemon.metrics_listen`), with its
 //! type and labels. Labels take only configured names (services, classes, interfaces,
-//! programs) and fixed enumerations — never client addresses or ports (seed 004).
+//! programs) and fixed enumerations — never client addresses or ports, which would make the label
+//! sets unbounded and put client data into the monitoring system.
 //!
 //! The alert rules and the dashboard in `deploy/` use these names; a test checks them.
 
@@ -160,7 +161,7 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "shedder_program_ns_per_run",
         "gauge",
         &["program"],
-        "Mean cost of one run over the last tick: the cost of saying no (seed 001).",
+        "Mean cost of one run over the last tick: the cost of saying no.",
     ),
     (
         "shedder_kernel_events",

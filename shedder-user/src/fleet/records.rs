@@ -1,0 +1,42 @@
+//! What the fleet keeps in etcd: member records and departed reservations.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The value of a member key.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub node: String,
+    /// Service name → claim.
+    pub claims: BTreeMap<String, u32>,
+    /// Service name → the `global_limit` this node is configured with. Nodes whose
+    /// configurations disagree all use the smallest.
+    #[serde(default)]
+    pub global_limits: BTreeMap<String, u32>,
+    /// Set by a node stopping cleanly just before it revokes its lease: it is not serving
+    /// any more, so the others reserve nothing for it.
+    #[serde(default)]
+    pub leaving: bool,
+    pub pid: u32,
+    pub version: String,
+}
+
+/// The value of a departed key (`<prefix>/departed/<node>`, no lease): a member whose lease
+/// expired without its leaving cleanly. It may be dead, or alive and cut off from etcd,
+/// holding its static share; the others keep that share free for it until it registers
+/// again (which deletes the key) or `reserve_departed_s` has passed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Departed {
+    pub node: String,
+    /// Service name → the connections reserved (its static share).
+    pub reserves: BTreeMap<String, u32>,
+    /// When its lease expired (ms since the Unix epoch, by the clock of the node that saw it).
+    pub since_unix_ms: u64,
+}
+
+pub(super) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,66 @@
+//! What this node knows of the fleet, for `shedder status` and the metrics, and what the
+//! daemon tells the agent each tick.
+
+use serde::{Deserialize, Serialize};
+
+/// A service's state on this node, for `shedder status` and the metrics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServiceShare {
+    pub service: String,
+    pub global_limit: u32,
+    /// `⌊global_limit × safety⌋`.
+    pub budget: u32,
+    /// Live members protecting a service of this name (this node included once joined).
+    pub members: u32,
+    /// This node's share of the budget: `⌊budget / members⌋`, at most its max_limit.
+    pub target: u32,
+    /// The ceiling in force on this node.
+    pub ceiling: u32,
+    /// What this node last published as its claim.
+    pub claim: u32,
+    /// The other members' claims.
+    pub others: u32,
+    /// Kept free for departed members that may still be serving, cut off (their static
+    /// shares).
+    #[serde(default)]
+    pub reserved: u32,
+    /// What this node holds when cut off from etcd.
+    pub static_share: u32,
+}
+
+/// The fleet as this node sees it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FleetState {
+    pub node: String,
+    pub prefix: String,
+    pub endpoints: Vec<String>,
+    /// `joining` (not registered yet), `member`, `fail-static` (etcd unreachable, last
+    /// ceilings kept), `static` (etcd unreachable for longer than fail_static).
+    pub standing: String,
+    /// Whether the last etcd exchange succeeded.
+    pub etcd_up: bool,
+    /// Seconds since etcd last answered (`None`: never).
+    pub etcd_last_contact_s: Option<f64>,
+    pub etcd_errors: u64,
+    pub last_error: Option<String>,
+    pub lease_id: Option<i64>,
+    pub lease_ttl_s: u64,
+    /// Live members' node names.
+    pub members: Vec<String>,
+    /// Departed members whose static share is still reserved.
+    #[serde(default)]
+    pub departed: Vec<String>,
+    pub services: Vec<ServiceShare>,
+}
+
+/// What the fleet allows this node for one service (held by the decorator that applies it).
+pub use crate::control::capped::Cap;
+
+/// What the daemon tells the fleet thread about one service each tick.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The total limit written in the kernel.
+    pub applied: u32,
+    /// Connections held (established + admitted, not yet established).
+    pub occupancy: u32,
+}
