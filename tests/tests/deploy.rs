@@ -2,8 +2,8 @@
 //! rules and the dashboard use is one the daemon exports (`shedder::api::metrics::names`);
 //! the alerts page on floor-class shedding and on goodput, never on the best-effort
 //! shedding level, which is shedding doing its job; the example configuration validates
-//! and documents every option; the systemd unit keeps what the daemon needs (capabilities, writable pins,
-//! reload by SIGHUP, restart).
+//! and documents every option; the systemd unit keeps what the daemon needs
+//! (capabilities, writable pins, reload by SIGHUP, restart).
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -23,8 +23,8 @@
 //! - the limit is clamped to `[min, max]`, where `max` is the configured hard ceiling, or
 //!   Little's law (`target_rps × target latency × 1.5`) when a target rate is configured;
 //! - a window with too few samples, or missing signals, freezes the limit; once signals have
-//!   been missing for `stale_after`, the limit moves to the fallback limit (a controller blind for that long must not
-//!   hold a limit it can no longer justify);
+//!   been missing for `stale_after`, the limit moves to the fallback limit (a controller
+//!   blind for that long must not hold a limit it can no longer justify);
 //! - the mode (normal / shedding / recovering) changes with hysteresis.
 
 use std::time::Duration;
