@@ -272,9 +272,13 @@ pub fn render(state: &State) -> String {
             .map_or(String::new(), |c| format!("  fleet ceiling {c}"));
         let _ = writeln!(
             out,
-            "{} (ports {:?})  {}  mode {}  limit {} [{}..{}], fallback {}{fleet}{ov}",
+            "{} (ports {})  {}  mode {}  limit {} [{}..{}], fallback {}{fleet}{ov}",
             s.name,
-            s.ports,
+            s.ports
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
             s.controller,
             s.mode.as_str(),
             s.limit,
@@ -294,9 +298,9 @@ pub fn render(state: &State) -> String {
         if let Some(d) = &s.decision {
             let _ = writeln!(
                 out,
-                "  last decision: {:?} on {:?}{}",
+                "  last decision: {} on {}{}",
                 d.action,
-                d.signal,
+                d.signal.as_str(),
                 d.delay_ms
                     .map_or(String::new(), |v| format!(" (delay {v:.1} ms)"))
             );

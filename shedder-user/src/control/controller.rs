@@ -130,6 +130,22 @@ pub enum Signal {
     Configured,
 }
 
+impl Signal {
+    /// The name the API and the metrics use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::QueueAge => "queue_age",
+            Self::Latency => "latency",
+            Self::ListenOverflow => "listen_overflow",
+            Self::CpuPressure => "cpu_pressure",
+            Self::Idle => "idle",
+            Self::NoData => "no_data",
+            Self::None => "none",
+            Self::Configured => "configured",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Action {
@@ -139,6 +155,20 @@ pub enum Action {
     Hold,
     Freeze,
     Fallback,
+}
+
+/// As an operator reads it: `increase`, `decrease x0.8`, `decay`, …
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Increase => f.write_str("increase"),
+            Self::Decrease { factor } => write!(f, "decrease x{factor}"),
+            Self::Decay => f.write_str("decay"),
+            Self::Hold => f.write_str("hold"),
+            Self::Freeze => f.write_str("freeze"),
+            Self::Fallback => f.write_str("fallback"),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -653,6 +683,29 @@ impl Controller for Fixed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signal_names_are_the_api_names() {
+        for s in [
+            Signal::QueueAge,
+            Signal::Latency,
+            Signal::ListenOverflow,
+            Signal::CpuPressure,
+            Signal::Idle,
+            Signal::NoData,
+            Signal::None,
+            Signal::Configured,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&s).unwrap(),
+                format!("\"{}\"", s.as_str())
+            );
+        }
+        assert_eq!(
+            Action::Decrease { factor: 0.8 }.to_string(),
+            "decrease x0.8"
+        );
+    }
 
     const TARGET: Duration = Duration::from_millis(100);
 

@@ -322,8 +322,8 @@ impl ServiceControl {
                 controller = self.limiter.name(),
                 limit = d.limit,
                 previous = d.previous,
-                action = ?d.action,
-                signal = ?d.signal,
+                action = %d.action,
+                signal = d.signal.as_str(),
                 delay_ms = d.delay_ms.map(|v| (v * 10.0).round() / 10.0),
                 mode = d.mode.as_str(),
                 "limit changed"
