@@ -7,6 +7,8 @@
 //!   a *required* key is required; its ```toml examples parse.
 //! - `deploy/shedder.toml` uses exactly the documented keys, counting the commented-out
 //!   `# key = value` examples and the keys inside inline tables.
+//! - Every relative link in `README.md`, `CHANGELOG.md`, `docs/*.md` and `deploy/*.md`
+//!   points to a file that exists and, with a `#fragment`, to a heading in it.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -647,5 +649,140 @@ fn the_example_reader_reads_commented_keys_and_skips_prose() {
     assert_eq!(
         normalise("service.rate.sheddable.burst"),
         ("service.rate.<class>".into(), "burst".into())
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Links.
+
+/// The anchors GitHub gives a Markdown file's headings: lower case, punctuation removed,
+/// spaces as `-`, a repeated heading suffixed `-1`, `-2`, ….
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut out = BTreeSet::new();
+    let mut in_fence = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+        }
+        if in_fence || !line.starts_with('#') {
+            continue;
+        }
+        let title = line.trim_start_matches('#').trim();
+        let slug: String = title
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let n = seen.entry(slug.clone()).or_default();
+        out.insert(if *n == 0 {
+            slug.clone()
+        } else {
+            format!("{slug}-{n}")
+        });
+        *n += 1;
+    }
+    out
+}
+
+/// The targets of `[text](target)` links outside code, with their line.
+fn links(text: &str) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    let mut in_fence = false;
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+            continue;
+        }
+        if in_fence {
+            continue;
+        }
+        // Code spans hold no links.
+        let prose: String = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+        let mut rest = prose.as_str();
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            out.push((after[..end].trim().to_string(), i + 1));
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+fn markdown_files() -> Vec<String> {
+    let mut files = vec!["README.md".to_string(), "CHANGELOG.md".to_string()];
+    for dir in ["docs", "deploy"] {
+        let mut in_dir: Vec<String> = std::fs::read_dir(root().join(dir))
+            .unwrap_or_else(|e| panic!("{dir}: {e}"))
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".md"))
+            .map(|n| format!("{dir}/{n}"))
+            .collect();
+        in_dir.sort();
+        files.extend(in_dir);
+    }
+    files
+}
+
+#[test]
+fn relative_links_point_to_existing_files_and_headings() {
+    let mut errors = Vec::new();
+    let mut count = 0;
+    for file in markdown_files() {
+        let text = read(&file);
+        let dir = Path::new(&file).parent().unwrap_or(Path::new(""));
+        for (target, line) in links(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            count += 1;
+            let (path, fragment) = target.split_once('#').unwrap_or((&target, ""));
+            let rel = if path.is_empty() {
+                PathBuf::from(&file)
+            } else {
+                dir.join(path)
+            };
+            let abs = root().join(&rel);
+            if !abs.exists() {
+                errors.push(format!(
+                    "{file}:{line}: ({target}): {} does not exist",
+                    rel.display()
+                ));
+                continue;
+            }
+            if fragment.is_empty() {
+                continue;
+            }
+            let Ok(target_text) = std::fs::read_to_string(&abs) else {
+                errors.push(format!("{file}:{line}: ({target}): not a text file"));
+                continue;
+            };
+            if !anchors(&target_text).contains(fragment) {
+                errors.push(format!(
+                    "{file}:{line}: ({target}): no heading #{fragment} in {}",
+                    rel.display()
+                ));
+            }
+        }
+    }
+    assert!(count >= 10, "only {count} relative links found");
+    fail(&errors);
+}
+
+#[test]
+fn anchors_are_github_slugs() {
+    let a = anchors(
+        "# Fleet mode: sharing one downstream\n## `[daemon]`\n## Map sizes\n## Map sizes\n",
+    );
+    assert_eq!(
+        a,
+        BTreeSet::from([
+            "fleet-mode-sharing-one-downstream".to_string(),
+            "daemon".to_string(),
+            "map-sizes".to_string(),
+            "map-sizes-1".to_string(),
+        ])
     );
 }
