@@ -623,29 +623,30 @@ pub struct ClassRule {
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<Globals>() == 56);
-    assert!(core::mem::size_of::<ClassPolicy>() == 40);
-    assert!(core::mem::size_of::<ServicePolicy>() == 184);
-    assert!(core::mem::size_of::<table::Set>() == 64);
-    assert!(core::mem::size_of::<Inflight>() == 16);
-    assert!(core::mem::size_of::<PendingSlot>() == 40);
-    assert!(core::mem::size_of::<Pending>() == 80);
-    assert!(core::mem::size_of::<Bucket>() == 8);
-    assert!(core::mem::size_of::<ServiceAddrKey>() == 20);
-    assert!(core::mem::size_of::<ClassRule>() == 4);
-    assert!(core::mem::size_of::<ClassBlock>() == 256);
-    assert!(core::mem::size_of::<SockState>() == 24);
-    assert!(core::mem::size_of::<SeedSock>() == 40);
-    assert!(core::mem::size_of::<SeedResult>() == 16);
+    assert!(size_of::<Globals>() == 56);
+    assert!(size_of::<ClassPolicy>() == 40);
+    assert!(size_of::<ServicePolicy>() == 184);
+    assert!(size_of::<table::Set>() == 64);
+    assert!(size_of::<Inflight>() == 16);
+    assert!(size_of::<PendingSlot>() == 40);
+    assert!(size_of::<Pending>() == 80);
+    assert!(size_of::<Bucket>() == 8);
+    assert!(size_of::<ServiceAddrKey>() == 20);
+    assert!(size_of::<ClassRule>() == 4);
+    assert!(size_of::<ClassBlock>() == 256);
+    assert!(size_of::<SockState>() == 24);
+    assert!(size_of::<SeedSock>() == 40);
+    assert!(size_of::<SeedResult>() == 16);
     assert!(COUNTERS_PER_SERVICE.is_power_of_two());
     assert!(NUM_CLASSES.is_power_of_two());
 };
 
 #[cfg(feature = "user")]
+// SAFETY (every impl below): all of these are #[repr(C)] plain integers with explicit
+// padding fields, so every bit pattern is valid and there are no uninitialised bytes.
+#[allow(clippy::undocumented_unsafe_blocks)]
 mod pod {
     use super::*;
-    // SAFETY: all of these are #[repr(C)] plain integers with explicit padding fields,
-    // so every bit pattern is valid and there are no uninitialised bytes.
     unsafe impl aya::Pod for Globals {}
     unsafe impl aya::Pod for ClassPolicy {}
     unsafe impl aya::Pod for ServicePolicy {}

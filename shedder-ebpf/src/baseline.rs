@@ -11,6 +11,6 @@ pub fn baseline_xdp(_ctx: XdpContext) -> u32 {
 
 #[cfg(not(test))]
 #[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
+fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
     loop {}
 }

@@ -9,6 +9,11 @@
 #![no_std]
 #![no_main]
 #![feature(asm_experimental_arch)]
+// Every map access, helper call and packet read here is `unsafe` by the API's design, and
+// each is proven safe by the kernel verifier at load time (bounds against `data_end`,
+// null checks on lookups); a comment on each would repeat that. The bounds checks
+// themselves are in `parse.rs`.
+#![allow(clippy::undocumented_unsafe_blocks)]
 
 mod atomic;
 mod opaque;
@@ -166,7 +171,7 @@ pub fn shedder_seed(ctx: *mut c_void) -> i32 {
             bpf_seq_write(
                 seq as *mut _,
                 (&raw const result).cast(),
-                core::mem::size_of::<shedder_common::SeedResult>() as u32,
+                size_of::<shedder_common::SeedResult>() as u32,
             )
         };
     }
@@ -175,6 +180,6 @@ pub fn shedder_seed(ctx: *mut c_void) -> i32 {
 
 #[cfg(not(test))]
 #[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
+fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
     loop {}
 }

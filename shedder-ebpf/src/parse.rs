@@ -7,8 +7,6 @@
 //! access (x86-64, arm64); where it does not, the verifier rejects the program at load time
 //! with a clear error rather than misbehaving.
 
-use core::mem;
-
 use shedder_common::{
     MAX_IPV6_EXT_HEADERS,
     csum::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
@@ -58,7 +56,7 @@ pub struct Syn {
 #[inline(always)]
 pub fn ptr_at<T>(data: usize, data_end: usize, off: usize) -> Option<*const T> {
     let start = data + off;
-    if start + mem::size_of::<T>() > data_end {
+    if start + size_of::<T>() > data_end {
         return None;
     }
     Some(start as *const T)

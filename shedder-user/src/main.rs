@@ -406,8 +406,8 @@ fn run(cli: Cli) -> Result<u8> {
             match target.client()?.call("POST", "/shedding/detach", b"") {
                 Ok(_) => println!("the daemon is stopping and detaching"),
                 Err(ClientError::NotRunning(_)) => {
-                    let pins = shedder::kernel::pins::locate(&pin_dir)
-                        .context("finding the bpf filesystem")?;
+                    let pins =
+                        kernel::pins::locate(&pin_dir).context("finding the bpf filesystem")?;
                     let detached = kernel::unpin_all(&pins.path)
                         .with_context(|| format!("removing pins under {}", pin_dir.display()))?;
                     if detached.is_empty() {
@@ -495,9 +495,8 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
             config.display()
         )));
     }
-    let pins =
-        shedder::kernel::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
-    if let shedder::kernel::pins::Durability::Private(why) = &pins.durability {
+    let pins = kernel::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
+    if let kernel::pins::Durability::Private(why) = &pins.durability {
         bail!(
             "the pins under {} would die when this command exits ({why}), and the programs \
              with them: run it in the host's mount namespace (e.g. `nsenter \
@@ -513,7 +512,7 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
         .collect::<Result<Vec<_>>>()?;
     let mut shedder = Shedder::load_pinned(pin_dir, false).context("loading the eBPF programs")?;
     let hz = shedder
-        .calibrate_hz(std::time::Duration::from_millis(100))
+        .calibrate_hz(Duration::from_millis(100))
         .context("reading the kernel clock")?;
     shedder
         .apply(&compile(&cfg, hz))
@@ -527,7 +526,7 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
         tracing::warn!("{note}");
     }
     // Its warning is logged (and there is no status to show it in).
-    let _ = shedder::kernel::seed::seed_and_report(&mut shedder, &cfg);
+    let _ = kernel::seed::seed_and_report(&mut shedder, &cfg);
     for (iface, mode) in interfaces.iter().zip(modes) {
         if pin_dir.join("links").join(iface).exists() {
             println!("{iface}: already attached (pinned link kept; policy updated)");
@@ -549,8 +548,7 @@ fn attach(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Res
 
 fn counters(config: PathBuf, json: bool) -> Result<()> {
     let cfg = load_config(&config)?;
-    let pins =
-        shedder::kernel::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
+    let pins = kernel::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
     let pin_dir = &pins.path;
     if !pin_dir.join("maps").exists() {
         bail!("nothing is attached: no maps under {}", pins.describe());
@@ -663,7 +661,7 @@ mod tests {
             assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp, "{argv:?}");
             text.push_str(&format!("==> {}\n{}\n", argv.join(" "), err.render()));
         }
-        crate::golden::check("help.txt", &text);
+        golden::check("help.txt", &text);
     }
 
     #[test]

@@ -736,7 +736,7 @@ fn bind_address_no_port(fd: &impl AsRawFd) {
             libc::SOL_IP,
             libc::IP_BIND_ADDRESS_NO_PORT,
             &one as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
 }

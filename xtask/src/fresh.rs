@@ -479,6 +479,7 @@ fn fs_magic(path: &Path) -> Option<i64> {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
     // SAFETY: a zeroed statfs is a valid out-parameter; the path is NUL-terminated.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `st` is valid and writable.
     let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
     (rc == 0).then_some(st.f_type as i64)
 }

@@ -146,6 +146,7 @@ pub fn authorized(peer: &Peer, group: Option<u32>) -> bool {
 pub fn group_id(name: &str) -> io::Result<u32> {
     let c = CString::new(name).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: a zeroed group is a valid out-parameter for getgrnam_r.
     let mut grp: libc::group = unsafe { std::mem::zeroed() };
     let mut result: *mut libc::group = std::ptr::null_mut();
     // SAFETY: valid buffers; result is checked before use.
@@ -173,7 +174,7 @@ fn peer_of(stream: &impl AsRawFd) -> io::Result<Peer> {
         uid: 0,
         gid: 0,
     };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: cred and len describe a valid ucred buffer.
     let rc = unsafe {
         libc::getsockopt(
@@ -200,7 +201,7 @@ fn peer_groups(stream: &impl AsRawFd) -> io::Result<Vec<u32>> {
     const SO_PEERGROUPS: libc::c_int = 59;
     let mut groups = vec![0 as libc::gid_t; 64];
     loop {
-        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        let mut len = (groups.len() * size_of::<libc::gid_t>()) as libc::socklen_t;
         // SAFETY: `groups` has room for `len` bytes.
         let rc = unsafe {
             libc::getsockopt(
@@ -211,7 +212,7 @@ fn peer_groups(stream: &impl AsRawFd) -> io::Result<Vec<u32>> {
                 &mut len,
             )
         };
-        let n = len as usize / std::mem::size_of::<libc::gid_t>();
+        let n = len as usize / size_of::<libc::gid_t>();
         if rc == 0 {
             groups.truncate(n);
             return Ok(groups);
@@ -393,27 +394,20 @@ pub struct Client {
 }
 
 /// Why a call failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// Nothing listens there.
+    #[error("{0}")]
     NotRunning(String),
     /// The socket refused us (file permissions or the peer check).
+    #[error("{0}")]
     Denied(String),
     /// The daemon answered with an error.
+    #[error("{}", .0.error)]
     Api(ApiError),
+    #[error("{0}")]
     Io(String),
 }
-
-impl std::fmt::Display for ClientError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::NotRunning(s) | Self::Denied(s) | Self::Io(s) => f.write_str(s),
-            Self::Api(e) => f.write_str(&e.error),
-        }
-    }
-}
-
-impl std::error::Error for ClientError {}
 
 impl Client {
     pub fn new(socket: impl Into<PathBuf>) -> Self {

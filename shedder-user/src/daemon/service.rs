@@ -140,14 +140,14 @@ impl ServiceControl {
 
     /// The policy for a total of `limit`: the service's configuration under the fleet's
     /// cap, split among the classes by the last demand.
-    fn policy(&self, ctx: Context, limit: u32) -> ServicePolicy {
+    fn policy(&self, ctx: Context<'_>, limit: u32) -> ServicePolicy {
         let s = self.limiter.service(&self.cfg);
         service_policy(&s, ctx.ladder, limit, self.demand.as_ref(), ctx.hz)
     }
 
     /// The policy in force now, as a start or a reload writes it with everything else; it
     /// counts as written.
-    pub fn initial_policy(&mut self, ctx: Context) -> ServicePolicy {
+    pub fn initial_policy(&mut self, ctx: Context<'_>) -> ServicePolicy {
         let policy = self.policy(ctx, self.limit_in_force());
         self.written = Some(policy);
         policy
@@ -156,7 +156,12 @@ impl ServiceControl {
     /// Write the policy for `limit` if it differs from what the kernel holds. The whole
     /// policy is rebuilt from the configuration, so nothing configured is lost when only
     /// the limit changes.
-    fn write(&mut self, w: &mut impl MapWriter, ctx: Context, limit: u32) -> kernel::Result<()> {
+    fn write(
+        &mut self,
+        w: &mut impl MapWriter,
+        ctx: Context<'_>,
+        limit: u32,
+    ) -> kernel::Result<()> {
         let policy = self.policy(ctx, limit);
         if self.written != Some(policy) {
             w.write_policy(self.id, &policy)?;
@@ -169,7 +174,7 @@ impl ServiceControl {
     pub fn tick_signals(
         &mut self,
         w: &mut impl MapWriter,
-        ctx: Context,
+        ctx: Context<'_>,
         sig: &Signals,
         now: Duration,
         cap: Option<Cap>,
@@ -184,7 +189,7 @@ impl ServiceControl {
     pub fn tick(
         &mut self,
         w: &mut impl MapWriter,
-        ctx: Context,
+        ctx: Context<'_>,
         obs: &Observation,
         demand: Option<[f64; NUM_CLASSES]>,
         cap: Option<Cap>,
@@ -216,7 +221,7 @@ impl ServiceControl {
     pub fn set_override(
         &mut self,
         w: &mut impl MapWriter,
-        ctx: Context,
+        ctx: Context<'_>,
         req: &overridden::Request,
         now: Duration,
         (by, reason): (String, Option<String>),
@@ -243,7 +248,7 @@ impl ServiceControl {
     pub fn clear_override(
         &mut self,
         w: &mut impl MapWriter,
-        ctx: Context,
+        ctx: Context<'_>,
     ) -> kernel::Result<Option<Override>> {
         let cleared = self.limiter.inner_mut().clear();
         if cleared.is_some() {
@@ -428,7 +433,7 @@ mod tests {
         floor: [0.0; NUM_CLASSES],
         ceiling: [1.0; NUM_CLASSES],
     };
-    const CTX: Context = Context {
+    const CTX: Context<'static> = Context {
         ladder: &LADDER,
         hz: 250,
     };

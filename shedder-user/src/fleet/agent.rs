@@ -258,7 +258,7 @@ impl Agent {
     async fn timed<T>(
         &self,
         what: &str,
-        f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+        f: impl Future<Output = Result<T, etcd_client::Error>>,
     ) -> Result<T> {
         let v = self.bounded(what, f).await?;
         self.contact();
@@ -269,7 +269,7 @@ impl Agent {
     async fn bounded<T>(
         &self,
         what: &str,
-        f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+        f: impl Future<Output = Result<T, etcd_client::Error>>,
     ) -> Result<T> {
         match tokio::time::timeout(self.s.timeout, f).await {
             Ok(Ok(v)) => Ok(v),

@@ -209,6 +209,7 @@ fn mount_bpffs_in(pid: u32, point: &Path) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     if child == 0 {
+        // SAFETY: the forked child only calls async-signal-safe functions, then exits.
         unsafe {
             if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
                 libc::_exit(10 + *libc::__errno_location());

@@ -364,7 +364,7 @@ impl Shedder {
 
 /// The seeding iterator's output: one [`SeedResult`] per socket it found.
 pub fn parse_seed_results(bytes: &[u8]) -> Vec<SeedResult> {
-    const N: usize = core::mem::size_of::<SeedResult>();
+    const N: usize = size_of::<SeedResult>();
     bytes
         .chunks_exact(N)
         .map(|c| {

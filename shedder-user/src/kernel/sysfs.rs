@@ -14,6 +14,7 @@ pub fn fs_magic(path: &Path) -> io::Result<i64> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     // SAFETY: zeroed statfs is a valid out-parameter; the path is NUL-terminated.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         return Err(io::Error::last_os_error());
     }

@@ -6,7 +6,7 @@ use shedder_common::programs;
 /// programs read (see `shedder_common::tp`). A missing optional tracepoint (see
 /// [`programs::OPTIONAL_TRACEPOINTS`]) is returned, not an error; a missing required one, or
 /// any with another layout, is an error.
-pub fn check_tracepoint_formats() -> std::result::Result<Vec<&'static str>, String> {
+pub fn check_tracepoint_formats() -> Result<Vec<&'static str>, String> {
     use shedder_common::tp;
     /// (field, offset, size) as in `shedder_common::tp`.
     type Layout = [(&'static str, usize, usize)];

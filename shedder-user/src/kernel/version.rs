@@ -59,6 +59,7 @@ pub fn running_kernel() -> Option<KernelVersion> {
 pub fn kernel_release() -> io::Result<String> {
     // SAFETY: utsname is plain data; uname fills it.
     let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `uts` is a valid, writable utsname.
     if unsafe { libc::uname(&mut uts) } != 0 {
         return Err(io::Error::last_os_error());
     }

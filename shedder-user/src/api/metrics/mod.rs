@@ -68,7 +68,7 @@ fn one_label<T>(
 }
 
 fn family<F>(
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
     kind: MetricType,
@@ -90,7 +90,7 @@ fn help(name: &str) -> &'static str {
 }
 
 fn gauges(
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     series: &[(Labels, f64)],
 ) -> std::fmt::Result {
@@ -105,7 +105,7 @@ fn gauges(
 }
 
 fn counters(
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     series: &[(Labels, f64)],
 ) -> std::fmt::Result {
@@ -129,7 +129,7 @@ fn possible(verdict: u32, reason: u32) -> bool {
 }
 
 impl Collector for ShedderCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let Some(snap) = self.0.lock().map(|s| s.clone()).unwrap_or(None) else {
             return Ok(());
         };
@@ -385,7 +385,7 @@ impl Collector for ShedderCollector {
 
 /// The `shedder_fleet_*` families (fleet mode only).
 fn fleet_metrics(
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut DescriptorEncoder<'_>,
     f: &crate::fleet::FleetState,
 ) -> std::fmt::Result {
     let one = |v: f64| [(Vec::new(), v)];
@@ -574,11 +574,8 @@ mod tests {
                 f.write_str("H")
             }
         }
-        impl prometheus_client::collector::Collector for H {
-            fn encode(
-                &self,
-                mut enc: prometheus_client::encoding::DescriptorEncoder,
-            ) -> Result<(), std::fmt::Error> {
+        impl Collector for H {
+            fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
                 let mut m = enc.encode_descriptor("h_seconds", "h", None, MetricType::Histogram)?;
                 m.encode_histogram::<NoLabelSet>(self.0, self.1, &self.2, None)
             }

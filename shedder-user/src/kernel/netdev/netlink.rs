@@ -161,7 +161,7 @@ fn request(protocol: libc::c_int, msg_type: u16, body: &[u8]) -> io::Result<Vec<
             libc::SOL_SOCKET,
             libc::SO_RCVTIMEO,
             (&timeout as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            size_of::<libc::timeval>() as libc::socklen_t,
         )
     };
     let len = NLMSG_HDR + body.len();
@@ -183,7 +183,7 @@ fn request(protocol: libc::c_int, msg_type: u16, body: &[u8]) -> io::Result<Vec<
             msg.len(),
             0,
             (&addr as *const libc::sockaddr_nl).cast(),
-            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            size_of::<libc::sockaddr_nl>() as libc::socklen_t,
         )
     };
     if sent < 0 {
