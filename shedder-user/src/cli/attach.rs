@@ -1,0 +1,85 @@
+//! `shedder attach`: attach with the configured fallback limits and no daemon (a static
+//! limiter), or update the policy of what is attached.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{Context as _, Result, bail};
+use shedder::{
+    BadInput,
+    kernel::{self, AttachMode, MapWriter as _, Shedder, policy::compile},
+};
+
+use super::{init_logging, load_config};
+
+pub fn run(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Result<()> {
+    // The choice of mode and the connections counted are logged, as by the daemon.
+    init_logging();
+    let cfg = load_config(&config)?;
+    let mode = match mode.as_deref() {
+        Some(m) => AttachMode::parse(m)
+            .ok_or_else(|| BadInput(format!("--mode {m}: use auto, native, generic or tc")))?,
+        None => cfg.daemon.attach,
+    };
+    let interfaces = if interfaces.is_empty() {
+        cfg.daemon.interfaces.clone()
+    } else {
+        interfaces
+    };
+    // A validated configuration lists interfaces unless it is measure-only.
+    if interfaces.is_empty() {
+        bail!(BadInput(format!(
+            "{}: daemon.measure_only = true attaches to no interface; give --iface to attach \
+             anyway, or list daemon.interfaces instead of measure_only",
+            config.display()
+        )));
+    }
+    let pins = kernel::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
+    if let kernel::pins::Durability::Private(why) = &pins.durability {
+        bail!(
+            "the pins under {} would die when this command exits ({why}), and the programs \
+             with them: run it in the host's mount namespace (e.g. `nsenter \
+             --net=/var/run/netns/NAME` instead of `ip netns exec`)",
+            cfg.daemon.pin_dir.display()
+        );
+    }
+    let pin_dir = &pins.path;
+    // Modes first: a refusal leaves nothing loaded or pinned.
+    let modes = interfaces
+        .iter()
+        .map(|iface| shedder::daemon::delivering_mode(&cfg, iface, mode))
+        .collect::<Result<Vec<_>>>()?;
+    let mut shedder = Shedder::load_pinned(pin_dir, false).context("loading the eBPF programs")?;
+    let hz = shedder
+        .calibrate_hz(Duration::from_millis(100))
+        .context("reading the kernel clock")?;
+    shedder
+        .write_compiled(&compile(&cfg, hz))
+        .context("writing the policy into the maps")?;
+    // The fallback limits bound connections in service: without tracking they would bound
+    // only attempts not yet established.
+    let missing = shedder
+        .attach_tracking()
+        .context("attaching the connection-tracking tracepoints")?;
+    if let Some(note) = kernel::missing_tracepoints_note(&missing) {
+        tracing::warn!("{note}");
+    }
+    // Its warning is logged (and there is no status to show it in).
+    let _ = kernel::seed::seed_and_report(&mut shedder, &cfg);
+    for (iface, mode) in interfaces.iter().zip(modes) {
+        if pin_dir.join("links").join(iface).exists() {
+            println!("{iface}: already attached (pinned link kept; policy updated)");
+            continue;
+        }
+        let how = shedder
+            .attach(iface, mode)
+            .with_context(|| format!("attaching to {iface} ({})", mode.as_str()))?;
+        println!("{iface}: attached ({})", how.as_str());
+    }
+    println!(
+        "{} service(s) protected; policy pinned under {}",
+        cfg.services.len(),
+        pins.describe()
+    );
+    println!("no daemon is stamping the heartbeat, so each service's fallback_limit is in force");
+    Ok(())
+}
