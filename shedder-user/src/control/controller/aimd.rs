@@ -1,0 +1,140 @@
+//! AIMD: additive increase while healthy and near the limit, multiplicative decrease on
+//! delay or overflow.
+
+use std::time::Duration;
+
+use super::{
+    Action, Bounds, Controller, Decision, Mode, Observation, Signal, Tuning,
+    guard::{Gate, Guard, delay_signal},
+};
+
+/// AIMD: `+1` only when the delay is under the target and
+/// the service is near its limit (in-flight ≥ 0.9 × limit); `× 0.8` when the delay exceeds
+/// twice the target or the listen queue overflowed — `× 0.5` for the first cut after a quiet
+/// period (mode normal), because a limit that grew while calm is likely badly wrong; idle
+/// decay `× 0.99` per second while in-flight < 0.5 × limit; hard ceiling from the bounds.
+#[derive(Clone, Debug)]
+pub struct Aimd {
+    bounds: Bounds,
+    guard: Guard,
+    limit: f64,
+    last_cut: Option<Duration>,
+    last_tick: Option<Duration>,
+}
+
+impl Aimd {
+    pub fn new(bounds: Bounds, tuning: Tuning, initial: u32) -> Self {
+        Self {
+            bounds,
+            guard: Guard::new(tuning),
+            limit: bounds.clamp(initial as f64),
+            last_cut: None,
+            last_tick: None,
+        }
+    }
+}
+
+impl Controller for Aimd {
+    fn update(&mut self, obs: &Observation) -> Decision {
+        let previous = self.limit();
+        let dt = self
+            .last_tick
+            .map_or(Duration::ZERO, |t| obs.now.saturating_sub(t));
+        self.last_tick = Some(obs.now);
+        let target_ms = self.guard.tuning.target.as_secs_f64() * 1000.0;
+        let delay = obs.queue_age_p99_ms + obs.latency_p99_ms;
+        let overflowed = obs.overflows.is_some_and(|o| o > 0);
+        let (action, signal, delay_ms, cut) = match self.guard.gate(obs) {
+            // Overflows are counted by the kernel whether or not latency samples exist.
+            _ if overflowed && obs.fresh => {
+                let factor = self.cut_factor();
+                self.cut(obs.now, factor);
+                (
+                    Action::Decrease { factor },
+                    Signal::ListenOverflow,
+                    None,
+                    true,
+                )
+            }
+            Gate::Fallback => {
+                self.limit = self.bounds.fallback as f64;
+                (Action::Fallback, Signal::NoData, None, false)
+            }
+            Gate::Freeze => (Action::Freeze, Signal::NoData, None, false),
+            Gate::Go => {
+                let cooled = self
+                    .last_cut
+                    .is_none_or(|t| obs.now.saturating_sub(t) >= self.guard.tuning.cooldown);
+                let saturated = obs.occupancy as f64 >= 0.9 * self.limit;
+                let pressured = obs
+                    .cpu_pressure
+                    .is_some_and(|p| p > self.guard.tuning.cpu_pressure_high);
+                if delay > 2.0 * target_ms && cooled {
+                    let factor = self.cut_factor();
+                    self.cut(obs.now, factor);
+                    (
+                        Action::Decrease { factor },
+                        delay_signal(obs),
+                        Some(delay),
+                        true,
+                    )
+                } else if delay > 2.0 * target_ms {
+                    (Action::Hold, delay_signal(obs), Some(delay), false)
+                } else if delay < target_ms && saturated && pressured {
+                    (Action::Hold, Signal::CpuPressure, Some(delay), false)
+                } else if delay < target_ms && saturated {
+                    self.limit += 1.0;
+                    (Action::Increase, delay_signal(obs), Some(delay), false)
+                } else if (obs.occupancy as f64) < 0.5 * self.limit {
+                    self.limit *= 0.99f64.powf(dt.as_secs_f64());
+                    (Action::Decay, Signal::Idle, Some(delay), false)
+                } else {
+                    (Action::Hold, Signal::None, Some(delay), false)
+                }
+            }
+        };
+        self.limit = self.bounds.clamp(self.limit);
+        let mode = self.guard.update_mode(obs, cut);
+        Decision {
+            limit: self.limit(),
+            previous,
+            action,
+            signal,
+            mode,
+            delay_ms,
+        }
+    }
+
+    fn limit(&self) -> u32 {
+        self.limit.round() as u32
+    }
+
+    fn name(&self) -> &'static str {
+        "aimd"
+    }
+
+    fn set_cap(&mut self, cap: Option<u32>) {
+        self.bounds = self.bounds.capped(cap);
+        self.limit = self.bounds.clamp(self.limit);
+    }
+
+    fn resume_from(&mut self, limit: u32) {
+        *self = Self::new(self.bounds, self.guard.tuning, limit);
+    }
+}
+
+impl Aimd {
+    /// The first cut after a quiet period halves the limit; later ones take 20%.
+    fn cut_factor(&self) -> f64 {
+        if self.guard.mode == Mode::Normal {
+            0.5
+        } else {
+            0.8
+        }
+    }
+
+    fn cut(&mut self, now: Duration, factor: f64) {
+        self.limit *= factor;
+        self.last_cut = Some(now);
+    }
+}

@@ -1,0 +1,283 @@
+use super::*;
+
+#[test]
+fn signal_names_are_the_api_names() {
+    for s in [
+        Signal::QueueAge,
+        Signal::Latency,
+        Signal::ListenOverflow,
+        Signal::CpuPressure,
+        Signal::Idle,
+        Signal::NoData,
+        Signal::None,
+        Signal::Configured,
+    ] {
+        assert_eq!(
+            serde_json::to_string(&s).unwrap(),
+            format!("\"{}\"", s.as_str())
+        );
+    }
+    assert_eq!(
+        Action::Decrease { factor: 0.8 }.to_string(),
+        "decrease x0.8"
+    );
+}
+
+const TARGET: Duration = Duration::from_millis(100);
+
+fn bounds() -> Bounds {
+    Bounds::new(8, 1000, 50, None, TARGET)
+}
+
+fn obs(t_ms: u64, delay_ms: f64, occupancy: u32) -> Observation {
+    Observation {
+        now: Duration::from_millis(t_ms),
+        fresh: true,
+        queue_age_p50_ms: delay_ms / 2.0,
+        queue_age_p99_ms: delay_ms / 2.0,
+        latency_p50_ms: delay_ms / 2.0,
+        latency_p99_ms: delay_ms / 2.0,
+        samples: 100,
+        occupancy,
+        overflows: Some(0),
+        cpu_pressure: Some(0.0),
+        shed_rate: 0.0,
+    }
+}
+
+#[test]
+fn aimd_increases_by_one_only_when_healthy_and_saturated() {
+    let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 100);
+    // Healthy and saturated (90 of 100): +1.
+    let d = c.update(&obs(0, 50.0, 90));
+    assert_eq!(
+        (d.previous, d.limit, d.action),
+        (100, 101, Action::Increase)
+    );
+    assert_eq!(d.signal, Signal::QueueAge);
+    // Healthy but not saturated (89 < 0.9 × 101): no growth (the near-the-limit guard).
+    let d = c.update(&obs(200, 50.0, 89));
+    assert_eq!(d.action, Action::Hold);
+    assert_eq!(d.limit, 101);
+    // Between target and 2× target: hold.
+    let d = c.update(&obs(400, 150.0, 101));
+    assert_eq!((d.action, d.limit), (Action::Hold, 101));
+}
+
+#[test]
+fn aimd_first_cut_after_quiet_is_half_then_eighty_percent() {
+    let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 200);
+    let d = c.update(&obs(0, 250.0, 200));
+    assert_eq!(d.action, Action::Decrease { factor: 0.5 });
+    assert_eq!(d.limit, 100);
+    assert_eq!(d.mode, Mode::Shedding);
+    // Within the cooldown: held, not cut again on the same stale window.
+    let d = c.update(&obs(200, 250.0, 100));
+    assert_eq!((d.action, d.limit), (Action::Hold, 100));
+    // After the cooldown: × 0.8.
+    let d = c.update(&obs(800, 250.0, 100));
+    assert_eq!(d.action, Action::Decrease { factor: 0.8 });
+    assert_eq!(d.limit, 80);
+}
+
+#[test]
+fn aimd_listen_overflow_cuts_even_without_samples() {
+    let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 100);
+    let mut o = obs(0, 10.0, 100);
+    o.samples = 0;
+    o.overflows = Some(3);
+    let d = c.update(&o);
+    assert_eq!(d.signal, Signal::ListenOverflow);
+    assert_eq!(d.limit, 50);
+}
+
+#[test]
+fn aimd_idle_decay_is_one_percent_per_second() {
+    let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 500);
+    c.update(&obs(0, 10.0, 10));
+    for s in 1..=10 {
+        c.update(&obs(s * 1000, 10.0, 10));
+    }
+    // 500 × 0.99^10 = 452.2
+    assert_eq!(c.limit(), 452);
+    // Never below min.
+    let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 9);
+    for s in 0..=1000 {
+        c.update(&obs(s * 1000, 10.0, 0));
+    }
+    assert_eq!(c.limit(), 8);
+}
+
+#[test]
+fn aimd_respects_the_hard_ceiling_and_littles_law() {
+    // 200 rps × 0.1 s × 1.5 = 30.
+    let b = Bounds::new(8, 1000, 20, Some(200.0), TARGET);
+    assert_eq!(b.max, 30);
+    let mut c = Aimd::new(b, Tuning::new(TARGET), 29);
+    for i in 0..10 {
+        c.update(&obs(i * 200, 10.0, 1000));
+    }
+    assert_eq!(c.limit(), 30);
+}
+
+#[test]
+fn cpu_pressure_blocks_growth() {
+    let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 100);
+    let mut o = obs(0, 10.0, 100);
+    o.cpu_pressure = Some(0.9);
+    let d = c.update(&o);
+    assert_eq!(
+        (d.action, d.signal, d.limit),
+        (Action::Hold, Signal::CpuPressure, 100)
+    );
+}
+
+#[test]
+fn too_few_samples_freeze_and_missing_signals_fall_back() {
+    let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 300);
+    let mut o = obs(0, 500.0, 300);
+    o.samples = 2;
+    let d = c.update(&o);
+    assert_eq!(
+        (d.action, d.limit),
+        (Action::Freeze, 300),
+        "thin window: frozen, not cut"
+    );
+    // Signals missing from t = 1 s on; the last fresh tick was t = 0.
+    let mut missing = obs(1000, 0.0, 0);
+    missing.fresh = false;
+    assert_eq!(c.update(&missing).action, Action::Freeze);
+    missing.now = Duration::from_millis(2900);
+    assert_eq!(
+        c.update(&missing).action,
+        Action::Freeze,
+        "stale for 2.9 s < 3 s"
+    );
+    missing.now = Duration::from_millis(3100);
+    let d = c.update(&missing);
+    assert_eq!(
+        (d.action, d.limit),
+        (Action::Fallback, 50),
+        "stale for 3.1 s"
+    );
+}
+
+#[test]
+fn gradient2_worked_example() {
+    let g = Gradient2::new(
+        Bounds::new(1, 1000, 10, None, TARGET),
+        Tuning::new(TARGET),
+        100,
+    );
+    // long-term 20 ms, current 50 ms, limit 100: gradient clamps to 0.5, target
+    // 0.5 × 100 + √100 = 60, smoothed 100 × 0.8 + 60 × 0.2 = 92.
+    let next = g.step(100.0, 20.0, 50.0, 100);
+    assert!((next - 92.0).abs() < 1e-9, "{next}");
+}
+
+#[test]
+fn gradient2_does_not_grow_when_app_limited() {
+    let g = Gradient2::new(bounds(), Tuning::new(TARGET), 100);
+    // Healthy (gradient 1), but only 40 of 100 in flight: no growth.
+    assert_eq!(g.step(100.0, 20.0, 20.0, 40), 100.0);
+    // Saturated and healthy: grows by the smoothed queue allowance.
+    assert!(g.step(100.0, 20.0, 20.0, 100) > 100.0);
+}
+
+#[test]
+fn gradient2_does_not_creep_up_under_modest_overload() {
+    let mut c = Gradient2::new(bounds(), Tuning::new(TARGET), 100);
+    // Delay 10% above its long-term level for 10 s: the limit never rises. (Unguarded,
+    // gradient 20/22 ≈ 0.91 gives a target of 0.91 × 100 + √100 = 101 > 100: creep.)
+    let unguarded = std::hint::black_box(20.0 / 22.0) * 100.0 + 100f64.sqrt();
+    assert!(unguarded > 100.0);
+    c.update(&obs(0, 20.0, 100));
+    let mut last = c.limit();
+    for i in 1..50u64 {
+        let d = c.update(&obs(i * 200, 22.0, c.limit()));
+        assert!(d.limit <= last, "tick {i}: {} > {last}", d.limit);
+        last = d.limit;
+    }
+}
+
+#[test]
+fn gradient2_falls_under_heavy_overload_and_recovers() {
+    let mut c = Gradient2::new(bounds(), Tuning::new(TARGET), 200);
+    for i in 0..50u64 {
+        c.update(&obs(i * 200, 20.0, c.limit()));
+    }
+    let healthy = c.limit();
+    for i in 50..60u64 {
+        c.update(&obs(i * 200, 80.0, c.limit()));
+    }
+    assert!(c.limit() < healthy * 3 / 4, "{} vs {healthy}", c.limit());
+    let low = c.limit();
+    for i in 60..200u64 {
+        c.update(&obs(i * 200, 20.0, c.limit()));
+    }
+    assert!(c.limit() > low, "recovers");
+}
+
+#[test]
+fn an_outside_cap_bounds_every_controller_and_wins_over_min() {
+    let t = Tuning::new(Duration::from_millis(100));
+    let b = Bounds::new(8, 100, 50, None, Duration::from_millis(100));
+    let mut controllers: Vec<Box<dyn Controller>> = vec![
+        Box::new(Aimd::new(b, t, 60)),
+        Box::new(Gradient2::new(b, t, 60)),
+        Box::new(Fixed::new(b, t, 60)),
+    ];
+    for c in &mut controllers {
+        c.set_cap(Some(18));
+        assert_eq!(c.limit(), 18, "{}", c.name());
+        // Healthy and saturated: AIMD would grow; never past the cap.
+        for i in 0..20 {
+            let d = c.update(&obs(i * 100, 1.0, 18));
+            assert!(d.limit <= 18, "{}: {}", c.name(), d.limit);
+        }
+        // Below min_limit too: the fleet's share wins.
+        c.set_cap(Some(3));
+        assert_eq!(c.limit(), 3, "{}", c.name());
+        c.set_cap(Some(0));
+        assert_eq!(c.limit(), 0, "{}", c.name());
+    }
+    // Lifted: the fixed limit returns at once; the adaptive ones grow from where they are.
+    let mut f = Fixed::new(b, t, 60);
+    f.set_cap(Some(9));
+    f.set_cap(None);
+    assert_eq!(f.limit(), 60);
+    assert_eq!(b.capped(Some(20)).fallback, 20);
+    assert_eq!(b.capped(None), b);
+}
+
+#[test]
+fn fixed_never_moves() {
+    let mut c = Fixed::new(bounds(), Tuning::new(TARGET), 64);
+    for i in 0..10 {
+        let d = c.update(&obs(i * 100, 10_000.0, 1000));
+        assert_eq!(d.limit, 64);
+    }
+}
+
+#[test]
+fn modes_follow_shedding_with_hysteresis() {
+    let mut c = Fixed::new(bounds(), Tuning::new(TARGET), 64);
+    let at = |ms: u64, shed: f64| {
+        let mut o = obs(ms, 10.0, 64);
+        o.shed_rate = shed;
+        o
+    };
+    assert_eq!(c.update(&at(0, 0.0)).mode, Mode::Normal);
+    // One tick of shedding is not enough.
+    assert_eq!(c.update(&at(200, 5.0)).mode, Mode::Normal);
+    assert_eq!(c.update(&at(600, 5.0)).mode, Mode::Shedding);
+    // A single quiet tick does not end it.
+    assert_eq!(c.update(&at(800, 0.0)).mode, Mode::Shedding);
+    assert_eq!(c.update(&at(1100, 0.0)).mode, Mode::Recovering);
+    // Shedding again goes straight back... after the hold.
+    assert_eq!(c.update(&at(1300, 3.0)).mode, Mode::Recovering);
+    assert_eq!(c.update(&at(1800, 3.0)).mode, Mode::Shedding);
+    // Calm for 10 s: normal.
+    assert_eq!(c.update(&at(2500, 0.0)).mode, Mode::Recovering);
+    assert_eq!(c.update(&at(12_000, 0.0)).mode, Mode::Normal);
+}
