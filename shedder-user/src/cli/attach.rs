@@ -6,20 +6,17 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::{Context as _, Result, bail};
 use shedder::{
     BadInput,
-    kernel::{self, AttachMode, MapWriter as _, Shedder, policy::compile},
+    config::Attach,
+    kernel::{self, MapWriter as _, Shedder, policy::compile},
 };
 
 use super::{init_logging, load_config};
 
-pub fn run(config: PathBuf, interfaces: Vec<String>, mode: Option<String>) -> Result<()> {
+pub fn run(config: PathBuf, interfaces: Vec<String>, mode: Option<Attach>) -> Result<()> {
     // The choice of mode and the connections counted are logged, as by the daemon.
     init_logging();
     let cfg = load_config(&config)?;
-    let mode = match mode.as_deref() {
-        Some(m) => AttachMode::parse(m)
-            .ok_or_else(|| BadInput(format!("--mode {m}: use auto, native, generic or tc")))?,
-        None => cfg.daemon.attach,
-    };
+    let mode = mode.unwrap_or(cfg.daemon.attach);
     let interfaces = if interfaces.is_empty() {
         cfg.daemon.interfaces.clone()
     } else {

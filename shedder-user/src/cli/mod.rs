@@ -19,7 +19,7 @@ use clap::{Args, Parser, Subcommand};
 use shedder::{
     BadInput,
     api::control::{Client, ClientError},
-    config::Config,
+    config::{Attach, Config},
     kernel::{self},
 };
 
@@ -160,8 +160,8 @@ enum Command {
         #[arg(long = "iface", short)]
         interfaces: Vec<String>,
         /// auto (native XDP, else generic), native, generic or tc (default: daemon.attach).
-        #[arg(long)]
-        mode: Option<String>,
+        #[arg(long, value_parser = attach_mode)]
+        mode: Option<Attach>,
     },
     /// The decision counters in the pinned maps (works without a daemon).
     ///
@@ -253,6 +253,13 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// `1 service`, `3 services`.
+/// `--mode`, spelled as `daemon.attach` is (the configuration's own names).
+fn attach_mode(s: &str) -> Result<Attach, String> {
+    use serde::Deserialize as _;
+    let de = serde::de::value::StrDeserializer::<serde::de::value::Error>::new(s);
+    Attach::deserialize(de).map_err(|_| "use auto, native, generic or tc".to_string())
+}
+
 fn count(n: usize, noun: &str) -> String {
     format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
