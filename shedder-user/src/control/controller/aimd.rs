@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{
     Action, Bounds, Controller, Decision, Mode, Observation, Signal, Tuning,
-    guard::{Gate, Guard, delay_signal},
+    guard::{self, Gate, Guard, delay_signal},
 };
 
 /// AIMD: `+1` only when the delay is under the target and
@@ -93,16 +93,13 @@ impl Controller for Aimd {
                 }
             }
         };
-        self.limit = self.bounds.clamp(self.limit);
-        let mode = self.guard.update_mode(obs, cut);
-        Decision {
-            limit: self.limit(),
+        guard::conclude(
+            (&self.bounds, &mut self.guard, &mut self.limit),
+            obs,
             previous,
-            action,
-            signal,
-            mode,
-            delay_ms,
-        }
+            (action, signal, delay_ms),
+            cut,
+        )
     }
 
     fn limit(&self) -> u32 {
@@ -114,8 +111,7 @@ impl Controller for Aimd {
     }
 
     fn set_cap(&mut self, cap: Option<u32>) {
-        self.bounds = self.bounds.capped(cap);
-        self.limit = self.bounds.clamp(self.limit);
+        guard::cap(&mut self.bounds, &mut self.limit, cap);
     }
 
     fn resume_from(&mut self, limit: u32) {

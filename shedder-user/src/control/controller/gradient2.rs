@@ -2,7 +2,7 @@
 
 use super::{
     Action, Bounds, Controller, Decision, Observation, Signal, Tuning,
-    guard::{Gate, Guard, delay_signal},
+    guard::{self, Gate, Guard, delay_signal},
 };
 
 /// Gradient2 as Netflix's concurrency-limits library describes it: the gradient
@@ -102,17 +102,14 @@ impl Controller for Gradient2 {
                 (action, signal, Some(short))
             }
         };
-        self.limit = self.bounds.clamp(self.limit);
         let cut = matches!(action, Action::Decrease { factor } if factor < 0.99);
-        let mode = self.guard.update_mode(obs, cut);
-        Decision {
-            limit: self.limit(),
+        guard::conclude(
+            (&self.bounds, &mut self.guard, &mut self.limit),
+            obs,
             previous,
-            action,
-            signal,
-            mode,
-            delay_ms,
-        }
+            (action, signal, delay_ms),
+            cut,
+        )
     }
 
     fn limit(&self) -> u32 {
@@ -124,8 +121,7 @@ impl Controller for Gradient2 {
     }
 
     fn set_cap(&mut self, cap: Option<u32>) {
-        self.bounds = self.bounds.capped(cap);
-        self.limit = self.bounds.clamp(self.limit);
+        guard::cap(&mut self.bounds, &mut self.limit, cap);
     }
 
     fn resume_from(&mut self, limit: u32) {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Mode, Observation, Signal, Tuning};
+use super::{Action, Bounds, Decision, Mode, Observation, Signal, Tuning};
 
 /// The guards every adaptive controller shares: freshness, fallback, mode.
 #[derive(Clone, Debug)]
@@ -95,4 +95,30 @@ pub(super) fn delay_signal(obs: &Observation) -> Signal {
     } else {
         Signal::Latency
     }
+}
+
+/// How every adaptive controller ends a tick: the limit clamped to the bounds, the mode
+/// updated (`cut`: the limit was cut for pressure), and the decision that says why.
+pub(super) fn conclude(
+    (bounds, guard, limit): (&Bounds, &mut Guard, &mut f64),
+    obs: &Observation,
+    previous: u32,
+    (action, signal, delay_ms): (Action, Signal, Option<f64>),
+    cut: bool,
+) -> Decision {
+    *limit = bounds.clamp(*limit);
+    Decision {
+        limit: limit.round() as u32,
+        previous,
+        action,
+        signal,
+        mode: guard.update_mode(obs, cut),
+        delay_ms,
+    }
+}
+
+/// Put an adaptive controller's bounds under `cap`, its limit with them.
+pub(super) fn cap(bounds: &mut Bounds, limit: &mut f64, cap: Option<u32>) {
+    *bounds = bounds.capped(cap);
+    *limit = bounds.clamp(*limit);
 }
