@@ -1,9 +1,10 @@
 //! What a refused configuration reports.
 
-use std::{fmt, path::PathBuf};
+use std::path::{Path, PathBuf};
 
 /// A configuration error: which file, which field, what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{}{message}", at(.file.as_deref(), *.line), key(.field))]
 pub struct ConfigError {
     pub file: Option<PathBuf>,
     /// 1-based line of the offending value, when it can be found in the text.
@@ -13,23 +14,24 @@ pub struct ConfigError {
     pub message: String,
 }
 
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (&self.file, self.line) {
-            (Some(file), Some(line)) => write!(f, "{}:{line}: ", file.display())?,
-            (Some(file), None) => write!(f, "{}: ", file.display())?,
-            (None, Some(line)) => write!(f, "line {line}: ")?,
-            (None, None) => {}
-        }
-        if self.field.is_empty() {
-            write!(f, "{}", self.message)
-        } else {
-            write!(f, "{}: {}", self.field, self.message)
-        }
+/// Where an error is, as its text begins.
+fn at(file: Option<&Path>, line: Option<usize>) -> String {
+    match (file, line) {
+        (Some(file), Some(line)) => format!("{}:{line}: ", file.display()),
+        (Some(file), None) => format!("{}: ", file.display()),
+        (None, Some(line)) => format!("line {line}: "),
+        (None, None) => String::new(),
     }
 }
 
-impl std::error::Error for ConfigError {}
+/// The key an error is about, after where it is.
+fn key(field: &str) -> String {
+    if field.is_empty() {
+        String::new()
+    } else {
+        format!("{field}: ")
+    }
+}
 
 pub(super) fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError {
