@@ -2,29 +2,36 @@
 
 use std::path::{Path, PathBuf};
 
-/// A configuration error: which file, which field, what is wrong.
+/// A configuration error: which file, where in it, which key, what is wrong. Shown as
+/// `shedder.toml:12:13: service[1] (web).max_limit: 5 is below min_limit (10)`; without a
+/// file, as `line 12, column 13: …`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}{}{message}", at(.file.as_deref(), *.line), key(.field))]
+#[error("{}{}{message}", at(.file.as_deref(), *.line, *.column), key(.field))]
 pub struct ConfigError {
     pub file: Option<PathBuf>,
-    /// 1-based line of the offending value, when it can be found in the text.
+    /// 1-based line of the offending value (or of its table, for a key left out), when
+    /// the text has it.
     pub line: Option<usize>,
+    /// 1-based column (in characters) where the offending value begins, with `line`.
+    pub column: Option<usize>,
     /// Dotted path of the offending field, e.g. `service[0].max_limit`.
     pub field: String,
     pub message: String,
 }
 
-/// Where an error is, as its text begins.
-fn at(file: Option<&Path>, line: Option<usize>) -> String {
-    match (file, line) {
-        (Some(file), Some(line)) => format!("{}:{line}: ", file.display()),
-        (Some(file), None) => format!("{}: ", file.display()),
-        (None, Some(line)) => format!("line {line}: "),
-        (None, None) => String::new(),
+/// The place prefix of an error's text.
+fn at(file: Option<&Path>, line: Option<usize>, column: Option<usize>) -> String {
+    match (file, line, column) {
+        (Some(file), Some(line), Some(column)) => format!("{}:{line}:{column}: ", file.display()),
+        (Some(file), Some(line), None) => format!("{}:{line}: ", file.display()),
+        (Some(file), None, _) => format!("{}: ", file.display()),
+        (None, Some(line), Some(column)) => format!("line {line}, column {column}: "),
+        (None, Some(line), None) => format!("line {line}: "),
+        (None, None, _) => String::new(),
     }
 }
 
-/// The key an error is about, after where it is.
+/// The key prefix of an error's text.
 fn key(field: &str) -> String {
     if field.is_empty() {
         String::new()
@@ -37,6 +44,7 @@ pub(super) fn err(field: impl Into<String>, message: impl Into<String>) -> Confi
     ConfigError {
         file: None,
         line: None,
+        column: None,
         field: field.into(),
         message: message.into(),
     }

@@ -15,6 +15,7 @@ mod error;
 #[cfg(test)]
 mod fixtures;
 mod fleet;
+mod locate;
 mod parse;
 mod service;
 mod validate;

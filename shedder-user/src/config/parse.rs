@@ -1,92 +1,27 @@
 //! Text to [`Config`]: the TOML syntax, the shape of each section (serde), then the
-//! validation; each refusal with the key path and the line of the value at fault.
+//! validation; each refusal with the key path, and the line and column of the value at
+//! fault from the spans toml's parser keeps.
 
 use std::{collections::HashMap, fmt, path::Path};
 
 use serde::Deserialize;
+use toml::de::DeTable;
 
 use super::{
     classes::ClassName,
     daemon::Attach,
     document::Config,
     error::{ConfigError, err},
+    locate::{Position, Source},
     service::{Action, Controller, Mode},
     validate::valid_name,
 };
-
-/// The line (1-based) where the value a validation error names lies in the TOML text: the
-/// key's line inside its section (`[daemon]`, the n-th `[[service]]`, `[classes]` or
-/// `[classes.<name>]`), else the section's header. `None` when the field is not in the text
-/// (a default).
-fn locate(text: &str, field: &str) -> Option<usize> {
-    let lines: Vec<&str> = text.lines().collect();
-    let header = |pred: &dyn Fn(&str) -> bool, nth: usize| {
-        lines
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| pred(l.trim()))
-            .nth(nth)
-            .map(|(i, _)| i)
-    };
-    let key_in = |start: usize, key: &str| {
-        lines[start + 1..]
-            .iter()
-            .take_while(|l| !l.trim_start().starts_with('['))
-            .position(|l| {
-                l.trim_start()
-                    .strip_prefix(key)
-                    .is_some_and(|r| r.trim_start().starts_with('='))
-            })
-            .map(|i| start + 1 + i)
-    };
-    // The first path component after the section, without any `[index]`.
-    let first = |rest: &str| rest.split(['.', '[']).next().unwrap_or("").to_string();
-    let found = if let Some(rest) = field.strip_prefix("service[") {
-        let n: usize = rest.split(']').next()?.parse().ok()?;
-        let start = header(&|l| l == "[[service]]", n)?;
-        let key = rest.split_once(").").map_or_else(
-            || {
-                rest.split_once("].")
-                    .map(|(_, k)| first(k))
-                    .unwrap_or_default()
-            },
-            |(_, k)| first(k),
-        );
-        key_in(start, &key).or(Some(start))
-    } else if let Some(rest) = field.strip_prefix("daemon.") {
-        let start = header(&|l| l == "[daemon]", 0)?;
-        key_in(start, &first(rest)).or(Some(start))
-    } else if let Some(rest) = field.strip_prefix("classes.") {
-        let class = first(rest);
-        let key = rest
-            .split_once('.')
-            .map(|(_, k)| first(k))
-            .unwrap_or_default();
-        match header(&|l| l == format!("[classes.{class}]"), 0) {
-            Some(start) => key_in(start, &key).or(Some(start)),
-            None => {
-                let start = header(&|l| l == "[classes]", 0)?;
-                key_in(start, &class).or(Some(start))
-            }
-        }
-    } else if let Some(rest) = field.strip_prefix("fleet.") {
-        let start = header(&|l| l == "[fleet]", 0)?;
-        key_in(start, &first(rest)).or(Some(start))
-    } else if field == "classes" {
-        header(&|l| l == "[classes]", 0)
-    } else if field == "service" {
-        header(&|l| l == "[[service]]", 0)
-    } else {
-        None
-    };
-    found.map(|i| i + 1)
-}
 
 /// A refusal by the deserializer (a wrong type, an unknown key or value, an integer out of
 /// range) as a [`ConfigError`] like the validation's: the key path (`service[0] (checkout)
 /// .ports[1]`) as the field, and serde's message in the file's terms, saying what is allowed
 /// (`an integer in 0..=65535` rather than `u16`).
-fn shape_error(text: &str, path: &serde_path_to_error::Path, message: &str) -> ConfigError {
+fn shape_error(source: &Source, path: &serde_path_to_error::Path, message: &str) -> ConfigError {
     use fmt::Write as _;
     use serde_path_to_error::Segment;
     let segments: Vec<&Segment> = path.iter().collect();
@@ -99,7 +34,7 @@ fn shape_error(text: &str, path: &serde_path_to_error::Path, message: &str) -> C
                 if i == 1
                     && field.starts_with("service[")
                     && !matches!(segments.get(2), Some(Segment::Map { key }) if key == "name")
-                    && let Some(name) = service_name(text, *index)
+                    && let Some(name) = service_name(source, *index)
                 {
                     let _ = write!(field, " ({name})");
                 }
@@ -133,11 +68,10 @@ fn shape_error(text: &str, path: &serde_path_to_error::Path, message: &str) -> C
             None => "expected a string".to_string(),
         }
     } else if message == "invalid IP address syntax" {
-        match value_at(text, &segments) {
-            Some(toml::Value::String(v)) => {
-                format!("`{v}` is not an IP address (e.g. 198.18.0.10 or 2001:db8::10)")
-            }
-            _ => "not an IP address (e.g. 198.18.0.10 or 2001:db8::10)".to_string(),
+        let written = source.find(&field).filter(|f| f.exact);
+        match written.and_then(|f| f.value.get_ref().as_str()) {
+            Some(v) => format!("`{v}` is not an IP address (e.g. 198.18.0.10 or 2001:db8::10)"),
+            None => "not an IP address (e.g. 198.18.0.10 or 2001:db8::10)".to_string(),
         }
     } else {
         let (what, expected) = message.rsplit_once(", expected ").unwrap_or((message, ""));
@@ -232,25 +166,18 @@ fn enum_values(key: &str) -> Option<String> {
     }
 }
 
-/// The value at a deserializer's path in the text, read again without the types.
-fn value_at(text: &str, path: &[&serde_path_to_error::Segment]) -> Option<toml::Value> {
-    use serde_path_to_error::Segment;
-    let mut value = toml::Value::Table(text.parse().ok()?);
-    for segment in path {
-        value = match segment {
-            Segment::Seq { index } => value.as_array()?.get(*index)?.clone(),
-            Segment::Map { key } | Segment::Enum { variant: key } => value.get(key)?.clone(),
-            Segment::Unknown => return None,
-        };
-    }
-    Some(value)
+/// The name of the `index`-th `[[service]]` as written, when it is a valid name.
+fn service_name(source: &Source, index: usize) -> Option<String> {
+    let found = source.find(&format!("service[{index}].name"))?;
+    let name = found.value.get_ref().as_str().filter(|_| found.exact)?;
+    valid_name(name).then(|| name.to_string())
 }
 
-/// The name of the `index`-th `[[service]]` as written, when it is a valid name.
-fn service_name(text: &str, index: usize) -> Option<String> {
-    let table: toml::Table = text.parse().ok()?;
-    let name = table.get("service")?.get(index)?.get("name")?.as_str()?;
-    valid_name(name).then(|| name.to_string())
+/// `error`, placed at `at` in the text.
+fn placed(mut error: ConfigError, at: Option<Position>) -> ConfigError {
+    error.line = at.map(|p| p.line);
+    error.column = at.map(|p| p.column);
+    error
 }
 
 impl Config {
@@ -267,27 +194,33 @@ impl Config {
 
     /// Parse and validate configuration text.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let line_of =
-            |e: &toml::de::Error| e.span().map(|s| text[..s.start].matches('\n').count() + 1);
+        let at = |span: std::ops::Range<usize>| Position::of(text, span.start);
         // Syntax first (no key to name), then the shape, with the path of the key at fault.
-        let de = toml::Deserializer::parse(text).map_err(|e| {
-            let mut error = match e.span() {
+        let doc = DeTable::parse(text).map_err(|e| {
+            let error = match e.span() {
                 Some(span) if e.message() == "duplicate key" => duplicate_key(text, span),
                 _ => err("", e.message().to_string()),
             };
-            error.line = line_of(&e);
-            error
+            placed(error, e.span().map(at))
         })?;
+        let de = toml::Deserializer::from(doc.clone());
+        let source = Source::new(text, doc.into_inner());
         let cfg: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().clone();
             let e = e.into_inner();
-            let mut error = shape_error(text, &path, e.message());
-            error.line = line_of(&e).or_else(|| locate(text, &error.field));
-            error
+            let error = shape_error(&source, &path, e.message());
+            // toml's span where it has one (the value, the unknown key, the table lacking a
+            // key), else the value the key path names.
+            let position = e
+                .span()
+                .map(at)
+                .or_else(|| source.position_of(&error.field));
+            placed(error, position)
         })?;
-        cfg.validate().map_err(|mut e| {
-            e.line = locate(text, &e.field);
-            e
+        // A value that parsed but breaks a rule: where the text has it (or its table).
+        cfg.validate().map_err(|e| {
+            let position = source.position_of(&e.field);
+            placed(e, position)
         })?;
         Ok(cfg)
     }
@@ -342,147 +275,147 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
     }
 
     /// What the deserializer refuses (wrong type, unknown key or value, integer out of
-    /// range, a key set twice), named like the validation's refusals: line, key path, what
-    /// is allowed.
+    /// range, a key set twice), named like the validation's refusals: line and column, key
+    /// path, what is allowed.
     #[test]
     fn shape_errors_name_the_key_and_what_is_allowed() {
         const SVC: &str = "[[service]]\nname = \"checkout\"\nports = [80]\n";
         let cases: &[(String, &str)] = &[
             (
                 format!("{SVC}action = \"explode\"\n"),
-                "line 4: service[0] (checkout).action: unknown value `explode`, expected `rst` or `drop`",
+                "line 4, column 10: service[0] (checkout).action: unknown value `explode`, expected `rst` or `drop`",
             ),
             (
                 format!("{SVC}mode = \"dryrun\"\n"),
-                "line 4: service[0] (checkout).mode: unknown value `dryrun`, expected `enforce` or `dry-run`",
+                "line 4, column 8: service[0] (checkout).mode: unknown value `dryrun`, expected `enforce` or `dry-run`",
             ),
             (
                 format!("{SVC}action = 5\n"),
-                "line 4: service[0] (checkout).action: not a string, expected `rst` or `drop`",
+                "line 4, column 10: service[0] (checkout).action: not a string, expected `rst` or `drop`",
             ),
             (
                 "[daemon]\nattach = \"xdp\"\n".into(),
-                "line 2: daemon.attach: unknown value `xdp`, expected one of `auto`, `native`, `generic`, `tc`",
+                "line 2, column 10: daemon.attach: unknown value `xdp`, expected one of `auto`, `native`, `generic`, `tc`",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\n[[service]]\nname = \"b\"\nports = [80, 70000]\n".into(),
-                "line 6: service[1] (b).ports[1]: invalid value: integer `70000`, expected an integer in 0..=65535",
+                "line 6, column 14: service[1] (b).ports[1]: invalid value: integer `70000`, expected an integer in 0..=65535",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [70000]\n".into(),
-                "line 3: service[0] (a).ports[0]: invalid value: integer `70000`, expected an integer in 0..=65535",
+                "line 3, column 10: service[0] (a).ports[0]: invalid value: integer `70000`, expected an integer in 0..=65535",
             ),
             (
                 format!("{SVC}max_limit = 5000000000\n"),
-                "line 4: service[0] (checkout).max_limit: invalid value: integer `5000000000`, expected an integer in 0..=4294967295",
+                "line 4, column 13: service[0] (checkout).max_limit: invalid value: integer `5000000000`, expected an integer in 0..=4294967295",
             ),
             (
                 "[daemon]\ntick_ms = -5\n".into(),
-                "line 2: daemon.tick_ms: invalid value: integer `-5`, expected a non-negative integer",
+                "line 2, column 11: daemon.tick_ms: invalid value: integer `-5`, expected a non-negative integer",
             ),
             (
                 "[daemon]\nsyn_retransmit_window_ms = -1\n".into(),
-                "line 2: daemon.syn_retransmit_window_ms: invalid value: integer `-1`, expected a non-negative integer",
+                "line 2, column 28: daemon.syn_retransmit_window_ms: invalid value: integer `-1`, expected a non-negative integer",
             ),
             (
                 "[daemon]\ntick_ms = 99999999999999999999\n".into(),
-                "line 2: daemon.tick_ms: invalid value: integer `99999999999999999999`, expected a non-negative integer",
+                "line 2, column 11: daemon.tick_ms: invalid value: integer `99999999999999999999`, expected a non-negative integer",
             ),
             (
                 "[daemon]\ntick_ms = 1.5\n".into(),
-                "line 2: daemon.tick_ms: invalid type: floating point `1.5`, expected a non-negative integer",
+                "line 2, column 11: daemon.tick_ms: invalid type: floating point `1.5`, expected a non-negative integer",
             ),
             (
                 format!("{FLEET}lease_ttl_s = -1\n"),
-                "line 5: fleet.lease_ttl_s: invalid value: integer `-1`, expected a non-negative integer",
+                "line 5, column 15: fleet.lease_ttl_s: invalid value: integer `-1`, expected a non-negative integer",
             ),
             (
                 "[daemon]\ndetach_on_exit = \"yes\"\n".into(),
-                "line 2: daemon.detach_on_exit: invalid type: string \"yes\", expected a boolean",
+                "line 2, column 18: daemon.detach_on_exit: invalid type: string \"yes\", expected a boolean",
             ),
             (
                 format!("{SVC}demote_retries = \"yes\"\n"),
-                "line 4: service[0] (checkout).demote_retries: invalid type: string \"yes\", expected a boolean",
+                "line 4, column 18: service[0] (checkout).demote_retries: invalid type: string \"yes\", expected a boolean",
             ),
             (
                 "[classes.high]\nfloor = \"half\"\n".into(),
-                "line 2: classes.high.floor: invalid type: string \"half\", expected a number",
+                "line 2, column 9: classes.high.floor: invalid type: string \"half\", expected a number",
             ),
             (
                 "[daemon]\ninterfaces = \"eth0\"\n".into(),
-                "line 2: daemon.interfaces: invalid type: string \"eth0\", expected an array",
+                "line 2, column 14: daemon.interfaces: invalid type: string \"eth0\", expected an array",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [\"80\"]\n".into(),
-                "line 3: service[0] (a).ports[0]: invalid type: string \"80\", expected an integer in 0..=65535",
+                "line 3, column 10: service[0] (a).ports[0]: invalid type: string \"80\", expected an integer in 0..=65535",
             ),
             (
                 "[[service]]\nname = 5\nports = [80]\n".into(),
-                "line 2: service[0].name: invalid type: integer `5`, expected a string",
+                "line 2, column 8: service[0].name: invalid type: integer `5`, expected a string",
             ),
             (
                 format!("{SVC}addresses = [\"198.18.0.1\", \"198.18.0.300\"]\n"),
-                "line 4: service[0] (checkout).addresses[1]: `198.18.0.300` is not an IP address (e.g. 198.18.0.10 or 2001:db8::10)",
+                "line 4, column 28: service[0] (checkout).addresses[1]: `198.18.0.300` is not an IP address (e.g. 198.18.0.10 or 2001:db8::10)",
             ),
             (
                 format!("{SVC}rate = {{ high = {{ per_second = -1, burst = 1 }} }}\n"),
-                "line 4: service[0] (checkout).rate.high.per_second: invalid value: integer `-1`, expected a non-negative integer",
+                "line 4, column 32: service[0] (checkout).rate.high.per_second: invalid value: integer `-1`, expected a non-negative integer",
             ),
             (
                 format!("{SVC}[service.rate.high]\nper_second = \"fast\"\nburst = 1\n"),
-                "line 5: service[0] (checkout).rate.high.per_second: invalid type: string \"fast\", expected a non-negative integer",
+                "line 5, column 14: service[0] (checkout).rate.high.per_second: invalid type: string \"fast\", expected a non-negative integer",
             ),
             (
                 format!("{SVC}rate = {{ high = {{ per_sec = 1, burst = 1 }} }}\n"),
-                "line 4: service[0] (checkout).rate.high.per_sec: unknown key, expected `per_second` or `burst`",
+                "line 4, column 19: service[0] (checkout).rate.high.per_sec: unknown key, expected `per_second` or `burst`",
             ),
             (
                 format!("{SVC}rate = {{ high = {{ per_second = 1 }} }}\n"),
-                "line 4: service[0] (checkout).rate.high.burst: missing (this key has no default)",
+                "line 4, column 17: service[0] (checkout).rate.high.burst: missing (this key has no default)",
             ),
             (
                 "[daemon]\ntick = 100\n".into(),
-                "line 2: daemon.tick: unknown key, expected one of `interfaces`, `measure_only`, `attach`, `metrics_listen`, `control_socket`, `control_group`, `tick_ms`, `heartbeat_timeout_ms`, `pin_dir`, `signal_window_ms`, `detach_on_exit`, `fail_static`, `kernel_debug_log`, `syn_retransmit_window_ms`",
+                "line 2, column 1: daemon.tick: unknown key, expected one of `interfaces`, `measure_only`, `attach`, `metrics_listen`, `control_socket`, `control_group`, `tick_ms`, `heartbeat_timeout_ms`, `pin_dir`, `signal_window_ms`, `detach_on_exit`, `fail_static`, `kernel_debug_log`, `syn_retransmit_window_ms`",
             ),
             (
                 format!("{SVC}max_limt = 5\n"),
-                "line 4: service[0] (checkout).max_limt: unknown key, expected one of `name`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`, `retry_window_ms`, `demote_retries`, `global_limit`",
+                "line 4, column 1: service[0] (checkout).max_limt: unknown key, expected one of `name`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`, `retry_window_ms`, `demote_retries`, `global_limit`",
             ),
             (
                 "[classes.high]\nflor = 0.5\n".into(),
-                "line 2: classes.high.flor: unknown key, expected one of `sources`, `floor`, `ceiling`",
+                "line 2, column 1: classes.high.flor: unknown key, expected one of `sources`, `floor`, `ceiling`",
             ),
             (
                 "[classes]\nhigh = { flor = 0.5 }\n".into(),
-                "line 2: classes.high.flor: unknown key, expected one of `sources`, `floor`, `ceiling`",
+                "line 2, column 10: classes.high.flor: unknown key, expected one of `sources`, `floor`, `ceiling`",
             ),
             (
                 "[classes]\nvip = { floor = 0.5 }\n".into(),
-                "line 2: classes.vip: unknown key, expected one of `critical`, `high`, `medium`, `sheddable`",
+                "line 2, column 1: classes.vip: unknown key, expected one of `critical`, `high`, `medium`, `sheddable`",
             ),
             (
                 format!("{FLEET}lease_ttl = 4\n"),
-                "line 5: fleet.lease_ttl: unknown key, expected one of `endpoints`, `node`, `prefix`, `lease_ttl_s`, `safety`, `max_nodes`, `fail_static_ms`, `timeout_ms`, `reserve_departed_s`, `username`, `password_file`, `ca_file`, `cert_file`, `key_file`",
+                "line 5, column 1: fleet.lease_ttl: unknown key, expected one of `endpoints`, `node`, `prefix`, `lease_ttl_s`, `safety`, `max_nodes`, `fail_static_ms`, `timeout_ms`, `reserve_departed_s`, `username`, `password_file`, `ca_file`, `cert_file`, `key_file`",
             ),
             (
                 "[deamon]\ntick_ms = 100\n".into(),
-                "line 1: deamon: unknown key, expected one of `daemon`, `classes`, `service`, `fleet`",
+                "line 1, column 2: deamon: unknown key, expected one of `daemon`, `classes`, `service`, `fleet`",
             ),
             (
                 "[[service]]\nname = \"a\"\n".into(),
-                "line 1: service[0] (a).ports: missing (this key has no default)",
+                "line 1, column 1: service[0] (a).ports: missing (this key has no default)",
             ),
             (
                 "[daemon]\ntick_ms = 100\ntick_ms = 200\n".into(),
-                "line 3: daemon.tick_ms: this key is already set above",
+                "line 3, column 1: daemon.tick_ms: this key is already set above",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\n[[service]]\nname = \"b\"\nports = [81]\nports = [82]\n".into(),
-                "line 7: service[1].ports: this key is already set above",
+                "line 7, column 1: service[1].ports: this key is already set above",
             ),
             (
                 "[daemon]\ntick_ms = 100\n[daemon]\n".into(),
-                "line 3: daemon: this table is already defined above",
+                "line 3, column 2: daemon: this table is already defined above",
             ),
         ];
         for (toml, expected) in cases {
@@ -510,7 +443,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
         assert_eq!(
             e,
             format!(
-                "{}:4: service[0] (a).action: unknown value `reject`, expected `rst` or `drop`",
+                "{}:4:10: service[0] (a).action: unknown value `reject`, expected `rst` or `drop`",
                 path.display()
             )
         );

@@ -567,47 +567,47 @@ mod tests {
         let cases: &[(String, &str)] = &[
             (
                 SHARED.to_string(),
-                "line 4: service[0] (db).global_limit: needs a [fleet] section (the etcd cluster the fleet shares it through)",
+                "line 4, column 16: service[0] (db).global_limit: needs a [fleet] section (the etcd cluster the fleet shares it through)",
             ),
             (
                 format!("{FLEET}lease_ttl_s = 4\nfail_static_ms = 3000\n"),
-                "line 6: fleet.fail_static_ms: 3000 must be at least tick_ms (200) and below the etcd lease (lease_ttl_s less 1 s: 3000 ms): a partitioned node must let go of its share before its lease expires",
+                "line 6, column 18: fleet.fail_static_ms: 3000 must be at least tick_ms (200) and below the etcd lease (lease_ttl_s less 1 s: 3000 ms): a partitioned node must let go of its share before its lease expires",
             ),
             (
                 format!("[daemon]\nheartbeat_timeout_ms = 3000\n{FLEET}lease_ttl_s = 4\n"),
-                "line 2: daemon.heartbeat_timeout_ms: 3000 must be below the etcd lease (fleet.lease_ttl_s less 1 s: 3000 ms) in fleet mode: a node whose daemon died must be on its fallback limit (its static share) before its lease expires and the others take its share",
+                "line 2, column 24: daemon.heartbeat_timeout_ms: 3000 must be below the etcd lease (fleet.lease_ttl_s less 1 s: 3000 ms) in fleet mode: a node whose daemon died must be on its fallback limit (its static share) before its lease expires and the others take its share",
             ),
             (
                 "[fleet]\nendpoints = []\nmax_nodes = 3\n".to_string(),
-                "line 2: fleet.endpoints: at least one etcd endpoint is needed",
+                "line 2, column 13: fleet.endpoints: at least one etcd endpoint is needed",
             ),
             (
                 "[fleet]\nendpoints = [\"198.18.0.21:2379\"]\nmax_nodes = 3\n".to_string(),
-                "line 2: fleet.endpoints[0]: `198.18.0.21:2379` is not an etcd client URL (http://host:port or https://host:port)",
+                "line 2, column 14: fleet.endpoints[0]: `198.18.0.21:2379` is not an etcd client URL (http://host:port or https://host:port)",
             ),
             (
                 format!("{FLEET}safety = 1.5\n"),
-                "line 5: fleet.safety: 1.5 is outside (0, 1]",
+                "line 5, column 10: fleet.safety: 1.5 is outside (0, 1]",
             ),
             (
                 format!("{FLEET}username = \"shedder\"\n"),
-                "line 1: fleet.password_file: etcd authentication needs both username and password_file",
+                "line 1, column 1: fleet.password_file: etcd authentication needs both username and password_file",
             ),
             (
                 format!("{FLEET}ca_file = \"/etc/ca.pem\"\n"),
-                "line 2: fleet.endpoints: TLS files are set but an endpoint is http://; use https:// endpoints",
+                "line 2, column 13: fleet.endpoints: TLS files are set but an endpoint is http://; use https:// endpoints",
             ),
             (
                 format!("{FLEET}prefix = \"shedder/\"\n"),
-                "line 5: fleet.prefix: `shedder/` must start with `/`, not end with one, and hold no spaces",
+                "line 5, column 10: fleet.prefix: `shedder/` must start with `/`, not end with one, and hold no spaces",
             ),
             (
                 "[fleet]\nendpoints = [\"http://e:2379\"]\n".to_string(),
-                "line 1: fleet.max_nodes: missing (this key has no default)",
+                "line 1, column 1: fleet.max_nodes: missing (this key has no default)",
             ),
             (
                 format!("{FLEET}[[service]]\nname = \"db\"\nports = [5432]\nglobal_limit = 0\n"),
-                "line 8: service[0] (db).global_limit: 0 is outside 1..=16777216",
+                "line 8, column 16: service[0] (db).global_limit: 0 is outside 1..=16777216",
             ),
         ];
         for (toml, want) in cases {
@@ -615,89 +615,90 @@ mod tests {
         }
     }
 
-    /// A table of bad files and the exact message each gets: line, field, what is wrong.
+    /// A table of bad files and the exact message each gets: line and column, field, what is
+    /// wrong.
     #[test]
     fn bad_files_name_the_line_and_field() {
         let cases: &[(&str, &str)] = &[
             (
                 "[daemon]\ntick_ms = 5\n",
-                "line 2: daemon.tick_ms: 5 is outside 10..=60000",
+                "line 2, column 11: daemon.tick_ms: 5 is outside 10..=60000",
             ),
             (
                 "[daemon]\ntick_ms = 200\nheartbeat_timeout_ms = 300\n",
-                "line 3: daemon.heartbeat_timeout_ms: 300 must be at least twice tick_ms (200), or every late tick drops to the fallback limits",
+                "line 3, column 24: daemon.heartbeat_timeout_ms: 300 must be at least twice tick_ms (200), or every late tick drops to the fallback limits",
             ),
             (
                 "[classes]\ncritical = { floor = 0.1, ceiling = 0.05 }\n",
-                "line 2: classes.critical.floor: critical is never shed by pressure, so it has no floor; bound it with `ceiling`",
+                "line 2, column 22: classes.critical.floor: critical is never shed by pressure, so it has no floor; bound it with `ceiling`",
             ),
             (
                 "[classes]\ncritical = { sources = [] }\n",
-                "line 2: classes.critical.ceiling: critical needs a finite ceiling (seed 000 R4: unsheddable, not unbounded)",
+                "line 2, column 12: classes.critical.ceiling: critical needs a finite ceiling (seed 000 R4: unsheddable, not unbounded)",
             ),
             (
                 "[classes]\nhigh = { floor = 1.5 }\n",
-                "line 2: classes.high.floor: 1.5 is outside [0, 1]",
+                "line 2, column 18: classes.high.floor: 1.5 is outside [0, 1]",
             ),
             (
                 "[classes]\nhigh = { floor = 0.7 }\nmedium = { floor = 0.5 }\n",
-                "line 1: classes: the floors add up to 1.20, more than the whole limit",
+                "line 1, column 1: classes: the floors add up to 1.20, more than the whole limit",
             ),
             (
                 "[classes]\nhigh = { sources = [\"198.18.20.1/24\"] }\n",
-                "line 2: classes.high.sources[0]: `198.18.20.1/24` has host bits set (did you mean 198.18.20.0/24?)",
+                "line 2, column 21: classes.high.sources[0]: `198.18.20.1/24` has host bits set (did you mean 198.18.20.0/24?)",
             ),
             (
                 "[classes]\nhigh = { sources = [\"198.18.20.0/33\"] }\n",
-                "line 2: classes.high.sources[0]: `198.18.20.0/33`: prefix length must be 0..=32",
+                "line 2, column 21: classes.high.sources[0]: `198.18.20.0/33`: prefix length must be 0..=32",
             ),
             (
                 "[classes]\nhigh = { sources = [\"10.0.0.0/8\"] }\nsheddable = { sources = [\"10.0.0.0/8\"] }\n",
-                "line 3: classes.sheddable.sources[0]: 10.0.0.0/8 is already listed under classes.high",
+                "line 3, column 26: classes.sheddable.sources[0]: 10.0.0.0/8 is already listed under classes.high",
             ),
             (
                 "[[service]]\nname = \"a b\"\nports = [1]\n",
-                "line 2: service[0].name: `a b`: use 1 to 64 characters from [A-Za-z0-9._-] (it becomes a metric label)",
+                "line 2, column 8: service[0].name: `a b`: use 1 to 64 characters from [A-Za-z0-9._-] (it becomes a metric label)",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = []\n",
-                "line 3: service[0] (a).ports: at least one port is needed",
+                "line 3, column 9: service[0] (a).ports: at least one port is needed",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\n[[service]]\nname = \"b\"\nports = [80]\n",
-                "line 6: service[1] (b).ports[0]: port 80 on any address is already protected by service `a`",
+                "line 6, column 10: service[1] (b).ports[0]: port 80 on any address is already protected by service `a`",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nmin_limit = 10\nmax_limit = 5\n",
-                "line 5: service[0] (a).max_limit: 5 is below min_limit (10)",
+                "line 5, column 13: service[0] (a).max_limit: 5 is below min_limit (10)",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nmax_limit = 100\nfallback_limit = 500\n",
-                "line 5: service[0] (a).fallback_limit: 500 is outside [min_limit, max_limit] = [8, 100]",
+                "line 5, column 18: service[0] (a).fallback_limit: 500 is outside [min_limit, max_limit] = [8, 100]",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nmin_limit = 0\n",
-                "line 4: service[0] (a).min_limit: must be at least 1, so some traffic always flows and the controller can learn",
+                "line 4, column 13: service[0] (a).min_limit: must be at least 1, so some traffic always flows and the controller can learn",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nrate = { vip = { per_second = 1, burst = 1 } }\n",
-                "line 4: service[0] (a).rate.vip: unknown class; use one of [\"critical\", \"high\", \"medium\", \"sheddable\"]",
+                "line 4, column 16: service[0] (a).rate.vip: unknown class; use one of [\"critical\", \"high\", \"medium\", \"sheddable\"]",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nrate = { high = { per_second = 0, burst = 1 } }\n",
-                "line 4: service[0] (a).rate.high: per_second must be 1..=1e9 and burst at least 1 (got 0 and 1)",
+                "line 4, column 17: service[0] (a).rate.high: per_second must be 1..=1e9 and burst at least 1 (got 0 and 1)",
             ),
             (
                 "[daemon]\nsyn_retransmit_window_ms = 600001\n",
-                "line 2: daemon.syn_retransmit_window_ms: 600001 is outside 0..=600000 (0 disables retransmit recognition)",
+                "line 2, column 28: daemon.syn_retransmit_window_ms: 600001 is outside 0..=600000 (0 disables retransmit recognition)",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 3600001\n",
-                "line 4: service[0] (a).retry_window_ms: 3600001 is outside 0..=3600000 (0 disables retry recognition)",
+                "line 4, column 19: service[0] (a).retry_window_ms: 3600001 is outside 0..=3600000 (0 disables retry recognition)",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\ndemote_retries = true\nretry_window_ms = 0\n",
-                "line 4: service[0] (a).demote_retries: true has no effect with retry_window_ms = 0 (no attempt is recognised as a retry); give retry_window_ms a window or remove demote_retries",
+                "line 4, column 18: service[0] (a).demote_retries: true has no effect with retry_window_ms = 0 (no attempt is recognised as a retry); give retry_window_ms a window or remove demote_retries",
             ),
         ];
         for (toml, expected) in cases {
@@ -717,24 +718,24 @@ mod tests {
             ),
             (
                 format!("[daemon]\ntick_ms = 100\ninterfaces = []\n{SVC}"),
-                "line 3: daemon.interfaces: no interface is listed, so nothing would be shed; list the interfaces that receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set daemon.measure_only = true to measure, run the controllers and serve status and metrics without shedding",
+                "line 3, column 14: daemon.interfaces: no interface is listed, so nothing would be shed; list the interfaces that receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set daemon.measure_only = true to measure, run the controllers and serve status and metrics without shedding",
             ),
             (
                 format!("[daemon]\nmeasure_only = false\n{SVC}"),
-                "line 1: daemon.interfaces: no interface is listed, so nothing would be shed; list the interfaces that receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set daemon.measure_only = true to measure, run the controllers and serve status and metrics without shedding",
+                "line 1, column 1: daemon.interfaces: no interface is listed, so nothing would be shed; list the interfaces that receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set daemon.measure_only = true to measure, run the controllers and serve status and metrics without shedding",
             ),
             (
                 format!("[daemon]\ninterfaces = [\"eth0\"]\nmeasure_only = true\n{SVC}"),
-                "line 3: daemon.measure_only: true attaches to no interface, but daemon.interfaces lists [\"eth0\"]; remove measure_only to shed on them, or the interfaces to measure only",
+                "line 3, column 16: daemon.measure_only: true attaches to no interface, but daemon.interfaces lists [\"eth0\"]; remove measure_only to shed on them, or the interfaces to measure only",
             ),
             (
                 format!("[daemon]\nmeasure_only = \"yes\"\n{SVC}"),
-                "line 2: daemon.measure_only: invalid type: string \"yes\", expected a boolean",
+                "line 2, column 16: daemon.measure_only: invalid type: string \"yes\", expected a boolean",
             ),
             (
                 // A more specific mistake is reported first.
                 "[daemon]\ntick_ms = 5\n".into(),
-                "line 2: daemon.tick_ms: 5 is outside 10..=60000",
+                "line 2, column 11: daemon.tick_ms: 5 is outside 10..=60000",
             ),
         ];
         for (toml, expected) in cases {
