@@ -49,3 +49,35 @@ pub(super) fn err(field: impl Into<String>, message: impl Into<String>) -> Confi
         message: message.into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_says_where_then_which_key_then_what() {
+        let mut e = err("daemon.tick_ms", "5 is outside 10..=60000");
+        assert_eq!(e.to_string(), "daemon.tick_ms: 5 is outside 10..=60000");
+        (e.line, e.column) = (Some(2), Some(11));
+        assert_eq!(
+            e.to_string(),
+            "line 2, column 11: daemon.tick_ms: 5 is outside 10..=60000"
+        );
+        e.file = Some("/etc/shedder/shedder.toml".into());
+        assert_eq!(
+            e.to_string(),
+            "/etc/shedder/shedder.toml:2:11: daemon.tick_ms: 5 is outside 10..=60000"
+        );
+        let e = ConfigError {
+            line: None,
+            column: None,
+            field: String::new(),
+            message: "cannot read: denied".into(),
+            ..e
+        };
+        assert_eq!(
+            e.to_string(),
+            "/etc/shedder/shedder.toml: cannot read: denied"
+        );
+    }
+}

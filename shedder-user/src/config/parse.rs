@@ -423,6 +423,87 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
         }
     }
 
+    /// A file as operators write it: a comment, blank lines, two `[[service]]` tables.
+    const TWO_SERVICES: &str = "\
+# shedder.toml
+[daemon]
+interfaces = [\"eth0\"]  # the uplink
+
+[[service]]
+name = \"api\"
+ports = [8080]
+
+[[service]]
+name = \"web\"
+ports = [80, 443]
+min_limit = 50
+";
+
+    /// Where `TWO_SERVICES` followed by `more` is refused: (line, column, key path), and the
+    /// whole message.
+    fn refusal(more: &str) -> ((usize, usize, String), String) {
+        let e = Config::parse(&format!("{TWO_SERVICES}{more}")).unwrap_err();
+        let at = (e.line.unwrap(), e.column.unwrap(), e.field.clone());
+        (at, e.to_string())
+    }
+
+    #[test]
+    fn a_validation_error_is_placed_at_its_value() {
+        // Line 13 of the file, the value after `max_limit   = `.
+        let (at, text) = refusal("max_limit   = 10\n");
+        assert_eq!(at, (13, 15, "service[1] (web).max_limit".into()));
+        assert_eq!(
+            text,
+            "line 13, column 15: service[1] (web).max_limit: 10 is below min_limit (50)"
+        );
+        // Columns count characters: `é` is two bytes, one column.
+        let (at, _) = refusal("rate = { \"m\u{e9}dium\" = { per_second = 1, burst = 1 } }\n");
+        assert_eq!(at, (13, 21, "service[1] (web).rate.m\u{e9}dium".into()));
+        // A key left to its default, refused: at the header of its table.
+        let (at, text) = refusal("max_limit = 100\n");
+        assert_eq!(at, (9, 1, "service[1] (web).fallback_limit".into()));
+        assert!(
+            text.ends_with("256 is outside [min_limit, max_limit] = [50, 100]"),
+            "{text}"
+        );
+        let (at, _) = refusal(
+            "\n[fleet]\nendpoints = [\"http://e:2379\"]\nmax_nodes = 3\nusername = \"x\"\n",
+        );
+        assert_eq!(at, (14, 1, "fleet.password_file".into()));
+    }
+
+    #[test]
+    fn a_deserialization_error_is_placed_at_its_value() {
+        // In the third [[service]], indented.
+        let (at, text) =
+            refusal("\n  [[service]]\n  name = \"db\"\n  ports = [5432]\n  max_limit = \"lots\"\n");
+        assert_eq!(at, (17, 15, "service[2] (db).max_limit".into()));
+        assert_eq!(
+            text,
+            "line 17, column 15: service[2] (db).max_limit: invalid type: string \"lots\", \
+             expected an integer in 0..=4294967295"
+        );
+        // A key the table lacks: at the table's header.
+        let (at, _) = refusal("\n  [[service]]\n  name = \"db\"\n");
+        assert_eq!(at, (14, 3, "service[2] (db).ports".into()));
+        // An element of an array written over several lines.
+        let (at, _) = refusal("addresses = [\n    \"198.18.0.1\",\n    \"198.18.0.300\",\n]\n");
+        assert_eq!(at, (15, 5, "service[1] (web).addresses[1]".into()));
+        // An unknown key: at the key.
+        let (at, _) = refusal("  max_limt = 5\n");
+        assert_eq!(at, (13, 3, "service[1] (web).max_limt".into()));
+    }
+
+    #[test]
+    fn a_syntax_error_is_placed_where_toml_stops() {
+        let e = Config::parse("[daemon]\ninterfaces = [\"eth0\"]\ntick_ms = = 5\n").unwrap_err();
+        assert_eq!(
+            (e.line, e.column, e.field.as_str()),
+            (Some(3), Some(11), "")
+        );
+        assert_eq!(e.to_string(), format!("line 3, column 11: {}", e.message));
+    }
+
     #[test]
     fn file_errors_name_the_file() {
         let e = Config::load(Path::new("/nonexistent/shedder.toml")).unwrap_err();
