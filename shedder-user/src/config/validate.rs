@@ -245,25 +245,24 @@ impl Config {
                 format!("{} is outside 100..=60000", f.timeout_ms),
             ));
         }
-        if f.username.is_some() != f.password_file.is_some() {
-            return Err(err(
-                if f.username.is_some() {
-                    "fleet.password_file"
-                } else {
-                    "fleet.username"
-                },
+        // Keys that go together: the one left out is named.
+        let pairs = [
+            (
+                ("username", f.username.is_some()),
+                ("password_file", f.password_file.is_some()),
                 "etcd authentication needs both username and password_file",
-            ));
-        }
-        if f.cert_file.is_some() != f.key_file.is_some() {
-            return Err(err(
-                if f.cert_file.is_some() {
-                    "fleet.key_file"
-                } else {
-                    "fleet.cert_file"
-                },
+            ),
+            (
+                ("cert_file", f.cert_file.is_some()),
+                ("key_file", f.key_file.is_some()),
                 "a client certificate needs both cert_file and key_file",
-            ));
+            ),
+        ];
+        for ((a, has_a), (b, has_b), message) in pairs {
+            if has_a != has_b {
+                let missing = if has_a { b } else { a };
+                return Err(err(format!("fleet.{missing}"), message));
+            }
         }
         if (f.cert_file.is_some() || f.ca_file.is_some())
             && f.endpoints.iter().any(|e| e.starts_with("http://"))
@@ -592,6 +591,14 @@ mod tests {
             (
                 format!("{FLEET}username = \"shedder\"\n"),
                 "line 1, column 1: fleet.password_file: etcd authentication needs both username and password_file",
+            ),
+            (
+                format!("{FLEET}password_file = \"/etc/shedder/etcd.pw\"\n"),
+                "line 1, column 1: fleet.username: etcd authentication needs both username and password_file",
+            ),
+            (
+                format!("{FLEET}key_file = \"/etc/shedder/etcd.key\"\n"),
+                "line 1, column 1: fleet.cert_file: a client certificate needs both cert_file and key_file",
             ),
             (
                 format!("{FLEET}ca_file = \"/etc/ca.pem\"\n"),
