@@ -233,7 +233,8 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
     let r = ok(shedder(&bin, &[], &["status", "--socket", s]));
     assert!(!r.stdout.contains("OVERRIDE"), "{r:?}");
 
-    // A bad policy is refused with its line and field, and the running one stays.
+    // A bad policy is refused with its line, column (the value's, after `fixed_limit = `)
+    // and field, and the running one stays.
     let bad_file = dir.join("bad.toml");
     std::fs::write(
         &bad_file,
@@ -253,7 +254,7 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
     assert_eq!(r.code, 2, "{r:?}");
     assert!(
         r.stderr.contains(&format!(
-            "bad.toml:{line}: service[0] (web).fixed_limit: 1000 is outside"
+            "bad.toml:{line}:15: service[0] (web).fixed_limit: 1000 is outside"
         )),
         "{r:?}"
     );

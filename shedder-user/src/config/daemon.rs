@@ -1,0 +1,118 @@
+//! `[daemon]`: the interfaces, the attach mode, the endpoints and the timing of the daemon.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::defaults;
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Attach {
+    /// Native XDP, generic XDP where the driver has none; on a veth with `rst`, TC (see
+    /// [`crate::kernel::netdev::choose`]).
+    #[default]
+    Auto,
+    /// Native (driver) XDP only.
+    Native,
+    /// Generic (skb) XDP only.
+    Generic,
+    /// TC ingress (tcx, Linux 6.6+).
+    Tc,
+}
+
+impl Attach {
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "auto" => Self::Auto,
+            "native" => Self::Native,
+            "generic" => Self::Generic,
+            "tc" => Self::Tc,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Native => "native",
+            Self::Generic => "generic",
+            Self::Tc => "tc",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Daemon {
+    /// Interfaces to attach to. At least one, unless `measure_only`.
+    #[serde(default)]
+    pub interfaces: Vec<String>,
+    /// Attach to no interface: measure, run the controllers and serve status and metrics,
+    /// shed nothing. Stated, so that a file that forgot its interfaces is refused instead
+    /// of protecting nothing.
+    #[serde(default)]
+    pub measure_only: bool,
+    #[serde(default)]
+    pub attach: Attach,
+    #[serde(default = "defaults::metrics_listen")]
+    pub metrics_listen: String,
+    #[serde(default = "defaults::control_socket")]
+    pub control_socket: PathBuf,
+    /// A group whose members may use the control socket besides root.
+    pub control_group: Option<String>,
+    #[serde(default = "defaults::tick_ms")]
+    pub tick_ms: u64,
+    /// An older heartbeat puts the kernel side on the fallback limits.
+    #[serde(default = "defaults::heartbeat_timeout_ms")]
+    pub heartbeat_timeout_ms: u64,
+    /// Where maps and links are pinned.
+    #[serde(default = "defaults::pin_dir")]
+    pub pin_dir: PathBuf,
+    /// Percentiles of queue age and latency cover this much recent history.
+    #[serde(default = "defaults::signal_window_ms")]
+    pub signal_window_ms: u64,
+    /// Detach and remove the pins when the daemon stops (SIGTERM/SIGINT). With `false` the
+    /// programs stay attached and the fallback limits take over after the heartbeat timeout.
+    #[serde(default = "defaults::detach_on_exit")]
+    pub detach_on_exit: bool,
+    /// Fail-static: a daemon that dies leaves the programs attached with its last limits,
+    /// then the fallback limits. With `true` (the default) the daemon refuses to enforce
+    /// where its pins would die with it (a private mount namespace from which the host's
+    /// bpf filesystem cannot be reached); `false` accepts that: after a crash nothing is
+    /// shed.
+    #[serde(default = "defaults::fail_static")]
+    pub fail_static: bool,
+    /// Debug lines from the packet path (each shed decision, each fail-open), at most
+    /// 20 a second per CPU, logged on the target `shedder::kernel`. Off: the log sites are
+    /// pruned at load and cost nothing. Changes with a restart.
+    #[serde(default)]
+    pub kernel_debug_log: bool,
+    /// A SYN repeating an attempt the packet path remembers (same addresses, ports and
+    /// initial sequence number) within this many milliseconds of the attempt's first SYN is
+    /// a retransmit: counted apart, not as a new attempt. 0 disables the recognition (every
+    /// SYN is then a new attempt). Reloadable.
+    #[serde(default = "defaults::syn_retransmit_window_ms")]
+    pub syn_retransmit_window_ms: u64,
+}
+
+impl Default for Daemon {
+    fn default() -> Self {
+        Self {
+            interfaces: Vec::new(),
+            measure_only: false,
+            attach: Attach::Auto,
+            metrics_listen: defaults::metrics_listen(),
+            control_socket: defaults::control_socket(),
+            control_group: None,
+            tick_ms: defaults::tick_ms(),
+            heartbeat_timeout_ms: defaults::heartbeat_timeout_ms(),
+            pin_dir: defaults::pin_dir(),
+            signal_window_ms: defaults::signal_window_ms(),
+            detach_on_exit: defaults::detach_on_exit(),
+            fail_static: defaults::fail_static(),
+            kernel_debug_log: false,
+            syn_retransmit_window_ms: defaults::syn_retransmit_window_ms(),
+        }
+    }
+}

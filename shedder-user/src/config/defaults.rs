@@ -1,0 +1,93 @@
+//! The value of every key a file may leave out, one function a key (serde's `default`).
+
+use std::path::PathBuf;
+
+pub fn metrics_listen() -> String {
+    "127.0.0.1:9464".into()
+}
+pub fn control_socket() -> PathBuf {
+    "/run/shedder/shedder.sock".into()
+}
+pub fn tick_ms() -> u64 {
+    200
+}
+pub fn heartbeat_timeout_ms() -> u64 {
+    3000
+}
+/// Default root of everything shedder pins.
+pub const PIN_DIR: &str = "/sys/fs/bpf/shedder";
+pub fn pin_dir() -> PathBuf {
+    PIN_DIR.into()
+}
+pub fn signal_window_ms() -> u64 {
+    1000
+}
+pub fn fail_static() -> bool {
+    true
+}
+pub fn detach_on_exit() -> bool {
+    true
+}
+pub fn syn_retransmit_window_ms() -> u64 {
+    30_000
+}
+pub fn retry_window_ms() -> u64 {
+    10_000
+}
+/// The share of a service's `max_limit` the critical class may never exceed, when the file
+/// does not bound it.
+pub fn critical_ceiling() -> f64 {
+    0.05
+}
+pub fn target_latency_ms() -> u64 {
+    200
+}
+pub fn min_limit() -> u32 {
+    8
+}
+pub fn max_limit() -> u32 {
+    4096
+}
+pub fn fallback_limit() -> u32 {
+    256
+}
+pub fn fleet_prefix() -> String {
+    "/shedder".into()
+}
+pub fn lease_ttl_s() -> u64 {
+    10
+}
+pub fn safety() -> f64 {
+    0.9
+}
+pub fn etcd_timeout_ms() -> u64 {
+    2000
+}
+pub fn reserve_departed_s() -> u64 {
+    3600
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Action, Attach, ClassName, Config, Mode, fixtures::IFACE};
+
+    #[test]
+    fn defaults_are_documented_values() {
+        let c =
+            Config::parse(&format!("{IFACE}[[service]]\nname = \"a\"\nports = [80]\n")).unwrap();
+        assert!(!c.daemon.measure_only);
+        assert_eq!(c.daemon.tick_ms, 200);
+        assert_eq!(c.daemon.heartbeat_timeout_ms, 3000);
+        assert_eq!(c.daemon.attach, Attach::Auto);
+        assert_eq!(c.classes.critical.ceiling, Some(0.05));
+        let s = &c.services[0];
+        assert_eq!((s.min_limit, s.max_limit, s.fallback_limit), (8, 4096, 256));
+        assert_eq!(
+            (s.action, s.mode, s.default_class),
+            (Action::Rst, Mode::Enforce, ClassName::Medium)
+        );
+        assert_eq!(c.daemon.syn_retransmit_window_ms, 30_000);
+        assert_eq!((s.retry_window_ms, s.demote_retries), (10_000, None));
+        assert!(s.demotes_retries(), "retries are demoted by default");
+    }
+}

@@ -1,0 +1,101 @@
+//! `[[service]]`: what one protected service is, and how its limit is found and enforced.
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use serde::Deserialize;
+
+use super::{classes::ClassName, defaults};
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Controller {
+    #[default]
+    Aimd,
+    Gradient2,
+    Fixed,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Answer RST|ACK: the client fails at once.
+    #[default]
+    Rst,
+    /// Drop the SYN: the client's kernel retransmits it after about a second.
+    Drop,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    /// Count what would be shed; shed nothing.
+    DryRun,
+}
+
+/// A token bucket for new connections of one class.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Rate {
+    pub per_second: u64,
+    pub burst: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Service {
+    pub name: String,
+    pub ports: Vec<u16>,
+    /// Destination addresses the service listens on; empty = any address.
+    #[serde(default)]
+    pub addresses: Vec<IpAddr>,
+    #[serde(default)]
+    pub default_class: ClassName,
+    /// cgroup of the service, relative to the cgroup v2 mount.
+    pub cgroup: Option<String>,
+    #[serde(default = "defaults::target_latency_ms")]
+    pub target_latency_ms: u64,
+    #[serde(default)]
+    pub controller: Controller,
+    #[serde(default = "defaults::min_limit")]
+    pub min_limit: u32,
+    /// Hard ceiling of the service's concurrency limit.
+    #[serde(default = "defaults::max_limit")]
+    pub max_limit: u32,
+    /// Limit in force when the daemon's heartbeat is stale.
+    #[serde(default = "defaults::fallback_limit")]
+    pub fallback_limit: u32,
+    /// The limit of the `fixed` controller (default: fallback_limit).
+    pub fixed_limit: Option<u32>,
+    /// Expected request rate; when set, the hard ceiling is also bounded by Little's law:
+    /// `target_rps × target_latency × 1.5` (seed 000 R1).
+    pub target_rps: Option<f64>,
+    #[serde(default)]
+    pub action: Action,
+    #[serde(default)]
+    pub mode: Mode,
+    /// Optional per-class new-connection rates, keyed by class name.
+    #[serde(default)]
+    pub rate: BTreeMap<String, Rate>,
+    /// A new attempt from a source this service shed within this many milliseconds is a
+    /// retry (counted by class; see `demote_retries`). 0 disables retry recognition.
+    #[serde(default = "defaults::retry_window_ms")]
+    pub retry_window_ms: u64,
+    /// Decide retries one class lower (CRITICAL → HIGH → MEDIUM → SHEDDABLE; SHEDDABLE
+    /// stays), so under load first attempts win (seed 001). Default true; `None` when the
+    /// file does not set it (see [`Service::demotes_retries`]).
+    #[serde(default)]
+    pub demote_retries: Option<bool>,
+    /// Fleet mode: the downstream's capacity in connections, shared by every node of the
+    /// fleet that protects a service of this name (needs `[fleet]`).
+    pub global_limit: Option<u32>,
+}
+
+impl Service {
+    /// Whether retries are decided one class lower: as configured, default true; never
+    /// while retry recognition is off (`retry_window_ms = 0`).
+    pub fn demotes_retries(&self) -> bool {
+        self.retry_window_ms > 0 && self.demote_retries.unwrap_or(true)
+    }
+}

@@ -1,0 +1,769 @@
+//! The rules a value that parsed may still break: ranges, the relations between keys, and
+//! the capacities of the kernel's maps. The first problem found is the one reported.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::IpAddr,
+};
+
+use shedder_common::{CLASS_NAMES, MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES};
+
+use super::{
+    classes::Prefix,
+    document::Config,
+    error::{ConfigError, err},
+};
+
+/// Largest concurrency limit accepted: far above any real service, far below overflow.
+pub const LIMIT_CEILING: u32 = 1 << 24;
+
+/// Longest `daemon.syn_retransmit_window_ms`: ten minutes, well past the last SYN a Linux
+/// client retransmits (63 s after the first with the default `tcp_syn_retries` of 6).
+pub const MAX_SYN_RETRANSMIT_WINDOW_MS: u64 = 600_000;
+
+/// Longest `retry_window_ms` of a service: an hour. The kernel holds the window in 32-bit
+/// jiffies: an hour is 3.6 million at HZ 1000, far below `u32::MAX`.
+pub const MAX_RETRY_WINDOW_MS: u64 = 3_600_000;
+
+/// A name that can be a metric label or an etcd key component: 1 to 64 characters from
+/// `[A-Za-z0-9._-]`.
+pub(super) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+}
+
+impl Config {
+    /// Check every value; the first problem is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let d = &self.daemon;
+        if d.tick_ms < 10 || d.tick_ms > 60_000 {
+            return Err(err(
+                "daemon.tick_ms",
+                format!("{} is outside 10..=60000", d.tick_ms),
+            ));
+        }
+        if d.heartbeat_timeout_ms < 2 * d.tick_ms {
+            return Err(err(
+                "daemon.heartbeat_timeout_ms",
+                format!(
+                    "{} must be at least twice tick_ms ({}), or every late tick drops to the fallback limits",
+                    d.heartbeat_timeout_ms, d.tick_ms
+                ),
+            ));
+        }
+        if d.signal_window_ms < d.tick_ms || d.signal_window_ms > 60_000 {
+            return Err(err(
+                "daemon.signal_window_ms",
+                format!(
+                    "{} must be between tick_ms ({}) and 60000",
+                    d.signal_window_ms, d.tick_ms
+                ),
+            ));
+        }
+        if d.heartbeat_timeout_ms > 3_600_000 {
+            return Err(err(
+                "daemon.heartbeat_timeout_ms",
+                format!("{} is longer than an hour", d.heartbeat_timeout_ms),
+            ));
+        }
+        if d.metrics_listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(err(
+                "daemon.metrics_listen",
+                format!(
+                    "`{}` is not an address:port (e.g. 127.0.0.1:9464)",
+                    d.metrics_listen
+                ),
+            ));
+        }
+        if let Some(g) = &d.control_group
+            && (g.is_empty() || g.contains(['/', ':', ' ']))
+        {
+            return Err(err(
+                "daemon.control_group",
+                format!("`{g}` is not a group name"),
+            ));
+        }
+        if d.syn_retransmit_window_ms > MAX_SYN_RETRANSMIT_WINDOW_MS {
+            return Err(err(
+                "daemon.syn_retransmit_window_ms",
+                format!(
+                    "{} is outside 0..={MAX_SYN_RETRANSMIT_WINDOW_MS} (0 disables retransmit recognition)",
+                    d.syn_retransmit_window_ms
+                ),
+            ));
+        }
+        for (i, iface) in d.interfaces.iter().enumerate() {
+            if iface.is_empty() || iface.len() > 15 || iface.contains('/') {
+                return Err(err(
+                    format!("daemon.interfaces[{i}]"),
+                    format!("`{iface}` is not a valid interface name"),
+                ));
+            }
+        }
+        self.validate_classes()?;
+        self.validate_services()?;
+        self.validate_fleet()?;
+        // Last: a file with a mistake elsewhere hears of that mistake first.
+        self.validate_measure_only()
+    }
+
+    /// A file without interfaces would shed nothing: refused unless it says so.
+    fn validate_measure_only(&self) -> Result<(), ConfigError> {
+        let d = &self.daemon;
+        match (d.measure_only, d.interfaces.is_empty()) {
+            (false, true) => Err(err(
+                "daemon.interfaces",
+                "no interface is listed, so nothing would be shed; list the interfaces that \
+                 receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set \
+                 daemon.measure_only = true to measure, run the controllers and serve status \
+                 and metrics without shedding",
+            )),
+            (true, false) => Err(err(
+                "daemon.measure_only",
+                format!(
+                    "true attaches to no interface, but daemon.interfaces lists {:?}; remove \
+                     measure_only to shed on them, or the interfaces to measure only",
+                    d.interfaces
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn validate_fleet(&self) -> Result<(), ConfigError> {
+        let Some(f) = &self.fleet else {
+            if let Some((i, s)) = self
+                .services
+                .iter()
+                .enumerate()
+                .find(|(_, s)| s.global_limit.is_some())
+            {
+                return Err(err(
+                    format!("service[{i}] ({}).global_limit", s.name),
+                    "needs a [fleet] section (the etcd cluster the fleet shares it through)",
+                ));
+            }
+            return Ok(());
+        };
+        if f.endpoints.is_empty() {
+            return Err(err(
+                "fleet.endpoints",
+                "at least one etcd endpoint is needed",
+            ));
+        }
+        for (i, e) in f.endpoints.iter().enumerate() {
+            let rest = e
+                .strip_prefix("http://")
+                .or_else(|| e.strip_prefix("https://"));
+            if rest.is_none_or(|r| r.is_empty() || r.contains('/')) {
+                return Err(err(
+                    format!("fleet.endpoints[{i}]"),
+                    format!(
+                        "`{e}` is not an etcd client URL (http://host:port or https://host:port)"
+                    ),
+                ));
+            }
+        }
+        if let Some(n) = &f.node
+            && !valid_name(n)
+        {
+            return Err(err(
+                "fleet.node",
+                format!("`{n}`: use 1 to 64 characters from [A-Za-z0-9._-]"),
+            ));
+        }
+        if !f.prefix.starts_with('/')
+            || f.prefix.len() < 2
+            || f.prefix.ends_with('/')
+            || f.prefix.contains(char::is_whitespace)
+        {
+            return Err(err(
+                "fleet.prefix",
+                format!(
+                    "`{}` must start with `/`, not end with one, and hold no spaces",
+                    f.prefix
+                ),
+            ));
+        }
+        if !(3..=300).contains(&f.lease_ttl_s) {
+            return Err(err(
+                "fleet.lease_ttl_s",
+                format!("{} is outside 3..=300", f.lease_ttl_s),
+            ));
+        }
+        if !(f.safety > 0.0 && f.safety <= 1.0) {
+            return Err(err(
+                "fleet.safety",
+                format!("{} is outside (0, 1]", f.safety),
+            ));
+        }
+        if !(1..=100_000).contains(&f.max_nodes) {
+            return Err(err(
+                "fleet.max_nodes",
+                format!("{} is outside 1..=100000", f.max_nodes),
+            ));
+        }
+        let fail_static = f.fail_static().as_millis() as u64;
+        let lease_ms = f.etcd_lease_ttl().as_millis() as u64;
+        if fail_static < self.daemon.tick_ms || fail_static >= lease_ms {
+            return Err(err(
+                "fleet.fail_static_ms",
+                format!(
+                    "{fail_static} must be at least tick_ms ({}) and below the etcd lease \
+                     (lease_ttl_s less 1 s: {lease_ms} ms): a partitioned node must let go of \
+                     its share before its lease expires",
+                    self.daemon.tick_ms,
+                ),
+            ));
+        }
+        if f.reserve_departed_s < f.lease_ttl_s || f.reserve_departed_s > 30 * 86_400 {
+            return Err(err(
+                "fleet.reserve_departed_s",
+                format!(
+                    "{} is outside lease_ttl_s ({})..=2592000 (30 days)",
+                    f.reserve_departed_s, f.lease_ttl_s
+                ),
+            ));
+        }
+        if self.daemon.heartbeat_timeout_ms >= lease_ms {
+            return Err(err(
+                "daemon.heartbeat_timeout_ms",
+                format!(
+                    "{} must be below the etcd lease (fleet.lease_ttl_s less 1 s: {lease_ms} ms) in \
+                     fleet mode: a node whose daemon died must be on its fallback limit (its static \
+                     share) before its lease expires and the others take its share",
+                    self.daemon.heartbeat_timeout_ms
+                ),
+            ));
+        }
+        if !(100..=60_000).contains(&f.timeout_ms) {
+            return Err(err(
+                "fleet.timeout_ms",
+                format!("{} is outside 100..=60000", f.timeout_ms),
+            ));
+        }
+        // Keys that go together: the one left out is named.
+        let pairs = [
+            (
+                ("username", f.username.is_some()),
+                ("password_file", f.password_file.is_some()),
+                "etcd authentication needs both username and password_file",
+            ),
+            (
+                ("cert_file", f.cert_file.is_some()),
+                ("key_file", f.key_file.is_some()),
+                "a client certificate needs both cert_file and key_file",
+            ),
+        ];
+        for ((a, has_a), (b, has_b), message) in pairs {
+            if has_a != has_b {
+                let missing = if has_a { b } else { a };
+                return Err(err(format!("fleet.{missing}"), message));
+            }
+        }
+        if (f.cert_file.is_some() || f.ca_file.is_some())
+            && f.endpoints.iter().any(|e| e.starts_with("http://"))
+        {
+            return Err(err(
+                "fleet.endpoints",
+                "TLS files are set but an endpoint is http://; use https:// endpoints",
+            ));
+        }
+        for (i, s) in self.services.iter().enumerate() {
+            if let Some(g) = s.global_limit
+                && (g == 0 || g > LIMIT_CEILING)
+            {
+                return Err(err(
+                    format!("service[{i}] ({}).global_limit", s.name),
+                    format!("{g} is outside 1..={LIMIT_CEILING}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_classes(&self) -> Result<(), ConfigError> {
+        let mut seen: HashMap<Prefix, &str> = HashMap::new();
+        let (mut v4, mut v6) = (0u32, 0u32);
+        let mut floors = 0.0;
+        for (id, class) in self.classes.by_id().into_iter().enumerate() {
+            let name = CLASS_NAMES[id];
+            let field = |f: &str| format!("classes.{name}.{f}");
+            if id == 0 {
+                if class.floor.is_some() {
+                    return Err(err(
+                        field("floor"),
+                        "critical is never shed by pressure, so it has no floor; bound it with `ceiling`",
+                    ));
+                }
+                match class.ceiling {
+                    Some(c) if c > 0.0 && c <= 1.0 => {}
+                    Some(c) => {
+                        return Err(err(field("ceiling"), format!("{c} is outside (0, 1]")));
+                    }
+                    None => {
+                        return Err(err(
+                            field("ceiling"),
+                            "critical needs a finite ceiling (seed 000 R4: unsheddable, not unbounded)",
+                        ));
+                    }
+                }
+            } else {
+                if let Some(f) = class.floor {
+                    if !(0.0..=1.0).contains(&f) {
+                        return Err(err(field("floor"), format!("{f} is outside [0, 1]")));
+                    }
+                    floors += f;
+                }
+                if let Some(c) = class.ceiling
+                    && !(c > 0.0 && c <= 1.0)
+                {
+                    return Err(err(field("ceiling"), format!("{c} is outside (0, 1]")));
+                }
+                if let (Some(f), Some(c)) = (class.floor, class.ceiling)
+                    && f > c
+                {
+                    return Err(err(
+                        field("floor"),
+                        format!("floor {f} is above the class ceiling {c}"),
+                    ));
+                }
+            }
+            for (i, s) in class.sources.iter().enumerate() {
+                let p =
+                    Prefix::parse(s).map_err(|m| err(format!("{}[{i}]", field("sources")), m))?;
+                if let Some(other) = seen.insert(p, name) {
+                    return Err(err(
+                        format!("{}[{i}]", field("sources")),
+                        format!("{p} is already listed under classes.{other}"),
+                    ));
+                }
+                if p.addr.is_ipv4() {
+                    v4 += 1;
+                } else {
+                    v6 += 1;
+                }
+            }
+        }
+        if floors > 1.0 + 1e-9 {
+            return Err(err(
+                "classes",
+                format!("the floors add up to {floors:.2}, more than the whole limit"),
+            ));
+        }
+        for (family, n) in [("IPv4", v4), ("IPv6", v6)] {
+            if n > MAX_CLASS_RULES {
+                return Err(err(
+                    "classes",
+                    format!("{n} {family} source prefixes; the class map holds {MAX_CLASS_RULES}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_services(&self) -> Result<(), ConfigError> {
+        if self.services.len() > MAX_SERVICES as usize {
+            return Err(err(
+                "service",
+                format!(
+                    "{} services; the maps hold {MAX_SERVICES}",
+                    self.services.len()
+                ),
+            ));
+        }
+        let mut names = HashSet::new();
+        // (address or None for any, port) → service name
+        let mut bound: HashMap<(Option<IpAddr>, u16), &str> = HashMap::new();
+        let mut addr_entries = 0u32;
+        for (i, s) in self.services.iter().enumerate() {
+            let field = |f: &str| format!("service[{i}].{f}");
+            if !valid_name(&s.name) {
+                return Err(err(
+                    field("name"),
+                    format!(
+                        "`{}`: use 1 to 64 characters from [A-Za-z0-9._-] (it becomes a metric label)",
+                        s.name
+                    ),
+                ));
+            }
+            let field = |f: &str| format!("service[{i}] ({}).{f}", s.name);
+            if !names.insert(s.name.as_str()) {
+                return Err(err(field("name"), "another service has this name"));
+            }
+            if s.ports.is_empty() {
+                return Err(err(field("ports"), "at least one port is needed"));
+            }
+            for (j, &port) in s.ports.iter().enumerate() {
+                if port == 0 {
+                    return Err(err(
+                        format!("{}[{j}]", field("ports")),
+                        "port 0 is not a port",
+                    ));
+                }
+                let targets: Vec<Option<IpAddr>> = if s.addresses.is_empty() {
+                    vec![None]
+                } else {
+                    s.addresses.iter().copied().map(Some).collect()
+                };
+                for t in targets {
+                    if let Some(other) = bound.insert((t, port), &s.name) {
+                        let at = t.map_or("any address".to_string(), |a| a.to_string());
+                        return Err(err(
+                            format!("{}[{j}]", field("ports")),
+                            format!(
+                                "port {port} on {at} is already protected by service `{other}`"
+                            ),
+                        ));
+                    }
+                    if t.is_some() {
+                        addr_entries += 1;
+                    }
+                }
+            }
+            if s.min_limit == 0 {
+                return Err(err(
+                    field("min_limit"),
+                    "must be at least 1, so some traffic always flows and the controller can learn",
+                ));
+            }
+            if s.max_limit > LIMIT_CEILING {
+                return Err(err(
+                    field("max_limit"),
+                    format!("{} is above the supported {LIMIT_CEILING}", s.max_limit),
+                ));
+            }
+            if s.max_limit < s.min_limit {
+                return Err(err(
+                    field("max_limit"),
+                    format!("{} is below min_limit ({})", s.max_limit, s.min_limit),
+                ));
+            }
+            if s.fallback_limit < s.min_limit || s.fallback_limit > s.max_limit {
+                return Err(err(
+                    field("fallback_limit"),
+                    format!(
+                        "{} is outside [min_limit, max_limit] = [{}, {}]",
+                        s.fallback_limit, s.min_limit, s.max_limit
+                    ),
+                ));
+            }
+            if let Some(f) = s.fixed_limit
+                && (f < s.min_limit || f > s.max_limit)
+            {
+                return Err(err(
+                    field("fixed_limit"),
+                    format!(
+                        "{f} is outside [min_limit, max_limit] = [{}, {}]",
+                        s.min_limit, s.max_limit
+                    ),
+                ));
+            }
+            if let Some(r) = s.target_rps
+                && !(r > 0.0 && r.is_finite())
+            {
+                return Err(err(
+                    field("target_rps"),
+                    format!("{r} must be a positive number"),
+                ));
+            }
+            if s.target_latency_ms == 0 || s.target_latency_ms > 600_000 {
+                return Err(err(
+                    field("target_latency_ms"),
+                    format!("{} is outside 1..=600000", s.target_latency_ms),
+                ));
+            }
+            if let Some(cg) = &s.cgroup
+                && (cg.is_empty() || cg.split('/').any(|c| c == ".."))
+            {
+                return Err(err(
+                    field("cgroup"),
+                    format!("`{cg}` must be a path relative to the cgroup v2 mount, without `..`"),
+                ));
+            }
+            if s.retry_window_ms > MAX_RETRY_WINDOW_MS {
+                return Err(err(
+                    field("retry_window_ms"),
+                    format!(
+                        "{} is outside 0..={MAX_RETRY_WINDOW_MS} (0 disables retry recognition)",
+                        s.retry_window_ms
+                    ),
+                ));
+            }
+            if s.retry_window_ms == 0 && s.demote_retries == Some(true) {
+                return Err(err(
+                    field("demote_retries"),
+                    "true has no effect with retry_window_ms = 0 (no attempt is recognised as a retry); \
+                     give retry_window_ms a window or remove demote_retries",
+                ));
+            }
+            for (class, rate) in &s.rate {
+                let f = format!("{}.{class}", field("rate"));
+                if !CLASS_NAMES.contains(&class.as_str()) {
+                    return Err(err(f, format!("unknown class; use one of {CLASS_NAMES:?}")));
+                }
+                if shedder_common::gcra::BucketParams::new(rate.per_second, rate.burst).is_none() {
+                    return Err(err(
+                        f,
+                        format!(
+                            "per_second must be 1..=1e9 and burst at least 1 (got {} and {})",
+                            rate.per_second, rate.burst
+                        ),
+                    ));
+                }
+            }
+        }
+        if addr_entries > MAX_ADDR_SERVICES {
+            return Err(err(
+                "service",
+                format!(
+                    "{addr_entries} (address, port) pairs; the address map holds {MAX_ADDR_SERVICES}"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{super::fixtures::*, *};
+
+    #[test]
+    fn retry_settings() {
+        let svc = |extra: &str| {
+            Config::parse(&format!(
+                "{IFACE}syn_retransmit_window_ms = 0\n[[service]]\nname = \"a\"\nports = [80]\n{extra}"
+            ))
+            .unwrap()
+        };
+        let c = svc("retry_window_ms = 5000\ndemote_retries = false\n");
+        assert_eq!(
+            c.daemon.syn_retransmit_window_ms, 0,
+            "0 disables, and is valid"
+        );
+        assert_eq!(c.services[0].retry_window_ms, 5000);
+        assert!(!c.services[0].demotes_retries());
+        // Retry recognition off: nothing is a retry, so nothing is demoted.
+        let c = svc("retry_window_ms = 0\n");
+        assert!(!c.services[0].demotes_retries());
+        let c = svc("retry_window_ms = 0\ndemote_retries = false\n");
+        assert!(!c.services[0].demotes_retries());
+        // The bounds themselves are accepted.
+        let c = Config::parse(&format!(
+            "{IFACE}syn_retransmit_window_ms = 600000\n\
+             [[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 3600000\n",
+        ))
+        .unwrap();
+        assert_eq!(c.services[0].retry_window_ms, MAX_RETRY_WINDOW_MS);
+    }
+
+    #[test]
+    fn bad_fleet_settings_name_the_field() {
+        let cases: &[(String, &str)] = &[
+            (
+                SHARED.to_string(),
+                "line 4, column 16: service[0] (db).global_limit: needs a [fleet] section (the etcd cluster the fleet shares it through)",
+            ),
+            (
+                format!("{FLEET}lease_ttl_s = 4\nfail_static_ms = 3000\n"),
+                "line 6, column 18: fleet.fail_static_ms: 3000 must be at least tick_ms (200) and below the etcd lease (lease_ttl_s less 1 s: 3000 ms): a partitioned node must let go of its share before its lease expires",
+            ),
+            (
+                format!("[daemon]\nheartbeat_timeout_ms = 3000\n{FLEET}lease_ttl_s = 4\n"),
+                "line 2, column 24: daemon.heartbeat_timeout_ms: 3000 must be below the etcd lease (fleet.lease_ttl_s less 1 s: 3000 ms) in fleet mode: a node whose daemon died must be on its fallback limit (its static share) before its lease expires and the others take its share",
+            ),
+            (
+                "[fleet]\nendpoints = []\nmax_nodes = 3\n".to_string(),
+                "line 2, column 13: fleet.endpoints: at least one etcd endpoint is needed",
+            ),
+            (
+                "[fleet]\nendpoints = [\"198.18.0.21:2379\"]\nmax_nodes = 3\n".to_string(),
+                "line 2, column 14: fleet.endpoints[0]: `198.18.0.21:2379` is not an etcd client URL (http://host:port or https://host:port)",
+            ),
+            (
+                format!("{FLEET}safety = 1.5\n"),
+                "line 5, column 10: fleet.safety: 1.5 is outside (0, 1]",
+            ),
+            (
+                format!("{FLEET}username = \"shedder\"\n"),
+                "line 1, column 1: fleet.password_file: etcd authentication needs both username and password_file",
+            ),
+            (
+                format!("{FLEET}password_file = \"/etc/shedder/etcd.pw\"\n"),
+                "line 1, column 1: fleet.username: etcd authentication needs both username and password_file",
+            ),
+            (
+                format!("{FLEET}key_file = \"/etc/shedder/etcd.key\"\n"),
+                "line 1, column 1: fleet.cert_file: a client certificate needs both cert_file and key_file",
+            ),
+            (
+                format!("{FLEET}ca_file = \"/etc/ca.pem\"\n"),
+                "line 2, column 13: fleet.endpoints: TLS files are set but an endpoint is http://; use https:// endpoints",
+            ),
+            (
+                format!("{FLEET}prefix = \"shedder/\"\n"),
+                "line 5, column 10: fleet.prefix: `shedder/` must start with `/`, not end with one, and hold no spaces",
+            ),
+            (
+                "[fleet]\nendpoints = [\"http://e:2379\"]\n".to_string(),
+                "line 1, column 1: fleet.max_nodes: missing (this key has no default)",
+            ),
+            (
+                format!("{FLEET}[[service]]\nname = \"db\"\nports = [5432]\nglobal_limit = 0\n"),
+                "line 8, column 16: service[0] (db).global_limit: 0 is outside 1..=16777216",
+            ),
+        ];
+        for (toml, want) in cases {
+            assert_eq!(&error_of(toml), want, "{toml}");
+        }
+    }
+
+    /// A table of bad files and the exact message each gets: line and column, field, what is
+    /// wrong.
+    #[test]
+    fn bad_files_name_the_line_and_field() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "[daemon]\ntick_ms = 5\n",
+                "line 2, column 11: daemon.tick_ms: 5 is outside 10..=60000",
+            ),
+            (
+                "[daemon]\ntick_ms = 200\nheartbeat_timeout_ms = 300\n",
+                "line 3, column 24: daemon.heartbeat_timeout_ms: 300 must be at least twice tick_ms (200), or every late tick drops to the fallback limits",
+            ),
+            (
+                "[classes]\ncritical = { floor = 0.1, ceiling = 0.05 }\n",
+                "line 2, column 22: classes.critical.floor: critical is never shed by pressure, so it has no floor; bound it with `ceiling`",
+            ),
+            (
+                "[classes]\ncritical = { sources = [] }\n",
+                "line 2, column 12: classes.critical.ceiling: critical needs a finite ceiling (seed 000 R4: unsheddable, not unbounded)",
+            ),
+            (
+                "[classes]\nhigh = { floor = 1.5 }\n",
+                "line 2, column 18: classes.high.floor: 1.5 is outside [0, 1]",
+            ),
+            (
+                "[classes]\nhigh = { floor = 0.7 }\nmedium = { floor = 0.5 }\n",
+                "line 1, column 1: classes: the floors add up to 1.20, more than the whole limit",
+            ),
+            (
+                "[classes]\nhigh = { sources = [\"198.18.20.1/24\"] }\n",
+                "line 2, column 21: classes.high.sources[0]: `198.18.20.1/24` has host bits set (did you mean 198.18.20.0/24?)",
+            ),
+            (
+                "[classes]\nhigh = { sources = [\"198.18.20.0/33\"] }\n",
+                "line 2, column 21: classes.high.sources[0]: `198.18.20.0/33`: prefix length must be 0..=32",
+            ),
+            (
+                "[classes]\nhigh = { sources = [\"10.0.0.0/8\"] }\nsheddable = { sources = [\"10.0.0.0/8\"] }\n",
+                "line 3, column 26: classes.sheddable.sources[0]: 10.0.0.0/8 is already listed under classes.high",
+            ),
+            (
+                "[[service]]\nname = \"a b\"\nports = [1]\n",
+                "line 2, column 8: service[0].name: `a b`: use 1 to 64 characters from [A-Za-z0-9._-] (it becomes a metric label)",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = []\n",
+                "line 3, column 9: service[0] (a).ports: at least one port is needed",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\n[[service]]\nname = \"b\"\nports = [80]\n",
+                "line 6, column 10: service[1] (b).ports[0]: port 80 on any address is already protected by service `a`",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\nmin_limit = 10\nmax_limit = 5\n",
+                "line 5, column 13: service[0] (a).max_limit: 5 is below min_limit (10)",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\nmax_limit = 100\nfallback_limit = 500\n",
+                "line 5, column 18: service[0] (a).fallback_limit: 500 is outside [min_limit, max_limit] = [8, 100]",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\nmin_limit = 0\n",
+                "line 4, column 13: service[0] (a).min_limit: must be at least 1, so some traffic always flows and the controller can learn",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\nrate = { vip = { per_second = 1, burst = 1 } }\n",
+                "line 4, column 16: service[0] (a).rate.vip: unknown class; use one of [\"critical\", \"high\", \"medium\", \"sheddable\"]",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\nrate = { high = { per_second = 0, burst = 1 } }\n",
+                "line 4, column 17: service[0] (a).rate.high: per_second must be 1..=1e9 and burst at least 1 (got 0 and 1)",
+            ),
+            (
+                "[daemon]\nsyn_retransmit_window_ms = 600001\n",
+                "line 2, column 28: daemon.syn_retransmit_window_ms: 600001 is outside 0..=600000 (0 disables retransmit recognition)",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 3600001\n",
+                "line 4, column 19: service[0] (a).retry_window_ms: 3600001 is outside 0..=3600000 (0 disables retry recognition)",
+            ),
+            (
+                "[[service]]\nname = \"a\"\nports = [80]\ndemote_retries = true\nretry_window_ms = 0\n",
+                "line 4, column 18: service[0] (a).demote_retries: true has no effect with retry_window_ms = 0 (no attempt is recognised as a retry); give retry_window_ms a window or remove demote_retries",
+            ),
+        ];
+        for (toml, expected) in cases {
+            let got = error_of(toml);
+            assert_eq!(&got, expected, "for\n{toml}");
+        }
+    }
+
+    /// A file that attaches to nothing sheds nothing: it must say that it means it.
+    #[test]
+    fn no_interface_needs_measure_only() {
+        const SVC: &str = "[[service]]\nname = \"a\"\nports = [80]\n";
+        let cases: &[(String, &str)] = &[
+            (
+                SVC.into(),
+                "daemon.interfaces: no interface is listed, so nothing would be shed; list the interfaces that receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set daemon.measure_only = true to measure, run the controllers and serve status and metrics without shedding",
+            ),
+            (
+                format!("[daemon]\ntick_ms = 100\ninterfaces = []\n{SVC}"),
+                "line 3, column 14: daemon.interfaces: no interface is listed, so nothing would be shed; list the interfaces that receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set daemon.measure_only = true to measure, run the controllers and serve status and metrics without shedding",
+            ),
+            (
+                format!("[daemon]\nmeasure_only = false\n{SVC}"),
+                "line 1, column 1: daemon.interfaces: no interface is listed, so nothing would be shed; list the interfaces that receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set daemon.measure_only = true to measure, run the controllers and serve status and metrics without shedding",
+            ),
+            (
+                format!("[daemon]\ninterfaces = [\"eth0\"]\nmeasure_only = true\n{SVC}"),
+                "line 3, column 16: daemon.measure_only: true attaches to no interface, but daemon.interfaces lists [\"eth0\"]; remove measure_only to shed on them, or the interfaces to measure only",
+            ),
+            (
+                format!("[daemon]\nmeasure_only = \"yes\"\n{SVC}"),
+                "line 2, column 16: daemon.measure_only: invalid type: string \"yes\", expected a boolean",
+            ),
+            (
+                // A more specific mistake is reported first.
+                "[daemon]\ntick_ms = 5\n".into(),
+                "line 2, column 11: daemon.tick_ms: 5 is outside 10..=60000",
+            ),
+        ];
+        for (toml, expected) in cases {
+            assert_eq!(&error_of(toml), expected, "for\n{toml}");
+        }
+        let c = Config::parse(&format!("[daemon]\nmeasure_only = true\n{SVC}")).unwrap();
+        assert!(c.daemon.measure_only && c.daemon.interfaces.is_empty());
+        let c = Config::parse(&format!("[daemon]\ninterfaces = [\"eth0\"]\n{SVC}")).unwrap();
+        assert!(!c.daemon.measure_only, "shedding is the default");
+        // Without services too: a daemon that only serves its status.
+        assert!(Config::parse("[daemon]\nmeasure_only = true\n").is_ok());
+        assert!(Config::parse("").is_err());
+    }
+
+    #[test]
+    fn address_bound_services_may_share_a_port() {
+        let c = Config::parse(&format!(
+            "{IFACE}[[service]]\nname = \"a\"\nports = [80]\naddresses = [\"198.18.0.2\"]\n\
+             [[service]]\nname = \"b\"\nports = [80]\naddresses = [\"198.18.0.3\"]\n\
+             [[service]]\nname = \"c\"\nports = [80]\n",
+        ));
+        assert!(c.is_ok(), "{c:?}");
+    }
+}
