@@ -21,7 +21,7 @@ use super::{
 /// range) as a [`ConfigError`] like the validation's: the key path (`service[0] (checkout)
 /// .ports[1]`) as the field, and serde's message in the file's terms, saying what is allowed
 /// (`an integer in 0..=65535` rather than `u16`).
-fn shape_error(source: &Source, path: &serde_path_to_error::Path, message: &str) -> ConfigError {
+fn shape_error(source: &Source<'_>, path: &serde_path_to_error::Path, message: &str) -> ConfigError {
     use fmt::Write as _;
     use serde_path_to_error::Segment;
     let segments: Vec<&Segment> = path.iter().collect();
@@ -167,7 +167,7 @@ fn enum_values(key: &str) -> Option<String> {
 }
 
 /// The name of the `index`-th `[[service]]` as written, when it is a valid name.
-fn service_name(source: &Source, index: usize) -> Option<String> {
+fn service_name(source: &Source<'_>, index: usize) -> Option<String> {
     let found = source.find(&format!("service[{index}].name"))?;
     let name = found.value.get_ref().as_str().filter(|_| found.exact)?;
     valid_name(name).then(|| name.to_string())
