@@ -16,7 +16,7 @@ use std::{
     io::{self, BufRead as _, BufReader, BufWriter, Read as _, Seek as _, SeekFrom, Write},
     os::{fd::AsRawFd as _, unix::fs::PermissionsExt as _},
     path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
+    process::{Command, Stdio},
     sync::mpsc,
     thread,
     time::{Duration, Instant},
@@ -26,8 +26,11 @@ use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
 use crate::{
-    cmd::{capture, cargo, cmd, is_root, require_root, root, run, show, stdout, target_dir},
-    setup,
+    cmd::{
+        capture, cargo, checked, cmd, require_root, root, run, show, stdout, succeeds, target_dir,
+        wait_until,
+    },
+    setup::{self, with_apt_update},
 };
 
 /// Where a kernel package comes from.
@@ -506,23 +509,9 @@ fn kernel_config(path: &Path) -> Result<HashMap<String, String>> {
         .collect())
 }
 
-/// Run `f`; if it fails and we are root, `apt-get update` and run it once more (a fresh
-/// machine may have no or stale package lists).
-fn with_apt_update<T>(f: impl Fn() -> Result<T>) -> Result<T> {
-    match f() {
-        Ok(v) => Ok(v),
-        Err(first) if is_root() => {
-            eprintln!("vm-test: {first:#}; updating the package lists and trying again");
-            run(cmd("apt-get", ["update"]).env("DEBIAN_FRONTEND", "noninteractive"))?;
-            f()
-        }
-        Err(first) => Err(first),
-    }
-}
-
 /// The kernel `meta` depends on in the configured apt sources, downloaded into `cache`.
 fn apt_kernel(series: &str, meta: &str, cache: &Path) -> Result<(String, PathBuf)> {
-    let (package, version) = with_apt_update(|| {
+    let (package, version) = with_apt_update("vm-test", || {
         let deps = stdout(&mut cmd("apt-cache", ["depends", meta]))?;
         let package = deps
             .lines()
@@ -557,7 +546,7 @@ fn apt_kernel(series: &str, meta: &str, cache: &Path) -> Result<(String, PathBuf
     }
     eprintln!("vm-test: kernel {series}: {package} {version} from the apt sources");
     let spec = format!("{package}={version}");
-    with_apt_update(|| {
+    with_apt_update("vm-test", || {
         let mut c = cmd("apt-get", ["download", &spec]);
         c.current_dir(cache);
         run(&mut c)
@@ -609,19 +598,13 @@ fn dist_index(archive: &str, dist: &str, cache: &Path) -> Result<String> {
         download(&format!("{archive}/dists/{dist}/InRelease"), &inrelease)?;
         let release = cache.join(format!("{dist}_Release"));
         let _ = fs::remove_file(&release);
-        let out = capture(
+        checked(
             Command::new("gpgv")
                 .args(["--keyring", KEYRING, "--output"])
                 .arg(&release)
                 .arg(&inrelease),
-        )?;
-        if !out.status.success() {
-            bail!(
-                "gpgv does not accept {}: {}",
-                inrelease.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
+        )
+        .with_context(|| format!("gpgv does not accept {}", inrelease.display()))?;
         let release_text = fs::read_to_string(&release)?;
         let path = "main/binary-amd64/Packages.xz";
         let want = release_text
@@ -661,8 +644,7 @@ fn dist_index(archive: &str, dist: &str, cache: &Path) -> Result<String> {
 
 /// `a` is a greater Debian version than `b`.
 fn version_gt(a: &str, b: &str) -> bool {
-    capture(Command::new("dpkg").args(["--compare-versions", a, "gt", b]))
-        .is_ok_and(|o| o.status.success())
+    succeeds(Command::new("dpkg").args(["--compare-versions", a, "gt", b]))
 }
 
 /// The newest generic `linux-image-<series>.*-amd64` of `dist`, downloaded into `cache`.
@@ -761,15 +743,7 @@ fn read_module(path: &Path) -> Result<Vec<u8>> {
     let Some(tool) = tool else {
         return fs::read(path).with_context(|| format!("reading {}", path.display()));
     };
-    let out = capture(Command::new(tool).arg("-dc").arg(path))?;
-    if !out.status.success() {
-        bail!(
-            "{tool} -dc {} failed: {}",
-            path.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(out.stdout)
+    Ok(checked(Command::new(tool).arg("-dc").arg(path))?.stdout)
 }
 
 /// The values of `key` in an ELF64 little-endian module's `.modinfo` section.
@@ -1271,21 +1245,6 @@ impl Row {
                 .collect(),
             secs: 0.0,
         }
-    }
-}
-
-/// Wait for `child` up to `deadline`; kill it (it is ours) when the deadline passes.
-fn wait_until(child: &mut Child, deadline: Instant) -> Result<Option<ExitStatus>> {
-    loop {
-        if let Some(status) = child.try_wait()? {
-            return Ok(Some(status));
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(None);
-        }
-        thread::sleep(Duration::from_millis(100));
     }
 }
 
