@@ -241,3 +241,63 @@ pub fn write_initramfs(path: &Path, common: &[Entry], kernel: &Prepared) -> Resu
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_become_the_records_they_name() {
+        let host = std::env::temp_dir().join(format!("shedder-initramfs-{}", std::process::id()));
+        fs::write(&host, b"#!/bin/sh\n").unwrap();
+        fs::set_permissions(&host, fs::Permissions::from_mode(0o750)).unwrap();
+        let entries = [
+            Entry {
+                path: "/lib/modules/vm".into(),
+                body: Body::Dir,
+            },
+            Entry {
+                path: "/usr/bin/tool".into(),
+                body: Body::Host(host.clone()),
+            },
+            data("/etc/group", 0o644, "root:x:0:\n"),
+            Entry {
+                path: "/var/run".into(),
+                body: Body::Symlink("../run".into()),
+            },
+            Entry {
+                path: "/dev/null".into(),
+                body: Body::CharDev { major: 1, minor: 3 },
+            },
+        ];
+        let mut from_entries = Cpio::new(Vec::new());
+        for e in &entries {
+            e.write_to(&mut from_entries).unwrap();
+        }
+        let _ = fs::remove_file(&host);
+        let mut direct = Cpio::new(Vec::new());
+        direct.dir("/lib/modules/vm").unwrap();
+        // A host file keeps its permissions.
+        direct.file("/usr/bin/tool", 0o750, b"#!/bin/sh\n").unwrap();
+        direct.file("/etc/group", 0o644, b"root:x:0:\n").unwrap();
+        direct.symlink("/var/run", "../run").unwrap();
+        direct.char_dev("/dev/null", 1, 3).unwrap();
+        assert!(from_entries.finish().unwrap() == direct.finish().unwrap());
+    }
+
+    #[test]
+    fn init_runs_each_command_between_markers() {
+        let init = INIT.replace("@PATH@", VM_PATH);
+        assert!(init.starts_with("#!/bin/busybox sh\n"));
+        assert!(init.contains(&format!("export PATH={VM_PATH} ")));
+        // The markers `console::parse_check` reads.
+        for marker in [
+            "echo \"@@VM-BEGIN $name\"",
+            "echo \"@@VM-END $name rc=$rc start=$start end=$end\"",
+            "echo \"@@VM-DONE\"",
+            "@@VM-MODULE-FAILED $m",
+        ] {
+            assert!(init.contains(marker), "{marker}");
+        }
+    }
+}

@@ -196,3 +196,26 @@ fn kernel_config(path: &Path) -> Result<HashMap<String, String>> {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(kernels: &[&Kernel]) -> Vec<&'static str> {
+        kernels.iter().map(|k| k.series).collect()
+    }
+
+    #[test]
+    fn kernels_named_each_once_in_order() {
+        assert_eq!(series(&select_kernels(None).unwrap()), ["6.1", "6.12"]);
+        let names = ["6.12", " 6.1 ", "6.12", ""].map(String::from);
+        assert_eq!(
+            series(&select_kernels(Some(&names)).unwrap()),
+            ["6.12", "6.1"]
+        );
+        let err = select_kernels(Some(&["5.4".into()]))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(err.to_string().contains("no kernel 5.4"), "{err}");
+    }
+}

@@ -130,3 +130,73 @@ pub fn resolve_modules(wanted: &[&str], dir: &Path) -> Result<Vec<(String, Vec<u
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal ELF64 little-endian object: a null section, `.shstrtab`, `.modinfo`.
+    fn elf(modinfo: &[u8]) -> Vec<u8> {
+        let names = b"\0.shstrtab\0.modinfo\0";
+        let mut out = vec![0u8; 64];
+        out[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        let names_at = out.len();
+        out.extend(names);
+        let modinfo_at = out.len();
+        out.extend(modinfo);
+        let shoff = out.len();
+        for (name, at, size) in [
+            (0u32, 0, 0),
+            (1, names_at, names.len()),
+            (11, modinfo_at, modinfo.len()),
+        ] {
+            let mut h = [0u8; 64];
+            h[..4].copy_from_slice(&name.to_le_bytes());
+            h[0x18..0x20].copy_from_slice(&(at as u64).to_le_bytes());
+            h[0x20..0x28].copy_from_slice(&(size as u64).to_le_bytes());
+            out.extend(h);
+        }
+        out[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
+        out[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        out[0x3c..0x3e].copy_from_slice(&3u16.to_le_bytes());
+        out[0x3e..0x40].copy_from_slice(&1u16.to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn modinfo_values_of_a_key() {
+        let module = elf(b"license=GPL\0depends=veth,ipv6\0alias=x\0depends=\0");
+        assert_eq!(
+            modinfo(&module, "depends").unwrap(),
+            ["veth,ipv6".to_owned(), String::new()]
+        );
+        assert_eq!(modinfo(&module, "license").unwrap(), ["GPL"]);
+        assert!(modinfo(&module, "vermagic").unwrap().is_empty());
+        // Not an ELF64 LE object, or cut short: no answer, no panic.
+        assert_eq!(modinfo(b"\x7fELF\x01\x01", "depends"), None);
+        assert_eq!(modinfo(&module[..module.len() - 40], "depends"), None);
+    }
+
+    #[test]
+    fn modules_come_after_what_they_depend_on() {
+        let dir = std::env::temp_dir().join(format!("shedder-modules-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("kernel/net")).unwrap();
+        for (file, depends) in [
+            ("kernel/net/a.ko", "b,c_d"),
+            ("kernel/b.ko", ""),
+            ("kernel/net/c-d.ko", "b"),
+            ("kernel/e.ko", "missing"),
+        ] {
+            let info = format!("depends={depends}\0");
+            fs::write(dir.join(file), elf(info.as_bytes())).unwrap();
+        }
+        let order = resolve_modules(&["a", "c-d"], &dir).unwrap();
+        let missing = resolve_modules(&["e"], &dir).map(|_| ()).unwrap_err();
+        let _ = fs::remove_dir_all(&dir);
+        let names: Vec<&str> = order.iter().map(|(n, _)| n.as_str()).collect();
+        // Each once, under the kernel's name (`_` for `-`).
+        assert_eq!(names, ["b", "c_d", "a"]);
+        assert!(format!("{missing:#}").contains("module missing not found"));
+    }
+}
