@@ -3,6 +3,7 @@
 use std::{
     env,
     ffi::OsString,
+    fs,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Output, Stdio},
     thread,
@@ -109,6 +110,12 @@ pub fn wait_until(child: &mut Child, deadline: Instant) -> Result<Option<ExitSta
         }
         thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// `mount args… target`, the mount point made first.
+pub fn mount(args: &[&str], target: &Path) -> Result<()> {
+    fs::create_dir_all(target).with_context(|| format!("creating {}", target.display()))?;
+    run(Command::new("mount").args(args).arg(target))
 }
 
 pub fn is_root() -> bool {

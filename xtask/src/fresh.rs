@@ -34,7 +34,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
 
 use crate::{
-    cmd::{capture, cmd, home, require_root, root, run, show, stdout, target_dir},
+    cmd::{capture, cmd, home, mount, require_root, root, run, show, stdout, target_dir},
     setup::{self, Probe, dep},
     test::{Outcome, Record, summarize, timed},
 };
@@ -435,11 +435,6 @@ fn remove_tree(dir: &Path) -> Result<()> {
         );
     }
     fs::remove_dir_all(dir).with_context(|| format!("deleting {}", dir.display()))
-}
-
-fn mount(args: &[&str], target: &Path) -> Result<()> {
-    fs::create_dir_all(target).with_context(|| format!("creating {}", target.display()))?;
-    run(Command::new("mount").args(args).arg(target))
 }
 
 /// What a chroot needs to run the tests: `/proc`, `/sys` (with the cgroup mounts below

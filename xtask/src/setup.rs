@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{
-    capture, cargo, checked, cmd, home, is_root, require_root, run, show, stdout, succeeds,
+    capture, cargo, checked, cmd, home, is_root, mount, require_root, run, show, stdout, succeeds,
 };
 
 /// How setup tells that a dependency is usable: by using it the way the build and the
@@ -562,8 +562,7 @@ fn mounts() -> Result<()> {
         }
         installing(&item, "mount");
         require_root(&format!("mounting {fstype} at {point}"))?;
-        fs::create_dir_all(point).with_context(|| format!("creating {point}"))?;
-        run(&mut cmd("mount", ["-t", fstype, fstype, point]))?;
+        mount(&["-t", fstype, fstype], Path::new(point))?;
     }
     Ok(())
 }
