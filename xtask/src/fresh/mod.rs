@@ -111,10 +111,15 @@ pub struct FreshArgs {
     keep: bool,
 }
 
-fn tail(path: &Path, n: usize) -> String {
-    let text = fs::read(path)
+/// A log's text, whatever bytes a step wrote; empty if there is none.
+fn log_text(path: &Path) -> String {
+    fs::read(path)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+fn tail(path: &Path, n: usize) -> String {
+    let text = log_text(path);
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
@@ -204,9 +209,7 @@ pub fn run_fresh_check(args: &FreshArgs) -> Result<()> {
     }
 
     for &which in &args.only {
-        let text = fs::read(logs.join(which.log()))
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default();
+        let text = log_text(&logs.join(which.log()));
         if let Some(block) = last_block(&text, which.summary_marker()) {
             eprintln!("\n=== {}: its own summary\n{block}", which.step());
         }
