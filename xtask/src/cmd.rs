@@ -3,8 +3,11 @@
 use std::{
     env,
     ffi::OsString,
+    fs,
     path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
+    process::{Child, Command, ExitStatus, Output, Stdio},
+    thread,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -67,8 +70,9 @@ pub fn capture(c: &mut Command) -> Result<Output> {
         .with_context(|| format!("starting `{}`", show(c)))
 }
 
-/// Run silently and return its stdout; an error unless it succeeds.
-pub fn stdout(c: &mut Command) -> Result<String> {
+/// Run silently and return the output; an error, with what it wrote to stderr, unless it
+/// succeeds.
+pub fn checked(c: &mut Command) -> Result<Output> {
     let out = capture(c)?;
     if !out.status.success() {
         bail!(
@@ -78,7 +82,40 @@ pub fn stdout(c: &mut Command) -> Result<String> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
+    Ok(out)
+}
+
+/// Run silently and return its stdout; an error unless it succeeds.
+pub fn stdout(c: &mut Command) -> Result<String> {
+    let out = checked(c)?;
     String::from_utf8(out.stdout).with_context(|| format!("non-UTF-8 output of `{}`", show(c)))
+}
+
+/// Run silently: whether it started and succeeded (for probes, where failing is an answer).
+pub fn succeeds(c: &mut Command) -> bool {
+    capture(c).is_ok_and(|o| o.status.success())
+}
+
+/// Wait for `child` up to `deadline`; kill it (it is ours) when the deadline passes. `None`
+/// when it was killed.
+pub fn wait_until(child: &mut Child, deadline: Instant) -> Result<Option<ExitStatus>> {
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `mount args… target`, the mount point made first.
+pub fn mount(args: &[&str], target: &Path) -> Result<()> {
+    fs::create_dir_all(target).with_context(|| format!("creating {}", target.display()))?;
+    run(Command::new("mount").args(args).arg(target))
 }
 
 pub fn is_root() -> bool {

@@ -11,7 +11,9 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::cmd::{capture, cargo, cmd, home, require_root, run, show, stdout};
+use crate::cmd::{
+    capture, cargo, checked, cmd, home, is_root, mount, require_root, run, show, stdout, succeeds,
+};
 
 /// How setup tells that a dependency is usable: by using it the way the build and the
 /// tests do, not by a package name (a package can be installed and still lack what is used,
@@ -475,19 +477,35 @@ pub(crate) fn install_debian_packages(packages: &[&str]) -> Result<()> {
     apt_install(&missing)
 }
 
+/// `apt-get args…`, noninteractive.
+fn apt_get(args: &[&str]) -> Command {
+    let mut c = cmd("apt-get", args);
+    c.env("DEBIAN_FRONTEND", "noninteractive");
+    c
+}
+
 /// `apt-get update` and `apt-get install` of `packages`, noninteractive, as root.
 fn apt_install(packages: &[&str]) -> Result<()> {
     require_root(&format!("installing {}", packages.join(" ")))?;
-    let apt = |args: &[&str]| {
-        let mut c = cmd("apt-get", args);
-        c.env("DEBIAN_FRONTEND", "noninteractive");
-        c
-    };
     // A fresh machine may have no package lists yet.
-    run(&mut apt(&["update"]))?;
+    run(&mut apt_get(&["update"]))?;
     let mut install = vec!["install", "-y", "--no-install-recommends"];
     install.extend(packages);
-    run(&mut apt(&install))
+    run(&mut apt_get(&install))
+}
+
+/// Run `f`; if it fails and we are root, `apt-get update` and run it once more (a fresh
+/// machine may have no or stale package lists). `who` prefixes the message.
+pub(crate) fn with_apt_update<T>(who: &str, f: impl Fn() -> Result<T>) -> Result<T> {
+    match f() {
+        Ok(v) => Ok(v),
+        Err(first) if is_root() => {
+            eprintln!("{who}: {first:#}; updating the package lists and trying again");
+            run(&mut apt_get(&["update"]))?;
+            f()
+        }
+        Err(first) => Err(first),
+    }
 }
 
 /// `promtool` checks the alert rules and runs their unit tests. Debian ships it only inside
@@ -497,8 +515,7 @@ fn apt_install(packages: &[&str]) -> Result<()> {
 fn promtool() -> Result<()> {
     let item = "promtool (from Debian's prometheus)";
     let dest = home()?.join(PROMTOOL);
-    let works =
-        |p: &Path| capture(Command::new(p).arg("--version")).is_ok_and(|o| o.status.success());
+    let works = |p: &Path| succeeds(Command::new(p).arg("--version"));
     if works(&dest) {
         ok(item);
         return Ok(());
@@ -506,19 +523,12 @@ fn promtool() -> Result<()> {
     installing(item, "apt-get download");
     let work = std::env::temp_dir().join(format!("shedder-promtool-{}", std::process::id()));
     fs::create_dir_all(&work)?;
-    let download = || {
+    with_apt_update("setup", || {
         let mut c = cmd("apt-get", ["download", "prometheus"]);
         c.current_dir(&work);
-        capture(&mut c).is_ok_and(|o| o.status.success())
-    };
-    if !download() {
-        // Fresh machines may have no package lists yet.
-        require_root("updating the package lists")?;
-        run(&mut cmd("apt-get", ["update"]))?;
-        if !download() {
-            bail!("apt-get download prometheus failed (in {})", work.display());
-        }
-    }
+        checked(&mut c).map(drop)
+    })
+    .with_context(|| format!("apt-get download prometheus failed (in {})", work.display()))?;
     let deb = fs::read_dir(&work)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "deb"))
@@ -552,8 +562,7 @@ fn mounts() -> Result<()> {
         }
         installing(&item, "mount");
         require_root(&format!("mounting {fstype} at {point}"))?;
-        fs::create_dir_all(point).with_context(|| format!("creating {point}"))?;
-        run(&mut cmd("mount", ["-t", fstype, fstype, point]))?;
+        mount(&["-t", fstype, fstype], Path::new(point))?;
     }
     Ok(())
 }

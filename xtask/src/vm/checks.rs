@@ -1,0 +1,208 @@
+//! What runs in each VM and on the host, and what came of it: one [`Row`] per kernel.
+
+use std::path::PathBuf;
+
+/// One command run in each VM (and on the host): a test executable of shedder-tests (by
+/// its target name, `tests/tests/<test>.rs`) with libtest arguments.
+pub struct Check {
+    /// Marker name: no spaces.
+    pub name: &'static str,
+    /// The test target (or, with `bin`, the binary) of shedder-tests to run.
+    pub test: &'static str,
+    pub args: &'static [&'static str],
+    /// A binary (`tests/src/bin/<test>.rs`) rather than a test target.
+    pub bin: bool,
+    /// The kernel series the checked feature needs, what it is, and the words shedder's
+    /// refusal uses: on older kernels a failure whose output holds those words is reported
+    /// as "needs …", not counted; any other failure counts.
+    pub since: Option<(&'static str, &'static str, &'static str)>,
+}
+
+/// Run in this order, each between its markers.
+pub const CHECKS: &[Check] = &[
+    // 119 crafted frames through XDP and TC with BPF_PROG_TEST_RUN.
+    Check {
+        name: "fixtures::fixture_table",
+        test: "fixtures",
+        args: &["--exact", "fixture_table", "--test-threads=1"],
+        bin: false,
+        since: None,
+    },
+    // Real TCP over veth between two namespaces, IPv4 and IPv6, with shedder attached.
+    Check {
+        name: "netns::native_xdp",
+        test: "netns",
+        args: &["--exact", "native_xdp", "--test-threads=1"],
+        bin: false,
+        since: None,
+    },
+    Check {
+        name: "netns::generic_xdp",
+        test: "netns",
+        args: &["--exact", "generic_xdp", "--test-threads=1"],
+        bin: false,
+        since: None,
+    },
+    Check {
+        name: "netns::tc_ingress",
+        test: "netns",
+        args: &["--exact", "tc_ingress", "--test-threads=1"],
+        bin: false,
+        since: Some((
+            "6.6",
+            "tcx bpf links for attach = \"tc\"",
+            "this kernel has no tcx",
+        )),
+    },
+    // Every program loaded, with and without the kernel debug log: the verifier's
+    // instruction counts, compared with docs/kernels.json.
+    Check {
+        name: "verifier",
+        test: "verifier_report",
+        args: &[],
+        bin: true,
+        since: None,
+    },
+];
+
+pub enum Outcome {
+    Pass,
+    Fail(i32),
+    /// No result: why.
+    NoResult(String),
+    /// Failed on a kernel older than the feature needs (see [`Check::since`]): what it needs.
+    NeedsNewer(String),
+}
+
+pub struct CheckResult {
+    pub name: &'static str,
+    pub outcome: Outcome,
+    pub secs: Option<f64>,
+    /// The check's output (for the failure excerpt).
+    pub output: Vec<String>,
+}
+
+/// One kernel's results: a row of the summary.
+pub struct Row {
+    pub kernel: String,
+    pub how: String,
+    pub log: Option<PathBuf>,
+    /// Kernel options the checks rely on that this kernel lacks, module load failures, how
+    /// the VM ended when it did not end by itself.
+    pub notes: Vec<String>,
+    pub results: Vec<CheckResult>,
+    pub secs: f64,
+}
+
+impl Row {
+    pub fn unavailable(series: &str, why: String) -> Self {
+        Self {
+            kernel: series.to_owned(),
+            how: "not booted".into(),
+            log: None,
+            notes: vec![why.clone()],
+            results: CHECKS
+                .iter()
+                .map(|c| CheckResult {
+                    name: c.name,
+                    outcome: Outcome::NoResult("kernel not available".into()),
+                    secs: None,
+                    output: Vec::new(),
+                })
+                .collect(),
+            secs: 0.0,
+        }
+    }
+}
+
+/// `major.minor` of a release (`6.1.0-57-amd64` → (6, 1)).
+pub fn series_of(release: &str) -> Option<(u32, u32)> {
+    let mut it = release.split(['.', '-', '+']);
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// A failed check on a kernel older than its feature needs becomes "needs …".
+pub fn mark_needs_newer(row: &mut Row) {
+    let Some(kernel) = series_of(&row.kernel) else {
+        return;
+    };
+    for r in &mut row.results {
+        let Some(check) = CHECKS.iter().find(|c| c.name == r.name) else {
+            continue;
+        };
+        if let Some((since, what, refusal)) = check.since
+            && series_of(since).is_some_and(|s| kernel < s)
+            && matches!(r.outcome, Outcome::Fail(_))
+            && r.output.iter().any(|l| l.contains(refusal))
+        {
+            r.outcome = Outcome::NeedsNewer(format!("needs Linux {since}: {what}"));
+        }
+    }
+}
+
+/// Rows and results for the tests here and in `verifier`.
+#[cfg(test)]
+pub mod test_rows {
+    use super::*;
+
+    pub fn row(kernel: &str, results: Vec<CheckResult>) -> Row {
+        Row {
+            kernel: kernel.into(),
+            how: "test".into(),
+            log: None,
+            notes: Vec::new(),
+            results,
+            secs: 0.0,
+        }
+    }
+
+    pub fn result(name: &'static str, outcome: Outcome, output: &[&str]) -> CheckResult {
+        CheckResult {
+            name,
+            outcome,
+            secs: Some(1.0),
+            output: output.iter().map(|l| l.to_string()).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{test_rows::*, *};
+
+    #[test]
+    fn series_and_features_that_need_a_newer_kernel() {
+        assert_eq!(series_of("6.1.0-57-amd64"), Some((6, 1)));
+        assert_eq!(series_of("6.12.95+deb12-amd64"), Some((6, 12)));
+        assert_eq!(series_of("6.18.44-fc-v782"), Some((6, 18)));
+        assert_eq!(series_of("6.6"), Some((6, 6)));
+        // tc_ingress failing on 6.1 is "needs 6.6"; on 6.12 a failure counts.
+        for (kernel, expect_na) in [("6.1.0-57-amd64", true), ("6.12.95+deb12-amd64", false)] {
+            let mut r = row(
+                kernel,
+                vec![
+                    result(
+                        "netns::tc_ingress",
+                        Outcome::Fail(101),
+                        &["attach Tc: pinning under veth0: this kernel has no tcx (Linux 6.6)"],
+                    ),
+                    result(
+                        "netns::tc_ingress",
+                        Outcome::Fail(101),
+                        &["some other fault"],
+                    ),
+                    result("netns::native_xdp", Outcome::Fail(101), &[]),
+                ],
+            );
+            mark_needs_newer(&mut r);
+            assert_eq!(
+                matches!(r.results[0].outcome, Outcome::NeedsNewer(_)),
+                expect_na,
+                "{kernel}"
+            );
+            // A failure that is not shedder's refusal counts, also on an old kernel.
+            assert!(matches!(r.results[1].outcome, Outcome::Fail(101)));
+            assert!(matches!(r.results[2].outcome, Outcome::Fail(101)));
+        }
+    }
+}
