@@ -107,16 +107,6 @@ impl LoadGen {
         self
     }
 
-    /// Append a phase whose rate is `rate(t)`, `t` since the phase began.
-    pub fn rate_fn(
-        mut self,
-        duration: Duration,
-        rate: impl Fn(Duration) -> f64 + Send + Sync + 'static,
-    ) -> Self {
-        self.phases.push(Phase::function(duration, rate));
-        self
-    }
-
     /// Add a class: `fraction` of the arrivals, connecting from `source`.
     pub fn class(self, label: &str, source: IpAddr, fraction: f64) -> Self {
         self.class_hosts(label, source, 1, fraction)

@@ -133,12 +133,6 @@ impl Window {
         self.all.ok as f64 / self.seconds.max(1) as f64
     }
 
-    /// Ok requests per second of the class called `label` over the window (0 if unknown).
-    pub fn class_goodput(&self, label: &str) -> f64 {
-        self.class(label)
-            .map_or(0.0, |c| c.ok as f64 / self.seconds.max(1) as f64)
-    }
-
     /// Arrivals per second over the window.
     pub fn offered_rate(&self) -> f64 {
         self.all.offered as f64 / self.seconds.max(1) as f64
