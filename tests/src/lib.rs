@@ -12,6 +12,7 @@ pub mod peers;
 pub mod plot;
 pub mod policy;
 pub mod scenario;
+pub mod stats;
 pub mod tcp;
 
 use std::sync::Once;

@@ -4,6 +4,7 @@
 use std::{collections::BTreeMap, fmt, ops::Range, sync::Arc, time::Duration};
 
 use super::client::Outcome;
+use crate::stats::nearest_rank;
 
 /// Outcome counts and ok-latencies of a set of requests (one class or all, over a window).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -73,13 +74,8 @@ impl Counts {
 
     /// The q-quantile (0..=1, nearest rank) of the ok latencies; None without ok requests.
     pub fn latency_quantile(&self, q: f64) -> Option<Duration> {
-        if self.latencies_us.is_empty() {
-            return None;
-        }
-        let mut v = self.latencies_us.clone();
-        v.sort_unstable();
-        let rank = ((q.clamp(0.0, 1.0) * v.len() as f64).ceil() as usize).clamp(1, v.len());
-        Some(Duration::from_micros(u64::from(v[rank - 1])))
+        let us = nearest_rank(self.latencies_us.iter().copied(), q)?;
+        Some(Duration::from_micros(u64::from(us)))
     }
 
     /// Median latency of the ok requests.
