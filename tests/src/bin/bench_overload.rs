@@ -1398,8 +1398,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<()> {
     let args = Args::parse();
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !shedder_tests::is_root() {
         bail!("the benchmark needs root (namespaces, BPF, nftables): run it as root");
     }
     if args.step_secs < 3 {
