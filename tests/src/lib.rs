@@ -12,15 +12,22 @@ pub mod peers;
 pub mod plot;
 pub mod policy;
 pub mod scenario;
+pub mod stats;
 pub mod tcp;
 
 use std::sync::Once;
 
+/// Whether this process runs as root, as the tests and the benchmarks must (they load BPF
+/// programs and create network namespaces).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Panic with a clear message unless running as root (the tests load BPF programs and
 /// create network namespaces).
 pub fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         panic!(
             "this test needs root (BPF programs, network namespaces): run `cargo xtask test` as root"
         );

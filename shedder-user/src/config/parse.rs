@@ -21,7 +21,11 @@ use super::{
 /// range) as a [`ConfigError`] like the validation's: the key path (`service[0] (checkout)
 /// .ports[1]`) as the field, and serde's message in the file's terms, saying what is allowed
 /// (`an integer in 0..=65535` rather than `u16`).
-fn shape_error(source: &Source<'_>, path: &serde_path_to_error::Path, message: &str) -> ConfigError {
+fn shape_error(
+    source: &Source<'_>,
+    path: &serde_path_to_error::Path,
+    message: &str,
+) -> ConfigError {
     use fmt::Write as _;
     use serde_path_to_error::Segment;
     let segments: Vec<&Segment> = path.iter().collect();

@@ -44,6 +44,7 @@ use shedder_tests::{
     plot::{Panel, Series, chart},
     policy::{CLIENT_V4, SERVER_V4},
     scenario::LabConfig,
+    stats::nearest_rank,
 };
 
 /// A class of clients: `hosts` addresses from `first` on, all local to the client
@@ -810,14 +811,10 @@ fn late_ms(report: &LoadReport) -> Vec<(Duration, f64)> {
         .collect()
 }
 
-/// The 99th percentile (nearest rank) of some values.
-fn p99(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    let rank = ((0.99 * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    Some(v[rank - 1])
+/// The p99 (nearest rank) of the arrivals in `[from, from + len)`; None without arrivals.
+fn p99_between(late: &[(Duration, f64)], from: Duration, len: Duration) -> Option<f64> {
+    let arrived = late.iter().filter(|(t, _)| *t >= from && *t < from + len);
+    nearest_rank(arrived.map(|(_, v)| *v), 0.99)
 }
 
 /// p99 per 250 ms bin of arrivals.
@@ -826,12 +823,7 @@ fn bins(late: &[(Duration, f64)], end: Duration) -> Vec<(Duration, f64)> {
     (0..n)
         .filter_map(|i| {
             let from = BIN * i;
-            let vals = late
-                .iter()
-                .filter(|(t, _)| *t >= from && *t < from + BIN)
-                .map(|(_, v)| *v)
-                .collect();
-            Some((from, p99(vals)?))
+            Some((from, p99_between(late, from, BIN)?))
         })
         .collect()
 }
@@ -842,14 +834,7 @@ fn bins(late: &[(Duration, f64)], end: Duration) -> Vec<(Duration, f64)> {
 fn recovery_time(late: &[(Duration, f64)], drop: Duration, end: Duration) -> Option<f64> {
     let target = TARGET_LATENCY.as_secs_f64() * 1e3;
     let window = Duration::from_secs(1);
-    let ok = |from: Duration| {
-        let vals: Vec<f64> = late
-            .iter()
-            .filter(|(t, _)| *t >= from && *t < from + window)
-            .map(|(_, v)| *v)
-            .collect();
-        p99(vals).is_some_and(|p| p <= target)
-    };
+    let ok = |from: Duration| p99_between(late, from, window).is_some_and(|p| p <= target);
     let mut s = drop;
     while s + RECOVERY_HOLD + window <= end {
         let mut held = true;
@@ -1413,8 +1398,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<()> {
     let args = Args::parse();
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !shedder_tests::is_root() {
         bail!("the benchmark needs root (namespaces, BPF, nftables): run it as root");
     }
     if args.step_secs < 3 {
@@ -1571,13 +1555,6 @@ mod tests {
     /// Arrivals every 10 ms over `[from, to)` ms, each with latency `f(t)`.
     fn arrivals(from: u64, to: u64, f: impl Fn(u64) -> f64) -> Vec<(Duration, f64)> {
         (from..to).step_by(10).map(|t| (ms_(t), f(t))).collect()
-    }
-
-    #[test]
-    fn p99_is_nearest_rank() {
-        assert_eq!(p99(vec![]), None);
-        assert_eq!(p99((1..=100).map(f64::from).rev().collect()), Some(99.0));
-        assert_eq!(p99(vec![5.0]), Some(5.0));
     }
 
     #[test]

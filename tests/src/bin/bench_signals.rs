@@ -21,6 +21,7 @@ use shedder::{
 };
 use shedder_common::{ACTION_RST, MODE_ENFORCE, programs};
 use shedder_tests::{
+    load::read_clock,
     netns::Pair,
     policy::{CLIENT_V4, SERVER_V4, install_standard, open_policy},
     tcp::{TestServer, connect_from, respond_after},
@@ -42,13 +43,7 @@ const UNPROTECTED: u16 = 7501;
 
 /// Thread CPU time.
 fn cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid timespec pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    read_clock(libc::CLOCK_THREAD_CPUTIME_ID).expect("the thread's CPU clock")
 }
 
 /// (run time, events) of each tracking program.
@@ -210,8 +205,7 @@ fn tick_costs(args: &Args) -> Result<String> {
 
 fn run() -> Result<()> {
     let args = Args::parse();
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !shedder_tests::is_root() {
         bail!("needs root (BPF programs, namespaces): run `cargo xtask bench signals` as root");
     }
     shedder_tests::ensure_fs();

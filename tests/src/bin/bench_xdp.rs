@@ -711,8 +711,7 @@ fn run() -> Result<bool> {
         args.repeat > 0 && args.rounds > 0,
         "--repeat and --rounds must be positive"
     );
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !shedder_tests::is_root() {
         bail!(
             "needs root (it loads BPF programs and runs them with BPF_PROG_TEST_RUN): \
              run `cargo xtask bench xdp` as root"

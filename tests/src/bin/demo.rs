@@ -77,8 +77,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<()> {
     let args = Args::parse();
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !shedder_tests::is_root() {
         bail!("the demo needs root (namespaces, BPF): run `cargo xtask demo` as root");
     }
     let attach: &'static str = match args.attach.as_str() {
