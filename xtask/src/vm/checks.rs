@@ -20,7 +20,7 @@ pub struct Check {
 
 /// Run in this order, each between its markers.
 pub const CHECKS: &[Check] = &[
-    // 119 crafted frames through XDP and TC with BPF_PROG_TEST_RUN.
+    // The fixture table's crafted frames (147 rows) through XDP and TC with BPF_PROG_TEST_RUN.
     Check {
         name: "fixtures::fixture_table",
         test: "fixtures",
