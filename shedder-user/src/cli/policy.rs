@@ -21,13 +21,8 @@ pub fn run(command: PolicyCommand) -> Result<()> {
             );
         }
         PolicyCommand::Apply { file, target } => {
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| BadInput(format!("{}: cannot read: {e}", file.display())))?;
-            // Validate here first: the error then names the file.
-            Config::parse(&text).map_err(|mut e| {
-                e.file = Some(file.clone());
-                BadInput(e.to_string())
-            })?;
+            // Validated here first: the error then names the file.
+            let (_, text) = Config::read(&file).map_err(|e| BadInput(e.to_string()))?;
             let body = target
                 .client()?
                 .call("PUT", "/shedding/policy", text.as_bytes())

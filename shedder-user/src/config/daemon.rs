@@ -22,16 +22,6 @@ pub enum Attach {
 }
 
 impl Attach {
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "auto" => Self::Auto,
-            "native" => Self::Native,
-            "generic" => Self::Generic,
-            "tc" => Self::Tc,
-            _ => return None,
-        })
-    }
-
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Auto => "auto",

@@ -187,13 +187,21 @@ fn placed(mut error: ConfigError, at: Option<Position>) -> ConfigError {
 impl Config {
     /// Parse and validate a configuration file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::read(path).map(|(cfg, _)| cfg)
+    }
+
+    /// Parse and validate a configuration file, keeping its text (what the daemon shows as
+    /// the policy in force). The one place a file becomes a configuration: the CLI, the
+    /// daemon's start and its reload all read through here, so errors name the file alike.
+    pub fn read(path: &Path) -> Result<(Self, String), ConfigError> {
         let with_file = |mut e: ConfigError| {
             e.file = Some(path.to_path_buf());
             e
         };
         let text = std::fs::read_to_string(path)
             .map_err(|e| with_file(err("", format!("cannot read: {e}"))))?;
-        Self::parse(&text).map_err(with_file)
+        let cfg = Self::parse(&text).map_err(with_file)?;
+        Ok((cfg, text))
     }
 
     /// Parse and validate configuration text.

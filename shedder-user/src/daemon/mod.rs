@@ -105,12 +105,7 @@ struct Daemon {
 
 pub fn run(opts: Options) -> Result<()> {
     install_signal_handlers();
-    let text = std::fs::read_to_string(&opts.config)
-        .map_err(|e| crate::BadInput(format!("{}: cannot read: {e}", opts.config.display())))?;
-    let cfg = Config::parse(&text).map_err(|mut e| {
-        e.file = Some(opts.config.clone());
-        crate::BadInput(e.to_string())
-    })?;
+    let (cfg, text) = Config::read(&opts.config).map_err(|e| crate::BadInput(e.to_string()))?;
     let pins =
         crate::kernel::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
     if let Durability::Private(why) = &pins.durability {

@@ -22,17 +22,9 @@ impl Daemon {
     /// SIGHUP: re-read the configuration file; on any error keep the running one (stale
     /// shedding beats no shedding).
     pub(super) fn reload_file(&mut self) {
-        let text = match std::fs::read_to_string(&self.config_path) {
-            Ok(t) => t,
+        let (cfg, text) = match Config::read(&self.config_path) {
+            Ok(read) => read,
             Err(e) => {
-                warn!(error = %e, "reload refused: cannot read the configuration; the running one stays in force");
-                return;
-            }
-        };
-        let cfg = match Config::parse(&text) {
-            Ok(c) => c,
-            Err(mut e) => {
-                e.file = Some(self.config_path.clone());
                 warn!(error = %e, "reload refused; the running configuration stays in force");
                 return;
             }
