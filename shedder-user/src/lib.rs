@@ -1,13 +1,13 @@
-//! shedder's userspace, one folder per concern, each layer using only those below it:
+//! shedder's userspace, one folder per concern, each using only those listed before it:
 //!
 //! - [`config`]: the configuration's types, defaults and validation;
+//! - [`runtime`]: the one thread of side I/O (HTTP, the fleet agent, the kernel log);
 //! - [`control`]: the controllers and the split of a limit among classes (pure);
 //! - [`kernel`]: the eBPF side: loading, attaching, the maps, pins, the clock;
 //! - [`signals`]: measuring each service from the maps, sock_diag, /proc and PSI;
 //! - [`fleet`]: sharing a downstream's limit across nodes through etcd;
 //! - [`api`]: the control socket, the metrics endpoint and the state they report;
 //! - [`doctor`]: checking a host;
-//! - [`runtime`]: the one thread of side I/O they share;
 //! - [`daemon`]: `shedder run`, whose per-service tick is a pure core
 //!   ([`daemon::service`]).
 pub mod api;

@@ -2,7 +2,7 @@
 //!
 //! One file per concern: [`load`], [`attach`], [`maps`], the [`clock`], the tracking
 //! [`tracepoints`], the [`pins`], [`seed`]ing connections open before attach, the kernel
-//! debug log ([`klog`]), the interfaces ([`netdev`]), the policy's map values
+//! debug log ([`klog`]), the sockets by sock_diag ([`diag`]), the interfaces ([`netdev`]), the policy's map values
 //! ([`policy`], [`classmap`]), [`version`]s, and the pseudo-filesystems ([`sysfs`]).
 
 /// The eBPF object built by build.rs.
@@ -19,6 +19,7 @@ pub use crate::config::defaults::PIN_DIR as DEFAULT_PIN_DIR;
 pub mod attach;
 pub mod classmap;
 pub mod clock;
+pub mod diag;
 pub mod error;
 pub mod klog;
 pub mod load;

@@ -24,8 +24,8 @@ use shedder_common::{
 };
 
 use crate::{
+    kernel::diag::{self, TCP_CLOSE_WAIT, TCP_ESTABLISHED, TCP_LISTEN, TcpSocket},
     kernel::{Error, Result, Shedder, maps::map_err},
-    signals::diag::{self, TCP_CLOSE_WAIT, TCP_ESTABLISHED, TCP_LISTEN, TcpSocket},
 };
 
 /// What seeding found and did.

@@ -7,7 +7,6 @@
 //! [`Reading::Stale`] (the last value and its age) for a short while after a failure; a
 //! value is never invented as zero.
 
-pub mod diag;
 pub mod netstat;
 pub mod psi;
 
@@ -24,7 +23,7 @@ use shedder_common::{
     VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST, decision_index, hist,
 };
 
-use crate::kernel::MapReader;
+use crate::kernel::{MapReader, diag};
 
 /// A value from one source, or why there is none.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
