@@ -1,36 +1,33 @@
 //! Netlink requests the daemon and doctor make about interfaces: the XDP attachment
-//! (rtnetlink) and the XDP features (the netdev generic-netlink family).
+//! (rtnetlink, through netlink-packet-route) and the XDP features (the netdev
+//! generic-netlink family, through netlink-packet-generic).
 
-use std::{
-    io,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+use std::{fmt::Debug, io, os::fd::AsRawFd};
+
+use netlink_packet_core::{
+    DecodeError, DefaultNla, Emitable, NLM_F_REQUEST, NetlinkBuffer, NetlinkDeserializable,
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable, Nla, NlaBuffer,
+    NlasIterator, Parseable, ParseableParametrized, parse_u32, parse_u64,
+};
+use netlink_packet_generic::{
+    GenlFamily, GenlHeader, GenlMessage,
+    ctrl::{GenlCtrl, GenlCtrlCmd, nlas::GenlCtrlAttrs},
+};
+use netlink_packet_route::{
+    RouteNetlinkMessage,
+    link::{LinkAttribute, LinkMessage, LinkXdp, XdpAttached},
+};
+use netlink_sys::{
+    Socket, SocketAddr,
+    protocols::{NETLINK_GENERIC, NETLINK_ROUTE},
 };
 
-const NLMSG_HDR: usize = 16;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 1;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 /// `XDP_ATTACHED_DRV`: native XDP.
 pub const XDP_ATTACHED_DRV: u8 = 1;
+/// The sequence number of every request; replies to anything else are skipped.
 const SEQ: u32 = 0x5eed;
-
-const RTM_GETLINK: u16 = 18;
-const IFINFOMSG_LEN: usize = 16;
-const IFLA_XDP: u16 = 43;
-const IFLA_XDP_ATTACHED: u16 = 2;
-const IFLA_XDP_PROG_ID: u16 = 4;
-const IFLA_XDP_DRV_PROG_ID: u16 = 5;
-const IFLA_XDP_SKB_PROG_ID: u16 = 6;
-
-const GENL_ID_CTRL: u16 = 0x10;
-const GENL_HDR: usize = 4;
-const CTRL_CMD_GETFAMILY: u8 = 3;
-const CTRL_ATTR_FAMILY_ID: u16 = 1;
-const CTRL_ATTR_FAMILY_NAME: u16 = 2;
-const NETDEV_CMD_DEV_GET: u8 = 1;
-const NETDEV_A_DEV_IFINDEX: u16 = 1;
-const NETDEV_A_DEV_XDP_FEATURES: u16 = 3;
+/// How long a request waits for its reply.
+const REPLY_TIMEOUT_SECS: libc::time_t = 2;
 
 /// An XDP program attached to an interface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,206 +51,368 @@ impl XdpAttachment {
 
 /// The XDP program attached to `ifindex`, if any.
 pub fn xdp_attachment(ifindex: u32) -> io::Result<Option<XdpAttachment>> {
-    let mut body = vec![0u8; IFINFOMSG_LEN];
-    body[0] = libc::AF_UNSPEC as u8;
-    body[4..8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
-    let reply = request(libc::NETLINK_ROUTE, RTM_GETLINK, &body)?;
-    let Some(xdp) = attrs(reply.get(IFINFOMSG_LEN..).unwrap_or_default())
-        .into_iter()
-        .find_map(|(t, v)| (t == IFLA_XDP).then_some(v))
-    else {
-        return Ok(None);
-    };
+    let mut link = LinkMessage::default();
+    link.header.index = ifindex;
+    match request(NETLINK_ROUTE, RouteNetlinkMessage::GetLink(link))? {
+        RouteNetlinkMessage::NewLink(link) => Ok(attachment(&link)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// The XDP attachment a link message (`RTM_NEWLINK`) reports: the mode and the first
+/// program id it names, if both are there.
+fn attachment(link: &LinkMessage) -> Option<XdpAttachment> {
+    let xdp = link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Xdp(xdp) => Some(xdp),
+        _ => None,
+    })?;
     let mut mode = 0;
     let (mut prog, mut drv, mut skb) = (0, 0, 0);
-    for (t, v) in attrs(xdp) {
-        match t {
-            IFLA_XDP_ATTACHED => mode = v.first().copied().unwrap_or(0),
-            IFLA_XDP_PROG_ID => prog = u32_of(v),
-            IFLA_XDP_DRV_PROG_ID => drv = u32_of(v),
-            IFLA_XDP_SKB_PROG_ID => skb = u32_of(v),
+    for a in xdp {
+        match a {
+            LinkXdp::Attached(m) => mode = mode_number(*m),
+            LinkXdp::ProgId(id) => prog = *id,
+            LinkXdp::DrvProgId(id) => drv = *id,
+            LinkXdp::SkbProgId(id) => skb = *id,
             _ => {}
         }
     }
-    let prog_id = [prog, drv, skb].into_iter().find(|&id| id != 0);
-    Ok(match (mode, prog_id) {
-        (0, _) | (_, None) => None,
-        (mode, Some(prog_id)) => Some(XdpAttachment { mode, prog_id }),
-    })
+    let prog_id = [prog, drv, skb].into_iter().find(|&id| id != 0)?;
+    (mode != 0).then_some(XdpAttachment { mode, prog_id })
+}
+
+/// `XDP_ATTACHED_*` of the crate's name for it.
+fn mode_number(mode: XdpAttached) -> u8 {
+    match mode {
+        XdpAttached::None => 0,
+        XdpAttached::Driver => XDP_ATTACHED_DRV,
+        XdpAttached::SocketBuffer => 2,
+        XdpAttached::Hardware => 3,
+        XdpAttached::Multiple => 4,
+        XdpAttached::Other(n) => n,
+        // A mode named after this was written: attached, shown as plain XDP.
+        _ => u8::MAX,
+    }
 }
 
 /// The interface's `NETDEV_XDP_ACT_*` mask (kernel 6.3+).
 pub fn xdp_features(ifindex: u32) -> io::Result<u64> {
-    let mut body = vec![CTRL_CMD_GETFAMILY, 1, 0, 0];
-    push_attr(&mut body, CTRL_ATTR_FAMILY_NAME, b"netdev\0");
-    let reply = request(libc::NETLINK_GENERIC, GENL_ID_CTRL, &body)?;
-    let family = attrs(reply.get(GENL_HDR..).unwrap_or_default())
-        .into_iter()
-        .find_map(|(t, v)| {
-            (t == CTRL_ATTR_FAMILY_ID && v.len() >= 2).then(|| u16::from_ne_bytes([v[0], v[1]]))
-        })
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no netdev netlink family"))?;
-    let mut body = vec![NETDEV_CMD_DEV_GET, 1, 0, 0];
-    push_attr(&mut body, NETDEV_A_DEV_IFINDEX, &ifindex.to_ne_bytes());
-    let reply = request(libc::NETLINK_GENERIC, family, &body)?;
-    attrs(reply.get(GENL_HDR..).unwrap_or_default())
-        .into_iter()
-        .find_map(|(t, v)| {
-            (t == NETDEV_A_DEV_XDP_FEATURES && v.len() >= 8)
-                .then(|| u64::from_ne_bytes(v[..8].try_into().unwrap_or_default()))
-        })
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no xdp-features attribute"))
+    let mut get = GenlMessage::from_payload(NetdevDev {
+        attributes: vec![NetdevAttr::Ifindex(ifindex)],
+    });
+    get.set_resolved_family_id(netdev_family()?);
+    let dev = request(NETLINK_GENERIC, get)?.payload;
+    first(&dev.attributes, "no xdp-features attribute", |a| match a {
+        NetdevAttr::XdpFeatures(f) => Some(*f),
+        _ => None,
+    })
 }
 
-fn u32_of(v: &[u8]) -> u32 {
-    v.get(..4)
-        .and_then(|b| b.try_into().ok())
-        .map(u32::from_ne_bytes)
-        .unwrap_or(0)
+/// The id the kernel gave the netdev generic-netlink family.
+fn netdev_family() -> io::Result<u16> {
+    let get = GenlMessage::from_payload(GenlCtrl {
+        cmd: GenlCtrlCmd::GetFamily,
+        nlas: vec![GenlCtrlAttrs::FamilyName(NetdevDev::family_name().into())],
+    });
+    let family = request(NETLINK_GENERIC, get)?.payload;
+    first(&family.nlas, "no netdev netlink family", |a| match a {
+        GenlCtrlAttrs::FamilyId(id) => Some(*id),
+        _ => None,
+    })
 }
 
-fn push_attr(buf: &mut Vec<u8>, ty: u16, data: &[u8]) {
-    let len = 4 + data.len();
-    buf.extend_from_slice(&(len as u16).to_ne_bytes());
-    buf.extend_from_slice(&ty.to_ne_bytes());
-    buf.extend_from_slice(data);
-    buf.resize(buf.len() + (len.next_multiple_of(4) - len), 0);
+/// The value `pick` finds in the first attribute it takes, else `NotFound` with `missing`.
+fn first<A, T>(
+    attributes: &[A],
+    missing: &'static str,
+    pick: impl FnMut(&A) -> Option<T>,
+) -> io::Result<T> {
+    attributes
+        .iter()
+        .find_map(pick)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, missing))
 }
 
-/// The attributes of a netlink attribute stream: (type without flags, payload).
-pub fn attrs(mut buf: &[u8]) -> Vec<(u16, &[u8])> {
-    let mut out = Vec::new();
-    while buf.len() >= 4 {
-        let len = u16::from_ne_bytes([buf[0], buf[1]]) as usize;
-        let ty = u16::from_ne_bytes([buf[2], buf[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > buf.len() {
-            break;
+const NETDEV_CMD_DEV_GET: u8 = 1;
+const NETDEV_A_DEV_IFINDEX: u16 = 1;
+const NETDEV_A_DEV_XDP_FEATURES: u16 = 3;
+
+/// A `dev-get` request to the netdev family, or its reply (include/uapi/linux/netdev.h).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NetdevDev {
+    attributes: Vec<NetdevAttr>,
+}
+
+/// The attributes of a netdev `dev` that shedder reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum NetdevAttr {
+    Ifindex(u32),
+    /// `NETDEV_XDP_ACT_*`.
+    XdpFeatures(u64),
+    Other(DefaultNla),
+}
+
+impl Nla for NetdevAttr {
+    fn value_len(&self) -> usize {
+        match self {
+            Self::Ifindex(_) => 4,
+            Self::XdpFeatures(_) => 8,
+            Self::Other(nla) => nla.value_len(),
         }
-        out.push((ty, &buf[4..len]));
-        buf = &buf[len.next_multiple_of(4).min(buf.len())..];
     }
-    out
+
+    fn kind(&self) -> u16 {
+        match self {
+            Self::Ifindex(_) => NETDEV_A_DEV_IFINDEX,
+            Self::XdpFeatures(_) => NETDEV_A_DEV_XDP_FEATURES,
+            Self::Other(nla) => nla.kind(),
+        }
+    }
+
+    fn emit_value(&self, buffer: &mut [u8]) {
+        match self {
+            Self::Ifindex(v) => buffer.copy_from_slice(&v.to_ne_bytes()),
+            Self::XdpFeatures(v) => buffer.copy_from_slice(&v.to_ne_bytes()),
+            Self::Other(nla) => nla.emit_value(buffer),
+        }
+    }
 }
 
-/// Send one request and return the payload of its reply (after the netlink header).
-fn request(protocol: libc::c_int, msg_type: u16, body: &[u8]) -> io::Result<Vec<u8>> {
-    // SAFETY: plain socket call; the fd is owned right after.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            protocol,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
+impl<T: AsRef<[u8]> + ?Sized> Parseable<NlaBuffer<&T>> for NetdevAttr {
+    fn parse(nla: &NlaBuffer<&T>) -> Result<Self, DecodeError> {
+        Ok(match nla.kind() {
+            NETDEV_A_DEV_IFINDEX => Self::Ifindex(parse_u32(nla.value())?),
+            NETDEV_A_DEV_XDP_FEATURES => Self::XdpFeatures(parse_u64(nla.value())?),
+            _ => Self::Other(DefaultNla::parse(nla)?),
+        })
     }
-    // SAFETY: fd is a fresh, valid descriptor we own.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+}
+
+impl GenlFamily for NetdevDev {
+    fn family_name() -> &'static str {
+        "netdev"
+    }
+
+    fn command(&self) -> u8 {
+        NETDEV_CMD_DEV_GET
+    }
+
+    fn version(&self) -> u8 {
+        1
+    }
+}
+
+impl Emitable for NetdevDev {
+    fn buffer_len(&self) -> usize {
+        self.attributes.as_slice().buffer_len()
+    }
+
+    fn emit(&self, buffer: &mut [u8]) {
+        self.attributes.as_slice().emit(buffer)
+    }
+}
+
+impl ParseableParametrized<[u8], GenlHeader> for NetdevDev {
+    fn parse_with_param(buf: &[u8], _: GenlHeader) -> Result<Self, DecodeError> {
+        let attributes = NlasIterator::new(buf)
+            .map(|nla| nla.and_then(|nla| NetdevAttr::parse(&nla)))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { attributes })
+    }
+}
+
+fn unexpected(reply: &impl Debug) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("unexpected netlink reply: {reply:?}"),
+    )
+}
+
+/// Send one request and wait for its reply (at most [`REPLY_TIMEOUT_SECS`]).
+fn request<M>(protocol: isize, message: M) -> io::Result<M>
+where
+    M: NetlinkSerializable + NetlinkDeserializable + Debug,
+{
+    let mut socket = Socket::new(protocol)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
     let timeout = libc::timeval {
-        tv_sec: 2,
+        tv_sec: REPLY_TIMEOUT_SECS,
         tv_usec: 0,
     };
-    // SAFETY: a valid timeval of the size given.
+    // SAFETY: a valid timeval of the size given, on a socket we own.
     unsafe {
         libc::setsockopt(
-            fd.as_raw_fd(),
+            socket.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_RCVTIMEO,
             (&timeout as *const libc::timeval).cast(),
             size_of::<libc::timeval>() as libc::socklen_t,
         )
     };
-    let len = NLMSG_HDR + body.len();
-    let mut msg = Vec::with_capacity(len);
-    msg.extend_from_slice(&(len as u32).to_ne_bytes());
-    msg.extend_from_slice(&msg_type.to_ne_bytes());
-    msg.extend_from_slice(&NLM_F_REQUEST.to_ne_bytes());
-    msg.extend_from_slice(&SEQ.to_ne_bytes());
-    msg.extend_from_slice(&0u32.to_ne_bytes());
-    msg.extend_from_slice(body);
-    // SAFETY: all-zero is a valid sockaddr_nl (the kernel as destination).
-    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-    // SAFETY: msg and addr are valid for the lengths given.
-    let sent = unsafe {
-        libc::sendto(
-            fd.as_raw_fd(),
-            msg.as_ptr().cast(),
-            msg.len(),
-            0,
-            (&addr as *const libc::sockaddr_nl).cast(),
-            size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-        )
-    };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST;
+    header.sequence_number = SEQ;
+    let mut request = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(message));
+    request.finalize();
+    let mut buf = vec![0; request.buffer_len()];
+    request.serialize(&mut buf);
+    socket.send(&buf, 0)?;
+    let mut rx = Vec::with_capacity(64 * 1024);
     loop {
-        // SAFETY: buf is valid for its length.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut rest = &buf[..n as usize];
-        while rest.len() >= NLMSG_HDR {
-            let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-            let ty = u16::from_ne_bytes([rest[4], rest[5]]);
-            let seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
-            if len < NLMSG_HDR || len > rest.len() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "truncated netlink reply",
-                ));
-            }
-            let payload = &rest[NLMSG_HDR..len];
-            rest = &rest[len.next_multiple_of(4).min(rest.len())..];
-            if seq != SEQ {
-                continue;
-            }
-            match ty {
-                NLMSG_ERROR => {
-                    let errno = payload
-                        .get(..4)
-                        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                        .unwrap_or(0);
-                    if errno != 0 {
-                        return Err(io::Error::from_raw_os_error(-errno));
-                    }
-                }
-                NLMSG_DONE => {
-                    return Err(io::Error::new(io::ErrorKind::NotFound, "empty reply"));
-                }
-                _ => return Ok(payload.to_vec()),
-            }
+        rx.clear();
+        socket.recv(&mut rx, 0)?;
+        if let Some(reply) = reply(&rx) {
+            return reply;
         }
     }
+}
+
+/// The reply to request [`SEQ`] in one datagram of netlink messages, if it holds it: the
+/// message, or the error the kernel answered with. Other requests' replies and
+/// acknowledgements are skipped.
+fn reply<M: NetlinkDeserializable>(mut datagram: &[u8]) -> Option<io::Result<M>> {
+    let invalid = |e: DecodeError| io::Error::new(io::ErrorKind::InvalidData, e.to_string());
+    while !datagram.is_empty() {
+        let header = match NetlinkBuffer::new_checked(datagram) {
+            Ok(h) => h,
+            Err(e) => return Some(Err(invalid(e))),
+        };
+        let (bytes, len) = (datagram, header.length() as usize);
+        datagram = &datagram[len.next_multiple_of(4).min(datagram.len())..];
+        if header.sequence_number() != SEQ {
+            continue;
+        }
+        let message = match NetlinkMessage::<M>::deserialize(&bytes[..len]) {
+            Ok(m) => m,
+            Err(e) => return Some(Err(invalid(e))),
+        };
+        match message.payload {
+            NetlinkPayload::InnerMessage(m) => return Some(Ok(m)),
+            NetlinkPayload::Error(e) if e.code.is_some() => return Some(Err(e.to_io())),
+            NetlinkPayload::Done(_) => {
+                return Some(Err(io::Error::new(io::ErrorKind::NotFound, "empty reply")));
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn netlink_attributes_round_trip() {
-        let mut buf = Vec::new();
-        netlink_push(&mut buf, 2, &[1]);
-        netlink_push(&mut buf, 0x8000 | 4, &7u32.to_ne_bytes());
-        let a = attrs(&buf);
-        assert_eq!(a.len(), 2);
-        assert_eq!(a[0], (2, &[1u8][..]));
-        assert_eq!(a[1].0, 4, "the nested flag is masked");
-        assert_eq!(a[1].1, &7u32.to_ne_bytes()[..]);
-        // A length past the end stops the walk instead of panicking.
-        assert!(attrs(&[200, 0, 1, 0, 0]).is_empty());
+    /// `payload` as the kernel would send it in reply to request `seq`.
+    fn datagram<M: NetlinkSerializable + Debug>(seq: u32, payload: NetlinkPayload<M>) -> Vec<u8> {
+        let mut header = NetlinkHeader::default();
+        header.sequence_number = seq;
+        let mut message = NetlinkMessage::new(header, payload);
+        message.finalize();
+        let mut buf = vec![0; message.buffer_len()];
+        message.serialize(&mut buf);
+        buf
     }
 
-    fn netlink_push(buf: &mut Vec<u8>, ty: u16, data: &[u8]) {
-        let len = 4 + data.len();
-        buf.extend_from_slice(&(len as u16).to_ne_bytes());
-        buf.extend_from_slice(&ty.to_ne_bytes());
-        buf.extend_from_slice(data);
-        buf.resize(buf.len() + (len.next_multiple_of(4) - len), 0);
+    fn new_link(xdp: Vec<LinkXdp>) -> Vec<u8> {
+        let mut link = LinkMessage::default();
+        link.header.index = 7;
+        link.attributes = vec![
+            LinkAttribute::IfName("veth0".into()),
+            LinkAttribute::Mtu(1500),
+            LinkAttribute::Xdp(xdp),
+        ];
+        datagram(
+            SEQ,
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)),
+        )
+    }
+
+    fn attachment_in(datagram: &[u8]) -> Option<XdpAttachment> {
+        match reply::<RouteNetlinkMessage>(datagram) {
+            Some(Ok(RouteNetlinkMessage::NewLink(link))) => attachment(&link),
+            other => panic!("not a link: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_link_reply_gives_its_xdp_attachment() {
+        let native = new_link(vec![
+            LinkXdp::Attached(XdpAttached::Driver),
+            LinkXdp::DrvProgId(42),
+            LinkXdp::ProgId(42),
+        ]);
+        assert_eq!(
+            attachment_in(&native),
+            Some(XdpAttachment {
+                mode: XDP_ATTACHED_DRV,
+                prog_id: 42
+            })
+        );
+        let generic = new_link(vec![
+            LinkXdp::Attached(XdpAttached::SocketBuffer),
+            LinkXdp::SkbProgId(9),
+        ]);
+        let a = attachment_in(&generic).expect("attached");
+        assert_eq!((a.mode, a.prog_id, a.mode_name()), (2, 9, "generic XDP"));
+        // Nothing attached: the kernel says mode none and no program.
+        let none = new_link(vec![LinkXdp::Attached(XdpAttached::None)]);
+        assert_eq!(attachment_in(&none), None);
+        // A mode without a program id is not an attachment.
+        let no_id = new_link(vec![LinkXdp::Attached(XdpAttached::Driver)]);
+        assert_eq!(attachment_in(&no_id), None);
+    }
+
+    #[test]
+    fn replies_to_other_requests_and_acks_are_skipped() {
+        let mut buf = new_link(vec![LinkXdp::Attached(XdpAttached::None)]);
+        let other = buf.clone();
+        // The same message answering another request, then an ack, then ours.
+        buf[8..12].copy_from_slice(&(SEQ + 1).to_ne_bytes());
+        buf.extend(datagram::<RouteNetlinkMessage>(
+            SEQ,
+            NetlinkPayload::Error(Default::default()),
+        ));
+        buf.extend(&other);
+        assert!(matches!(
+            reply::<RouteNetlinkMessage>(&buf),
+            Some(Ok(RouteNetlinkMessage::NewLink(_)))
+        ));
+        assert!(reply::<RouteNetlinkMessage>(&buf[..other.len()]).is_none());
+    }
+
+    #[test]
+    fn errors_and_truncation() {
+        let mut error = netlink_packet_core::ErrorMessage::default();
+        error.code = std::num::NonZeroI32::new(-libc::ENODEV);
+        let buf = datagram::<RouteNetlinkMessage>(SEQ, NetlinkPayload::Error(error));
+        let e = reply::<RouteNetlinkMessage>(&buf).unwrap().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENODEV));
+        let done = datagram::<RouteNetlinkMessage>(SEQ, NetlinkPayload::Done(Default::default()));
+        let e = reply::<RouteNetlinkMessage>(&done).unwrap().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        let link = new_link(vec![LinkXdp::Attached(XdpAttached::None)]);
+        let e = reply::<RouteNetlinkMessage>(&link[..link.len() - 4])
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn a_netdev_reply_gives_the_xdp_features() {
+        let dev = NetdevDev {
+            attributes: vec![
+                NetdevAttr::Ifindex(7),
+                NetdevAttr::XdpFeatures(0b101),
+                // xdp-zc-max-segs, which shedder does not read.
+                NetdevAttr::Other(DefaultNla::new(4, 1u32.to_ne_bytes().to_vec())),
+            ],
+        };
+        let mut message = GenlMessage::from_payload(dev.clone());
+        message.set_resolved_family_id(0x20);
+        let buf = datagram(SEQ, NetlinkPayload::InnerMessage(message));
+        assert_eq!(&buf[4..6], &0x20u16.to_ne_bytes(), "the family's id");
+        let got = reply::<GenlMessage<NetdevDev>>(&buf).unwrap().unwrap();
+        assert_eq!(got.payload, dev);
     }
 }
