@@ -106,7 +106,7 @@ fn dump_family(
 ) -> io::Result<()> {
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    let mut request = NetlinkMessage::new(
+    let request = NetlinkMessage::new(
         header,
         SockDiagMessage::InetRequest(InetRequest {
             family,
@@ -117,10 +117,7 @@ fn dump_family(
         })
         .into(),
     );
-    request.finalize();
-    let mut buf = vec![0; request.buffer_len()];
-    request.serialize(&mut buf);
-    socket.send(&buf, 0)?;
+    crate::kernel::netdev::netlink::send(socket, request)?;
 
     let mut rx = Vec::with_capacity(64 * 1024);
     loop {

@@ -228,6 +228,17 @@ fn unexpected(reply: &impl Debug) -> io::Error {
     )
 }
 
+/// Finish `request`'s header and send it on `socket` (shared with [`crate::kernel::diag`]).
+pub(crate) fn send<M: NetlinkSerializable + Debug>(
+    socket: &Socket,
+    mut request: NetlinkMessage<M>,
+) -> io::Result<()> {
+    request.finalize();
+    let mut buf = vec![0; request.buffer_len()];
+    request.serialize(&mut buf);
+    socket.send(&buf, 0).map(drop)
+}
+
 /// Send one request and wait for its reply (at most [`REPLY_TIMEOUT_SECS`]).
 fn request<M>(protocol: isize, message: M) -> io::Result<M>
 where
@@ -253,11 +264,8 @@ where
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST;
     header.sequence_number = SEQ;
-    let mut request = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(message));
-    request.finalize();
-    let mut buf = vec![0; request.buffer_len()];
-    request.serialize(&mut buf);
-    socket.send(&buf, 0)?;
+    let request = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(message));
+    send(&socket, request)?;
     let mut rx = Vec::with_capacity(64 * 1024);
     loop {
         rx.clear();
