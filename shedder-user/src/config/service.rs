@@ -69,7 +69,8 @@ pub struct Service {
     /// The limit of the `fixed` controller (default: fallback_limit).
     pub fixed_limit: Option<u32>,
     /// Expected request rate; when set, the hard ceiling is also bounded by Little's law:
-    /// `target_rps × target_latency × 1.5` (seed 000 R1).
+    /// `target_rps × target_latency × 1.5` (the concurrency the latency objective supports at
+    /// that rate, with 50% headroom).
     pub target_rps: Option<f64>,
     #[serde(default)]
     pub action: Action,
@@ -83,7 +84,7 @@ pub struct Service {
     #[serde(default = "defaults::retry_window_ms")]
     pub retry_window_ms: u64,
     /// Decide retries one class lower (CRITICAL → HIGH → MEDIUM → SHEDDABLE; SHEDDABLE
-    /// stays), so under load first attempts win (seed 001). Default true; `None` when the
+    /// stays), so under load first attempts win over retries. Default true; `None` when the
     /// file does not set it (see [`Service::demotes_retries`]).
     #[serde(default)]
     pub demote_retries: Option<bool>,

@@ -307,7 +307,7 @@ impl Config {
                     None => {
                         return Err(err(
                             field("ceiling"),
-                            "critical needs a finite ceiling (seed 000 R4: unsheddable, not unbounded)",
+                            "critical needs a finite ceiling (never shed by pressure is not unbounded: a flood marked critical must still stop somewhere)",
                         ));
                     }
                 }
@@ -641,7 +641,7 @@ mod tests {
             ),
             (
                 "[classes]\ncritical = { sources = [] }\n",
-                "line 2, column 12: classes.critical.ceiling: critical needs a finite ceiling (seed 000 R4: unsheddable, not unbounded)",
+                "line 2, column 12: classes.critical.ceiling: critical needs a finite ceiling (never shed by pressure is not unbounded: a flood marked critical must still stop somewhere)",
             ),
             (
                 "[classes]\nhigh = { floor = 1.5 }\n",
