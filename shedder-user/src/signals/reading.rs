@@ -1,0 +1,190 @@
+//! The data model of a tick's signals: readings that say when they are missing or stale,
+//! and the per-service snapshot the controller and the API see.
+
+use std::{net::IpAddr, path::PathBuf};
+
+use serde::{Deserialize, Serialize};
+use shedder_common::NUM_CLASSES;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Reading<T> {
+    Ok {
+        value: T,
+    },
+    /// The source failed this tick; `value` is the last good one, `age_ms` old.
+    Stale {
+        value: T,
+        age_ms: u64,
+    },
+    Missing {
+        reason: String,
+    },
+}
+
+impl<T> Reading<T> {
+    pub fn missing(reason: impl Into<String>) -> Self {
+        Self::Missing {
+            reason: reason.into(),
+        }
+    }
+
+    /// The value if fresh.
+    pub fn ok(&self) -> Option<&T> {
+        match self {
+            Self::Ok { value } => Some(value),
+            _ => None,
+        }
+    }
+
+    /// The value, fresh or stale.
+    pub fn value(&self) -> Option<&T> {
+        match self {
+            Self::Ok { value } | Self::Stale { value, .. } => Some(value),
+            Self::Missing { .. } => None,
+        }
+    }
+}
+
+/// Percentiles of a duration over the window, in milliseconds; `None` when the window
+/// holds no observation (a quiet service), which is not the same as a zero.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Quantiles {
+    pub p50_ms: Option<f64>,
+    pub p90_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub samples: u64,
+}
+
+/// Connection attempts of one class per second over the last tick.
+///
+/// `offered`, `admitted`, `shed` and `dry_run` come from the decision counters, which count
+/// *unique* attempts: a retransmitted SYN is not in them (the packet path counts it in
+/// `retransmits` only), so a client whose SYN was dropped and who retransmits it is one
+/// attempt, not one a second. This is the offered load the controller and the class
+/// allocation see ([`crate::daemon::service::demand`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClassRates {
+    /// Every new attempt that reached a decision (retransmits excluded).
+    pub offered: f64,
+    pub admitted: f64,
+    /// Dropped or reset.
+    pub shed: f64,
+    /// Would have been shed (dry-run services).
+    pub dry_run: f64,
+    /// Retransmitted SYNs of attempts of this class (not in `offered`).
+    #[serde(default)]
+    pub retransmits: f64,
+    /// New attempts of this class (before demotion) from a source the service shed within
+    /// its retry window (also in `offered`, under the class they were decided in).
+    #[serde(default)]
+    pub retries: f64,
+}
+
+/// Retries against shed attempts over the signal window: whether shedding reduced demand
+/// or the refused clients came back (a retry storm: refusals that turn into more demand).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RetryWindow {
+    /// Width of the window: the same ticks as the percentiles, fewer just after a start
+    /// or a failed read.
+    pub window_ms: u64,
+    /// Attempts shed in the window: dropped or reset, or, for a dry-run service, that
+    /// would have been (the packet path remembers their sources as shed all the same, so
+    /// their retries are counted as enforcing would count them).
+    pub shed: u64,
+    /// Retries in the window, every class.
+    pub retries: u64,
+    /// `retries / shed`; `None` when nothing was shed in the window (there is nothing to
+    /// come back, so no ratio — never a NaN or an invented zero). See [`retry_ratio`].
+    pub ratio: Option<f64>,
+}
+
+/// The retry ratio: retries per shed attempt over the same window. Near 0: refused clients
+/// stay away (shedding reduces demand); near 1: about every refused attempt comes back
+/// within the retry window (refusing only delays it). It can exceed 1: a source refused
+/// again retries again (each return counts), a retry may come back for an attempt shed
+/// before the window began, and all clients behind one address (NAT) are one source. `None`
+/// without shed attempts.
+pub fn retry_ratio(retries: u64, shed: u64) -> Option<f64> {
+    (shed > 0).then(|| retries as f64 / shed as f64)
+}
+
+fn retry_missing() -> Reading<RetryWindow> {
+    Reading::missing("not reported")
+}
+
+/// Accept queues of the service's listening sockets, summed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcceptQueue {
+    pub depth: u32,
+    pub backlog: u32,
+    pub listeners: u32,
+}
+
+/// Listen-queue failures in the network namespace during the last tick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Overflows {
+    pub overflows: u64,
+    pub drops: u64,
+}
+
+/// One resource's pressure: the kernel's 10 s average and the share of the last tick
+/// stalled, from the cumulative totals.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PressureWindow {
+    pub some_avg10: f64,
+    pub full_avg10: Option<f64>,
+    /// Fraction (0..1) of the last tick some task was stalled.
+    pub some_ratio: f64,
+    pub full_ratio: Option<f64>,
+}
+
+/// CPU throttling during the last tick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThrottlingWindow {
+    pub periods_throttled: u64,
+    pub throttled_us: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pressures {
+    pub cpu: Reading<PressureWindow>,
+    pub memory: Reading<PressureWindow>,
+    pub io: Reading<PressureWindow>,
+    pub throttling: Reading<ThrottlingWindow>,
+}
+
+/// Everything measured about one service at one tick.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Signals {
+    pub service: String,
+    /// Width of the window the percentiles cover.
+    pub window_ms: u64,
+    /// ESTABLISHED → first read by the application.
+    pub queue_age: Reading<Quantiles>,
+    /// A read → the next write.
+    pub latency: Reading<Quantiles>,
+    /// Established connections per class (kernel count).
+    pub inflight: Reading<[u32; NUM_CLASSES]>,
+    /// Admitted attempts not yet established, per class.
+    pub pending: Reading<[u32; NUM_CLASSES]>,
+    pub rates: Reading<[ClassRates; NUM_CLASSES]>,
+    /// Retries and shed attempts over the window, and their ratio.
+    #[serde(default = "retry_missing")]
+    pub retry: Reading<RetryWindow>,
+    pub accept_queue: Reading<AcceptQueue>,
+    pub listen: Reading<Overflows>,
+    pub pressure: Pressures,
+}
+
+/// What the reader needs to know of a service.
+#[derive(Clone, Debug)]
+pub struct ServiceSpec {
+    pub id: u32,
+    pub name: String,
+    pub ports: Vec<u16>,
+    /// Destination addresses; empty = any.
+    pub addresses: Vec<IpAddr>,
+    /// Absolute path of the service's cgroup v2 directory, if configured.
+    pub cgroup: Option<PathBuf>,
+}
