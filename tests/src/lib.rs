@@ -19,6 +19,19 @@ use std::sync::Once;
 
 /// Whether this process runs as root, as the tests and the benchmarks must (they load BPF
 /// programs and create network namespaces).
+/// The repository's root (the tests crate's parent).
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// A file of the repository by its path from the root; panics naming it if unreadable.
+pub fn read_repo_file(rel: &str) -> String {
+    std::fs::read_to_string(repo_root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }

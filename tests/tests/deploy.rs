@@ -5,6 +5,7 @@
 //! and documents every option; the systemd unit keeps what the daemon needs
 //! (capabilities, writable pins, reload by SIGHUP, restart).
 
+use shedder_tests::{read_repo_file, repo_root};
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -45,17 +46,6 @@ fn buckets() -> Vec<String> {
         .map(|b| format!("{b:?}"))
         .chain(["+Inf".to_string()])
         .collect()
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
-}
-
-fn read(rel: &str) -> String {
-    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -560,8 +550,8 @@ impl Rule {
 }
 
 fn rules() -> Vec<(String, Rule)> {
-    let file: RuleFile =
-        serde_yaml_ng::from_str(&read(ALERTS)).unwrap_or_else(|e| panic!("{ALERTS}: {e}"));
+    let file: RuleFile = serde_yaml_ng::from_str(&read_repo_file(ALERTS))
+        .unwrap_or_else(|e| panic!("{ALERTS}: {e}"));
     file.groups
         .into_iter()
         .flat_map(|g| {
@@ -617,7 +607,7 @@ fn alert_rules_use_only_exported_metrics_and_labels() {
     // The promtool unit tests feed series by name: they must be real ones too.
     let mut series = 0;
     for file in ALERTS_TESTS {
-        let tests: serde_yaml_ng::Value = serde_yaml_ng::from_str(&read(file)).unwrap();
+        let tests: serde_yaml_ng::Value = serde_yaml_ng::from_str(&read_repo_file(file)).unwrap();
         for test in tests["tests"].as_sequence().expect("tests") {
             for s in test["input_series"].as_sequence().into_iter().flatten() {
                 let sel = s["series"].as_str().expect("series");
@@ -740,8 +730,8 @@ fn alerts_follow_r6_page_on_floor_classes_and_goodput_never_on_the_shedding_leve
 
 #[test]
 fn scrape_config_matches_the_daemon_and_the_rules() {
-    let scrape: serde_yaml_ng::Value = serde_yaml_ng::from_str(&read(SCRAPE)).unwrap();
-    let cfg = Config::parse(&read(CONFIG)).unwrap();
+    let scrape: serde_yaml_ng::Value = serde_yaml_ng::from_str(&read_repo_file(SCRAPE)).unwrap();
+    let cfg = Config::parse(&read_repo_file(CONFIG)).unwrap();
     let port = cfg
         .daemon
         .metrics_listen
@@ -799,7 +789,7 @@ fn promtool() -> PathBuf {
 
 #[test]
 fn promtool_accepts_the_rules_and_their_unit_tests() {
-    let dir = root().join("deploy/prometheus");
+    let dir = repo_root().join("deploy/prometheus");
     let promtool = promtool();
     for args in [
         &["check", "rules", "alerts.yml"][..],
@@ -824,7 +814,7 @@ fn promtool_accepts_the_rules_and_their_unit_tests() {
 // The Grafana dashboard.
 
 fn dashboard() -> Json {
-    serde_json::from_str(&read(DASHBOARD)).unwrap_or_else(|e| panic!("{DASHBOARD}: {e}"))
+    serde_json::from_str(&read_repo_file(DASHBOARD)).unwrap_or_else(|e| panic!("{DASHBOARD}: {e}"))
 }
 
 /// Every string under an `expr` key, with the title of the panel it is in.
@@ -1075,7 +1065,7 @@ fn in_documentation_range(addr: IpAddr) -> bool {
 
 #[test]
 fn example_config_validates_and_uses_documentation_addresses() {
-    let cfg = Config::parse(&read(CONFIG)).unwrap_or_else(|e| panic!("{CONFIG}: {e}"));
+    let cfg = Config::parse(&read_repo_file(CONFIG)).unwrap_or_else(|e| panic!("{CONFIG}: {e}"));
     assert!(
         (2..=3).contains(&cfg.services.len()),
         "{} services",
@@ -1103,7 +1093,7 @@ fn example_config_validates_and_uses_documentation_addresses() {
 
 #[test]
 fn example_config_documents_every_option_with_its_default() {
-    let text = read(CONFIG);
+    let text = read_repo_file(CONFIG);
     let mut errors = Vec::new();
     for (table, fields) in [
         ("[daemon]", fields_of("[daemon]")),
@@ -1213,7 +1203,7 @@ fn example_config_documents_every_option_with_its_default() {
 
 /// (section, key) → values, in order; continuation lines joined.
 fn unit() -> BTreeMap<(String, String), Vec<String>> {
-    let text = read(UNIT);
+    let text = read_repo_file(UNIT);
     let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     let mut section = String::new();
     let mut pending = String::new();
@@ -1300,7 +1290,7 @@ fn unit_runs_the_daemon_with_the_capabilities_and_paths_it_needs() {
         }
     }
     assert!(yes(&one("NoNewPrivileges")), "NoNewPrivileges=");
-    let cfg = Config::parse(&read(CONFIG)).unwrap();
+    let cfg = Config::parse(&read_repo_file(CONFIG)).unwrap();
     if cfg.daemon.control_group.is_some() {
         assert!(
             get("CapabilityBoundingSet").join(" ").contains("CAP_CHOWN"),

@@ -10,6 +10,7 @@
 //! - Every relative link in `README.md`, `CHANGELOG.md`, `docs/*.md` and `deploy/*.md`
 //!   points to a file that exists and, with a `#fragment`, to a heading in it.
 
+use shedder_tests::{read_repo_file, repo_root};
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
@@ -22,17 +23,6 @@ const EXAMPLE: &str = "deploy/shedder.toml";
 const CLASSES: [&str; 4] = ["critical", "high", "medium", "sheddable"];
 /// The class a `<class>` section is written out as.
 const SOME_CLASS: &str = "high";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
-}
-
-fn read(rel: &str) -> String {
-    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
-}
 
 fn fail(errors: &[String]) {
     assert!(errors.is_empty(), "\n{}\n", errors.join("\n"));
@@ -157,7 +147,7 @@ fn parse_reference(text: &str) -> Reference {
 }
 
 fn reference() -> Reference {
-    let r = parse_reference(&read(REFERENCE));
+    let r = parse_reference(&read_repo_file(REFERENCE));
     let names: Vec<&str> = r.sections.iter().map(|(s, _)| s.as_str()).collect();
     for s in ["daemon", "classes", "service", "fleet"] {
         assert!(
@@ -358,7 +348,7 @@ fn toml_blocks(text: &str) -> Vec<(String, usize)> {
 
 #[test]
 fn the_reference_s_example_files_parse() {
-    let blocks = toml_blocks(&read(REFERENCE));
+    let blocks = toml_blocks(&read_repo_file(REFERENCE));
     assert!(!blocks.is_empty(), "{REFERENCE} shows no ```toml example");
     let errors: Vec<String> = blocks
         .iter()
@@ -591,7 +581,7 @@ fn the_example_configuration_uses_exactly_the_documented_keys() {
     let sections: BTreeSet<&str> = r.sections.iter().map(|(s, _)| s.as_str()).collect();
     let mut errors = Vec::new();
     let mut used = BTreeSet::new();
-    let found = example_keys(&read(EXAMPLE));
+    let found = example_keys(&read_repo_file(EXAMPLE));
     assert!(
         found.len() >= 40,
         "only {} keys read from {EXAMPLE}",
@@ -714,7 +704,7 @@ fn links(text: &str) -> Vec<(String, usize)> {
 fn markdown_files() -> Vec<String> {
     let mut files = vec!["README.md".to_string(), "CHANGELOG.md".to_string()];
     for dir in ["docs", "deploy"] {
-        let mut in_dir: Vec<String> = std::fs::read_dir(root().join(dir))
+        let mut in_dir: Vec<String> = std::fs::read_dir(repo_root().join(dir))
             .unwrap_or_else(|e| panic!("{dir}: {e}"))
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .filter(|n| n.ends_with(".md"))
@@ -731,7 +721,7 @@ fn relative_links_point_to_existing_files_and_headings() {
     let mut errors = Vec::new();
     let mut count = 0;
     for file in markdown_files() {
-        let text = read(&file);
+        let text = read_repo_file(&file);
         let dir = Path::new(&file).parent().unwrap_or(Path::new(""));
         for (target, line) in links(&text) {
             if target.contains("://") || target.starts_with("mailto:") {
@@ -744,7 +734,7 @@ fn relative_links_point_to_existing_files_and_headings() {
             } else {
                 dir.join(path)
             };
-            let abs = root().join(&rel);
+            let abs = repo_root().join(&rel);
             if !abs.exists() {
                 errors.push(format!(
                     "{file}:{line}: ({target}): {} does not exist",
