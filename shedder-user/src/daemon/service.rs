@@ -53,7 +53,6 @@ pub struct ServiceControl {
     /// The per-class demand of the last tick (what a write between ticks splits by).
     demand: Option<[f64; NUM_CLASSES]>,
     occupancy: u32,
-    mode: Mode,
     last_log: Option<Duration>,
     decision: Option<Decision>,
     signals: Option<Signals>,
@@ -98,7 +97,6 @@ impl ServiceControl {
             written: None,
             demand: None,
             occupancy: 0,
-            mode: Mode::Normal,
             last_log: None,
             decision: None,
             signals: None,
@@ -199,9 +197,9 @@ impl ServiceControl {
         self.demand = demand;
         self.occupancy = obs.occupancy;
         let written = self.write(w, ctx, decision.limit);
-        if self.override_in_force().is_none() {
-            self.log_decision(&decision, obs.now);
-        }
+        // Mode changes are logged always; limit changes only when the controller's limit
+        // is the one in force.
+        self.log_decision(&decision, obs.now, self.override_in_force().is_none());
         self.decision = Some(decision);
         written.map(|()| decision)
     }
@@ -304,18 +302,21 @@ impl ServiceControl {
         })
     }
 
-    /// Log a limit change with the signal that caused it (at most once a second), and
-    /// every mode change.
-    fn log_decision(&mut self, d: &Decision, now: Duration) {
-        if d.mode != self.mode {
+    /// Log every mode change (against the last decision, before `d` replaces it), and
+    /// with `limits` a limit change with the signal that caused it (at most once a second).
+    fn log_decision(&mut self, d: &Decision, now: Duration, limits: bool) {
+        let mode = self.decision.map_or(Mode::Normal, |p| p.mode);
+        if d.mode != mode {
             info!(
                 service = %self.cfg.name,
-                from = self.mode.as_str(),
+                from = mode.as_str(),
                 to = d.mode.as_str(),
                 limit = d.limit,
                 "mode changed"
             );
-            self.mode = d.mode;
+        }
+        if !limits {
+            return;
         }
         let due = self
             .last_log
