@@ -382,11 +382,22 @@ fn dropping_a_busy_backend_is_prompt_and_closes_everything() {
     const DROP_PORT: u16 = 8099; // unique among these tests: its worker threads are looked for
     let pair = pair();
     let backend = Backend::start_in(&pair.server, BackendConfig::new(DROP_PORT, 4, secs(10)));
-    assert!(
+    // A thread names itself once it runs (std sets the kernel's name from inside it), so
+    // a worker may still carry its parent's name just after the spawn returns.
+    let named = || {
         thread_names()
             .iter()
             .any(|n| n.starts_with(&format!("backend-{DROP_PORT}-")))
-    );
+    };
+    let t = Instant::now();
+    while !named() {
+        assert!(
+            t.elapsed() < secs(2),
+            "no backend-{DROP_PORT}-* thread: {:?}",
+            thread_names()
+        );
+        std::thread::sleep(ms(10));
+    }
     // 10 requests: 4 held by the workers for 10 s, 6 waiting in the accept queue.
     let load = LoadGen::new(server(DROP_PORT))
         .phase(ms(200), 50.0)
