@@ -9,15 +9,29 @@
 //! 2. **CRITICAL** below its ceiling is admitted: it is never shed by pressure;
 //! 3. a class below its **floor** is admitted whatever the service's pressure, so a class
 //!    with a floor is never starved;
-//! 4. a class at its **share** of the service limit is shed;
-//! 5. when the **service** is at its total limit, the attempt is shed;
+//! 4. a class at its **share** is shed ([`REASON_PRIORITY`]): the daemon sets each share to
+//!    the limit less what the classes above it want and the floors in use below it;
+//! 5. when the **service** is full the attempt is shed, where *full* is seen from the
+//!    attempt's class: this class and every class above it count in full, the classes
+//!    below it only up to their floors ([`REASON_SERVICE_LIMIT`], or
+//!    [`REASON_FLOORS_BELOW`] when only those floors make it full);
 //! 6. otherwise it is admitted (the token bucket, if any, is checked afterwards).
+//!
+//! Step 5 is what makes the surplus go by priority: connections cannot be taken back once
+//! admitted, so when a higher class's demand rises between two ticks of the daemon the
+//! service may already be full of a lower class's connections above its floor. Those do
+//! not count against the higher class: it is admitted over the total, and the lower class
+//! is refused (it sees the service full) until its connections end. The overshoot is
+//! bounded by the lower classes' occupancy above their floors, which their shares bound.
+//! A non-critical class is therefore refused for pressure only while every class below it
+//! is at or below its floor.
 //!
 //! With a stale heartbeat the fallback share, floor and total are used instead.
 
 use crate::{
-    CLASS_CRITICAL, NUM_CLASSES, REASON_CEILING, REASON_CLASS_LIMIT, REASON_CRITICAL, REASON_FLOOR,
-    REASON_SERVICE_LIMIT, REASON_UNDER_LIMIT, ServicePolicy,
+    CLASS_CRITICAL, NUM_CLASSES, REASON_CEILING, REASON_CRITICAL, REASON_FLOOR,
+    REASON_FLOORS_BELOW, REASON_PRIORITY, REASON_SERVICE_LIMIT, REASON_UNDER_LIMIT, ServicePolicy,
+    mask,
 };
 
 /// The outcome of the concurrency check.
@@ -31,22 +45,27 @@ pub struct Decision {
 
 impl Decision {
     #[inline(always)]
-    const fn admit(reason: u32) -> Self {
+    pub const fn admit(reason: u32) -> Self {
         Self { admit: 1, reason }
     }
     #[inline(always)]
-    const fn shed(reason: u32) -> Self {
+    pub const fn shed(reason: u32) -> Self {
         Self { admit: 0, reason }
     }
 }
 
-/// Decide one attempt of `class` (0..4) given the class's occupancy (`mine`) and the
-/// service's (`total`).
+/// Decide one attempt of `class` (0..4) given every class's occupancy.
 #[inline(always)]
-pub fn decide(policy: &ServicePolicy, class: u32, mine: u32, total: u32, stale: bool) -> Decision {
+pub fn decide(
+    policy: &ServicePolicy,
+    class: u32,
+    occ: &[u64; NUM_CLASSES],
+    stale: bool,
+) -> Decision {
     let class = (class as usize) & (NUM_CLASSES - 1);
     let cp = &policy.classes[class];
-    if mine >= cp.ceiling {
+    let mine = occ[class];
+    if mine >= cp.ceiling as u64 {
         return Decision::shed(REASON_CEILING);
     }
     if class as u32 == CLASS_CRITICAL {
@@ -57,14 +76,32 @@ pub fn decide(policy: &ServicePolicy, class: u32, mine: u32, total: u32, stale: 
     } else {
         (cp.limit, cp.floor, policy.total_limit)
     };
-    if mine < floor {
+    if mine < floor as u64 {
         return Decision::admit(REASON_FLOOR);
     }
-    if mine >= share {
-        return Decision::shed(REASON_CLASS_LIMIT);
+    if mine >= share as u64 {
+        return Decision::shed(REASON_PRIORITY);
     }
-    if total >= total_limit {
+    // The service as this class sees it: itself and the classes above in full (`ahead`),
+    // the classes below up to their floors (`held`). With masks, not branches (see
+    // [`crate::mask`]): the verifier walks one path through the loop rather than one per
+    // combination of classes above or below their floors.
+    let (mut ahead, mut held) = (0u64, 0u64);
+    let mut k = 0;
+    while k < NUM_CLASSES {
+        let o = occ[k];
+        let c = &policy.classes[k];
+        let f = (if stale { c.fallback_floor } else { c.floor }) as u64;
+        let below = mask::sign(class as i64 - k as i64);
+        ahead += o & !below;
+        held += mask::min(o, f) & below;
+        k += 1;
+    }
+    if ahead >= total_limit as u64 {
         return Decision::shed(REASON_SERVICE_LIMIT);
+    }
+    if ahead + held >= total_limit as u64 {
+        return Decision::shed(REASON_FLOORS_BELOW);
     }
     Decision::admit(REASON_UNDER_LIMIT)
 }
@@ -85,10 +122,8 @@ mod tests {
         }
     }
 
-    /// Decide from every class's occupancy, as the packet path sees it.
     fn decide_occ(p: &ServicePolicy, class: u32, occ: &[u32; 4], stale: bool) -> Decision {
-        let total = occ.iter().fold(0u32, |a, &b| a.saturating_add(b));
-        decide(p, class, occ[(class & 3) as usize], total, stale)
+        decide(p, class, &occ.map(u64::from), stale)
     }
 
     fn policy() -> ServicePolicy {
@@ -130,9 +165,15 @@ mod tests {
             decide_occ(&p, CLASS_HIGH, &[0, 59, 51, 30], false),
             Decision::admit(REASON_FLOOR)
         );
-        // At the floor the service limit applies again.
+        // At the floor the service limit applies again, with the classes below counted
+        // only up to their floors: medium's 35 connections over its floor of 5 do not
+        // hold high back.
         assert_eq!(
             decide_occ(&p, CLASS_HIGH, &[0, 60, 40, 0], false),
+            Decision::admit(REASON_UNDER_LIMIT)
+        );
+        assert_eq!(
+            decide_occ(&p, CLASS_HIGH, &[5, 95, 40, 0], false),
             Decision::shed(REASON_SERVICE_LIMIT)
         );
         // Medium's floor of 5 also holds against a full service.
@@ -143,11 +184,56 @@ mod tests {
     }
 
     #[test]
+    fn the_surplus_goes_by_priority() {
+        let p = policy();
+        // The service is full (100): medium holds 30, 25 over its floor of 5, sheddable 10
+        // over its floor of 0. High is admitted over them, medium and sheddable see the
+        // service full.
+        let occ = [0, 60, 30, 10];
+        assert_eq!(
+            decide_occ(&p, CLASS_HIGH, &occ, false),
+            Decision::admit(REASON_UNDER_LIMIT)
+        );
+        assert_eq!(
+            decide_occ(&p, CLASS_MEDIUM, &[0, 60, 40, 0], false),
+            Decision::shed(REASON_SERVICE_LIMIT)
+        );
+        assert_eq!(
+            decide_occ(&p, CLASS_SHEDDABLE, &occ, false),
+            Decision::shed(REASON_SERVICE_LIMIT)
+        );
+        // Medium over its floor is admitted over sheddable's surplus, not over its own.
+        assert_eq!(
+            decide_occ(&p, CLASS_MEDIUM, &[0, 60, 30, 5], false),
+            Decision::admit(REASON_UNDER_LIMIT)
+        );
+        // High is refused for pressure only when every class below is at or below its
+        // floor: 96 of high and critical with medium at its floor of 4 of 5 in use.
+        assert_eq!(
+            decide_occ(&p, CLASS_HIGH, &[1, 95, 4, 0], false),
+            Decision::shed(REASON_FLOORS_BELOW)
+        );
+        assert_eq!(
+            decide_occ(&p, CLASS_HIGH, &[1, 94, 4, 0], false),
+            Decision::admit(REASON_UNDER_LIMIT)
+        );
+        // The same with a stale heartbeat: fallback total 50, medium's fallback floor 2.
+        assert_eq!(
+            decide_occ(&p, CLASS_HIGH, &[0, 47, 9, 9], true),
+            Decision::admit(REASON_UNDER_LIMIT)
+        );
+        assert_eq!(
+            decide_occ(&p, CLASS_HIGH, &[0, 48, 9, 9], true),
+            Decision::shed(REASON_FLOORS_BELOW)
+        );
+    }
+
+    #[test]
     fn class_share_and_service_limit() {
         let p = policy();
         assert_eq!(
             decide_occ(&p, CLASS_SHEDDABLE, &[0, 0, 0, 30], false),
-            Decision::shed(REASON_CLASS_LIMIT)
+            Decision::shed(REASON_PRIORITY)
         );
         assert_eq!(
             decide_occ(&p, CLASS_SHEDDABLE, &[0, 0, 0, 29], false),
@@ -170,7 +256,7 @@ mod tests {
         for class in [CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE] {
             assert_eq!(
                 decide_occ(&p, class, &[0; 4], false),
-                Decision::shed(REASON_CLASS_LIMIT)
+                Decision::shed(REASON_PRIORITY)
             );
         }
         assert_eq!(
@@ -190,7 +276,7 @@ mod tests {
         );
         assert_eq!(
             decide_occ(&p, CLASS_SHEDDABLE, &occ, true),
-            Decision::shed(REASON_CLASS_LIMIT)
+            Decision::shed(REASON_PRIORITY)
         );
         // Fresh total 100 admits 60 occupants; stale total 50 does not.
         let occ = [0, 30, 30, 0];

@@ -6,6 +6,8 @@
 //! `Option`, and has a size asserted at compile time, so the eBPF object and the daemon
 //! can never disagree about a layout silently.
 #![no_std]
+// Inline assembly on BPF (see `mask`) is behind this feature; the eBPF build is on nightly.
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 #[cfg(test)]
 extern crate std;
@@ -14,6 +16,7 @@ pub mod admit;
 pub mod csum;
 pub mod gcra;
 pub mod hist;
+pub mod mask;
 pub mod table;
 pub mod tp;
 
@@ -70,8 +73,14 @@ pub const VERDICT_RST: u32 = 2;
 pub const VERDICT_DRY_RUN: u32 = 3;
 pub const VERDICT_NAMES: [&str; NUM_VERDICTS as usize] = ["pass", "drop", "rst", "dry_run"];
 
-/// Why the verdict was reached.
-pub const NUM_REASONS: u32 = 8;
+/// Why the verdict was reached. Admissions: under the limits, below the class's floor, or
+/// CRITICAL. Refusals, in the order the decision meets them: the class's ceiling; its
+/// share ("priority": what the classes above it are given and the floors in use below it
+/// leave); the service's total, counting this class and every class above it in full and
+/// the classes below it only up to their floors ("service_limit", or "floors_below" when
+/// the total is reached only because of those floors); the class's token bucket; the
+/// source's fair share within its class; the class's retry budget.
+pub const NUM_REASONS: u32 = 16;
 /// Under the class and service limits.
 pub const REASON_UNDER_LIMIT: u32 = 0;
 /// The class was below its floor: admitted whatever the service's pressure.
@@ -80,24 +89,40 @@ pub const REASON_FLOOR: u32 = 1;
 pub const REASON_CRITICAL: u32 = 2;
 /// The class reached its hard ceiling.
 pub const REASON_CEILING: u32 = 3;
-/// The class reached its share of the service's limit.
-pub const REASON_CLASS_LIMIT: u32 = 4;
-/// The service reached its total concurrency limit.
+/// The class reached its share: the rest of the limit is given to classes of higher
+/// priority, or held by the floors in use below it.
+pub const REASON_PRIORITY: u32 = 4;
+/// The service is full with this class and the classes above it (and the floors in use
+/// of the classes below).
 pub const REASON_SERVICE_LIMIT: u32 = 5;
 /// The class's new-connection token bucket was empty.
 pub const REASON_RATE: u32 = 6;
-/// Reserved for retry demotion.
-pub const REASON_RESERVED: u32 = 7;
+/// A retry over the class's retry budget.
+pub const REASON_RETRY_BUDGET: u32 = 7;
+/// The source is over its fair share of its class while the class is contended.
+pub const REASON_FAIR_SHARE: u32 = 8;
+/// The service is full only because of the floors in use of the classes below this one.
+pub const REASON_FLOORS_BELOW: u32 = 9;
 pub const REASON_NAMES: [&str; NUM_REASONS as usize] = [
     "under_limit",
     "floor",
     "critical",
     "ceiling",
-    "class_limit",
+    "priority",
     "service_limit",
     "rate",
-    "reserved",
+    "retry_budget",
+    "fair_share",
+    "floors_below",
+    "reserved10",
+    "reserved11",
+    "reserved12",
+    "reserved13",
+    "reserved14",
+    "reserved15",
 ];
+/// Reasons that are used (the rest of [`REASON_NAMES`] are reserved and never counted).
+pub const REASONS_IN_USE: u32 = 10;
 
 /// Decision counters of one service: one per (class, verdict, reason).
 pub const COUNTERS_PER_SERVICE: usize = NUM_CLASSES * NUM_VERDICTS as usize * NUM_REASONS as usize;
@@ -470,24 +495,28 @@ impl Inflight {
 }
 
 impl Pending {
-    /// Attempts of `class`, and of the whole service, still pending at `epoch` (this epoch's
-    /// and the previous one's).
+    /// Attempts of each class still pending at `epoch` (this epoch's and the previous
+    /// one's).
+    ///
+    /// Without a branch: a slot counts when `epoch - slot.epoch` is 0 or 1, tested by a
+    /// mask, so the packet path (which reads all four classes) hands the verifier one path
+    /// instead of one per slot and class. Sums of two `u64` counters cannot overflow in
+    /// practice (2^63 admissions); they are not saturated.
     #[inline(always)]
-    pub fn count(&self, class: usize, epoch: u64) -> (u32, u32) {
-        let class = class & (NUM_CLASSES - 1);
-        let (mut mine, mut total) = (0u32, 0u32);
+    pub fn count(&self, epoch: u64) -> [u64; NUM_CLASSES] {
+        let mut out = [0u64; NUM_CLASSES];
         let mut i = 0;
         while i < 2 {
             let slot = &self.slots[i];
-            if slot.epoch == epoch || slot.epoch.wrapping_add(1) == epoch {
-                mine = mine.saturating_add(clamp32(slot.class[class]));
-                total = total.saturating_add(clamp32(
-                    slot.class[0] + slot.class[1] + slot.class[2] + slot.class[3],
-                ));
+            let mask = mask::zero(epoch.wrapping_sub(slot.epoch) >> 1);
+            let mut c = 0;
+            while c < NUM_CLASSES {
+                out[c] = out[c].wrapping_add(slot.class[c] & mask);
+                c += 1;
             }
             i += 1;
         }
-        (mine, total)
+        out
     }
 }
 

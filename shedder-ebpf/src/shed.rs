@@ -310,13 +310,16 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
     let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) else {
         return Outcome::Pass;
     };
-    let (mut mine, mut total) = unsafe { (*pending).count(class as usize, epoch) };
+    let mut occ = unsafe { (*pending).count(epoch) };
     if let Some(inflight) = SHEDDER_INFLIGHT.get(service) {
-        mine = mine.saturating_add(inflight.class[(class as usize) & (NUM_CLASSES - 1)]);
-        total = total.saturating_add(inflight.total());
+        let mut c = 0;
+        while c < NUM_CLASSES {
+            occ[c] += inflight.class[c] as u64;
+            c += 1;
+        }
     }
 
-    let mut decision = decide(policy, class, mine, total, stale);
+    let mut decision = decide(policy, class, &occ, stale);
     if decision.admit == 1 && !take_token(service, class, policy) {
         decision.admit = 0;
         decision.reason = shedder_common::REASON_RATE;
@@ -345,8 +348,8 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
                 class,
                 verdict,
                 decision.reason,
-                mine,
-                total,
+                occ[(class as usize) & (NUM_CLASSES - 1)],
+                occ[0] + occ[1] + occ[2] + occ[3],
                 policy.total_limit,
                 stale as u32,
                 1 - unique,

@@ -14,8 +14,7 @@ use std::{
 use shedder::kernel::{AttachMode, Attached, Shedder};
 use shedder_common::{
     ACTION_DROP, ACTION_RST, CLASS_CRITICAL, CLASS_MEDIUM, CLASS_SHEDDABLE, MODE_ENFORCE,
-    REASON_CLASS_LIMIT, REASON_CRITICAL, REASON_UNDER_LIMIT, VERDICT_DROP, VERDICT_PASS,
-    VERDICT_RST,
+    REASON_CRITICAL, REASON_PRIORITY, REASON_UNDER_LIMIT, VERDICT_DROP, VERDICT_PASS, VERDICT_RST,
 };
 use shedder_tests::{
     netns::{IFACE, Pair},
@@ -169,26 +168,25 @@ fn scenario(tag: &str, mode: AttachMode, expect: Attached) {
             .expect("policy");
 
         // `drop`: the attempt goes unanswered; connect times out.
-        let before = lab.counter(SVC_DROP, CLASS_MEDIUM, VERDICT_DROP, REASON_CLASS_LIMIT);
+        let before = lab.counter(SVC_DROP, CLASS_MEDIUM, VERDICT_DROP, REASON_PRIORITY);
         assert_timed_out(
             lab.connect(fam.client, fam.server, PORT_DROP, DROP_WAIT),
             &format!("{name}: drop action"),
         );
-        let dropped =
-            lab.counter(SVC_DROP, CLASS_MEDIUM, VERDICT_DROP, REASON_CLASS_LIMIT) - before;
+        let dropped = lab.counter(SVC_DROP, CLASS_MEDIUM, VERDICT_DROP, REASON_PRIORITY) - before;
         assert!(
             dropped >= 2,
             "{name}: the SYN and its retransmission were dropped ({dropped})"
         );
 
         // `rst`: refused at once.
-        let before = lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_RST, REASON_CLASS_LIMIT);
+        let before = lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_RST, REASON_PRIORITY);
         assert_refused_fast(
             lab.connect(fam.client, fam.server, PORT_RST, ADMIT_WAIT),
             &format!("{name}: rst action"),
         );
         assert_eq!(
-            lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_RST, REASON_CLASS_LIMIT) - before,
+            lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_RST, REASON_PRIORITY) - before,
             1,
             "{name}: one reset sent"
         );
@@ -221,13 +219,13 @@ fn scenario(tag: &str, mode: AttachMode, expect: Attached) {
         );
         // ... and a longer sheddable prefix inside the critical one wins.
         if let Some(nested) = fam.nested_sheddable {
-            let before = lab.counter(SVC_RST, CLASS_SHEDDABLE, VERDICT_RST, REASON_CLASS_LIMIT);
+            let before = lab.counter(SVC_RST, CLASS_SHEDDABLE, VERDICT_RST, REASON_PRIORITY);
             assert_refused_fast(
                 lab.connect(nested, fam.server, PORT_RST, ADMIT_WAIT),
                 &format!("{name}: nested sheddable prefix"),
             );
             assert_eq!(
-                lab.counter(SVC_RST, CLASS_SHEDDABLE, VERDICT_RST, REASON_CLASS_LIMIT) - before,
+                lab.counter(SVC_RST, CLASS_SHEDDABLE, VERDICT_RST, REASON_PRIORITY) - before,
                 1,
                 "{name}: refused as sheddable"
             );
@@ -323,7 +321,7 @@ fn pinned_attachment_outlives_its_loader() {
     let adopted = Shedder::load_pinned(&pins.0, false).expect("adopt pinned maps");
     assert_eq!(
         adopted
-            .counter(SVC_RST, CLASS_MEDIUM, VERDICT_RST, REASON_CLASS_LIMIT)
+            .counter(SVC_RST, CLASS_MEDIUM, VERDICT_RST, REASON_PRIORITY)
             .expect("counter"),
         1,
         "the adopted counters hold the reset sent above"

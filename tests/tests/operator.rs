@@ -820,8 +820,7 @@ fn kernel_debug_log_names_each_shed_decision_and_is_rate_limited() {
     for _ in 0..ATTEMPTS {
         refused(&pair, KLOG_PORT, "over the limit of 1");
     }
-    let want =
-        format!("shed port={KLOG_PORT} service=0 class=medium verdict=rst reason=class_limit");
+    let want = format!("shed port={KLOG_PORT} service=0 class=medium verdict=rst reason=priority");
     daemon.wait_for_log(&want, Duration::from_secs(5));
     std::thread::sleep(Duration::from_millis(300)); // the forwarder drains its buffer
 

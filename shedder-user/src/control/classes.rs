@@ -82,7 +82,8 @@ pub fn allocate(total: u32, max_limit: u32, ladder: &Ladder) -> [ClassLimits; NU
 
 /// Split a service limit `total` among the classes by demand (the daemon's allocation):
 ///
-/// - CRITICAL is bounded only by its ceiling;
+/// - CRITICAL is bounded only by its ceiling, and what it wants (up to that ceiling) is
+///   given first: the packet path never refuses it for pressure;
 /// - every other class first gets what it wants of its floor (`floor × total`, at least one
 ///   connection when its floor is above zero);
 /// - what is left goes by priority — HIGH, then MEDIUM, then SHEDDABLE — each class taking
@@ -111,7 +112,9 @@ pub fn allocate_for_demand(
 ) -> [ClassLimits; NUM_CLASSES] {
     let base = allocate(total, max_limit, ladder);
     let mut reserved = [0f64; NUM_CLASSES];
-    let mut avail = total as f64;
+    // CRITICAL is never refused by pressure, so what it uses is not there for anyone else.
+    reserved[0] = demand[0].max(0.0).min(base[0].ceiling as f64);
+    let mut avail = total as f64 - reserved[0];
     for c in 1..NUM_CLASSES {
         reserved[c] = demand[c].max(0.0).min(base[c].floor as f64);
         avail -= reserved[c];
@@ -126,7 +129,7 @@ pub fn allocate_for_demand(
     }
     let mut out = base;
     for c in 1..NUM_CLASSES {
-        let above: f64 = give[1..c].iter().sum();
+        let above: f64 = give[..c].iter().sum();
         let below: f64 = reserved[c + 1..].iter().sum();
         let share = (total as f64 - above - below).max(0.0).floor() as u32;
         out[c].share = share.max(base[c].floor).min(base[c].ceiling);
@@ -222,17 +225,17 @@ mod tests {
 
     #[test]
     fn the_example_ladder_under_overload() {
-        // Every class wants more than the service has.
+        // Every class but critical (5 connections) wants more than the service has.
         let inf = f64::INFINITY;
-        let a = allocate_for_demand(100, 1000, &example_ladder(), &[inf; 4]);
+        let a = allocate_for_demand(100, 1000, &example_ladder(), &[5.0, inf, inf, inf]);
         assert_eq!(
             a[0].ceiling, 50,
             "critical: never shed by pressure, bounded by its ceiling"
         );
         assert_eq!(
             (a[1].floor, a[1].share),
-            (60, 95),
-            "paid: its floor, then the surplus"
+            (60, 90),
+            "paid: its floor, then the surplus less what critical uses"
         );
         assert_eq!(
             (a[2].floor, a[2].share),
@@ -240,6 +243,10 @@ mod tests {
             "free: kept at its floor, not starved"
         );
         assert_eq!((a[3].floor, a[3].share), (0, 0), "batch: shed first");
+        // Critical wanting more than its ceiling is given its ceiling, and no class's
+        // share drops below its floor.
+        let a = allocate_for_demand(100, 1000, &example_ladder(), &[inf; 4]);
+        assert_eq!((a[1].share, a[2].share, a[3].share), (60, 5, 0));
         // Batch alone wants capacity: it gets what the others leave.
         let a = allocate_for_demand(100, 1000, &example_ladder(), &[0.0, 10.0, 3.0, inf]);
         assert_eq!(a[3].share, 87, "100 - 10 - 3");

@@ -217,7 +217,7 @@ impl ServiceReader {
         );
         let pending = match (shedder.pending(id), epoch) {
             (Ok(p), Ok(epoch)) => Reading::Ok {
-                value: std::array::from_fn(|c| p.count(c, *epoch).0),
+                value: p.count(*epoch).map(|n| n.min(u32::MAX as u64) as u32),
             },
             (Err(e), _) => Reading::missing(e.to_string()),
             (_, Err(e)) => Reading::missing(e.clone()),
@@ -514,8 +514,8 @@ impl ServiceSpec {
 #[cfg(test)]
 mod tests {
     use shedder_common::{
-        CLASS_CRITICAL, CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE, REASON_CLASS_LIMIT,
-        REASON_FLOOR, REASON_UNDER_LIMIT,
+        CLASS_CRITICAL, CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE, REASON_FLOOR, REASON_PRIORITY,
+        REASON_UNDER_LIMIT,
     };
 
     use super::*;
@@ -546,13 +546,7 @@ mod tests {
         let prev = ServiceCounters::default();
         let mut cur = prev;
         // 10 SHEDDABLE attempts dropped, then each SYN retransmitted twice.
-        count(
-            &mut cur,
-            CLASS_SHEDDABLE,
-            VERDICT_DROP,
-            REASON_CLASS_LIMIT,
-            10,
-        );
+        count(&mut cur, CLASS_SHEDDABLE, VERDICT_DROP, REASON_PRIORITY, 10);
         cur.retransmits[CLASS_SHEDDABLE as usize] += 20;
         // 4 HIGH attempts admitted; 2 of them retries (counted under HIGH before demotion,
         // decided as MEDIUM and admitted there).
@@ -586,18 +580,12 @@ mod tests {
     fn the_retry_window_slides_over_the_signal_window() {
         let tick = |retries: u64, shed: u64| {
             let mut c = ServiceCounters::default();
-            count(
-                &mut c,
-                CLASS_MEDIUM,
-                VERDICT_RST,
-                REASON_CLASS_LIMIT,
-                shed / 2,
-            );
+            count(&mut c, CLASS_MEDIUM, VERDICT_RST, REASON_PRIORITY, shed / 2);
             count(
                 &mut c,
                 CLASS_SHEDDABLE,
                 VERDICT_DROP,
-                REASON_CLASS_LIMIT,
+                REASON_PRIORITY,
                 shed - shed / 2,
             );
             // Admitted attempts are not shed ones.
@@ -638,13 +626,7 @@ mod tests {
         // The packet path remembers a dry-run service's would-be-shed sources as shed, so
         // its retries are measured against them.
         let mut c = ServiceCounters::default();
-        count(
-            &mut c,
-            CLASS_SHEDDABLE,
-            VERDICT_DRY_RUN,
-            REASON_CLASS_LIMIT,
-            8,
-        );
+        count(&mut c, CLASS_SHEDDABLE, VERDICT_DRY_RUN, REASON_PRIORITY, 8);
         count(&mut c, CLASS_SHEDDABLE, VERDICT_PASS, REASON_UNDER_LIMIT, 8);
         c.retries[CLASS_SHEDDABLE as usize] = 2;
         let tick = TickCounts::between(&ServiceCounters::default(), &c);
@@ -657,7 +639,7 @@ mod tests {
         let mut prev = ServiceCounters::default();
         prev.retransmits[0] = 5;
         prev.retries[1] = 5;
-        count(&mut prev, CLASS_HIGH, VERDICT_DROP, REASON_CLASS_LIMIT, 5);
+        count(&mut prev, CLASS_HIGH, VERDICT_DROP, REASON_PRIORITY, 5);
         let tick = TickCounts::between(&prev, &ServiceCounters::default());
         assert_eq!(tick.0, ServiceCounters::default());
     }

@@ -34,7 +34,7 @@ use serde::Serialize;
 use shedder::kernel::{BASELINE_OBJECT, Shedder};
 use shedder_common::{
     ACTION_DROP, ACTION_RST, CLASS_HIGH, MODE_ENFORCE, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS,
-    REASON_CLASS_LIMIT, REASON_UNDER_LIMIT, ServicePolicy, VERDICT_DROP, VERDICT_PASS, VERDICT_RST,
+    REASON_PRIORITY, REASON_UNDER_LIMIT, ServicePolicy, VERDICT_DROP, VERDICT_PASS, VERDICT_RST,
 };
 use shedder_tests::{
     machine::{Machine, machine},
@@ -178,7 +178,7 @@ fn paths() -> Vec<PathSpec> {
         Some(Decision {
             service,
             verdict,
-            reason: REASON_CLASS_LIMIT,
+            reason: REASON_PRIORITY,
         })
     };
     let drop = PathSpec {

@@ -21,8 +21,8 @@ use prometheus_client::{
     registry::Registry,
 };
 use shedder_common::{
-    CLASS_NAMES, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, REASON_CEILING, REASON_NAMES, REASON_RATE,
-    VERDICT_NAMES, VERDICT_PASS, decision_index, hist,
+    CLASS_NAMES, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, REASON_CEILING, REASON_NAMES,
+    REASONS_IN_USE, VERDICT_NAMES, VERDICT_PASS, decision_index, hist,
 };
 
 use crate::{
@@ -124,7 +124,7 @@ fn possible(verdict: u32, reason: u32) -> bool {
     if verdict == VERDICT_PASS {
         reason < REASON_CEILING
     } else {
-        (REASON_CEILING..=REASON_RATE).contains(&reason)
+        (REASON_CEILING..REASONS_IN_USE).contains(&reason)
     }
 }
 

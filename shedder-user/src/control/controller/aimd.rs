@@ -12,7 +12,8 @@ use super::{
 /// the service is near its limit (in-flight ≥ 0.9 × limit); `× 0.8` when the delay exceeds
 /// twice the target or the listen queue overflowed — `× 0.5` for the first cut after a quiet
 /// period (mode normal), because a limit that grew while calm is likely badly wrong; idle
-/// decay `× 0.99` per second while in-flight < 0.5 × limit; hard ceiling from the bounds.
+/// decay `× 0.99` per second while in-flight < 0.5 × limit and nothing is refused; hard
+/// ceiling from the bounds.
 #[derive(Clone, Debug)]
 pub struct Aimd {
     bounds: Bounds,
@@ -85,7 +86,10 @@ impl Controller for Aimd {
                 } else if delay < target_ms && saturated {
                     self.limit += 1.0;
                     (Action::Increase, delay_signal(obs), Some(delay), false)
-                } else if (obs.occupancy as f64) < 0.5 * self.limit {
+                } else if (obs.occupancy as f64) < 0.5 * self.limit && obs.shed_rate == 0.0 {
+                    // Not while attempts are refused: low occupancy then means the
+                    // refusals keep it low (a class split or a budget), not that the
+                    // service is idle.
                     self.limit *= 0.99f64.powf(dt.as_secs_f64());
                     (Action::Decay, Signal::Idle, Some(delay), false)
                 } else {

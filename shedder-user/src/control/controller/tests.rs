@@ -100,6 +100,11 @@ fn aimd_idle_decay_is_one_percent_per_second() {
     }
     // 500 × 0.99^10 = 452.2
     assert_eq!(c.limit(), 452);
+    // Not idle while attempts are refused.
+    let mut o = obs(11_000, 10.0, 10);
+    o.shed_rate = 50.0;
+    assert_eq!(c.update(&o).action, Action::Hold);
+    assert_eq!(c.limit(), 452);
     // Never below min.
     let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 9);
     for s in 0..=1000 {
