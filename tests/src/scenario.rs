@@ -75,8 +75,8 @@ signal_window_ms = 600
 
 [classes]
 critical  = {{ sources = ["198.18.10.0/25"], ceiling = 0.05 }}
-high      = {{ sources = ["198.18.20.0/24"], floor = 0.5 }}
-medium    = {{ floor = 0.1 }}
+high      = {{ sources = ["198.18.20.0/24"], floor = 0.6 }}
+medium    = {{ floor = 0.05 }}
 sheddable = {{ sources = ["198.18.99.0/24", "198.18.10.128/25"], floor = 0.0 }}
 
 [[service]]

@@ -48,8 +48,21 @@ fn socket(tag: &str) -> std::path::PathBuf {
         .join("shedder.sock")
 }
 
-/// One metric's value from a scrape of the daemon in `ns`.
+/// One metric's value from a scrape of the daemon in `ns`. The endpoint serves what the
+/// daemon's last tick published, so a series missing from the first scrapes after start is
+/// asked again for up to 2 s (a loaded machine can delay the first tick).
 fn metric(ns: &Netns, series: &str) -> Option<f64> {
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let found = scrape(ns, series);
+        if found.is_some() || std::time::Instant::now() >= until {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn scrape(ns: &Netns, series: &str) -> Option<f64> {
     let text = ns.run(|| {
         let mut s = TcpStream::connect((SERVER_V4, METRICS_PORT)).expect("connect to metrics");
         s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")

@@ -14,7 +14,7 @@
 //! - `shedder-drop` / `shedder-rst`: the real `shedder run` daemon, XDP native, AIMD on a
 //!   50 ms latency target, never told the capacity.
 //!
-//! Scenarios per system: a ladder of offered load (0.5×, 1×, 1.5×, 2×, 3× capacity), 3×
+//! Scenarios per system: a ladder of offered load (0.5×, 1×, 1.5×, 2×, 3×, 5× capacity), 3×
 //! with clients retrying three times at once, the backend slowing 2× mid-run, and load
 //! dropping from 3× to 0.5×. Output: a Markdown report on stdout, and in `--out`:
 //! `benchmarks.md` (the same report, with plots), `benchmarks/overload.json` (every figure)
@@ -98,7 +98,9 @@ const SERVICE_TIME: Duration = Duration::from_millis(20);
 const DEADLINE: Duration = Duration::from_secs(1);
 /// The latency target shedder and the in-app limiter are given (not the capacity).
 const TARGET_LATENCY: Duration = Duration::from_millis(50);
-const LADDER: [f64; 5] = [0.5, 1.0, 1.5, 2.0, 3.0];
+const LADDER: [f64; 6] = [0.5, 1.0, 1.5, 2.0, 3.0, 5.0];
+/// The ladder steps whose success is also shown by class.
+const BY_CLASS: [f64; 3] = [2.0, 3.0, 5.0];
 /// Seconds at the start of a step left out of its figures while systems adapt.
 const SETTLE_SECS: u64 = 2;
 /// Bins and the sliding window of the recovery measurement.
@@ -451,6 +453,9 @@ struct Step {
     critical_pct: f64,
     /// % of all requests answered within the deadline.
     success_pct: f64,
+    /// % of each class's requests answered within the deadline (critical, high, medium,
+    /// sheddable).
+    class_success_pct: [f64; 4],
     timeouts: u64,
     refused: u64,
     reset: u64,
@@ -469,6 +474,9 @@ fn step(w: &Window, factor: f64, capacity: f64) -> Step {
         p99_ms: ms(w.all.p99()),
         critical_pct: 100.0 * crit,
         success_pct: 100.0 * w.all.share(w.all.ok),
+        class_success_pct: CLIENTS
+            .each_ref()
+            .map(|c| w.class(c.label).map_or(0.0, |c| 100.0 * c.share(c.ok))),
         timeouts: w.all.timeout,
         refused: w.all.refused,
         reset: w.all.reset,
@@ -901,12 +909,14 @@ fn run_system(kind: Kind, pair: &Pair, capacity: f64, args: &Args) -> Result<Sys
         &mut result,
         &mut errors,
     );
-    if let Some(s) = result.at(3.0) {
+    for f in BY_CLASS {
+        let Some(s) = result.at(f) else { continue };
+        let [c, h, m, sh] = s.class_success_pct;
         eprintln!(
-            "   ladder: at 3× goodput {:.0}%, p99 {} ms, critical {:.1}%",
+            "   ladder: at {f}× goodput {:.0}%, p99 {} ms, success critical {c:.1}% \
+             high {h:.1}% medium {m:.1}% sheddable {sh:.1}%",
             s.goodput_pct,
             s.p99_ms.map_or("-".into(), |v| format!("{v:.0}")),
-            s.critical_pct
         );
     }
     for (name, scenario) in [
@@ -1102,6 +1112,32 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
             let _ = write!(md, " {:.0}% |", st.goodput_pct);
         }
         md.push('\n');
+    }
+    let _ = writeln!(md, "\n## Success by class\n");
+    let _ = writeln!(
+        md,
+        "% of each class's requests answered within the deadline. Offered by class: \
+         critical 5%, high 25%, medium 50%, sheddable 20% of the total; shedder's classes: \
+         critical never shed by pressure (ceiling 5% of `max_limit`), high floor 60%, \
+         medium floor 5%, sheddable no floor. At 2× and 3× high's demand fits in the \
+         capacity less critical's and medium's floor, so it should be served in full and \
+         the classes below it held to what is left; at 5× it does not, and high gets what \
+         critical and medium's floor leave.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| system | load | critical | high | medium | sheddable | goodput |\n|---|---|---:|---:|---:|---:|---:|"
+    );
+    for s in &report.systems {
+        for f in BY_CLASS {
+            let Some(st) = s.at(f) else { continue };
+            let [c, h, m, sh] = st.class_success_pct;
+            let _ = writeln!(
+                md,
+                "| {} | {f}× | {c:.1}% | {h:.1}% | {m:.1}% | {sh:.1}% | {:.0}% |",
+                s.title, st.goodput_pct
+            );
+        }
     }
     let _ = writeln!(md, "\n## At 3× capacity\n");
     let _ = writeln!(

@@ -99,8 +99,9 @@ fn run() -> Result<()> {
     let cap = lab.capacity;
     println!(
         "Backend capacity: {cap:.0} requests/s (4 workers × 20 ms). Classes: critical 5% \
-         (198.18.10.0/25), high 25% (198.18.20.0/24, floor 50%), medium 50% (default, floor \
-         10%), sheddable 20% (198.18.99.0/24). Deadline 1 s.\n"
+         (198.18.10.0/25), high 25% (198.18.20.0/24, floor 60%), medium 50% (default, floor \
+         5%), sheddable 20% (198.18.99.0/24). Deadline 1 s. \"ok crit/high/med/shd\": % of \
+         each class's requests answered within the deadline.\n"
     );
     let observer = observer(&lab)?;
     let mut runs = Vec::new();
@@ -184,7 +185,7 @@ fn ramp(lab: &Lab, args: &Args, name: &'static str, observer: &Shedder) -> Resul
         "offered",
         "goodput",
         "timeouts",
-        "shed crit/high/med/shd",
+        "ok % crit/high/med/shd",
         "limit",
         "qage p99",
         "p99 ok"
@@ -236,8 +237,11 @@ fn ramp(lab: &Lab, args: &Args, name: &'static str, observer: &Shedder) -> Resul
     })
 }
 
-fn shed(w: &Window, class: &str) -> u64 {
-    w.class(class).map_or(0, |c| c.refused + c.reset)
+/// % of a class's requests answered within the deadline ("-" when it sent none).
+fn ok_pct(w: &Window, class: &str) -> String {
+    w.class(class)
+        .filter(|c| c.offered > 0)
+        .map_or("-".into(), |c| format!("{:.0}", 100.0 * c.share(c.ok)))
 }
 
 fn ms(v: Option<f64>) -> String {
@@ -247,10 +251,10 @@ fn ms(v: Option<f64>) -> String {
 fn print_row(t: usize, w: &Window, k: Kernel) {
     let shed = format!(
         "{}/{}/{}/{}",
-        shed(w, "critical"),
-        shed(w, "high"),
-        shed(w, "medium"),
-        shed(w, "sheddable")
+        ok_pct(w, "critical"),
+        ok_pct(w, "high"),
+        ok_pct(w, "medium"),
+        ok_pct(w, "sheddable")
     );
     println!(
         "{t:>4} {:>8} {:>8} {:>8} | {shed:>25} | {:>6} {:>10} {:>10}",
@@ -272,9 +276,9 @@ fn summary(runs: &[Run], cap: f64, args: &Args) {
         "\n== Summary (capacity {cap:.0}/s; goodput = responses within the 1 s deadline) ==\n"
     );
     println!(
-        "| | goodput at 3× (% of capacity) | p99 of successes at 3× | CRITICAL success | high success at 3× | sheddable success at 3× | timeouts at 3× | goodput after (% of offered) |"
+        "| | goodput at 3× (% of capacity) | p99 of successes at 3× | CRITICAL success | high success at 3× | medium success at 3× | sheddable success at 3× | timeouts at 3× | goodput after (% of offered) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in runs {
         let o = r.report.range(overload.clone());
         let a = r.report.range(after.clone());
@@ -282,12 +286,13 @@ fn summary(runs: &[Run], cap: f64, args: &Args) {
         let crit = all.class("critical").map_or(0.0, |c| c.share(c.ok));
         let class_ok = |c: &str| o.class(c).map_or(0.0, |c| c.share(c.ok));
         println!(
-            "| {} | {:.0}% | {} | {:.1}% | {:.0}% | {:.0}% | {} | {:.0}% |",
+            "| {} | {:.0}% | {} | {:.1}% | {:.0}% | {:.0}% | {:.0}% | {} | {:.0}% |",
             r.name,
             100.0 * o.goodput() / cap,
             ms(o.all.p99().map(|d| d.as_secs_f64() * 1000.0)),
             100.0 * crit,
             100.0 * class_ok("high"),
+            100.0 * class_ok("medium"),
             100.0 * class_ok("sheddable"),
             o.all.timeout,
             100.0 * a.all.share(a.all.ok),
