@@ -14,6 +14,7 @@ extern crate std;
 
 pub mod admit;
 pub mod csum;
+pub mod fair;
 pub mod gcra;
 pub mod hist;
 pub mod mask;
@@ -42,9 +43,6 @@ pub const CLASS_L2_BLOCKS: u32 = 2048;
 /// new attempts replaces the oldest entries of their sets (a retransmit of a replaced
 /// attempt then counts as a new attempt) and never anything else. See [`table`].
 pub const SYN_SETS: u32 = 16384;
-/// Sets of sources recently shed, per service, to recognise retries: 65,536 entries
-/// (replacement makes a retry count as a first attempt, never the reverse).
-pub const SHED_SOURCE_SETS: u32 = 16384;
 /// Sets of demoted attempts admitted and not yet born as connections, so the tracking path
 /// counts each connection in the class it was admitted in: 16,384 entries (replacement
 /// makes a demoted connection count in its source's own class).
@@ -281,11 +279,14 @@ pub mod maps {
     pub const COUNTERS: &str = "SHEDDER_COUNTERS";
     pub const STATS: &str = "SHEDDER_STATS";
     pub const SYNS: &str = "SHEDDER_SYNS";
-    pub const SHED_SOURCES: &str = "SHEDDER_SHED_SRC";
+    /// Sources per service: admissions this epoch and retry credits ([`crate::fair`]).
+    pub const SOURCES: &str = "SHEDDER_SOURCES";
+    /// Per-class counts of the fair shares and retry budget, per service and epoch.
+    pub const FAIR: &str = "SHEDDER_FAIR";
     pub const DEMOTED: &str = "SHEDDER_DEMOTED";
     /// Connections to count at attach ([`crate::SeedSock`]); private to one load, not pinned.
     pub const SEED: &str = "SHEDDER_SEED";
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 19] = [
         GLOBALS,
         PORTS,
         ADDR_SERVICES,
@@ -302,7 +303,8 @@ pub mod maps {
         COUNTERS,
         STATS,
         SYNS,
-        SHED_SOURCES,
+        SOURCES,
+        FAIR,
         DEMOTED,
     ];
 }
@@ -407,11 +409,18 @@ pub struct ClassPolicy {
     pub fallback_floor: u32,
     /// Hard cap on the class's occupancy in every mode (finite for CRITICAL too).
     pub ceiling: u32,
-    pub _pad: u32,
+    /// A source's admissions per epoch within its fair share; 0: the equal share of the
+    /// previous epoch ([`fair::quota`]).
+    pub source_quota: u32,
     /// Token bucket: nanoseconds per token (1e9 / rate); 0 disables the bucket.
     pub rate_interval_ns: u64,
     /// Token bucket: burst × interval, the most a full bucket can hold, in nanoseconds.
     pub burst_ns: u64,
+    /// What makes a source of this class: the address ANDed with these masks (network
+    /// byte order, as the address is read), IPv4 in the first word.
+    pub source_mask_v4: u32,
+    pub source_mask_v6: [u32; 4],
+    pub _pad: u32,
 }
 
 /// Everything the packet path needs to decide for one service (one array lookup).
@@ -438,7 +447,13 @@ pub struct ServicePolicy {
     pub retry_window_jiffies: u32,
     /// 1: retries are decided one class lower ([`demote`]); 0: only counted.
     pub demote_retries: u32,
-    pub _pad2: u32,
+    /// 1: sources share each class fairly ([`fair`]); 0: first come, first served.
+    pub fair_share: u32,
+    /// Admitted retries per class are held to this fraction (in 1/[`fair::BUDGET_ONE`])
+    /// of admitted first attempts over the window, plus `retry_budget_min`; a fraction of
+    /// 0 turns the budget off.
+    pub retry_budget: u32,
+    pub retry_budget_min: u32,
 }
 
 /// Established connections per class of one service. Written by the tracepoint programs
@@ -464,15 +479,6 @@ pub struct PendingSlot {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Pending {
     pub slots: [PendingSlot; 2],
-}
-
-#[inline(always)]
-fn clamp32(v: u64) -> u32 {
-    if v > u32::MAX as u64 {
-        u32::MAX
-    } else {
-        v as u32
-    }
 }
 
 /// Sum of per-class counts, saturating.
@@ -653,8 +659,8 @@ pub struct ClassRule {
 
 const _: () = {
     assert!(size_of::<Globals>() == 56);
-    assert!(size_of::<ClassPolicy>() == 40);
-    assert!(size_of::<ServicePolicy>() == 184);
+    assert!(size_of::<ClassPolicy>() == 64);
+    assert!(size_of::<ServicePolicy>() == 288);
     assert!(size_of::<table::Set>() == 64);
     assert!(size_of::<Inflight>() == 16);
     assert!(size_of::<PendingSlot>() == 40);
@@ -692,6 +698,8 @@ mod pod {
     unsafe impl aya::Pod for ServiceCounters {}
     unsafe impl aya::Pod for ServiceHist {}
     unsafe impl aya::Pod for table::Set {}
+    unsafe impl aya::Pod for fair::SourceSet {}
+    unsafe impl aya::Pod for fair::Fairness {}
 }
 
 #[cfg(test)]

@@ -16,16 +16,19 @@ use shedder_common::{
     ClassRule, DEMOTED_SETS, Globals, Inflight, KLOG_LINES_PER_SECOND, LogBudget,
     MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS,
     POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES, PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending,
-    SHED_SOURCE_SETS, STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED,
+    REASON_FAIR_SHARE, REASON_FLOORS_BELOW, REASON_PRIORITY, REASON_RETRY_BUDGET,
+    REASON_SERVICE_LIMIT, STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED,
     STAT_RST_ERROR, SYN_SETS, ServiceAddrKey, ServiceCounters, ServicePolicy, VERDICT_DROP,
     VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
-    admit::decide,
+    admit::{Decision, decide},
     classmap,
     csum::{
         RST_TTL, TCP_ACK, TCP_OPT_NOP, TCP_RST, ipv4_rst_header_checksum, pseudo_v4, pseudo_v6,
         rst_ack_number, tcp_rst_checksum,
     },
-    decision_index, demote, gcra,
+    decision_index, demote,
+    fair::{self, ClassEpoch, Fairness, SOURCE_SETS, SOURCE_WAYS, SourceSet},
+    gcra, mask,
     table::{self, Set, WAYS},
 };
 
@@ -71,10 +74,15 @@ pub static SHEDDER_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NUM_S
 /// A table of sets (see [`shedder_common::table`]), like the two below.
 #[map]
 static SHEDDER_SYNS: Array<Set> = Array::with_max_entries(SYN_SETS, 0);
-/// Sources shed per service, with the jiffies of the last shed, to recognise a retry (a new
-/// attempt from a recently shed source). Only touched for services with a retry window.
+/// Sources per service: admissions in the current epoch (fair shares) and retry credits
+/// (see [`shedder_common::fair`]). Only touched for services with fair shares or a retry
+/// window.
 #[map]
-static SHEDDER_SHED_SRC: Array<Set> = Array::with_max_entries(SHED_SOURCE_SETS, 0);
+static SHEDDER_SOURCES: Array<SourceSet> = Array::with_max_entries(SOURCE_SETS, 0);
+/// Per-class counts of each service's last two epochs: admissions, sources, over-share and
+/// preempting admissions, first attempts and retries admitted.
+#[map]
+pub static SHEDDER_FAIR: Array<Fairness> = Array::with_max_entries(MAX_SERVICES, 0);
 /// Demoted attempts admitted, for the tracking path: a connection counts in the class it
 /// was admitted in (the one its limits were checked against), not its source's own.
 #[map]
@@ -86,16 +94,28 @@ pub static SHEDDER_DEMOTED: Array<Set> = Array::with_max_entries(DEMOTED_SETS, 0
 struct Memo {
     /// 1: the SYN table is in use (`retransmit_window_jiffies` was not 0).
     syns: u32,
-    /// 1: the shed-source table is in use (the service's `retry_window_jiffies` was not 0).
+    /// 1: the source table is in use (fair shares on, or a retry window).
     sources: u32,
     /// 1: a new attempt (0: a retransmit).
     fresh: u32,
-    /// 1: the source has an entry in the shed-source table (already refreshed to now).
-    known: u32,
+    /// The source's slot in its set, or `SOURCE_WAYS` if it has none yet.
+    way: u32,
     syn_set: u32,
     source_set: u32,
     syn_tag: u64,
-    source_tag: u64,
+    source_tag: u32,
+    /// 1: the source was over its fair share when the attempt arrived.
+    over: u32,
+    /// 1: admitted over a full class or service in place of an over-share admission.
+    preempt: u32,
+    /// 1: a retry.
+    retry: u32,
+    /// Handed to the updates after the decision through this map value, whose contents the
+    /// verifier does not track, so that every path through the decision reaches them in
+    /// one state: the class decided in, 1 if admitted, 1 for a new attempt.
+    class: u32,
+    admitted: u32,
+    unique: u32,
 }
 /// Holds the [`Memo`] in a map value rather than on the stack: the verifier does not track
 /// what a map value holds, so the keys (whose form differs between the parse paths) and the
@@ -217,6 +237,7 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
     let own_class = classify(syn.src, syn.v6, policy);
     let mut class = own_class;
     let now = unsafe { bpf_jiffies64() };
+    let epoch = globals.pending_epoch(now);
 
     let Some(memo) = SHEDDER_MEMO.get_ptr_mut(0) else {
         return Outcome::Pass;
@@ -237,9 +258,12 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         let window = globals.retransmit_window_jiffies;
         let retry_window = policy.retry_window_jiffies as u64;
         m.syns = (window != 0) as u32;
-        m.sources = (retry_window != 0) as u32;
+        m.sources = (retry_window != 0 || policy.fair_share == 1) as u32;
         m.fresh = 1;
-        m.known = 0;
+        m.way = SOURCE_WAYS as u32;
+        m.over = 0;
+        m.preempt = 0;
+        m.retry = 0;
         let seed = globals.table_seed;
         // A retransmitted SYN repeats an attempt already decided: it is counted as a
         // retransmit, not as a new attempt. Admitted once, it is admitted again at once
@@ -270,33 +294,66 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
                 }
             }
         }
-        if retry_window == 0 {
+        if m.sources == 0 {
             break 'memory;
         }
-        let h = table::hash(seed, &table::source_words(syn.src, service, syn.v6));
-        m.source_tag = table::tag(h);
-        m.source_set = table::set_index(h, SHED_SOURCE_SETS);
-        if let Some(set) = SHEDDER_SHED_SRC.get_ptr_mut(m.source_set) {
-            let set = unsafe { &mut *set };
-            let way = table::find(set, m.source_tag);
-            if way < WAYS {
-                let slot = &mut set.slot[way & (WAYS - 1)];
-                // A new attempt from a source shed for this service within its retry
-                // window is a retry: counted by its own class, and decided one class
-                // lower if the policy says so.
-                if !retransmit && table::within(now, slot.word, retry_window) {
-                    retry = 1;
-                    count_repeat(service, class, true);
-                    if policy.demote_retries == 1 {
-                        class = demote(class);
-                    }
-                }
-                // Stamped now as if it will be shed: if it is admitted instead, the source
-                // got in and is forgotten after the decision (its next attempts are first
-                // attempts again).
-                slot.word = table::pack(now, 0, false, m.source_tag);
-                m.known = 1;
+        // The source, as its own class counts sources: the address masked to a prefix.
+        let cp = &policy.classes[(own_class as usize) & (NUM_CLASSES - 1)];
+        let key = if syn.v6 == 1 {
+            [
+                syn.src[0] & cp.source_mask_v6[0],
+                syn.src[1] & cp.source_mask_v6[1],
+                syn.src[2] & cp.source_mask_v6[2],
+                syn.src[3] & cp.source_mask_v6[3],
+            ]
+        } else {
+            [syn.src[0] & cp.source_mask_v4, 0, 0, 0]
+        };
+        let h = table::hash(seed, &table::source_words(key, service, syn.v6));
+        m.source_tag = fair::tag(h);
+        m.source_set = table::set_index(h, SOURCE_SETS);
+        let Some(set) = SHEDDER_SOURCES.get_ptr_mut(m.source_set) else {
+            m.sources = 0;
+            break 'memory;
+        };
+        let set = unsafe { &mut *set };
+        let way = fair::find(set, m.source_tag);
+        m.way = way as u32;
+        let (admitted, credits) = if way < SOURCE_WAYS {
+            let slot = &set.slot[way & (SOURCE_WAYS - 1)];
+            (
+                fair::admitted_now(slot, epoch),
+                fair::credits_now(slot, now, retry_window),
+            )
+        } else {
+            (0, 0)
+        };
+        // Over its share: it has had its quota this epoch. Without fair shares every
+        // source counts as over it, so any attempt after a refusal is a retry.
+        let over = match SHEDDER_FAIR.get(service) {
+            Some(f) if policy.fair_share == 1 => {
+                let q = fair::quota(
+                    &f.previous(class as usize, epoch),
+                    policy.classes[(class as usize) & (NUM_CLASSES - 1)].source_quota,
+                );
+                admitted >= q
             }
+            _ => policy.fair_share != 1,
+        };
+        m.over = (over && policy.fair_share == 1) as u32;
+        // A new attempt from a source over its share that holds a retry credit (one of its
+        // attempts was refused within the retry window) is a retry: it spends the credit,
+        // is counted by its own class, and is decided one class lower if the policy says
+        // so. A source within its share is not taken for a retrier.
+        if !retransmit && retry_window != 0 && credits > 0 && over {
+            retry = 1;
+            m.retry = 1;
+            count_repeat(service, class, true);
+            if policy.demote_retries == 1 {
+                class = demote(class);
+            }
+            let slot = &mut set.slot[way & (SOURCE_WAYS - 1)];
+            slot.credits = (credits - 1) as u16;
         }
     }
 
@@ -306,7 +363,6 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         bump(&SHEDDER_STATS, STAT_FALLBACK);
     }
 
-    let epoch = globals.pending_epoch(now);
     let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) else {
         return Outcome::Pass;
     };
@@ -320,6 +376,30 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
     }
 
     let mut decision = decide(policy, class, &occ, stale);
+    let m = unsafe { &mut *memo };
+    if m.sources != 0
+        && let Some(f) = SHEDDER_FAIR.get(service)
+    {
+        let window = f.window(class as usize, epoch);
+        if decision.admit == 0 && is_pressure(decision.reason) && policy.fair_share == 1 {
+            // Over its share, the source is the one to refuse; within it, it takes the place
+            // of an over-share admission if the class has made one it has not yet given up.
+            if m.over != 0 {
+                decision.reason = REASON_FAIR_SHARE;
+            } else if fair::may_preempt(&window) {
+                decision = Decision::admit(REASON_FAIR_SHARE);
+                m.preempt = 1;
+            }
+        }
+        if decision.admit == 1
+            && m.retry != 0
+            && policy.retry_budget != 0
+            && !fair::within_budget(&window, policy.retry_budget, policy.retry_budget_min)
+        {
+            decision = Decision::shed(REASON_RETRY_BUDGET);
+            m.preempt = 0;
+        }
+    }
     if decision.admit == 1 && !take_token(service, class, policy) {
         decision.admit = 0;
         decision.reason = shedder_common::REASON_RATE;
@@ -387,7 +467,6 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
     // retransmits pass) while its source is remembered as shed, so that retries are
     // counted and decided as enforcing would. A failed update only means that a later
     // retransmit counts as a new attempt, or a later retry as a first attempt.
-    let m = unsafe { &mut *memo };
     let passed = admitted | dry_run;
     if m.syns != 0
         && let Some(set) = SHEDDER_SYNS.get_ptr_mut(m.syn_set)
@@ -427,24 +506,74 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
             );
         }
     }
-    if m.sources != 0
-        && let Some(set) = SHEDDER_SHED_SRC.get_ptr_mut(m.source_set)
-    {
-        let set = unsafe { &mut *set };
-        if admitted {
-            if m.known != 0 {
-                table::remove(set, m.source_tag);
-            }
-        } else if m.known == 0 {
-            table::insert(
-                set,
-                m.source_tag,
-                table::pack(now, 0, false, m.source_tag),
-                now,
-            );
+    if m.sources != 0 {
+        unsafe {
+            core::ptr::write_volatile(&raw mut (*memo).class, class);
+            core::ptr::write_volatile(&raw mut (*memo).admitted, admitted as u32);
+            core::ptr::write_volatile(&raw mut (*memo).unique, unique as u32);
         }
+        remember_source(service, (now, epoch), memo);
     }
     outcome
+}
+
+/// Refusals for pressure (the class's share, the service's total), which fair shares
+/// re-decide; not the ceiling, a bucket or the retry budget.
+#[inline(always)]
+fn is_pressure(reason: u32) -> bool {
+    reason == REASON_PRIORITY || reason == REASON_SERVICE_LIMIT || reason == REASON_FLOORS_BELOW
+}
+
+/// After the decision: the source's admissions and credits, and the class's counts. The
+/// slot is rewritten with masks rather than branches (see [`shedder_common::mask`]): this
+/// runs after every path through the decision, so each branch here would multiply them.
+#[inline(always)]
+fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
+    let m = unsafe { &*memo };
+    let (class, admitted, unique) = unsafe {
+        (
+            (core::ptr::read_volatile(&raw const (*memo).class) as usize) & (NUM_CLASSES - 1),
+            core::ptr::read_volatile(&raw const (*memo).admitted),
+            core::ptr::read_volatile(&raw const (*memo).unique),
+        )
+    };
+    let Some(fs) = SHEDDER_FAIR.get_ptr_mut(service) else {
+        return;
+    };
+    let slot = unsafe { &raw mut (*fs).slots[(epoch & 1) as usize] };
+    unsafe {
+        if (*slot).epoch != epoch {
+            // A new epoch reuses the slot two epochs old (racing CPUs may both reset it: at
+            // worst an attempt of the same instant goes uncounted).
+            (*slot).class = [ClassEpoch::default(); NUM_CLASSES];
+            (*slot).epoch = epoch;
+        }
+    }
+    let counts = unsafe { &raw mut (*slot).class[class] };
+    let Some(set) = SHEDDER_SOURCES.get_ptr_mut(m.source_set) else {
+        return;
+    };
+    let set = unsafe { &mut *set };
+    // The source's slot, else the one it takes (found again: another CPU may have moved it).
+    let found = fair::find(set, m.source_tag) as u64;
+    let absent = mask::zero(found ^ SOURCE_WAYS as u64);
+    let way = found ^ ((found ^ fair::victim(set, epoch) as u64) & absent);
+    let s = &mut set.slot[(way as usize) & (SOURCE_WAYS - 1)];
+    let absent = absent as u32;
+    // Seen already in this epoch (and not a slot taken over from another source).
+    let same = mask::zero((s.epoch ^ epoch as u32) as u64) as u32 & !absent;
+    let a = admitted & 1;
+    *s = fair::next(s, m.source_tag, absent, (now, epoch), a, unique & 1);
+    unsafe {
+        atomic::add32(&raw mut (*counts).sources, (!same) & 1);
+        if a != 0 {
+            atomic::add32(&raw mut (*counts).admitted, 1);
+            atomic::add32(&raw mut (*counts).surplus, m.over);
+            atomic::add32(&raw mut (*counts).preempted, m.preempt);
+            atomic::add32(&raw mut (*counts).retries, unique & m.retry);
+            atomic::add32(&raw mut (*counts).firsts, unique & (1 - m.retry));
+        }
+    }
 }
 
 /// Service id of the attempt's destination, `None` if it is not protected.

@@ -58,6 +58,9 @@ pub fn open_policy(action: u8, mode: u8) -> ServicePolicy {
         floor: 0,
         fallback_floor: 0,
         ceiling: OPEN_LIMIT,
+        // Every address its own source, as the daemon's default.
+        source_mask_v4: u32::MAX,
+        source_mask_v6: [u32::MAX; 4],
         ..Default::default()
     };
     let mut classes = [open; 4];

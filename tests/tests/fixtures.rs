@@ -33,6 +33,8 @@ mod setups;
 mod classes;
 #[path = "fixtures/encapsulation.rs"]
 mod encapsulation;
+#[path = "fixtures/fair.rs"]
+mod fair;
 #[path = "fixtures/fallback.rs"]
 mod fallback;
 #[path = "fixtures/lengths.rs"]
@@ -74,6 +76,7 @@ fn table() -> Vec<Case> {
         pending::rows(),
         retransmits::rows(),
         retries::rows(),
+        fair::rows(),
     ]
     .into_iter()
     .flatten()

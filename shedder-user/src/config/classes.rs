@@ -8,7 +8,7 @@ use shedder_common::NUM_CLASSES;
 use super::defaults;
 
 /// One rung of the criticality ladder.
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Class {
     /// Source prefixes (CIDR) in this class.
@@ -18,6 +18,25 @@ pub struct Class {
     pub floor: Option<f64>,
     /// Fraction of the service's max_limit this class may never exceed.
     pub ceiling: Option<f64>,
+    /// What counts as one source when the class is shared fairly: an IPv4 address masked
+    /// to this prefix length (default 32: an address; 24: one tenant's /24).
+    #[serde(default = "defaults::source_prefix_v4")]
+    pub source_prefix_v4: u8,
+    /// The same for IPv6 (default 128; 64 is one host's or one site's /64).
+    #[serde(default = "defaults::source_prefix_v6")]
+    pub source_prefix_v6: u8,
+}
+
+impl Default for Class {
+    fn default() -> Self {
+        Self {
+            sources: Vec::new(),
+            floor: None,
+            ceiling: None,
+            source_prefix_v4: defaults::source_prefix_v4(),
+            source_prefix_v6: defaults::source_prefix_v6(),
+        }
+    }
 }
 
 impl Class {
@@ -25,9 +44,8 @@ impl Class {
     /// ceiling (critical is never shed by pressure, so it needs one).
     pub fn critical() -> Self {
         Self {
-            sources: Vec::new(),
-            floor: None,
             ceiling: Some(defaults::critical_ceiling()),
+            ..Self::default()
         }
     }
 }

@@ -34,6 +34,20 @@ pub fn syn_retransmit_window_ms() -> u64 {
 pub fn retry_window_ms() -> u64 {
     10_000
 }
+pub fn source_prefix_v4() -> u8 {
+    32
+}
+pub fn source_prefix_v6() -> u8 {
+    128
+}
+pub fn fair_share() -> bool {
+    true
+}
+/// Admitted retries per class at most this fraction of admitted first attempts (the
+/// amplification a retry storm can reach is then 1.1×).
+pub fn retry_budget() -> f64 {
+    0.1
+}
 /// The share of a service's `max_limit` the critical class may never exceed, when the file
 /// does not bound it.
 pub fn critical_ceiling() -> f64 {

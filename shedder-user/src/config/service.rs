@@ -88,6 +88,20 @@ pub struct Service {
     /// file does not set it (see [`Service::demotes_retries`]).
     #[serde(default)]
     pub demote_retries: Option<bool>,
+    /// Share each class fairly among its sources (max-min: a source asking for less than
+    /// its share is served in full, the heavier ones split the rest) rather than first come,
+    /// first served.
+    #[serde(default = "defaults::fair_share")]
+    pub fair_share: bool,
+    /// Admitted retries of a class over the window are at most this fraction of its
+    /// admitted first attempts (plus `retry_budget_min`); the rest are refused. 0 turns
+    /// the budget off. Needs retry recognition (`retry_window_ms` > 0).
+    #[serde(default = "defaults::retry_budget")]
+    pub retry_budget: f64,
+    /// Retries a class may have admitted over the window whatever the first attempts
+    /// (default 0).
+    #[serde(default)]
+    pub retry_budget_min: u32,
     /// Fleet mode: the downstream's capacity in connections, shared by every node of the
     /// fleet that protects a service of this name (needs `[fleet]`).
     pub global_limit: Option<u32>,

@@ -332,6 +332,18 @@ impl Config {
                     ));
                 }
             }
+            if class.source_prefix_v4 > 32 {
+                return Err(err(
+                    field("source_prefix_v4"),
+                    format!("{} is outside 0..=32", class.source_prefix_v4),
+                ));
+            }
+            if class.source_prefix_v6 > 128 {
+                return Err(err(
+                    field("source_prefix_v6"),
+                    format!("{} is outside 0..=128", class.source_prefix_v6),
+                ));
+            }
             for (i, s) in class.sources.iter().enumerate() {
                 let p =
                     Prefix::parse(s).map_err(|m| err(format!("{}[{i}]", field("sources")), m))?;
@@ -498,6 +510,15 @@ impl Config {
                     field("demote_retries"),
                     "true has no effect with retry_window_ms = 0 (no attempt is recognised as a retry); \
                      give retry_window_ms a window or remove demote_retries",
+                ));
+            }
+            if !(0.0..=1.0).contains(&s.retry_budget) {
+                return Err(err(
+                    field("retry_budget"),
+                    format!(
+                        "{} is outside [0, 1] (a fraction of first attempts; 0 turns the budget off)",
+                        s.retry_budget
+                    ),
                 ));
             }
             for (class, rate) in &s.rate {

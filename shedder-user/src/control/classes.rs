@@ -17,25 +17,36 @@ pub struct ClassLimits {
 }
 
 /// Class fractions from the `[classes]` section: floors of the service limit, ceilings of
-/// the service's hard maximum.
+/// the service's hard maximum; and what makes one source of each class (IPv4 and IPv6
+/// prefix lengths) for its fair shares.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Ladder {
     pub floor: [f64; NUM_CLASSES],
     pub ceiling: [f64; NUM_CLASSES],
+    pub source_prefix: [(u8, u8); NUM_CLASSES],
 }
+
+/// Every address its own source, in every class.
+pub const ADDRESSES: [(u8, u8); NUM_CLASSES] = [(32, 128); NUM_CLASSES];
 
 impl Ladder {
     pub fn from_config(cfg: &Config) -> Self {
         let classes = cfg.classes.by_id();
         let mut floor = [0.0; NUM_CLASSES];
         let mut ceiling = [1.0; NUM_CLASSES];
+        let mut source_prefix = ADDRESSES;
         for (id, c) in classes.into_iter().enumerate() {
             if id != CLASS_CRITICAL as usize {
                 floor[id] = c.floor.unwrap_or(0.0);
             }
             ceiling[id] = c.ceiling.unwrap_or(1.0);
+            source_prefix[id] = (c.source_prefix_v4, c.source_prefix_v6);
         }
-        Self { floor, ceiling }
+        Self {
+            floor,
+            ceiling,
+            source_prefix,
+        }
     }
 }
 
@@ -160,6 +171,7 @@ mod tests {
         Ladder {
             floor: [0.0, 0.60, 0.05, 0.0],
             ceiling: [0.05, 1.0, 1.0, 1.0],
+            source_prefix: ADDRESSES,
         }
     }
 
@@ -212,6 +224,7 @@ mod tests {
         let ladder = Ladder {
             floor: [0.0, 0.60, 0.40, 0.0],
             ceiling: [0.05, 1.0, 1.0, 1.0],
+            source_prefix: ADDRESSES,
         };
         // Premium 1,000 req/s × 3 units, free 6,000 req/s × 1 unit: 9,000 offered.
         let a = allocate_for_demand(4000, 4000, &ladder, &[0.0, 3000.0, 6000.0, 0.0]);
@@ -291,6 +304,7 @@ mod tests {
         let ladder = Ladder {
             floor: [0.0, 0.5, 0.0, 0.0],
             ceiling: [0.05, 0.1, 1.0, 1.0],
+            source_prefix: ADDRESSES,
         };
         let a = allocate(1000, 1000, &ladder);
         assert_eq!(

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use shedder_common::{
     ACTION_DROP, ACTION_RST, ClassPolicy, Globals, MODE_DRY_RUN, MODE_ENFORCE, NUM_CLASSES,
-    POLICY_CONFIGURED, ServicePolicy, gcra::BucketParams,
+    POLICY_CONFIGURED, ServicePolicy, fair::BUDGET_ONE, gcra::BucketParams,
 };
 
 use crate::{
@@ -70,9 +70,13 @@ pub fn service_policy(
             floor: live[id].floor,
             fallback_floor: fallback[id].floor,
             ceiling: live[id].ceiling,
-            _pad: 0,
+            // The packet path shares the class equally among the sources of the last epoch.
+            source_quota: 0,
             rate_interval_ns: bucket.map_or(0, |b| b.interval_ns),
             burst_ns: bucket.map_or(0, |b| b.burst_ns),
+            source_mask_v4: prefix_mask(ladder.source_prefix[id].0, 32)[0],
+            source_mask_v6: prefix_mask(ladder.source_prefix[id].1, 128),
+            _pad: 0,
         };
     }
     ServicePolicy {
@@ -91,8 +95,29 @@ pub fn service_policy(
         configured: POLICY_CONFIGURED,
         retry_window_jiffies: retry_window_jiffies(s, hz),
         demote_retries: u32::from(s.demotes_retries()),
-        ..Default::default()
+        fair_share: u32::from(s.fair_share),
+        retry_budget: if s.retry_window_ms > 0 {
+            (s.retry_budget * BUDGET_ONE as f64).round() as u32
+        } else {
+            0
+        },
+        retry_budget_min: s.retry_budget_min,
     }
+}
+
+/// The mask of a prefix of `len` bits (at most `bits`, 32 or 128), as words in network
+/// byte order, the order the packet path reads the address in.
+fn prefix_mask(len: u8, bits: u8) -> [u32; 4] {
+    let len = len.min(bits) as u32;
+    std::array::from_fn(|i| {
+        let take = len.saturating_sub(32 * i as u32).min(32);
+        let host = if take == 0 {
+            0
+        } else {
+            u32::MAX << (32 - take)
+        };
+        host.to_be()
+    })
 }
 
 /// Compile a validated configuration. Services start at their fallback limit until a
@@ -171,6 +196,39 @@ mod tests {
         // The defaults: retransmits within 30 s, retries within 10 s, demoted.
         assert_eq!(c.globals.retransmit_window_jiffies, 7_500);
         assert_eq!((p.retry_window_jiffies, p.demote_retries), (2_500, 1));
+        // Fair shares by address, a 10% retry budget.
+        assert_eq!(
+            (p.fair_share, p.retry_budget, p.retry_budget_min),
+            (1, 102, 0)
+        );
+        assert_eq!(p.classes[1].source_mask_v4, u32::MAX);
+        assert_eq!(p.classes[1].source_mask_v6, [u32::MAX; 4]);
+    }
+
+    #[test]
+    fn source_prefixes_become_masks_in_network_order() {
+        let be = |b: [u8; 4]| u32::from_ne_bytes(b);
+        assert_eq!(prefix_mask(24, 32)[0], be([255, 255, 255, 0]));
+        assert_eq!(prefix_mask(0, 32), [0; 4]);
+        assert_eq!(prefix_mask(32, 32)[0], u32::MAX);
+        assert_eq!(
+            prefix_mask(56, 128),
+            [u32::MAX, be([255, 255, 255, 0]), 0, 0]
+        );
+        assert_eq!(prefix_mask(128, 128), [u32::MAX; 4]);
+        // Longer than the family: the whole address.
+        assert_eq!(prefix_mask(40, 32)[0], u32::MAX);
+        let cfg = Config::parse(
+            "[daemon]\nmeasure_only = true\n\
+             [classes]\nmedium = { source_prefix_v4 = 24, source_prefix_v6 = 64 }\n\
+             [[service]]\nname = \"a\"\nports = [80]\nretry_window_ms = 0\nfair_share = false\n",
+        )
+        .unwrap();
+        let p = compile(&cfg, 250).services[0].policy;
+        assert_eq!(p.classes[2].source_mask_v4, be([255, 255, 255, 0]));
+        assert_eq!(p.classes[2].source_mask_v6, [u32::MAX, u32::MAX, 0, 0]);
+        // No retry recognition: no budget either.
+        assert_eq!((p.fair_share, p.retry_budget), (0, 0));
     }
 
     #[test]

@@ -7,7 +7,8 @@ use std::{
 };
 
 use shedder_common::{
-    COUNTERS_PER_SERVICE, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, ServiceCounters, VERDICT_DROP,
+    COUNTERS_PER_SERVICE, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, REASON_FAIR_SHARE,
+    REASON_FLOORS_BELOW, REASON_PRIORITY, REASON_SERVICE_LIMIT, ServiceCounters, VERDICT_DROP,
     VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST, decision_index, hist,
 };
 
@@ -474,10 +475,23 @@ impl TickCounts {
                 offered: (0..NUM_VERDICTS).map(per_second).sum(),
                 retransmits: self.0.retransmits[class] as f64 / secs,
                 retries: self.0.retries[class] as f64 / secs,
+                pressed: [VERDICT_DROP, VERDICT_RST, VERDICT_DRY_RUN]
+                    .iter()
+                    .flat_map(|&v| PRESSURE_REASONS.map(|r| decision_index(class as u32, v, r)))
+                    .map(|i| self.0.n[i as usize] as f64 / secs)
+                    .sum(),
             }
         })
     }
 }
+
+/// The refusal reasons that mean a class wants more of the service than it got.
+const PRESSURE_REASONS: [u32; 4] = [
+    REASON_PRIORITY,
+    REASON_SERVICE_LIMIT,
+    REASON_FLOORS_BELOW,
+    REASON_FAIR_SHARE,
+];
 
 impl ServiceSpec {
     /// The accept queues of this service's listeners.

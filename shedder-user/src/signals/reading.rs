@@ -79,6 +79,12 @@ pub struct ClassRates {
     /// its retry window (also in `offered`, under the class they were decided in).
     #[serde(default)]
     pub retries: f64,
+    /// Refused (or, dry-run, would have been) for pressure: the class's share, the
+    /// service's total or a source's fair share. Not the ceiling, a token bucket or the
+    /// retry budget, which are limits of their own rather than a sign the class wants more
+    /// of the service than it got.
+    #[serde(default)]
+    pub pressed: f64,
 }
 
 /// Retries against shed attempts over the signal window: whether shedding reduced demand
