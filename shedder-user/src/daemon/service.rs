@@ -372,6 +372,10 @@ pub fn observation(sig: &Signals, now: Duration) -> Observation {
             .rates
             .ok()
             .map_or(0.0, |r| r.iter().map(|c| c.shed).sum()),
+        pressed_rate: sig
+            .rates
+            .ok()
+            .map_or(0.0, |r| r.iter().map(|c| c.pressed).sum()),
     }
 }
 
@@ -480,6 +484,7 @@ mod tests {
             overflows: Some(0),
             cpu_pressure: Some(0.0),
             shed_rate: 0.0,
+            pressed_rate: 0.0,
         }
     }
 

@@ -66,7 +66,7 @@ impl Controller for Aimd {
                 let cooled = self
                     .last_cut
                     .is_none_or(|t| obs.now.saturating_sub(t) >= self.guard.tuning.cooldown);
-                let saturated = obs.occupancy as f64 >= 0.9 * self.limit;
+                let saturated = obs.load(self.limit) >= 0.9 * self.limit;
                 let pressured = obs
                     .cpu_pressure
                     .is_some_and(|p| p > self.guard.tuning.cpu_pressure_high);

@@ -80,7 +80,8 @@ impl Controller for Gradient2 {
                 let pressured = obs
                     .cpu_pressure
                     .is_some_and(|p| p > self.guard.tuning.cpu_pressure_high);
-                let mut next = self.step(self.limit, long, short, obs.occupancy);
+                let load = obs.load(self.limit).min(u32::MAX as f64) as u32;
+                let mut next = self.step(self.limit, long, short, load);
                 if pressured {
                     next = next.min(self.limit);
                 }

@@ -121,6 +121,23 @@ pub struct Observation {
     pub cpu_pressure: Option<f64>,
     /// Attempts shed per second (all classes).
     pub shed_rate: f64,
+    /// Attempts refused per second for pressure (a class's share, the service's total, a
+    /// source's fair share): the limit is what holds them back.
+    pub pressed_rate: f64,
+}
+
+impl Observation {
+    /// The occupancy the saturation guards compare with `limit`: while attempts are
+    /// refused for pressure the limit is binding whatever the occupancy of the moment (a
+    /// class split to its floors keeps the occupancy below the limit while the classes
+    /// above it are refused at their peaks), so the service counts as full.
+    pub fn load(&self, limit: f64) -> f64 {
+        if self.pressed_rate > 0.0 {
+            (self.occupancy as f64).max(limit)
+        } else {
+            self.occupancy as f64
+        }
+    }
 }
 
 /// What moved (or held) the limit.

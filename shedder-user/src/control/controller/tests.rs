@@ -42,6 +42,7 @@ fn obs(t_ms: u64, delay_ms: f64, occupancy: u32) -> Observation {
         overflows: Some(0),
         cpu_pressure: Some(0.0),
         shed_rate: 0.0,
+        pressed_rate: 0.0,
     }
 }
 
@@ -62,6 +63,12 @@ fn aimd_increases_by_one_only_when_healthy_and_saturated() {
     // Between target and 2× target: hold.
     let d = c.update(&obs(400, 150.0, 101));
     assert_eq!((d.action, d.limit), (Action::Hold, 101));
+    // Healthy, occupancy low, but attempts refused for pressure: the limit is what holds
+    // them back, so it grows.
+    let mut o = obs(600, 50.0, 40);
+    o.pressed_rate = 20.0;
+    let d = c.update(&o);
+    assert_eq!((d.action, d.limit), (Action::Increase, 102));
 }
 
 #[test]
