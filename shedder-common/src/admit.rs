@@ -54,13 +54,16 @@ impl Decision {
     }
 }
 
-/// Decide one attempt of `class` (0..4) given every class's occupancy.
+/// Decide one attempt of `class` (0..4) given every class's occupancy; `below_floor_share`
+/// says the class has had less than its floor's share of the service's admissions
+/// (`ClassPolicy::floor_share`), which admits it like a class below its floor.
 #[inline(always)]
 pub fn decide(
     policy: &ServicePolicy,
     class: u32,
     occ: &[u64; NUM_CLASSES],
     stale: bool,
+    below_floor_share: bool,
 ) -> Decision {
     let class = (class as usize) & (NUM_CLASSES - 1);
     let cp = &policy.classes[class];
@@ -76,7 +79,7 @@ pub fn decide(
     } else {
         (cp.limit, cp.floor, policy.total_limit)
     };
-    if mine < floor as u64 {
+    if mine < floor as u64 || below_floor_share {
         return Decision::admit(REASON_FLOOR);
     }
     if mine >= share as u64 {
@@ -123,7 +126,7 @@ mod tests {
     }
 
     fn decide_occ(p: &ServicePolicy, class: u32, occ: &[u32; 4], stale: bool) -> Decision {
-        decide(p, class, &occ.map(u64::from), stale)
+        decide(p, class, &occ.map(u64::from), stale, false)
     }
 
     fn policy() -> ServicePolicy {
@@ -180,6 +183,25 @@ mod tests {
         assert_eq!(
             decide_occ(&p, CLASS_MEDIUM, &[0, 100, 4, 0], false),
             Decision::admit(REASON_FLOOR)
+        );
+    }
+
+    #[test]
+    fn a_class_below_its_share_of_admissions_is_admitted_as_below_its_floor() {
+        let p = policy();
+        let full = [0u64, 60, 40, 0];
+        assert_eq!(
+            decide(&p, CLASS_SHEDDABLE, &full, false, true),
+            Decision::admit(REASON_FLOOR)
+        );
+        assert_eq!(
+            decide(&p, CLASS_SHEDDABLE, &full, false, false),
+            Decision::shed(REASON_SERVICE_LIMIT)
+        );
+        // The ceiling still holds.
+        assert_eq!(
+            decide(&p, CLASS_CRITICAL, &[5, 0, 0, 0], false, true),
+            Decision::shed(REASON_CEILING)
         );
     }
 

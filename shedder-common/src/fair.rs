@@ -133,6 +133,34 @@ impl Fairness {
     }
 }
 
+impl Fairness {
+    /// Admissions per class over the window (this epoch and the previous one).
+    #[inline(always)]
+    pub fn admitted(&self, epoch: u64) -> [u32; NUM_CLASSES] {
+        let mut out = [0u32; NUM_CLASSES];
+        let mut i = 0;
+        while i < 2 {
+            let slot = &self.slots[i];
+            let m = mask::zero(epoch.wrapping_sub(slot.epoch) >> 1) as u32;
+            let mut c = 0;
+            while c < NUM_CLASSES {
+                out[c] = out[c].wrapping_add(slot.class[c].admitted & m);
+                c += 1;
+            }
+            i += 1;
+        }
+        out
+    }
+}
+
+/// Whether `class` has had less than `share` (in 1/[`BUDGET_ONE`]) of the service's
+/// admissions over the window (never while nothing was admitted).
+#[inline(always)]
+pub fn below_share(admitted: &[u32; NUM_CLASSES], class: usize, share: u32) -> bool {
+    let total = admitted[0] as u64 + admitted[1] as u64 + admitted[2] as u64 + admitted[3] as u64;
+    (admitted[class & (NUM_CLASSES - 1)] as u64) * (BUDGET_ONE as u64) < share as u64 * total
+}
+
 /// `c` with every count ANDed with `m` (all ones: kept; 0: zeroed).
 #[inline(always)]
 fn scaled(c: &ClassEpoch, m: u32) -> ClassEpoch {
@@ -315,6 +343,26 @@ mod tests {
         assert_eq!(f.window(1, 14).admitted, 0);
         // The class index is masked.
         assert_eq!(f.window(5, 11).admitted, 150);
+    }
+
+    #[test]
+    fn a_floor_in_admissions() {
+        let mut f = Fairness::default();
+        f.slots[0].epoch = 10;
+        f.slots[1].epoch = 11;
+        for (c, n) in [30, 150, 8, 12].into_iter().enumerate() {
+            f.slots[0].class[c].admitted = n / 2;
+            f.slots[1].class[c].admitted = n - n / 2;
+        }
+        let a = f.admitted(11);
+        assert_eq!(a, [30, 150, 8, 12]);
+        // Medium had 8 of 200 (4%): below a 5% floor (51/1024), not below 3%.
+        assert!(below_share(&a, 2, 51));
+        assert!(!below_share(&a, 2, 31));
+        // Nothing admitted yet: no class is below its share.
+        assert!(!below_share(&[0; 4], 2, 51));
+        // Epoch 13: the window holds nothing.
+        assert_eq!(f.admitted(13), [0; 4]);
     }
 
     #[test]

@@ -420,7 +420,11 @@ pub struct ClassPolicy {
     /// byte order, as the address is read), IPv4 in the first word.
     pub source_mask_v4: u32,
     pub source_mask_v6: [u32; 4],
-    pub _pad: u32,
+    /// The floor as a share of the service's admissions over the window (this epoch and
+    /// the last), in 1/[`fair::BUDGET_ONE`]: a class that has had less is admitted whatever
+    /// the pressure. At small limits a floor of a few percent is a fraction of one
+    /// connection, which `floor` cannot hold; this holds it in admissions instead.
+    pub floor_share: u32,
 }
 
 /// Everything the packet path needs to decide for one service (one array lookup).

@@ -375,7 +375,17 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         }
     }
 
-    let mut decision = decide(policy, class, &occ, stale);
+    // The class's floor also as a share of the service's admissions (a fraction of one
+    // connection at small limits).
+    let below_floor_share = match SHEDDER_FAIR.get(service) {
+        Some(f) => fair::below_share(
+            &f.admitted(epoch),
+            class as usize,
+            policy.classes[(class as usize) & (NUM_CLASSES - 1)].floor_share,
+        ),
+        None => false,
+    };
+    let mut decision = decide(policy, class, &occ, stale, below_floor_share);
     let m = unsafe { &mut *memo };
     if m.sources != 0
         && let Some(f) = SHEDDER_FAIR.get(service)
@@ -506,14 +516,12 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
             );
         }
     }
-    if m.sources != 0 {
-        unsafe {
-            core::ptr::write_volatile(&raw mut (*memo).class, class);
-            core::ptr::write_volatile(&raw mut (*memo).admitted, admitted as u32);
-            core::ptr::write_volatile(&raw mut (*memo).unique, unique as u32);
-        }
-        remember_source(service, (now, epoch), memo);
+    unsafe {
+        core::ptr::write_volatile(&raw mut (*memo).class, class);
+        core::ptr::write_volatile(&raw mut (*memo).admitted, admitted as u32);
+        core::ptr::write_volatile(&raw mut (*memo).unique, unique as u32);
     }
+    remember_source(service, (now, epoch), memo);
     outcome
 }
 
@@ -524,8 +532,9 @@ fn is_pressure(reason: u32) -> bool {
     reason == REASON_PRIORITY || reason == REASON_SERVICE_LIMIT || reason == REASON_FLOORS_BELOW
 }
 
-/// After the decision: the source's admissions and credits, and the class's counts. The
-/// slot is rewritten with masks rather than branches (see [`shedder_common::mask`]): this
+/// After the decision: the class's counts (always: the floors in admissions need them),
+/// and, with the source memory on, the source's admissions and credits. The slot is
+/// rewritten with masks rather than branches (see [`shedder_common::mask`]): this
 /// runs after every path through the decision, so each branch here would multiply them.
 #[inline(always)]
 fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
@@ -550,6 +559,19 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
         }
     }
     let counts = unsafe { &raw mut (*slot).class[class] };
+    let a = admitted & 1;
+    unsafe {
+        if a != 0 {
+            atomic::add32(&raw mut (*counts).admitted, 1);
+            atomic::add32(&raw mut (*counts).surplus, m.over);
+            atomic::add32(&raw mut (*counts).preempted, m.preempt);
+            atomic::add32(&raw mut (*counts).retries, unique & m.retry);
+            atomic::add32(&raw mut (*counts).firsts, unique & (1 - m.retry));
+        }
+    }
+    if unsafe { core::ptr::read_volatile(&raw const (*memo).sources) } == 0 {
+        return;
+    }
     let Some(set) = SHEDDER_SOURCES.get_ptr_mut(m.source_set) else {
         return;
     };
@@ -562,18 +584,8 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
     let absent = absent as u32;
     // Seen already in this epoch (and not a slot taken over from another source).
     let same = mask::zero((s.epoch ^ epoch as u32) as u64) as u32 & !absent;
-    let a = admitted & 1;
     *s = fair::next(s, m.source_tag, absent, (now, epoch), a, unique & 1);
-    unsafe {
-        atomic::add32(&raw mut (*counts).sources, (!same) & 1);
-        if a != 0 {
-            atomic::add32(&raw mut (*counts).admitted, 1);
-            atomic::add32(&raw mut (*counts).surplus, m.over);
-            atomic::add32(&raw mut (*counts).preempted, m.preempt);
-            atomic::add32(&raw mut (*counts).retries, unique & m.retry);
-            atomic::add32(&raw mut (*counts).firsts, unique & (1 - m.retry));
-        }
-    }
+    unsafe { atomic::add32(&raw mut (*counts).sources, (!same) & 1) };
 }
 
 /// Service id of the attempt's destination, `None` if it is not protected.

@@ -54,8 +54,9 @@ impl Ladder {
 ///
 /// - CRITICAL is bounded only by its ceiling (a fraction of `max_limit`): never shed by
 ///   pressure, never unbounded;
-/// - every other class keeps `floor × total` (at least one connection when its floor is
-///   above zero, so a class with a floor is never starved to zero);
+/// - every other class keeps `floor × total` whole connections (and, on the packet path,
+///   the same fraction of the service's admissions, so a floor below one connection still
+///   holds);
 /// - a class may grow to `total` minus the floors of the classes above it, so as the
 ///   service fills up SHEDDABLE is refused first, then MEDIUM, then HIGH.
 pub fn allocate(total: u32, max_limit: u32, ladder: &Ladder) -> [ClassLimits; NUM_CLASSES] {
@@ -75,11 +76,10 @@ pub fn allocate(total: u32, max_limit: u32, ladder: &Ladder) -> [ClassLimits; NU
             };
             continue;
         }
-        let mut floor = (ladder.floor[id] * total as f64).floor() as u32;
-        if ladder.floor[id] > 0.0 && total > 0 {
-            floor = floor.max(1);
-        }
-        let floor = floor.min(ceiling);
+        // Whole connections only: the part of a floor below one connection is held in
+        // admissions by the packet path (`ClassPolicy::floor_share`), not rounded up to a
+        // connection, which at a limit of 8 would give a 5% floor an eighth of the service.
+        let floor = ((ladder.floor[id] * total as f64).floor() as u32).min(ceiling);
         let share = total.saturating_sub(reserved_above).max(floor).min(ceiling);
         *limits = ClassLimits {
             share,
@@ -95,8 +95,7 @@ pub fn allocate(total: u32, max_limit: u32, ladder: &Ladder) -> [ClassLimits; NU
 ///
 /// - CRITICAL is bounded only by its ceiling, and what it wants (up to that ceiling) is
 ///   given first: the packet path never refuses it for pressure;
-/// - every other class first gets what it wants of its floor (`floor × total`, at least one
-///   connection when its floor is above zero);
+/// - every other class first gets what it wants of its floor (`floor × total`);
 /// - what is left goes by priority — HIGH, then MEDIUM, then SHEDDABLE — each class taking
 ///   what it wants, up to its ceiling; so under overload SHEDDABLE is refused first;
 /// - a class's share is the total less what the classes above it are given and the part
@@ -277,10 +276,10 @@ mod tests {
         // held to what they leave.
         let inf = f64::INFINITY;
         let a = allocate_for_demand(10, 64, &example_ladder(), &[0.0, 1.3, 1.2, inf]);
-        assert_eq!((a[1].share, a[2].share, a[3].share), (9, 8, 7));
+        assert_eq!((a[1].share, a[2].share, a[3].share), (10, 8, 7));
         // Unknown MEDIUM demand squeezes SHEDDABLE, not HIGH.
         let a = allocate_for_demand(10, 64, &example_ladder(), &[0.0, 1.3, inf, 2.0]);
-        assert_eq!((a[1].share, a[2].share, a[3].share), (9, 8, 0));
+        assert_eq!((a[1].share, a[2].share, a[3].share), (10, 8, 0));
     }
 
     #[test]
@@ -292,10 +291,11 @@ mod tests {
     }
 
     #[test]
-    fn a_class_with_a_floor_is_never_starved() {
+    fn floors_are_whole_connections() {
         let a = allocate(8, 4000, &example_ladder());
-        // 5% of 8 rounds down to 0, but a class with a floor keeps one connection.
-        assert_eq!(a[2].floor, 1);
+        // 5% of 8 is no whole connection: the packet path holds it in admissions.
+        assert_eq!(a[2].floor, 0);
+        assert_eq!(a[1].floor, 4);
         assert!(a.iter().skip(1).all(|c| c.share >= c.floor));
     }
 

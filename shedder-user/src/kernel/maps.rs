@@ -205,6 +205,14 @@ pub trait MapReader {
     }
 
     /// Admitted attempts not yet established, per epoch slot.
+    /// The service's per-class fair-share and retry-budget counts of its last two epochs.
+    fn fairness(&self, service: u32) -> Result<shedder_common::fair::Fairness> {
+        check_service(service)?;
+        let m: Array<&MapData, shedder_common::fair::Fairness> =
+            Array::try_from(self.map_named(maps::FAIR)?).map_err(map_err(maps::FAIR))?;
+        m.get(&service, 0).map_err(map_err(maps::FAIR))
+    }
+
     fn pending(&self, service: u32) -> Result<shedder_common::Pending> {
         check_service(service)?;
         let m: Array<&MapData, shedder_common::Pending> =

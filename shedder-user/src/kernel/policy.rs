@@ -76,7 +76,7 @@ pub fn service_policy(
             burst_ns: bucket.map_or(0, |b| b.burst_ns),
             source_mask_v4: prefix_mask(ladder.source_prefix[id].0, 32)[0],
             source_mask_v6: prefix_mask(ladder.source_prefix[id].1, 128),
-            _pad: 0,
+            floor_share: (ladder.floor[id] * BUDGET_ONE as f64).round() as u32,
         };
     }
     ServicePolicy {

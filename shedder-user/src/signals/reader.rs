@@ -15,8 +15,8 @@ use shedder_common::{
 use crate::kernel::{MapReader, diag};
 
 use super::{
-    AcceptQueue, ClassRates, Overflows, PressureWindow, Pressures, Quantiles, Reading, RetryWindow,
-    ServiceSpec, Signals, ThrottlingWindow, netstat, psi, retry_ratio,
+    AcceptQueue, ClassRates, ClassSources, Overflows, PressureWindow, Pressures, Quantiles,
+    Reading, RetryWindow, ServiceSpec, Signals, ThrottlingWindow, netstat, psi, retry_ratio,
 };
 
 /// A source whose last good value is remembered for `STALE_FOR` after a failure.
@@ -224,6 +224,22 @@ impl ServiceReader {
             (_, Err(e)) => Reading::missing(e.clone()),
         };
         let (rates, retry) = self.rates(shedder, elapsed, window_ticks);
+        let sources = match (shedder.fairness(id), epoch) {
+            (Ok(f), Ok(epoch)) => Reading::Ok {
+                value: std::array::from_fn(|c| {
+                    let w = f.window(c, *epoch);
+                    ClassSources {
+                        active: f.previous(c, *epoch).sources,
+                        surplus: w.surplus,
+                        preempted: w.preempted,
+                        firsts: w.firsts,
+                        retries: w.retries,
+                    }
+                }),
+            },
+            (Err(e), _) => Reading::missing(e.to_string()),
+            (_, Err(e)) => Reading::missing(e.clone()),
+        };
         let accept_queue = self
             .accept_queue
             .update(now, listeners.clone().and_then(|l| self.spec.queue(&l)));
@@ -237,6 +253,7 @@ impl ServiceReader {
             pending,
             rates,
             retry,
+            sources,
             accept_queue,
             listen,
             pressure,
@@ -458,6 +475,14 @@ impl TickCounts {
             .sum()
     }
 
+    /// Attempts of `class` refused (or, dry-run, that would have been) for `reason`.
+    fn refused(&self, class: usize, reason: u32) -> u64 {
+        [VERDICT_DROP, VERDICT_RST, VERDICT_DRY_RUN]
+            .iter()
+            .map(|&v| self.0.n[decision_index(class as u32, v, reason) as usize])
+            .sum()
+    }
+
     fn retries(&self) -> u64 {
         self.0.retries.iter().sum()
     }
@@ -475,11 +500,13 @@ impl TickCounts {
                 offered: (0..NUM_VERDICTS).map(per_second).sum(),
                 retransmits: self.0.retransmits[class] as f64 / secs,
                 retries: self.0.retries[class] as f64 / secs,
-                pressed: [VERDICT_DROP, VERDICT_RST, VERDICT_DRY_RUN]
+                pressed: PRESSURE_REASONS
                     .iter()
-                    .flat_map(|&v| PRESSURE_REASONS.map(|r| decision_index(class as u32, v, r)))
-                    .map(|i| self.0.n[i as usize] as f64 / secs)
+                    .map(|&r| self.refused(class, r) as f64 / secs)
                     .sum(),
+                refused_by_reason: std::array::from_fn(|r| {
+                    self.refused(class, r as u32) as f64 / secs
+                }),
             }
         })
     }

@@ -85,6 +85,23 @@ pub struct ClassRates {
     /// of the service than it got.
     #[serde(default)]
     pub pressed: f64,
+    /// Refused (dropped, reset, or dry-run) per second, by reason (`REASON_NAMES` order).
+    #[serde(default)]
+    pub refused_by_reason: [f64; shedder_common::NUM_REASONS as usize],
+}
+
+/// One class's sources and budget as the packet path's fair-share memory holds them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClassSources {
+    /// Sources that sent an attempt to the class in the last whole epoch (about a second).
+    pub active: u32,
+    /// Over the window (this epoch and the last): attempts admitted while their source was
+    /// over its share, and within-share ones admitted over a full class in their place.
+    pub surplus: u32,
+    pub preempted: u32,
+    /// First attempts and retries admitted over the window: the retry budget's use.
+    pub firsts: u32,
+    pub retries: u32,
 }
 
 /// Retries against shed attempts over the signal window: whether shedding reduced demand
@@ -181,6 +198,13 @@ pub struct Signals {
     pub accept_queue: Reading<AcceptQueue>,
     pub listen: Reading<Overflows>,
     pub pressure: Pressures,
+    /// Per class: active sources and the retry budget's use.
+    #[serde(default = "sources_missing")]
+    pub sources: Reading<[ClassSources; NUM_CLASSES]>,
+}
+
+fn sources_missing() -> Reading<[ClassSources; NUM_CLASSES]> {
+    Reading::missing("not reported by this daemon")
 }
 
 /// What the reader needs to know of a service.

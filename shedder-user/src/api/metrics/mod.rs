@@ -219,6 +219,19 @@ impl Collector for ShedderCollector {
             "shedder_pending",
             &per_class(&|s, c| s.signals.pending.value().map(|v| v[c] as f64)),
         )?;
+        gauges(
+            &mut encoder,
+            "shedder_class_active_sources",
+            &per_class(&|s, c| s.signals.sources.value().map(|v| v[c].active as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_class_retry_share",
+            &per_class(&|s, c| {
+                let v = s.signals.sources.value()?[c];
+                (v.firsts > 0).then(|| v.retries as f64 / v.firsts as f64)
+            }),
+        )?;
 
         for (name, kind) in [
             ("shedder_queue_age_seconds", hist::KIND_QUEUE_AGE),

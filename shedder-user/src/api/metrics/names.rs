@@ -68,6 +68,18 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "Admitted attempts not yet established.",
     ),
     (
+        "shedder_class_active_sources",
+        "gauge",
+        &["service", "class"],
+        "Sources (addresses, or the class's source prefixes) that sent the class an attempt in the last whole epoch (about a second); the class's fair share is split among them.",
+    ),
+    (
+        "shedder_class_retry_share",
+        "gauge",
+        &["service", "class"],
+        "Retries admitted per first attempt admitted, over the last two epochs; the retry budget (retry_budget) caps it. Absent while no first attempt was admitted.",
+    ),
+    (
         "shedder_queue_age_seconds",
         "histogram",
         &["service"],
