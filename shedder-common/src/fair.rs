@@ -84,6 +84,10 @@ pub struct ClassEpoch {
     pub firsts: u32,
     /// Retries admitted.
     pub retries: u32,
+    /// Attempts refused for pressure (the class's share, the service's total, a source's
+    /// fair share). The retry budget holds only while the class is refused for pressure:
+    /// with room to spare a retry costs nobody anything.
+    pub pressed: u32,
 }
 
 /// One epoch of one service.
@@ -127,6 +131,7 @@ impl Fairness {
             out.preempted = out.preempted.wrapping_add(c.preempted);
             out.firsts = out.firsts.wrapping_add(c.firsts);
             out.retries = out.retries.wrapping_add(c.retries);
+            out.pressed = out.pressed.wrapping_add(c.pressed);
             i += 1;
         }
         out
@@ -171,6 +176,7 @@ fn scaled(c: &ClassEpoch, m: u32) -> ClassEpoch {
         preempted: c.preempted & m,
         firsts: c.firsts & m,
         retries: c.retries & m,
+        pressed: c.pressed & m,
     }
 }
 
@@ -198,11 +204,13 @@ pub fn may_preempt(window: &ClassEpoch) -> bool {
 }
 
 /// Whether one more retry may be admitted: admitted retries in the window stay within
-/// `fraction` (in 1/[`BUDGET_ONE`]) of admitted first attempts, plus `min` retries.
+/// `fraction` (in 1/[`BUDGET_ONE`]) of admitted first attempts, plus `min` retries; or the
+/// class has not been refused for pressure in the window (room to spare).
 #[inline(always)]
 pub fn within_budget(window: &ClassEpoch, fraction: u32, min: u32) -> bool {
-    (window.retries as u64 + 1) * BUDGET_ONE as u64
-        <= window.firsts as u64 * fraction as u64 + min as u64 * BUDGET_ONE as u64
+    window.pressed == 0
+        || (window.retries as u64 + 1) * BUDGET_ONE as u64
+            <= window.firsts as u64 * fraction as u64 + min as u64 * BUDGET_ONE as u64
 }
 
 /// The source's admissions counted for `epoch` (0 if its slot was last seen earlier).
@@ -296,9 +304,9 @@ pub fn tag(h: u64) -> u32 {
 const _: () = {
     assert!(size_of::<SourceSlot>() == 16);
     assert!(size_of::<SourceSet>() == 64);
-    assert!(size_of::<ClassEpoch>() == 24);
-    assert!(size_of::<FairSlot>() == 104);
-    assert!(size_of::<Fairness>() == 208);
+    assert!(size_of::<ClassEpoch>() == 28);
+    assert!(size_of::<FairSlot>() == 120);
+    assert!(size_of::<Fairness>() == 240);
     assert!(SOURCE_SETS.is_power_of_two());
 };
 
@@ -383,20 +391,36 @@ mod tests {
         let w = |retries| ClassEpoch {
             firsts: 100,
             retries,
+            pressed: 1,
             ..Default::default()
         };
         assert!(within_budget(&w(8), 102, 0));
         assert!(!within_budget(&w(9), 102, 0));
         // A minimum lets a few through at low traffic.
-        assert!(within_budget(&ClassEpoch::default(), 102, 1));
-        assert!(!within_budget(&ClassEpoch::default(), 102, 0));
-        // Amplification is bounded by 1 + fraction whatever clients do.
+        let pressed = ClassEpoch {
+            pressed: 1,
+            ..Default::default()
+        };
+        assert!(within_budget(&pressed, 102, 1));
+        assert!(!within_budget(&pressed, 102, 0));
+        // With nothing refused for pressure, a retry takes only room to spare.
+        assert!(within_budget(&ClassEpoch::default(), 102, 0));
+        assert!(within_budget(
+            &ClassEpoch {
+                pressed: 0,
+                ..w(50)
+            },
+            102,
+            0
+        ));
+        // Under pressure, amplification is bounded by 1 + fraction whatever clients do.
         let firsts = 10_000u32;
         let mut retries = 0u32;
         while within_budget(
             &ClassEpoch {
                 firsts,
                 retries,
+                pressed: 1,
                 ..Default::default()
             },
             102,

@@ -112,10 +112,12 @@ struct Memo {
     retry: u32,
     /// Handed to the updates after the decision through this map value, whose contents the
     /// verifier does not track, so that every path through the decision reaches them in
-    /// one state: the class decided in, 1 if admitted, 1 for a new attempt.
+    /// one state: the class decided in, 1 if admitted, 1 for a new attempt, 1 if refused
+    /// for pressure.
     class: u32,
     admitted: u32,
     unique: u32,
+    pressed: u32,
 }
 /// Holds the [`Memo`] in a map value rather than on the stack: the verifier does not track
 /// what a map value holds, so the keys (whose form differs between the parse paths) and the
@@ -520,6 +522,12 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         core::ptr::write_volatile(&raw mut (*memo).class, class);
         core::ptr::write_volatile(&raw mut (*memo).admitted, admitted as u32);
         core::ptr::write_volatile(&raw mut (*memo).unique, unique as u32);
+        // Refused for pressure, as bits rather than comparisons (no branch here, where
+        // every path through the decision has joined).
+        core::ptr::write_volatile(
+            &raw mut (*memo).pressed,
+            (1 - (admitted as u32)) & ((PRESSURE_REASONS >> (decision.reason & 15)) & 1),
+        );
     }
     remember_source(service, (now, epoch), memo);
     outcome
@@ -531,6 +539,13 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
 fn is_pressure(reason: u32) -> bool {
     reason == REASON_PRIORITY || reason == REASON_SERVICE_LIMIT || reason == REASON_FLOORS_BELOW
 }
+
+/// The reasons a class's pressure count takes, one bit each: [`is_pressure`]'s and a
+/// source's fair share.
+const PRESSURE_REASONS: u32 = (1 << REASON_PRIORITY)
+    | (1 << REASON_SERVICE_LIMIT)
+    | (1 << REASON_FLOORS_BELOW)
+    | (1 << REASON_FAIR_SHARE);
 
 /// After the decision: the class's counts (always: the floors in admissions need them),
 /// and, with the source memory on, the source's admissions and credits. The slot is
@@ -561,6 +576,10 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
     let counts = unsafe { &raw mut (*slot).class[class] };
     let a = admitted & 1;
     unsafe {
+        atomic::add32(
+            &raw mut (*counts).pressed,
+            core::ptr::read_volatile(&raw const (*memo).pressed) & 1,
+        );
         if a != 0 {
             atomic::add32(&raw mut (*counts).admitted, 1);
             atomic::add32(&raw mut (*counts).surplus, m.over);

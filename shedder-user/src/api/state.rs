@@ -10,6 +10,7 @@ use crate::{
     fleet::FleetState,
     signals::{Quantiles, Reading, RetryWindow, Signals},
 };
+use shedder_common::REASON_NAMES;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct State {
@@ -314,7 +315,7 @@ pub fn render(state: &State) -> String {
         let _ = writeln!(out, "  accept queue {aq}   {}", retry_line(&sig.retry));
         let _ = writeln!(
             out,
-            "  {:<10} {:>6} {:>6} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9}",
+            "  {:<10} {:>6} {:>6} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}",
             "class",
             "share",
             "floor",
@@ -325,7 +326,8 @@ pub fn render(state: &State) -> String {
             "admitted/s",
             "shed/s",
             "retrans/s",
-            "retries/s"
+            "retries/s",
+            "sources"
         );
         let inflight = sig.inflight.value();
         let pending = sig.pending.value();
@@ -335,9 +337,13 @@ pub fn render(state: &State) -> String {
             let r = |f: fn(&crate::signals::ClassRates) -> f64| {
                 rates.map_or("n/a".into(), |r| rate(f(&r[i])))
             };
+            let sources = sig
+                .sources
+                .value()
+                .map_or("n/a".into(), |v| v[i].active.to_string());
             let _ = writeln!(
                 out,
-                "  {:<10} {:>6} {:>6} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9}",
+                "  {:<10} {:>6} {:>6} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}",
                 c.class,
                 c.share,
                 c.floor,
@@ -348,11 +354,41 @@ pub fn render(state: &State) -> String {
                 r(|x| x.admitted),
                 r(|x| x.shed + x.dry_run),
                 r(|x| x.retransmits),
-                r(|x| x.retries)
+                r(|x| x.retries),
+                sources
+            );
+        }
+        render_refusals(&mut out, s);
+    }
+    out
+}
+
+/// Per class with refusals: why, per second; and the retry budget's use where retries were
+/// admitted.
+fn render_refusals(out: &mut String, s: &ServiceState) {
+    let (rates, sources) = (s.signals.rates.value(), s.signals.sources.value());
+    for (i, c) in s.classes.iter().enumerate() {
+        let why: Vec<String> = rates
+            .map(|r| r[i].refused_by_reason)
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| **v > 0.0)
+            .map(|(reason, v)| format!("{} {}/s", REASON_NAMES[reason], rate(*v)))
+            .collect();
+        if !why.is_empty() {
+            let _ = writeln!(out, "  refused {}: {}", c.class, why.join(", "));
+        }
+        if let Some(v) = sources.map(|v| v[i])
+            && v.retries > 0
+        {
+            let _ = writeln!(
+                out,
+                "  retry budget {}: {} retries admitted per {} first attempts (last two epochs)",
+                c.class, v.retries, v.firsts
             );
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -432,7 +468,37 @@ mod tests {
         );
         assert!(
             out.lines()
-                .any(|l| l.starts_with("  sheddable") && l.ends_with("      12.5      10.0")),
+                .any(|l| l.starts_with("  sheddable") && l.contains("      12.5      10.0")),
+            "{out}"
+        );
+        // Refusals by reason and the retry budget's use, per class that has them.
+        let svc = &mut s.services[0].signals;
+        if let Reading::Ok { value } = &mut svc.rates {
+            value[3].refused_by_reason[shedder_common::REASON_PRIORITY as usize] = 30.0;
+            value[3].refused_by_reason[shedder_common::REASON_RETRY_BUDGET as usize] = 2.5;
+        }
+        svc.sources = Reading::Ok {
+            value: std::array::from_fn(|c| crate::signals::ClassSources {
+                active: 10 * c as u32,
+                retries: if c == 3 { 4 } else { 0 },
+                firsts: 40,
+                ..Default::default()
+            }),
+        };
+        let out = render(&s);
+        assert!(
+            out.contains("  refused sheddable: priority 30.0/s, retry_budget 2.5/s\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "  retry budget sheddable: 4 retries admitted per 40 first attempts (last two epochs)"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("  sheddable") && l.ends_with("      30")),
             "{out}"
         );
         s.services[0].signals.retry = Reading::missing("first tick: no previous counters");

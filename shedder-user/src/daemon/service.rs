@@ -194,7 +194,7 @@ impl ServiceControl {
     ) -> kernel::Result<Decision> {
         self.limiter.set(cap);
         let decision = self.limiter.update(obs);
-        self.demand = demand;
+        self.demand = demand.map(|d| held_demand(self.demand, d));
         self.occupancy = obs.occupancy;
         let written = self.write(w, ctx, decision.limit);
         // Mode changes are logged always; limit changes only when the controller's limit
@@ -379,6 +379,33 @@ pub fn observation(sig: &Signals, now: Duration) -> Observation {
     }
 }
 
+/// Each tick a class's demand decays this far towards its new reading (a fifth a tick).
+const DEMAND_DECAY: f64 = 0.8;
+
+/// The demand the classes are split by: a class's recent peak, decaying by
+/// [`DEMAND_DECAY`] a tick, rather than one tick's reading. A class's occupancy at one
+/// instant is often well below what it needs a moment later (its arrivals are random), and
+/// a share split by it hands the difference to the class below, whose connections the class
+/// above then has to be admitted over (see `admit`): an overshoot of the limit that the
+/// controller reads as pressure. Unbounded demand (refused in the tick) holds only while it
+/// lasts.
+pub fn held_demand(
+    previous: Option<[f64; NUM_CLASSES]>,
+    now: [f64; NUM_CLASSES],
+) -> [f64; NUM_CLASSES] {
+    let Some(previous) = previous else {
+        return now;
+    };
+    std::array::from_fn(|c| {
+        let (old, new) = (previous[c], now[c]);
+        if new.is_infinite() || old.is_infinite() {
+            new
+        } else {
+            new.max(old * DEMAND_DECAY)
+        }
+    })
+}
+
 /// Per-class demand from this tick's signals, if the rates and occupancy are known. The
 /// offered and admitted rates count unique attempts (the decision counters `n`): a
 /// retransmitted SYN is not offered load, so a dropped client retransmitting its SYN does
@@ -409,6 +436,21 @@ pub fn demand(sig: &Signals) -> Option<[f64; NUM_CLASSES]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn demand_is_held_at_its_recent_peak() {
+        let inf = f64::INFINITY;
+        assert_eq!(
+            held_demand(None, [1.0, 2.0, 3.0, 4.0]),
+            [1.0, 2.0, 3.0, 4.0]
+        );
+        let d = held_demand(Some([0.0, 10.0, 2.0, inf]), [0.0, 4.0, 3.0, 1.0]);
+        // High falls from 10 to 4: held at 8; medium rises: 3; sheddable was unbounded
+        // (refused) and no longer is: its reading.
+        assert_eq!(d, [0.0, 8.0, 3.0, 1.0]);
+        // Refused now: unbounded at once.
+        assert_eq!(held_demand(Some(d), [0.0, inf, 0.0, 0.0])[1], inf);
+    }
     use crate::{
         config::Config,
         control::overridden::{MAX_STEP, Request},
