@@ -411,25 +411,24 @@ pub fn held_demand(
 /// retransmitted SYN is not offered load, so a dropped client retransmitting its SYN does
 /// not look like more demand (see [`crate::signals::ClassRates`]).
 ///
-/// A class refused for pressure in the tick wants more than it got, by an amount the tick
-/// cannot tell: its demand is unbounded, so the classes below it keep only their floors
-/// while it is refused. (Scaling its occupancy by offered / admitted is no estimate at the
-/// small concurrencies of a saturated service: one tick's occupancy is often 0 while
-/// attempts are refused, and a class that wants everything then looked as if it wanted
-/// nothing, leaving its share to the class below.)
+/// A class refused for pressure counts at least one connection's worth, scaled by offered
+/// / admitted: at the small concurrencies of a saturated service one tick's occupancy is
+/// often 0 while attempts are refused, and a class that wanted everything then looked as if
+/// it wanted nothing, leaving its share to the class below.
 pub fn demand(sig: &Signals) -> Option<[f64; NUM_CLASSES]> {
     let rates = sig.rates.ok()?;
     let inflight = sig.inflight.ok()?;
     let pending = sig.pending.value().copied().unwrap_or([0; NUM_CLASSES]);
     Some(std::array::from_fn(|c| {
-        if rates[c].pressed > 0.0 {
-            return f64::INFINITY;
-        }
-        class_demand(
-            inflight[c] + pending[c],
-            rates[c].offered,
-            rates[c].admitted,
-        )
+        let occupancy = inflight[c] + pending[c];
+        // Refused for pressure: at least one connection's worth, scaled by what it asked
+        // for against what it got (one tick's occupancy is often 0 while it is refused).
+        let occupancy = if rates[c].pressed > 0.0 {
+            occupancy.max(1)
+        } else {
+            occupancy
+        };
+        class_demand(occupancy, rates[c].offered, rates[c].admitted)
     }))
 }
 

@@ -119,6 +119,8 @@ struct PathSpec {
     /// Retransmit and retry recognition on (the defaults), and every call a new attempt
     /// (its initial sequence number bumped), so each run looks up and writes the tables.
     memory: bool,
+    /// Fair shares and the retry budget on as well (the defaults).
+    fair: bool,
 }
 
 /// Every limit and ceiling at u32::MAX: each admitted SYN counts as pending for about a
@@ -171,6 +173,14 @@ impl PathSpec {
             ..self
         }
     }
+
+    /// With memory, fair shares and the retry budget on: every default of a service.
+    fn with_fair_shares(self, label: &'static str) -> Self {
+        Self {
+            fair: true,
+            ..self.with_memory(label)
+        }
+    }
 }
 
 fn paths() -> Vec<PathSpec> {
@@ -190,6 +200,7 @@ fn paths() -> Vec<PathSpec> {
         method: Method::Repeated,
         target: TARGET_SYN,
         memory: false,
+        fair: false,
     };
     let admit = PathSpec {
         label: "SYN-admit (limits u32::MAX)",
@@ -204,6 +215,7 @@ fn paths() -> Vec<PathSpec> {
         method: Method::Repeated,
         target: TARGET_SYN,
         memory: false,
+        fair: false,
     };
     vec![
         PathSpec {
@@ -215,6 +227,7 @@ fn paths() -> Vec<PathSpec> {
             method: Method::Repeated,
             target: TARGET_NON_SYN,
             memory: false,
+            fair: false,
         },
         PathSpec {
             label: "SYN to an unprotected port",
@@ -225,6 +238,7 @@ fn paths() -> Vec<PathSpec> {
             method: Method::Repeated,
             target: TARGET_SYN,
             memory: false,
+            fair: false,
         },
         admit.clone(),
         drop.clone(),
@@ -240,11 +254,20 @@ fn paths() -> Vec<PathSpec> {
             method: Method::SingleShot,
             target: TARGET_SYN,
             memory: false,
+            fair: false,
         },
         // With the defaults: retransmit and retry recognition on.
-        admit.with_memory("SYN-admit, a new attempt, retransmit and retry recognition on"),
-        drop.with_memory(
+        admit
+            .clone()
+            .with_memory("SYN-admit, a new attempt, retransmit and retry recognition on"),
+        drop.clone().with_memory(
             "SYN-drop, a retry from a shed source, retransmit and retry recognition on",
+        ),
+        // Every default: the source's share looked up and counted, the class's epochs read
+        // (quota, floor in admissions, budget), and on the refusal the preemption check.
+        admit.with_fair_shares("SYN-admit, a new attempt, fair shares and retry budget on"),
+        drop.with_fair_shares(
+            "SYN-drop, a new attempt within its share, fair shares and retry budget on",
         ),
     ]
 }
@@ -323,6 +346,10 @@ impl Subject {
                 // Retries counted, not demoted: every decision stays in the source's class,
                 // where the counters are checked.
                 retries(&mut policy, LONG_WINDOW, false);
+            }
+            if spec.fair {
+                policy.fair_share = 1;
+                policy.retry_budget = shedder_common::fair::BUDGET_ONE / 10;
             }
             shedder.set_policy(*service, &policy)?;
         }
