@@ -11,7 +11,7 @@
 //!
 //! **Fair share.** A source's quota for an epoch is the class's admissions in the
 //! previous epoch divided by the sources that sent to it then (or the `source_quota` the
-//! daemon sets). An attempt from a source that has had its quota this epoch is *over its
+//! daemon sets); with one source or none there is no quota. An attempt from a source that has had its quota this epoch is *over its
 //! share*; any other is *within* it. Over-share attempts are admitted only while the class
 //! and the service have room, like a class below this one. Within-share attempts rank above
 //! them: one that meets a full class or service is admitted anyway as long as the class's
@@ -32,8 +32,9 @@
 //! refused SYN takes its credit back. A new attempt from a source with
 //! a credit is a retry, and spends the credit, only when the source is over its share: a
 //! source below its share that was refused once is not a retrier for a whole window, and
-//! neither are its later first attempts. Admitted retries are held to the class's budget
-//! ([`within_budget`]).
+//! neither are its later first attempts. While the class is refused for pressure, a retry
+//! over the class's budget ([`within_budget`]) is admitted only while the whole service has
+//! room (it ranks below every class); with room to spare it costs nobody anything.
 
 use crate::{NUM_CLASSES, mask};
 
@@ -181,18 +182,18 @@ fn scaled(c: &ClassEpoch, m: u32) -> ClassEpoch {
 }
 
 /// A source's quota for this epoch: `configured` if not 0, else the class's admissions in
-/// the previous epoch shared equally among the sources it saw then (at least 1).
+/// the previous epoch shared equally among the sources it saw then (at least 1), or no
+/// quota at all when it saw one source or none: with nobody to share with, no source is
+/// over its share (every client behind one NAT address is one source, and all of the class).
 #[inline(always)]
 pub fn quota(previous: &ClassEpoch, configured: u32) -> u32 {
     if configured != 0 {
         return configured;
     }
-    let sources = if previous.sources == 0 {
-        1
-    } else {
-        previous.sources
-    };
-    let q = previous.admitted / sources;
+    if previous.sources <= 1 {
+        return u32::MAX;
+    }
+    let q = previous.admitted / previous.sources;
     if q == 0 { 1 } else { q }
 }
 
@@ -326,10 +327,10 @@ mod tests {
     fn the_quota_is_the_equal_share_of_the_last_epoch() {
         // One heavy source and eight light ones shared 200 admissions.
         assert_eq!(quota(&class(200, 9), 0), 22);
-        // One source: all of it.
-        assert_eq!(quota(&class(200, 1), 0), 200);
-        // Nothing seen: 1, so a source over it is over its share only by admissions.
-        assert_eq!(quota(&class(0, 0), 0), 1);
+        // One source, or none: nobody to share with, no quota.
+        assert_eq!(quota(&class(200, 1), 0), u32::MAX);
+        assert_eq!(quota(&class(0, 0), 0), u32::MAX);
+        // Fewer admissions than sources: 1.
         assert_eq!(quota(&class(3, 9), 0), 1);
         // The daemon's figure wins.
         assert_eq!(quota(&class(200, 9), 40), 40);

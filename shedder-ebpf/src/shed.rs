@@ -17,9 +17,9 @@ use shedder_common::{
     MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS,
     POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES, PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending,
     REASON_FAIR_SHARE, REASON_FLOORS_BELOW, REASON_PRIORITY, REASON_RETRY_BUDGET,
-    REASON_SERVICE_LIMIT, STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED,
-    STAT_RST_ERROR, SYN_SETS, ServiceAddrKey, ServiceCounters, ServicePolicy, VERDICT_DROP,
-    VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
+    REASON_SERVICE_LIMIT, REASON_UNDER_LIMIT, STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY,
+    STAT_RATE_CONTENDED, STAT_RST_ERROR, SYN_SETS, ServiceAddrKey, ServiceCounters, ServicePolicy,
+    VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
     admit::{Decision, decide},
     classmap,
     csum::{
@@ -403,10 +403,29 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
                 m.preempt = 1;
             }
         }
+        // The whole service, every class in full: a retry ranks below every class, so it
+        // is admitted while the service has room even where its class's share is spent
+        // (with room to spare, refusing it would leave capacity idle), and a retry over the
+        // budget only then. So the budget bounds what retries take from first attempts,
+        // and neither leaves a service refusing with idle connections.
+        let total = occ[0] + occ[1] + occ[2] + occ[3];
+        let limit = if stale {
+            policy.fallback_total
+        } else {
+            policy.total_limit
+        } as u64;
+        if decision.admit == 0
+            && decision.reason == REASON_PRIORITY
+            && m.retry != 0
+            && total < limit
+        {
+            decision = Decision::admit(REASON_UNDER_LIMIT);
+        }
         if decision.admit == 1
             && m.retry != 0
             && policy.retry_budget != 0
             && !fair::within_budget(&window, policy.retry_budget, policy.retry_budget_min)
+            && (m.preempt != 0 || total >= limit)
         {
             decision = Decision::shed(REASON_RETRY_BUDGET);
             m.preempt = 0;
