@@ -118,6 +118,8 @@ struct Memo {
     admitted: u32,
     unique: u32,
     pressed: u32,
+    /// 1: the class counts are kept (see `remember_source`).
+    counted: u32,
 }
 /// Holds the [`Memo`] in a map value rather than on the stack: the verifier does not track
 /// what a map value holds, so the keys (whose form differs between the parse paths) and the
@@ -379,26 +381,25 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
 
     // The class's floor also as a share of the service's admissions (a fraction of one
     // connection at small limits).
-    let below_floor_share = match SHEDDER_FAIR.get(service) {
-        Some(f) => fair::below_share(
-            &f.admitted(epoch),
-            class as usize,
-            policy.classes[(class as usize) & (NUM_CLASSES - 1)].floor_share,
-        ),
-        None => false,
-    };
+    let floor_share = policy.classes[(class as usize) & (NUM_CLASSES - 1)].floor_share;
+    let below_floor_share = floor_share != 0
+        && match SHEDDER_FAIR.get(service) {
+            Some(f) => fair::below_share(&f.admitted(epoch), class as usize, floor_share),
+            None => false,
+        };
     let mut decision = decide(policy, class, &occ, stale, below_floor_share);
     let m = unsafe { &mut *memo };
     if m.sources != 0
         && let Some(f) = SHEDDER_FAIR.get(service)
     {
-        let window = f.window(class as usize, epoch);
+        // The class's window is read only where it decides (a refusal, a retry), off the
+        // path of a plain admission.
         if decision.admit == 0 && is_pressure(decision.reason) && policy.fair_share == 1 {
             // Over its share, the source is the one to refuse; within it, it takes the place
             // of an over-share admission if the class has made one it has not yet given up.
             if m.over != 0 {
                 decision.reason = REASON_FAIR_SHARE;
-            } else if fair::may_preempt(&window) {
+            } else if fair::may_preempt(&f.window(class as usize, epoch)) {
                 decision = Decision::admit(REASON_FAIR_SHARE);
                 m.preempt = 1;
             }
@@ -424,8 +425,12 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         if decision.admit == 1
             && m.retry != 0
             && policy.retry_budget != 0
-            && !fair::within_budget(&window, policy.retry_budget, policy.retry_budget_min)
             && (m.preempt != 0 || total >= limit)
+            && !fair::within_budget(
+                &f.window(class as usize, epoch),
+                policy.retry_budget,
+                policy.retry_budget_min,
+            )
         {
             decision = Decision::shed(REASON_RETRY_BUDGET);
             m.preempt = 0;
@@ -541,6 +546,15 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         core::ptr::write_volatile(&raw mut (*memo).class, class);
         core::ptr::write_volatile(&raw mut (*memo).admitted, admitted as u32);
         core::ptr::write_volatile(&raw mut (*memo).unique, unique as u32);
+        // The class counts are kept where something reads them: the source memory, or a
+        // floor held in admissions.
+        let floors = policy.classes[1].floor_share
+            | policy.classes[2].floor_share
+            | policy.classes[3].floor_share;
+        core::ptr::write_volatile(
+            &raw mut (*memo).counted,
+            ((*memo).sources != 0 || floors != 0) as u32,
+        );
         // Refused for pressure, as bits rather than comparisons (no branch here, where
         // every path through the decision has joined).
         core::ptr::write_volatile(
@@ -573,6 +587,9 @@ const PRESSURE_REASONS: u32 = (1 << REASON_PRIORITY)
 #[inline(always)]
 fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
     let m = unsafe { &*memo };
+    if unsafe { core::ptr::read_volatile(&raw const (*memo).counted) } == 0 {
+        return;
+    }
     let (class, admitted, unique) = unsafe {
         (
             (core::ptr::read_volatile(&raw const (*memo).class) as usize) & (NUM_CLASSES - 1),
@@ -594,18 +611,20 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
     }
     let counts = unsafe { &raw mut (*slot).class[class] };
     let a = admitted & 1;
+    // Plain adds, not atomic ones: these counts rank and budget attempts (quotas, floors in
+    // admissions, the retry budget), where an increment lost to another CPU's at the same
+    // instant changes nothing that matters, and five locked adds on every admission cost
+    // the packet path more than all of the fair-share decision.
     unsafe {
-        atomic::add32(
-            &raw mut (*counts).pressed,
-            core::ptr::read_volatile(&raw const (*memo).pressed) & 1,
-        );
-        if a != 0 {
-            atomic::add32(&raw mut (*counts).admitted, 1);
-            atomic::add32(&raw mut (*counts).surplus, m.over);
-            atomic::add32(&raw mut (*counts).preempted, m.preempt);
-            atomic::add32(&raw mut (*counts).retries, unique & m.retry);
-            atomic::add32(&raw mut (*counts).firsts, unique & (1 - m.retry));
-        }
+        let c = &mut *counts;
+        c.pressed = c
+            .pressed
+            .wrapping_add(core::ptr::read_volatile(&raw const (*memo).pressed) & 1);
+        c.admitted = c.admitted.wrapping_add(a);
+        c.surplus = c.surplus.wrapping_add(a & m.over);
+        c.preempted = c.preempted.wrapping_add(a & m.preempt);
+        c.retries = c.retries.wrapping_add(a & unique & m.retry);
+        c.firsts = c.firsts.wrapping_add(a & unique & (1 - m.retry));
     }
     if unsafe { core::ptr::read_volatile(&raw const (*memo).sources) } == 0 {
         return;
@@ -614,16 +633,20 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
         return;
     };
     let set = unsafe { &mut *set };
-    // The source's slot, else the one it takes (found again: another CPU may have moved it).
-    let found = fair::find(set, m.source_tag) as u64;
+    // The source's slot as found before the decision, else the one it takes.
+    let found = unsafe { core::ptr::read_volatile(&raw const (*memo).way) } as u64;
     let absent = mask::zero(found ^ SOURCE_WAYS as u64);
-    let way = found ^ ((found ^ fair::victim(set, epoch) as u64) & absent);
+    let way = if absent != 0 {
+        fair::victim(set, epoch) as u64
+    } else {
+        found
+    };
     let s = &mut set.slot[(way as usize) & (SOURCE_WAYS - 1)];
     let absent = absent as u32;
     // Seen already in this epoch (and not a slot taken over from another source).
     let same = mask::zero((s.epoch ^ epoch as u32) as u64) as u32 & !absent;
     *s = fair::next(s, m.source_tag, absent, (now, epoch), a, unique & 1);
-    unsafe { atomic::add32(&raw mut (*counts).sources, (!same) & 1) };
+    unsafe { (*counts).sources = (*counts).sources.wrapping_add((!same) & 1) };
 }
 
 /// Service id of the attempt's destination, `None` if it is not protected.
