@@ -515,6 +515,8 @@ struct Retries {
     p99_ms: Option<f64>,
     /// shedder only: the same run with `demote_retries = false`.
     without_demotion: Option<Box<Retries>>,
+    /// shedder only: the same run with `retry_budget = 0` (no budget).
+    without_budget: Option<Box<Retries>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -675,6 +677,7 @@ fn retries(
             critical_pct: w.class("critical").map_or(0.0, |c| 100.0 * c.share(c.ok)),
             p99_ms: ms(w.all.p99()),
             without_demotion: None,
+            without_budget: None,
         }
     };
     let mut with = run();
@@ -698,7 +701,10 @@ fn retries(
         reload(&format!("{original}demote_retries = false\n"), before + 1);
         std::thread::sleep(Duration::from_secs(2));
         with.without_demotion = Some(Box::new(run()));
-        reload(&original, before + 2);
+        reload(&format!("{original}retry_budget = 0\n"), before + 2);
+        std::thread::sleep(Duration::from_secs(2));
+        with.without_budget = Some(Box::new(run()));
+        reload(&original, before + 3);
     }
     result.retries = Some(with);
 }
@@ -1197,9 +1203,11 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
         "Each failed attempt (refused, reset, 503) is retried at once, up to three times, \
          while the deadline allows; a dropped SYN is not seen as a failure before the \
          deadline, so drop-based systems see no retries. Every client class spreads over a \
-         range of addresses (126–254 clients each); shedder demotes a new attempt from an \
-         address it shed within 10 s by one class, and the second shedder row of each pair \
-         is the same run with `demote_retries = false`.\n"
+         range of addresses (126–254 clients each). shedder takes a new attempt for a \
+         retry when its address holds a credit from a refusal in the last 10 s and is over \
+         its fair share, decides it one class lower, and while the class is refused holds \
+         admitted retries to 10% of admitted first attempts; the second and third shedder \
+         rows are the same run with `demote_retries = false` and with `retry_budget = 0`.\n"
     );
     let _ = writeln!(
         md,
@@ -1208,11 +1216,17 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
     let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|");
     for s in &report.systems {
         let Some(r) = &s.retries else { continue };
-        let rows = std::iter::once((s.title.to_string(), r)).chain(
-            r.without_demotion
-                .as_deref()
-                .map(|w| (format!("{}, retries not demoted", s.title), w)),
-        );
+        let rows = std::iter::once((s.title.to_string(), r))
+            .chain(
+                r.without_demotion
+                    .as_deref()
+                    .map(|w| (format!("{}, retries not demoted", s.title), w)),
+            )
+            .chain(
+                r.without_budget
+                    .as_deref()
+                    .map(|w| (format!("{}, no retry budget", s.title), w)),
+            );
         for (title, r) in rows {
             let _ = writeln!(
                 md,
