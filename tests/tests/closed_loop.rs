@@ -1,10 +1,11 @@
 //! The whole loop under real overload: a backend of known capacity (4 workers × 20 ms), an
 //! open-loop load generator with a 1 s deadline, and the real daemon adapting the limit.
 
-use std::time::Duration;
+use std::{net::IpAddr, time::Duration};
 
 use shedder_tests::{
-    load::Window,
+    load::{LoadGen, Window},
+    policy::HIGH_V4,
     scenario::{Lab, LabConfig, limits_between, median},
 };
 
@@ -145,4 +146,69 @@ fn the_limit_follows_capacity_down_and_up_and_recovers_after_overload() {
     );
     let critical = critical_success(&report.total());
     assert!(critical >= 0.99, "critical success {:.3}", critical);
+}
+
+/// Served requests a second of `label` in `w`.
+fn ok_rate(w: &Window, label: &str) -> f64 {
+    w.class(label).map_or(0.0, |c| c.ok as f64) / w.seconds.max(1) as f64
+}
+
+/// At 2× capacity HIGH's demand (which fits) doubles mid-run, to more than the service has
+/// for it: the split follows within a second. MEDIUM, which had what HIGH and CRITICAL left,
+/// is held near its floor from the second after the shift, and HIGH is served what MEDIUM
+/// gave up.
+#[test]
+fn the_split_follows_a_shift_of_demand_within_a_second() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let cfg = LabConfig {
+        port: 8102,
+        ..LabConfig::default()
+    };
+    let mut lab = Lab::new("clshift", cfg);
+    let cap = lab.capacity;
+    lab.protect();
+    let (shift, end) = (8u64, 16u64);
+    let base = lab
+        .load()
+        .deadline(DEADLINE)
+        .phase(Duration::from_secs(end), 2.0 * cap)
+        .start_in(&lab.pair.client);
+    std::thread::sleep(Duration::from_secs(shift));
+    // HIGH is 25% of the mix: as much again.
+    let extra = LoadGen::new(lab.target())
+        .deadline(DEADLINE)
+        .phase(Duration::from_secs(end - shift), 0.5 * cap)
+        .class("high", IpAddr::V4(HIGH_V4), 1.0)
+        .seed(7)
+        .start_in(&lab.pair.client);
+    let (base, extra) = (base.wait(), extra.wait());
+    eprintln!("base:\n{}\nextra HIGH:\n{}", base.table(), extra.table());
+    let before = base.range(3..shift);
+    let after = base.range(shift + 1..end);
+    let first = base.range(shift + 1..shift + 2);
+    let extra_after = extra.range(1..end - shift);
+    let (medium_before, medium_after, medium_first) = (
+        ok_rate(&before, "medium"),
+        ok_rate(&after, "medium"),
+        ok_rate(&first, "medium"),
+    );
+    let high_before = ok_rate(&before, "high");
+    let high_after = ok_rate(&after, "high") + ok_rate(&extra_after, "high");
+    eprintln!(
+        "medium {medium_before:.0}/s before, {medium_first:.0}/s in the second after, \
+         {medium_after:.0}/s after; high {high_before:.0}/s before, {high_after:.0}/s after"
+    );
+    assert!(
+        medium_first <= 0.6 * medium_before.max(1.0) + 0.05 * cap,
+        "a second after the shift medium still had {medium_first:.0}/s of {medium_before:.0}/s"
+    );
+    assert!(
+        medium_after <= 0.6 * medium_before.max(1.0) + 0.05 * cap,
+        "medium {medium_after:.0}/s after, {medium_before:.0}/s before"
+    );
+    assert!(
+        high_after >= high_before + 0.5 * (medium_before - medium_after),
+        "high {high_after:.0}/s after, {high_before:.0}/s before; medium gave up {:.0}/s",
+        medium_before - medium_after
+    );
 }
