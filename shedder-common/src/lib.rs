@@ -421,9 +421,10 @@ pub struct ClassPolicy {
     pub source_mask_v4: u32,
     pub source_mask_v6: [u32; 4],
     /// The floor as a share of the service's admissions over the window (this epoch and
-    /// the last), in 1/[`fair::BUDGET_ONE`]: a class that has had less is admitted whatever
-    /// the pressure. At small limits a floor of a few percent is a fraction of one
-    /// connection, which `floor` cannot hold; this holds it in admissions instead.
+    /// the last), in 1/[`fair::BUDGET_ONE`]: while `floor` is 0 (the floor is less than one
+    /// connection), a class that has had less is admitted whatever the pressure. At small
+    /// limits a floor of a few percent is a fraction of one connection, which `floor` cannot
+    /// hold; this holds it in admissions instead.
     pub floor_share: u32,
 }
 

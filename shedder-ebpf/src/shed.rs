@@ -381,8 +381,14 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
 
     // The class's floor also as a share of the service's admissions (a fraction of one
     // connection at small limits).
-    let floor_share = policy.classes[(class as usize) & (NUM_CLASSES - 1)].floor_share;
+    // Only where the floor is less than one whole connection: a floor of whole connections
+    // holds by itself, and a large floor held in admissions too would admit its class past
+    // the limit until it had that share of everything admitted.
+    let cp = &policy.classes[(class as usize) & (NUM_CLASSES - 1)];
+    let floor_share = cp.floor_share;
+    let whole = if stale { cp.fallback_floor } else { cp.floor };
     let below_floor_share = floor_share != 0
+        && whole == 0
         && match SHEDDER_FAIR.get(service) {
             Some(f) => fair::below_share(&f.admitted(epoch), class as usize, floor_share),
             None => false,

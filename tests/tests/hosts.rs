@@ -52,10 +52,10 @@ fn socket(tag: &str) -> std::path::PathBuf {
 /// daemon's last tick published, so a series missing from the first scrapes after start is
 /// asked again for up to 2 s (a loaded machine can delay the first tick).
 fn metric(ns: &Netns, series: &str) -> Option<f64> {
-    let until = std::time::Instant::now() + Duration::from_secs(2);
+    let until = Instant::now() + Duration::from_secs(2);
     loop {
         let found = scrape(ns, series);
-        if found.is_some() || std::time::Instant::now() >= until {
+        if found.is_some() || Instant::now() >= until {
             return found;
         }
         std::thread::sleep(Duration::from_millis(100));
