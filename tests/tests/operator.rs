@@ -600,7 +600,9 @@ fn metrics_scrape_is_valid_openmetrics_and_counts_what_happened() {
     let dir = scratch("metrics");
     let _cleanup = Scratch(dir.clone());
     let pins = pin_dir("opmet");
-    let cfg = config(&pins, &dir.join("ctl.sock"), METRICS_PORT, "");
+    // Without fair shares a new attempt after a refusal is a retry (with them, one client
+    // address is the whole class and never a retrier).
+    let cfg = config(&pins, &dir.join("ctl.sock"), METRICS_PORT, "") + "fair_share = false\n";
     let daemon = Daemon::start(&pair.server, "opmet", &cfg, &pins);
     daemon.wait_for_log("running", Duration::from_secs(10));
 
@@ -808,8 +810,11 @@ fn kernel_debug_log_names_each_shed_decision_and_is_rate_limited() {
     let _cleanup = Scratch(dir.clone());
     let pins = pin_dir("opklog");
     let sock = dir.join("ctl.sock");
+    // One client address is the whole class, so with fair shares it is never taken for a
+    // retrier; without them a new attempt after a refusal is a retry, as this test needs.
     let cfg = config(&pins, &sock, KLOG_PORT, "kernel_debug_log = true")
-        .replace("fixed_limit = 4", "fixed_limit = 1");
+        .replace("fixed_limit = 4", "fixed_limit = 1")
+        + "fair_share = false\n";
     let daemon = Daemon::start(&pair.server, "opklog", &cfg, &pins);
     daemon.wait_for_log("kernel debug log on", Duration::from_secs(10));
 
