@@ -133,9 +133,11 @@ fn with_demotion_fresh_first_attempts_win_and_retrying_clients_are_shed_first() 
         share(&with.fresh) > 1.5 * share(&with.retriers),
         "retrying clients should be shed first"
     );
-    // Without demotion the fresh clients lose as often as anyone.
+    // Without demotion the fresh clients lose more often: retries then still rank below
+    // every class and are held to the retry budget, so the gap is smaller than it was
+    // before the budget (28% against 69%), but demotion must still show.
     assert!(
-        share(&without.fresh) < share(&with.fresh) - 0.2,
+        share(&without.fresh) < share(&with.fresh) - 0.1,
         "demotion made no difference: {:.1}% vs {:.1}%",
         100.0 * share(&without.fresh),
         100.0 * share(&with.fresh)
