@@ -10,7 +10,8 @@
 //! 3. a class below its **floor** is admitted whatever the service's pressure, so a class
 //!    with a floor is never starved;
 //! 4. a class at its **share** is shed ([`REASON_PRIORITY`]): the daemon sets each share to
-//!    the limit less what the classes above it want and the floors in use below it;
+//!    the limit less what the classes above it want and the floors in use below it — but
+//!    a retry, which ranks below every class, only while the whole service is full;
 //! 5. when the **service** is full the attempt is shed, where *full* is seen from the
 //!    attempt's class: this class and every class above it count in full, the classes
 //!    below it only up to their floors ([`REASON_SERVICE_LIMIT`], or
@@ -54,18 +55,29 @@ impl Decision {
     }
 }
 
-/// Decide one attempt of `class` (0..4) given every class's occupancy; `below_floor_share`
-/// says the class has had less than its floor's share of the service's admissions
-/// (`ClassPolicy::floor_share`), which admits it like a class below its floor.
+/// What the decision needs to know of one attempt besides the occupancy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Attempt {
+    /// The class it is decided in (0..4; a demoted retry's lower class).
+    pub class: u32,
+    /// The class has had less than its floor's share of the service's admissions
+    /// (`ClassPolicy::floor_share`): admitted like a class below its floor.
+    pub below_floor_share: bool,
+    /// A retry: it ranks below every class, so its class's share does not hold it back
+    /// while the whole service, every class counted in full, has room (refusing it then
+    /// would leave capacity idle).
+    pub retry: bool,
+}
+
+/// Decide one attempt given every class's occupancy.
 #[inline(always)]
 pub fn decide(
     policy: &ServicePolicy,
-    class: u32,
+    attempt: &Attempt,
     occ: &[u64; NUM_CLASSES],
     stale: bool,
-    below_floor_share: bool,
 ) -> Decision {
-    let class = (class as usize) & (NUM_CLASSES - 1);
+    let class = (attempt.class as usize) & (NUM_CLASSES - 1);
     let cp = &policy.classes[class];
     let mine = occ[class];
     if mine >= cp.ceiling as u64 {
@@ -79,10 +91,14 @@ pub fn decide(
     } else {
         (cp.limit, cp.floor, policy.total_limit)
     };
-    if mine < floor as u64 || below_floor_share {
+    if mine < floor as u64 || attempt.below_floor_share {
         return Decision::admit(REASON_FLOOR);
     }
-    if mine >= share as u64 {
+    // All ones for a retry while the whole service has room (masks: one branch, not three).
+    let total = occ[0] + occ[1] + occ[2] + occ[3];
+    let waived =
+        mask::sign(total as i64 - total_limit as i64) & 0u64.wrapping_sub(attempt.retry as u64);
+    if mine >= share as u64 && waived == 0 {
         return Decision::shed(REASON_PRIORITY);
     }
     // The service as this class sees it: itself and the classes above in full (`ahead`),
@@ -126,7 +142,11 @@ mod tests {
     }
 
     fn decide_occ(p: &ServicePolicy, class: u32, occ: &[u32; 4], stale: bool) -> Decision {
-        decide(p, class, &occ.map(u64::from), stale, false)
+        let attempt = Attempt {
+            class,
+            ..Default::default()
+        };
+        decide(p, &attempt, &occ.map(u64::from), stale)
     }
 
     fn policy() -> ServicePolicy {
@@ -190,18 +210,49 @@ mod tests {
     fn a_class_below_its_share_of_admissions_is_admitted_as_below_its_floor() {
         let p = policy();
         let full = [0u64, 60, 40, 0];
+        let below = |class| Attempt {
+            class,
+            below_floor_share: true,
+            ..Default::default()
+        };
         assert_eq!(
-            decide(&p, CLASS_SHEDDABLE, &full, false, true),
+            decide(&p, &below(CLASS_SHEDDABLE), &full, false),
             Decision::admit(REASON_FLOOR)
         );
         assert_eq!(
-            decide(&p, CLASS_SHEDDABLE, &full, false, false),
+            decide_occ(&p, CLASS_SHEDDABLE, &[0, 60, 40, 0], false),
             Decision::shed(REASON_SERVICE_LIMIT)
         );
         // The ceiling still holds.
         assert_eq!(
-            decide(&p, CLASS_CRITICAL, &[5, 0, 0, 0], false, true),
+            decide(&p, &below(CLASS_CRITICAL), &[5, 0, 0, 0], false),
             Decision::shed(REASON_CEILING)
+        );
+    }
+
+    #[test]
+    fn a_retry_is_held_back_by_its_share_only_when_the_service_is_full() {
+        let p = policy();
+        let retry = Attempt {
+            class: CLASS_SHEDDABLE,
+            retry: true,
+            ..Default::default()
+        };
+        // Sheddable at its share of 30, the service at 60 of 100: a first attempt is
+        // refused, a retry takes the idle room.
+        let occ = [0u64, 20, 10, 30];
+        assert_eq!(
+            decide_occ(&p, CLASS_SHEDDABLE, &[0, 20, 10, 30], false),
+            Decision::shed(REASON_PRIORITY)
+        );
+        assert_eq!(
+            decide(&p, &retry, &occ, false),
+            Decision::admit(REASON_UNDER_LIMIT)
+        );
+        // The whole service full: refused at its share like anyone.
+        assert_eq!(
+            decide(&p, &retry, &[0, 50, 20, 30], false),
+            Decision::shed(REASON_PRIORITY)
         );
     }
 

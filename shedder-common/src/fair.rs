@@ -229,10 +229,11 @@ pub fn credits_now(slot: &SourceSlot, now: u64, window: u64) -> u32 {
     slot.credits as u32 & !mask::sign(window as i64 - age as i64) as u32
 }
 
-/// A source's slot after one more decision at `now` (epoch `epoch`): `absent` (all ones)
-/// when the slot held another source or none; `admitted` and `unique` 0 or 1. A refused new
-/// attempt leaves a retry credit; an admitted retransmit takes back the one its refused
-/// first SYN left (that attempt got in after all).
+/// A source's slot after one more decision at `now` (epoch `epoch`), and 1 if this is the
+/// source's first attempt in the epoch (it counts among the class's sources) — `absent`
+/// (all ones) when the slot held another source or none; `admitted` and `unique` 0 or 1.
+/// A refused new attempt leaves a retry credit; an admitted retransmit takes back the one
+/// its refused first SYN left (that attempt got in after all).
 #[inline(always)]
 pub fn next(
     s: &SourceSlot,
@@ -241,7 +242,7 @@ pub fn next(
     (now, epoch): (u64, u64),
     admitted: u32,
     unique: u32,
-) -> SourceSlot {
+) -> (SourceSlot, u32) {
     // Seen already in this epoch (and not a slot taken over from another source).
     let same = mask::zero((s.epoch ^ epoch as u32) as u64) as u32 & !absent;
     let refused = (1 - admitted) & unique;
@@ -252,13 +253,14 @@ pub fn next(
     let count = ((s.admitted as u32) & same) + admitted;
     let keep = s.refused_jiffies & !absent;
     let r = 0u32.wrapping_sub(refused);
-    SourceSlot {
+    let slot = SourceSlot {
         tag,
         epoch: epoch as u32,
         admitted: mask::min(count as u64, u16::MAX as u64) as u16,
         credits: credits as u16,
         refused_jiffies: keep ^ ((keep ^ now as u32) & r),
-    }
+    };
+    (slot, !same & 1)
 }
 
 /// The slot of `set` holding `tag`, or [`SOURCE_WAYS`] if none. Without a branch (see
@@ -465,24 +467,27 @@ mod tests {
             refused_jiffies: 1000,
         };
         // Admitted in the same epoch: one more admission, credits kept.
-        let n = next(&s, 7, 0, (1100, 40), 1, 1);
+        let (n, first) = next(&s, 7, 0, (1100, 40), 1, 1);
+        assert_eq!(first, 0, "seen already this epoch");
         assert_eq!((n.admitted, n.credits, n.refused_jiffies), (13, 1, 1000));
         // A new epoch starts the count again.
-        let n = next(&s, 7, 0, (1300, 41), 1, 1);
+        let (n, first) = next(&s, 7, 0, (1300, 41), 1, 1);
+        assert_eq!(first, 1, "first this epoch");
         assert_eq!((n.epoch, n.admitted), (41, 1));
         // Refused: a credit, stamped now.
-        let n = next(&s, 7, 0, (1100, 40), 0, 1);
+        let (n, _) = next(&s, 7, 0, (1100, 40), 0, 1);
         assert_eq!((n.admitted, n.credits, n.refused_jiffies), (12, 2, 1100));
         // An admitted retransmit takes its credit back; never below 0.
-        let n = next(&s, 7, 0, (1100, 40), 1, 0);
+        let (n, _) = next(&s, 7, 0, (1100, 40), 1, 0);
         assert_eq!((n.admitted, n.credits), (13, 0));
-        let n = next(&n, 7, 0, (1100, 40), 1, 0);
+        let (n, _) = next(&n, 7, 0, (1100, 40), 1, 0);
         assert_eq!(n.credits, 0);
         // A refused retransmit changes nothing but the stamp's epoch.
-        let n = next(&s, 7, 0, (1100, 40), 0, 0);
+        let (n, _) = next(&s, 7, 0, (1100, 40), 0, 0);
         assert_eq!((n.admitted, n.credits, n.refused_jiffies), (12, 1, 1000));
         // A slot taken over from another source starts clean.
-        let n = next(&s, 9, u32::MAX, (1100, 40), 0, 1);
+        let (n, first) = next(&s, 9, u32::MAX, (1100, 40), 0, 1);
+        assert_eq!(first, 1, "first this epoch");
         assert_eq!(
             n,
             SourceSlot {
@@ -499,9 +504,9 @@ mod tests {
             credits: MAX_CREDITS as u16,
             ..s
         };
-        let n = next(&full, 7, 0, (1100, 40), 0, 1);
+        let (n, _) = next(&full, 7, 0, (1100, 40), 0, 1);
         assert_eq!(n.credits as u32, MAX_CREDITS);
-        let n = next(&full, 7, 0, (1100, 40), 1, 1);
+        let (n, _) = next(&full, 7, 0, (1100, 40), 1, 1);
         assert_eq!(n.admitted, u16::MAX);
     }
 

@@ -122,6 +122,22 @@ pub const REASON_NAMES: [&str; NUM_REASONS as usize] = [
 /// Reasons that are used (the rest of [`REASON_NAMES`] are reserved and never counted).
 pub const REASONS_IN_USE: u32 = 10;
 
+/// The refusals that mean a class wants more of the service than it got, one bit per
+/// reason: its share, the service's total, the floors below it, a source's fair share. Not
+/// the ceiling, a token bucket or the retry budget, which are limits of their own. The
+/// packet path re-decides these for fair shares and counts them per class; the daemon reads
+/// them as demand.
+pub const PRESSURE_REASONS: u32 = (1 << REASON_PRIORITY)
+    | (1 << REASON_SERVICE_LIMIT)
+    | (1 << REASON_FLOORS_BELOW)
+    | (1 << REASON_FAIR_SHARE);
+
+/// 1 if `reason` is one of [`PRESSURE_REASONS`], else 0 (a shift, not a comparison).
+#[inline(always)]
+pub const fn is_pressure(reason: u32) -> u32 {
+    (PRESSURE_REASONS >> (reason & (NUM_REASONS - 1))) & 1
+}
+
 /// Decision counters of one service: one per (class, verdict, reason).
 pub const COUNTERS_PER_SERVICE: usize = NUM_CLASSES * NUM_VERDICTS as usize * NUM_REASONS as usize;
 
@@ -484,25 +500,6 @@ pub struct PendingSlot {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Pending {
     pub slots: [PendingSlot; 2],
-}
-
-/// Sum of per-class counts, saturating.
-#[inline(always)]
-pub fn sum(class: &[u32; NUM_CLASSES]) -> u32 {
-    let total = class[0] as u64 + class[1] as u64 + class[2] as u64 + class[3] as u64;
-    if total > u32::MAX as u64 {
-        u32::MAX
-    } else {
-        total as u32
-    }
-}
-
-impl Inflight {
-    /// Established connections of the whole service.
-    #[inline(always)]
-    pub fn total(&self) -> u32 {
-        sum(&self.class)
-    }
 }
 
 impl Pending {

@@ -182,15 +182,6 @@ pub fn insert(set: &mut Set, tag: u64, word: u64, now: u64) {
     }
 }
 
-/// Forget the entry for `tag`, if any.
-#[inline(always)]
-pub fn remove(set: &mut Set, tag: u64) {
-    let way = find(set, tag);
-    if way < WAYS {
-        set.slot[way & (WAYS - 1)].tag = 0;
-    }
-}
-
 /// Key words of an attempt: its 4-tuple and initial sequence number.
 #[inline(always)]
 pub fn syn_words(
@@ -319,8 +310,8 @@ mod tests {
         // Then tag 7 (102), not 5 (rewritten at 200).
         put(&mut set, 13, 202, 0, false);
         assert_eq!((find(&set, 7), find(&set, 5)), (WAYS, 1));
-        // A removed entry (tag 0) is the next to be reused.
-        remove(&mut set, 9);
+        // An empty slot (tag 0) is the next to be reused.
+        set.slot[3].tag = 0;
         assert_eq!(find(&set, 9), WAYS);
         put(&mut set, 15, 203, 0, false);
         assert_eq!(find(&set, 15), 3);

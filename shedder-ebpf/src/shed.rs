@@ -16,11 +16,10 @@ use shedder_common::{
     ClassRule, DEMOTED_SETS, Globals, Inflight, KLOG_LINES_PER_SECOND, LogBudget,
     MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS,
     POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES, PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending,
-    REASON_FAIR_SHARE, REASON_FLOORS_BELOW, REASON_PRIORITY, REASON_RETRY_BUDGET,
-    REASON_SERVICE_LIMIT, REASON_UNDER_LIMIT, STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY,
+    REASON_FAIR_SHARE, REASON_RETRY_BUDGET, STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY,
     STAT_RATE_CONTENDED, STAT_RST_ERROR, SYN_SETS, ServiceAddrKey, ServiceCounters, ServicePolicy,
     VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
-    admit::{Decision, decide},
+    admit::{Attempt, Decision, decide},
     classmap,
     csum::{
         RST_TTL, TCP_ACK, TCP_OPT_NOP, TCP_RST, ipv4_rst_header_checksum, pseudo_v4, pseudo_v6,
@@ -28,7 +27,7 @@ use shedder_common::{
     },
     decision_index, demote,
     fair::{self, ClassEpoch, Fairness, SOURCE_SETS, SOURCE_WAYS, SourceSet},
-    gcra, mask,
+    gcra, is_pressure, mask,
     table::{self, Set, WAYS},
 };
 
@@ -242,6 +241,9 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
     let mut class = own_class;
     let now = unsafe { bpf_jiffies64() };
     let epoch = globals.pending_epoch(now);
+    // The service's per-class counts of its last two epochs (quotas, floors in admissions,
+    // preemption, the retry budget).
+    let counts = SHEDDER_FAIR.get(service);
 
     let Some(memo) = SHEDDER_MEMO.get_ptr_mut(0) else {
         return Outcome::Pass;
@@ -332,24 +334,23 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         } else {
             (0, 0)
         };
-        // Over its share: it has had its quota this epoch. Without fair shares every
-        // source counts as over it, so any attempt after a refusal is a retry.
-        let over = match SHEDDER_FAIR.get(service) {
-            Some(f) if policy.fair_share == 1 => {
-                let q = fair::quota(
-                    &f.previous(class as usize, epoch),
-                    policy.classes[(class as usize) & (NUM_CLASSES - 1)].source_quota,
-                );
-                admitted >= q
-            }
-            _ => policy.fair_share != 1,
-        };
-        m.over = (over && policy.fair_share == 1) as u32;
-        // A new attempt from a source over its share that holds a retry credit (one of its
-        // attempts was refused within the retry window) is a retry: it spends the credit,
-        // is counted by its own class, and is decided one class lower if the policy says
-        // so. A source within its share is not taken for a retrier.
-        if !retransmit && retry_window != 0 && credits > 0 && over {
+        // Over its share: it has had its quota this epoch.
+        let fair = policy.fair_share == 1;
+        let over = fair
+            && counts.is_some_and(|f| {
+                admitted
+                    >= fair::quota(
+                        &f.previous(class as usize, epoch),
+                        policy.classes[(class as usize) & (NUM_CLASSES - 1)].source_quota,
+                    )
+            });
+        m.over = over as u32;
+        // A new attempt from a source that holds a retry credit (one of its attempts was
+        // refused within the retry window) is a retry when the source is over its share, or
+        // without fair shares always: it spends the credit, is counted by its own class, and
+        // is decided one class lower if the policy says so. A source within its share is not
+        // taken for a retrier.
+        if !retransmit && retry_window != 0 && credits > 0 && (over || !fair) {
             retry = 1;
             m.retry = 1;
             count_repeat(service, class, true);
@@ -389,18 +390,23 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
     let whole = if stale { cp.fallback_floor } else { cp.floor };
     let below_floor_share = floor_share != 0
         && whole == 0
-        && match SHEDDER_FAIR.get(service) {
-            Some(f) => fair::below_share(&f.admitted(epoch), class as usize, floor_share),
-            None => false,
-        };
-    let mut decision = decide(policy, class, &occ, stale, below_floor_share);
+        && counts
+            .is_some_and(|f| fair::below_share(&f.admitted(epoch), class as usize, floor_share));
     let m = unsafe { &mut *memo };
+    let attempt = Attempt {
+        class,
+        below_floor_share,
+        // Read back from the memo, not carried from the memory block, so the decision is
+        // not verified once for a retry and once for a first attempt.
+        retry: unsafe { core::ptr::read_volatile(&raw const (*memo).retry) } != 0,
+    };
+    let mut decision = decide(policy, &attempt, &occ, stale);
     if m.sources != 0
-        && let Some(f) = SHEDDER_FAIR.get(service)
+        && let Some(f) = counts
     {
         // The class's window is read only where it decides (a refusal, a retry), off the
         // path of a plain admission.
-        if decision.admit == 0 && is_pressure(decision.reason) && policy.fair_share == 1 {
+        if decision.admit == 0 && is_pressure(decision.reason) == 1 && policy.fair_share == 1 {
             // Over its share, the source is the one to refuse; within it, it takes the place
             // of an over-share admission if the class has made one it has not yet given up.
             if m.over != 0 {
@@ -410,24 +416,16 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
                 m.preempt = 1;
             }
         }
-        // The whole service, every class in full: a retry ranks below every class, so it
-        // is admitted while the service has room even where its class's share is spent
-        // (with room to spare, refusing it would leave capacity idle), and a retry over the
-        // budget only then. So the budget bounds what retries take from first attempts,
-        // and neither leaves a service refusing with idle connections.
+        // A retry over the budget is refused only where it takes room from first attempts:
+        // over a full service (it ranks below every class; see `Attempt::retry`) or in
+        // place of an over-share admission. So the budget bounds what retries take from
+        // first attempts without leaving a service refusing with idle connections.
         let total = occ[0] + occ[1] + occ[2] + occ[3];
         let limit = if stale {
             policy.fallback_total
         } else {
             policy.total_limit
         } as u64;
-        if decision.admit == 0
-            && decision.reason == REASON_PRIORITY
-            && m.retry != 0
-            && total < limit
-        {
-            decision = Decision::admit(REASON_UNDER_LIMIT);
-        }
         if decision.admit == 1
             && m.retry != 0
             && policy.retry_budget != 0
@@ -565,26 +563,12 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         // every path through the decision has joined).
         core::ptr::write_volatile(
             &raw mut (*memo).pressed,
-            (1 - (admitted as u32)) & ((PRESSURE_REASONS >> (decision.reason & 15)) & 1),
+            (1 - (admitted as u32)) & is_pressure(decision.reason),
         );
     }
     remember_source(service, (now, epoch), memo);
     outcome
 }
-
-/// Refusals for pressure (the class's share, the service's total), which fair shares
-/// re-decide; not the ceiling, a bucket or the retry budget.
-#[inline(always)]
-fn is_pressure(reason: u32) -> bool {
-    reason == REASON_PRIORITY || reason == REASON_SERVICE_LIMIT || reason == REASON_FLOORS_BELOW
-}
-
-/// The reasons a class's pressure count takes, one bit each: [`is_pressure`]'s and a
-/// source's fair share.
-const PRESSURE_REASONS: u32 = (1 << REASON_PRIORITY)
-    | (1 << REASON_SERVICE_LIMIT)
-    | (1 << REASON_FLOORS_BELOW)
-    | (1 << REASON_FAIR_SHARE);
 
 /// After the decision: the class's counts (always: the floors in admissions need them),
 /// and, with the source memory on, the source's admissions and credits. The slot is
@@ -649,10 +633,9 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
     };
     let s = &mut set.slot[(way as usize) & (SOURCE_WAYS - 1)];
     let absent = absent as u32;
-    // Seen already in this epoch (and not a slot taken over from another source).
-    let same = mask::zero((s.epoch ^ epoch as u32) as u64) as u32 & !absent;
-    *s = fair::next(s, m.source_tag, absent, (now, epoch), a, unique & 1);
-    unsafe { (*counts).sources = (*counts).sources.wrapping_add((!same) & 1) };
+    let (next, first) = fair::next(s, m.source_tag, absent, (now, epoch), a, unique & 1);
+    *s = next;
+    unsafe { (*counts).sources = (*counts).sources.wrapping_add(first) };
 }
 
 /// Service id of the attempt's destination, `None` if it is not protected.

@@ -375,7 +375,7 @@ pub fn observation(sig: &Signals, now: Duration) -> Observation {
         pressed_rate: sig
             .rates
             .ok()
-            .map_or(0.0, |r| r.iter().map(|c| c.pressed).sum()),
+            .map_or(0.0, |r| r.iter().map(|c| c.pressed()).sum()),
     }
 }
 
@@ -423,7 +423,7 @@ pub fn demand(sig: &Signals) -> Option<[f64; NUM_CLASSES]> {
         let occupancy = inflight[c] + pending[c];
         // Refused for pressure: at least one connection's worth, scaled by what it asked
         // for against what it got (one tick's occupancy is often 0 while it is refused).
-        let occupancy = if rates[c].pressed > 0.0 {
+        let occupancy = if rates[c].pressed() > 0.0 {
             occupancy.max(1)
         } else {
             occupancy

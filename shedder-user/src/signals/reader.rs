@@ -7,8 +7,7 @@ use std::{
 };
 
 use shedder_common::{
-    COUNTERS_PER_SERVICE, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, REASON_FAIR_SHARE,
-    REASON_FLOORS_BELOW, REASON_PRIORITY, REASON_SERVICE_LIMIT, ServiceCounters, VERDICT_DROP,
+    COUNTERS_PER_SERVICE, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, ServiceCounters, VERDICT_DROP,
     VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST, decision_index, hist,
 };
 
@@ -500,10 +499,6 @@ impl TickCounts {
                 offered: (0..NUM_VERDICTS).map(per_second).sum(),
                 retransmits: self.0.retransmits[class] as f64 / secs,
                 retries: self.0.retries[class] as f64 / secs,
-                pressed: PRESSURE_REASONS
-                    .iter()
-                    .map(|&r| self.refused(class, r) as f64 / secs)
-                    .sum(),
                 refused_by_reason: std::array::from_fn(|r| {
                     self.refused(class, r as u32) as f64 / secs
                 }),
@@ -511,14 +506,6 @@ impl TickCounts {
         })
     }
 }
-
-/// The refusal reasons that mean a class wants more of the service than it got.
-const PRESSURE_REASONS: [u32; 4] = [
-    REASON_PRIORITY,
-    REASON_SERVICE_LIMIT,
-    REASON_FLOORS_BELOW,
-    REASON_FAIR_SHARE,
-];
 
 impl ServiceSpec {
     /// The accept queues of this service's listeners.
@@ -606,6 +593,9 @@ mod tests {
         assert_eq!((r[m].offered, r[m].retries), (4.0, 0.0));
         let offered: f64 = r.iter().map(|c| c.offered).sum();
         assert_eq!(offered, 28.0, "14 unique attempts in half a second");
+        // Refused at its share: pressure. A ceiling or a bucket would not be.
+        assert_eq!(r[s].refused_by_reason[REASON_PRIORITY as usize], 20.0);
+        assert_eq!((r[s].pressed(), r[h].pressed()), (20.0, 0.0));
         assert_eq!((tick.shed(), tick.retries()), (10, 2));
 
         // Retransmits alone: no offered load, no demand for the allocation.

@@ -79,15 +79,21 @@ pub struct ClassRates {
     /// its retry window (also in `offered`, under the class they were decided in).
     #[serde(default)]
     pub retries: f64,
-    /// Refused (or, dry-run, would have been) for pressure: the class's share, the
-    /// service's total or a source's fair share. Not the ceiling, a token bucket or the
-    /// retry budget, which are limits of their own rather than a sign the class wants more
-    /// of the service than it got.
-    #[serde(default)]
-    pub pressed: f64,
     /// Refused (dropped, reset, or dry-run) per second, by reason (`REASON_NAMES` order).
     #[serde(default)]
     pub refused_by_reason: [f64; shedder_common::NUM_REASONS as usize],
+}
+
+impl ClassRates {
+    /// Refused (or, dry-run, would have been) per second for pressure
+    /// ([`shedder_common::PRESSURE_REASONS`]): the class wants more of the service than it
+    /// got.
+    pub fn pressed(&self) -> f64 {
+        (0..shedder_common::NUM_REASONS)
+            .filter(|&r| shedder_common::is_pressure(r) == 1)
+            .map(|r| self.refused_by_reason[r as usize])
+            .sum()
+    }
 }
 
 /// One class's sources and budget as the packet path's fair-share memory holds them.
