@@ -11,7 +11,8 @@
 //!    with a floor is never starved;
 //! 4. a class at its **share** is shed ([`REASON_PRIORITY`]): the daemon sets each share to
 //!    the limit less what the classes above it want and the floors in use below it — but
-//!    a retry, which ranks below every class, only while the whole service is full;
+//!    a retry filling idle room ([`Attempt::fills_idle`]) only while the whole service is
+//!    full;
 //! 5. when the **service** is full the attempt is shed, where *full* is seen from the
 //!    attempt's class: this class and every class above it count in full, the classes
 //!    below it only up to their floors ([`REASON_SERVICE_LIMIT`], or
@@ -63,10 +64,12 @@ pub struct Attempt {
     /// The class has had less than its floor's share of the service's admissions
     /// (`ClassPolicy::floor_share`): admitted like a class below its floor.
     pub below_floor_share: bool,
-    /// A retry: it ranks below every class, so its class's share does not hold it back
-    /// while the whole service, every class counted in full, has room (refusing it then
-    /// would leave capacity idle).
-    pub retry: bool,
+    /// A retry that may fill idle room: its class's share does not hold it back while the
+    /// whole service, every class counted in full, has room (refusing it then would leave
+    /// capacity idle). The packet path sets it for a retry only while first attempts are
+    /// not being refused for want of room ([`crate::fair::may_fill`]): a retry ranks below
+    /// every first attempt, and a connection it takes cannot be given back to them.
+    pub fills_idle: bool,
 }
 
 /// Decide one attempt given every class's occupancy.
@@ -94,10 +97,11 @@ pub fn decide(
     if mine < floor as u64 || attempt.below_floor_share {
         return Decision::admit(REASON_FLOOR);
     }
-    // All ones for a retry while the whole service has room (masks: one branch, not three).
+    // All ones for a retry filling idle room while the whole service has some (masks: one
+    // branch, not three).
     let total = occ[0] + occ[1] + occ[2] + occ[3];
-    let waived =
-        mask::sign(total as i64 - total_limit as i64) & 0u64.wrapping_sub(attempt.retry as u64);
+    let waived = mask::sign(total as i64 - total_limit as i64)
+        & 0u64.wrapping_sub(attempt.fills_idle as u64);
     if mine >= share as u64 && waived == 0 {
         return Decision::shed(REASON_PRIORITY);
     }
@@ -235,7 +239,7 @@ mod tests {
         let p = policy();
         let retry = Attempt {
             class: CLASS_SHEDDABLE,
-            retry: true,
+            fills_idle: true,
             ..Default::default()
         };
         // Sheddable at its share of 30, the service at 60 of 100: a first attempt is

@@ -89,6 +89,11 @@ pub struct ClassEpoch {
     /// fair share). The retry budget holds only while the class is refused for pressure:
     /// with room to spare a retry costs nobody anything.
     pub pressed: u32,
+    /// Sources whose first attempt within their share was refused for pressure, each
+    /// source once an epoch: sources turned away for want of room, which a retry must not
+    /// take while they are. Counted by source, not attempt, so that one heavy source
+    /// refused at the start of each epoch (before it has had its quota) weighs as one.
+    pub denied: u32,
 }
 
 /// One epoch of one service.
@@ -133,6 +138,7 @@ impl Fairness {
             out.firsts = out.firsts.wrapping_add(c.firsts);
             out.retries = out.retries.wrapping_add(c.retries);
             out.pressed = out.pressed.wrapping_add(c.pressed);
+            out.denied = out.denied.wrapping_add(c.denied);
             i += 1;
         }
         out
@@ -157,6 +163,43 @@ impl Fairness {
         }
         out
     }
+
+    /// Over the window, in every class: the sources refused within their share
+    /// ([`ClassEpoch::denied`]), and the first attempts admitted.
+    #[inline(always)]
+    pub fn first_attempts(&self, epoch: u64) -> (u32, u32) {
+        let (mut denied, mut admitted) = (0u32, 0u32);
+        let mut i = 0;
+        while i < 2 {
+            let slot = &self.slots[i];
+            let m = mask::zero(epoch.wrapping_sub(slot.epoch) >> 1) as u32;
+            let mut c = 0;
+            while c < NUM_CLASSES {
+                denied = denied.wrapping_add(slot.class[c].denied & m);
+                admitted = admitted.wrapping_add(slot.class[c].firsts & m);
+                c += 1;
+            }
+            i += 1;
+        }
+        (denied, admitted)
+    }
+}
+
+/// A retry may fill idle room while the sources refused for want of room (within their
+/// share) over the window are at most one per [`FILL_RATIO`] first attempts admitted.
+pub const FILL_RATIO: u32 = 8;
+
+/// Whether a retry may take idle room beyond its class's share
+/// ([`crate::admit::Attempt::fills_idle`]). A connection given to a retry cannot be given
+/// back, so while sources are being turned away in numbers, free room is not idle: it
+/// is the room they are refused for, and a retry (which ranks below every first attempt)
+/// must not take it. An occasional refused source does not make it so: keeping
+/// retries out then would leave the service refusing with capacity idle, which costs far
+/// more than the few first attempts it could save.
+#[inline(always)]
+pub fn may_fill(f: &Fairness, epoch: u64) -> bool {
+    let (denied, firsts) = f.first_attempts(epoch);
+    denied as u64 * FILL_RATIO as u64 <= firsts as u64
 }
 
 /// Whether `class` has had less than `share` (in 1/[`BUDGET_ONE`]) of the service's
@@ -178,6 +221,7 @@ fn scaled(c: &ClassEpoch, m: u32) -> ClassEpoch {
         firsts: c.firsts & m,
         retries: c.retries & m,
         pressed: c.pressed & m,
+        denied: c.denied & m,
     }
 }
 
@@ -307,9 +351,9 @@ pub fn tag(h: u64) -> u32 {
 const _: () = {
     assert!(size_of::<SourceSlot>() == 16);
     assert!(size_of::<SourceSet>() == 64);
-    assert!(size_of::<ClassEpoch>() == 28);
-    assert!(size_of::<FairSlot>() == 120);
-    assert!(size_of::<Fairness>() == 240);
+    assert!(size_of::<ClassEpoch>() == 32);
+    assert!(size_of::<FairSlot>() == 136);
+    assert!(size_of::<Fairness>() == 272);
     assert!(SOURCE_SETS.is_power_of_two());
 };
 
@@ -374,6 +418,31 @@ mod tests {
         assert!(!below_share(&[0; 4], 2, 51));
         // Epoch 13: the window holds nothing.
         assert_eq!(f.admitted(13), [0; 4]);
+    }
+
+    #[test]
+    fn retries_fill_idle_room_unless_first_attempts_are_turned_away_in_bulk() {
+        let mut f = Fairness::default();
+        f.slots[0].epoch = 10;
+        f.slots[1].epoch = 11;
+        // Nothing seen: room is idle.
+        assert!(may_fill(&f, 11));
+        // 80 first attempts admitted over two epochs and classes, 10 sources refused: one
+        // per 8, at the bound.
+        f.slots[0].class[1].firsts = 50;
+        f.slots[1].class[2].firsts = 30;
+        f.slots[0].class[1].denied = 4;
+        f.slots[1].class[3].denied = 6;
+        assert_eq!(f.first_attempts(11), (10, 80));
+        assert!(may_fill(&f, 11));
+        f.slots[1].class[3].denied = 7;
+        assert!(!may_fill(&f, 11));
+        // Epoch 12: epoch 10 has left the window (30 admitted, 7 refused).
+        assert_eq!(f.first_attempts(12), (7, 30));
+        assert!(!may_fill(&f, 12));
+        assert_eq!(f.first_attempts(13), (0, 0));
+        assert!(may_fill(&f, 13));
+        assert_eq!(f.window(3, 11).denied, 7);
     }
 
     #[test]

@@ -109,6 +109,11 @@ struct Memo {
     preempt: u32,
     /// 1: a retry.
     retry: u32,
+    /// 1: the source has not been refused yet in this epoch.
+    unrefused: u32,
+    /// 1: a retry that may fill idle room (first attempts are not being refused for want
+    /// of room; see `fair::may_fill`).
+    fill: u32,
     /// Handed to the updates after the decision through this map value, whose contents the
     /// verifier does not track, so that every path through the decision reaches them in
     /// one state: the class decided in, 1 if admitted, 1 for a new attempt, 1 if refused
@@ -270,6 +275,8 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         m.over = 0;
         m.preempt = 0;
         m.retry = 0;
+        m.fill = 0;
+        m.unrefused = 1;
         let seed = globals.table_seed;
         // A retransmitted SYN repeats an attempt already decided: it is counted as a
         // retransmit, not as a new attempt. Admitted once, it is admitted again at once
@@ -327,6 +334,8 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         m.way = way as u32;
         let (admitted, credits) = if way < SOURCE_WAYS {
             let slot = &set.slot[way & (SOURCE_WAYS - 1)];
+            m.unrefused = (globals.pending_epoch(slot.refused_jiffies as u64)
+                != globals.pending_epoch(now as u32 as u64)) as u32;
             (
                 fair::admitted_now(slot, epoch),
                 fair::credits_now(slot, now, retry_window),
@@ -353,6 +362,7 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         if !retransmit && retry_window != 0 && credits > 0 && (over || !fair) {
             retry = 1;
             m.retry = 1;
+            m.fill = counts.is_some_and(|f| fair::may_fill(f, epoch)) as u32;
             count_repeat(service, class, true);
             if policy.demote_retries == 1 {
                 class = demote(class);
@@ -398,7 +408,7 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         below_floor_share,
         // Read back from the memo, not carried from the memory block, so the decision is
         // not verified once for a retry and once for a first attempt.
-        retry: unsafe { core::ptr::read_volatile(&raw const (*memo).retry) } != 0,
+        fills_idle: unsafe { core::ptr::read_volatile(&raw const (*memo).fill) } != 0,
     };
     let mut decision = decide(policy, &attempt, &occ, stale);
     if m.sources != 0
@@ -615,6 +625,15 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
         c.preempted = c.preempted.wrapping_add(a & m.preempt);
         c.retries = c.retries.wrapping_add(a & unique & m.retry);
         c.firsts = c.firsts.wrapping_add(a & unique & (1 - m.retry));
+        // A first attempt refused for pressure within its source's share, the source's
+        // first such refusal in the epoch.
+        c.denied = c.denied.wrapping_add(
+            core::ptr::read_volatile(&raw const (*memo).pressed)
+                & unique
+                & (1 - m.retry)
+                & (1 - m.over)
+                & m.unrefused,
+        );
     }
     if unsafe { core::ptr::read_volatile(&raw const (*memo).sources) } == 0 {
         return;

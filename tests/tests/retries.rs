@@ -3,6 +3,10 @@
 //! comes from an address never seen before, against a backend behind the real daemon.
 //! With retry demotion the fresh first attempts mostly succeed while the retrying clients
 //! are shed first; without it both populations share the refusals alike.
+//!
+//! The first test turns fair shares off, so that every attempt from a source refused within
+//! the retry window is a retry: demotion as such. The second runs the defaults, where a
+//! source below its fair share of its class is no retrier.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -24,7 +28,7 @@ const RETRIERS: &str = "198.18.60.0/24";
 /// Fresh clients: 65,536 addresses, so a request's source was almost never shed before.
 const FRESH: &str = "198.19.0.0/16";
 
-fn config(pins: &std::path::Path, demote: bool) -> String {
+fn config(pins: &std::path::Path, demote: bool, fair: bool) -> String {
     format!(
         r#"
 [daemon]
@@ -51,6 +55,7 @@ fallback_limit = 6
 action = "rst"
 retry_window_ms = 10000
 demote_retries = {demote}
+fair_share = {fair}
 "#,
         pins.display()
     )
@@ -63,7 +68,7 @@ struct Run {
 
 /// Both populations at once for `secs` seconds: retriers at 500/s (2.5× the backend's
 /// capacity, three immediate retries each), fresh clients at 40/s.
-fn run(demote: bool) -> Run {
+fn run(demote: bool, fair: bool) -> Run {
     require_root();
     shedder_tests::ensure_fs();
     let pair = Pair::new("rt");
@@ -76,9 +81,13 @@ fn run(demote: bool) -> Run {
         &pair.server,
         BackendConfig::new(PORT, 4, Duration::from_millis(20)),
     );
-    let tag = if demote { "rt-demote" } else { "rt-plain" };
+    let tag = match (demote, fair) {
+        (true, false) => "rt-demote",
+        (false, false) => "rt-plain",
+        (_, true) => "rt-fair",
+    };
     let pins = pin_dir(tag);
-    let daemon = Daemon::start(&pair.server, tag, &config(&pins, demote), &pins);
+    let daemon = Daemon::start(&pair.server, tag, &config(&pins, demote, fair), &pins);
     daemon.wait_for_log("running", Duration::from_secs(15));
     let target = SocketAddr::new(IpAddr::V4(SERVER_V4), PORT);
     let secs = Duration::from_secs(8);
@@ -97,7 +106,7 @@ fn run(demote: bool) -> Run {
     // The first two seconds fill the shed-source memory; judge the rest.
     let (f, r) = (fresh.range(2..8).all, retriers.range(2..8).all);
     eprintln!(
-        "demote={demote}: fresh {}/{} ok, retriers {}/{} ok in {} attempts",
+        "demote={demote} fair_share={fair}: fresh {}/{} ok, retriers {}/{} ok in {} attempts",
         f.ok, f.offered, r.ok, r.offered, r.attempts
     );
     assert!(f.offered > 150 && r.offered > 2_000, "too little load ran");
@@ -110,8 +119,8 @@ fn run(demote: bool) -> Run {
 
 #[test]
 fn with_demotion_fresh_first_attempts_win_and_retrying_clients_are_shed_first() {
-    let with = run(true);
-    let without = run(false);
+    let with = run(true, false);
+    let without = run(false, false);
     let share = |c: &Counts| c.share(c.ok);
     eprintln!(
         "fresh success {:.1}% with demotion, {:.1}% without; retriers {:.1}% / {:.1}%",
@@ -121,9 +130,9 @@ fn with_demotion_fresh_first_attempts_win_and_retrying_clients_are_shed_first() 
         100.0 * share(&without.retriers),
     );
     // Demoted, retries yield: the fresh clients' first attempts succeed far more often
-    // than the retrying clients' requests. (The retrying clients' own first attempts are
-    // first attempts too, and compete with the fresh ones as equals: a source is treated
-    // as retrying only until one of its attempts gets in.)
+    // than the retrying clients' requests (measured 84-86% against 26-27%). The retrying
+    // clients' own first attempts are first attempts too when their source has no credit
+    // left, and compete with the fresh ones as equals.
     assert!(
         share(&with.fresh) >= 0.5,
         "fresh first attempts should mostly succeed with demotion: {:.1}%",
@@ -133,13 +142,35 @@ fn with_demotion_fresh_first_attempts_win_and_retrying_clients_are_shed_first() 
         share(&with.fresh) > 1.5 * share(&with.retriers),
         "retrying clients should be shed first"
     );
-    // Without demotion the fresh clients lose more often: retries then still rank below
-    // every class and are held to the retry budget, so the gap is smaller than it was
-    // before the budget (28% against 69%), but demotion must still show.
+    // Without demotion the fresh clients lose more often: retries then compete with them
+    // in their class, held back only by the retry budget (measured 31-37% against 84-86%).
     assert!(
-        share(&without.fresh) < share(&with.fresh) - 0.1,
+        share(&without.fresh) < share(&with.fresh) - 0.15,
         "demotion made no difference: {:.1}% vs {:.1}%",
         100.0 * share(&without.fresh),
         100.0 * share(&with.fresh)
+    );
+}
+
+/// The same with the defaults, fair shares on: the retrying clients' sources are below
+/// their share (the class admits fewer connections an epoch than it sees sources) until
+/// one of their attempts gets in, so until then their attempts are first attempts, and
+/// the fresh clients win by less. They must still win: a retry does not take room while
+/// sources are refused for want of it (measured 54% against 34%; 41% against 36% when
+/// retries filled any free room).
+#[test]
+fn with_fair_shares_fresh_first_attempts_still_win() {
+    let r = run(true, true);
+    let share = |c: &Counts| c.share(c.ok);
+    eprintln!(
+        "fresh success {:.1}%, retriers {:.1}%",
+        100.0 * share(&r.fresh),
+        100.0 * share(&r.retriers)
+    );
+    assert!(
+        share(&r.fresh) > 1.25 * share(&r.retriers),
+        "fresh {:.1}% against retriers {:.1}%",
+        100.0 * share(&r.fresh),
+        100.0 * share(&r.retriers)
     );
 }
