@@ -34,7 +34,9 @@
 //! source below its share that was refused once is not a retrier for a whole window, and
 //! neither are its later first attempts. While the class is refused for pressure, a retry
 //! over the class's budget ([`within_budget`]) is admitted only while the whole service has
-//! room (it ranks below every class); with room to spare it costs nobody anything.
+//! room (it ranks below every class); with room to spare it costs nobody anything. Beyond
+//! its class's share a retry takes only idle room, which free room is not while sources
+//! are being refused for it ([`may_fill`]).
 
 use crate::{NUM_CLASSES, mask};
 
