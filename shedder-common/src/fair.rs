@@ -171,17 +171,12 @@ impl Fairness {
     #[inline(always)]
     pub fn first_attempts(&self, epoch: u64) -> (u32, u32) {
         let (mut denied, mut admitted) = (0u32, 0u32);
-        let mut i = 0;
-        while i < 2 {
-            let slot = &self.slots[i];
-            let m = mask::zero(epoch.wrapping_sub(slot.epoch) >> 1) as u32;
-            let mut c = 0;
-            while c < NUM_CLASSES {
-                denied = denied.wrapping_add(slot.class[c].denied & m);
-                admitted = admitted.wrapping_add(slot.class[c].firsts & m);
-                c += 1;
-            }
-            i += 1;
+        let mut c = 0;
+        while c < NUM_CLASSES {
+            let w = self.window(c, epoch);
+            denied = denied.wrapping_add(w.denied);
+            admitted = admitted.wrapping_add(w.firsts);
+            c += 1;
         }
         (denied, admitted)
     }
