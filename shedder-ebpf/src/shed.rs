@@ -180,6 +180,15 @@ pub trait Frame {
     fn truncate(&self, new_len: usize) -> bool;
 }
 
+/// A source slot's index, masked where the verifier sees it (see `opaque`): inside `way <
+/// SOURCE_WAYS` LLVM drops a plain mask, and Linux 6.1's verifier loses the bound that
+/// comparison gave. The plain mask after it keeps the index provably in range for LLVM
+/// (no panic path).
+#[inline(always)]
+fn source_way(way: usize) -> usize {
+    opaque::mask(way as u64, SOURCE_WAYS as u64 - 1) as usize & (SOURCE_WAYS - 1)
+}
+
 /// Count a decision in the service's per-CPU counters: `unique` is 1 for a new attempt,
 /// 0 for a retransmit (decided again, but not another attempt).
 #[inline(always)]
@@ -333,7 +342,7 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         let way = fair::find(set, m.source_tag);
         m.way = way as u32;
         let (admitted, credits) = if way < SOURCE_WAYS {
-            let slot = &set.slot[way & (SOURCE_WAYS - 1)];
+            let slot = &set.slot[source_way(way)];
             m.unrefused = (globals.pending_epoch(slot.refused_jiffies as u64)
                 != globals.pending_epoch(now as u32 as u64)) as u32;
             (
@@ -367,7 +376,7 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
             if policy.demote_retries == 1 {
                 class = demote(class);
             }
-            let slot = &mut set.slot[way & (SOURCE_WAYS - 1)];
+            let slot = &mut set.slot[source_way(way)];
             slot.credits = (credits - 1) as u16;
         }
     }
