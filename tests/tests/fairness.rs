@@ -89,9 +89,8 @@ fn a_heavy_source_gets_only_what_the_light_ones_leave() {
 
 /// Every client behind one address (a NAT, a proxy): the whole class is one source, so
 /// fair shares and retry recognition must not starve it. At 3× and 10× the backend stays
-/// busy. The bound guards against starvation (this case got 10% of capacity before the
-/// fixes); the design aims at 95%, measured 92–101% here, where what is left is the
-/// controller's limit, as in the test above.
+/// busy: at least the 95% of capacity the issue asks (this case got 10% of capacity
+/// before the fixes; measured 97–102% in six runs, one earlier run 92%).
 #[test]
 fn one_address_keeps_the_backend_busy_at_3x_and_10x() {
     let lab = lab("fnat", 8220);
@@ -110,7 +109,7 @@ fn one_address_keeps_the_backend_busy_at_3x_and_10x() {
             report.table()
         );
         assert!(
-            w.goodput() >= 0.8 * cap,
+            w.goodput() >= 0.95 * cap,
             "{factor}×: goodput {:.0}/s of {cap:.0}/s",
             w.goodput()
         );
