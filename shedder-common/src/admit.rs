@@ -17,7 +17,10 @@
 //!    attempt's class: this class and every class above it count in full, the classes
 //!    below it only up to their floors ([`REASON_SERVICE_LIMIT`], or
 //!    [`REASON_FLOORS_BELOW`] when only those floors make it full);
-//! 6. otherwise it is admitted (the token bucket, if any, is checked afterwards).
+//! 6. the class's **reserve** is room it leaves free for the classes above it: it is shed
+//!    ([`REASON_PRIORITY`]) once the service, seen as in step 5, is within `reserve` of
+//!    the limit;
+//! 7. otherwise it is admitted (the token bucket, if any, is checked afterwards).
 //!
 //! Step 5 is what makes the surplus go by priority: connections cannot be taken back once
 //! admitted, so when a higher class's demand rises between two ticks of the daemon the
@@ -27,6 +30,16 @@
 //! bounded by the lower classes' occupancy above their floors, which their shares bound.
 //! A non-critical class is therefore refused for pressure only while every class below it
 //! is at or below its floor.
+//!
+//! Step 6 is a trunk reservation, as circuit-switched telephone networks protect
+//! priority calls: a lower class is admitted only while more than `reserve` connections of
+//! the limit are free. Connections are served first come, first served, so a lower class
+//! that fills the limit also lengthens the queue a higher class's connections wait in, and
+//! the higher class, its occupancy swollen by that wait, meets the limit at its random
+//! peaks. Held back from the last `reserve` connections, the lower class still fills the
+//! service whenever it is lightly loaded (what keeps its workers busy) but no longer
+//! queues ahead of the classes above. The daemon sets the reserve from what those classes
+//! want (see the daemon's class allocation).
 //!
 //! With a stale heartbeat the fallback share, floor and total are used instead.
 
@@ -125,6 +138,12 @@ pub fn decide(
     }
     if ahead + held >= total_limit as u64 {
         return Decision::shed(REASON_FLOORS_BELOW);
+    }
+    // The room held for the classes above (none with a stale heartbeat: the fallback
+    // split is static).
+    let reserve = if stale { 0 } else { cp.reserve };
+    if ahead + held + reserve as u64 >= total_limit as u64 {
+        return Decision::shed(REASON_PRIORITY);
     }
     Decision::admit(REASON_UNDER_LIMIT)
 }
@@ -302,6 +321,45 @@ mod tests {
         assert_eq!(
             decide_occ(&p, CLASS_HIGH, &[0, 48, 9, 9], true),
             Decision::shed(REASON_FLOORS_BELOW)
+        );
+    }
+
+    #[test]
+    fn a_reserve_keeps_the_last_connections_for_the_classes_above() {
+        let mut p = policy();
+        // Medium leaves 30 of the 100 to critical and high, sheddable 40.
+        p.classes[CLASS_MEDIUM as usize].reserve = 30;
+        p.classes[CLASS_SHEDDABLE as usize].reserve = 40;
+        // 69 in use: medium is admitted, sheddable is not (its 40 are within reach).
+        let occ = [4, 40, 25, 0];
+        assert_eq!(
+            decide_occ(&p, CLASS_MEDIUM, &occ, false),
+            Decision::admit(REASON_UNDER_LIMIT)
+        );
+        assert_eq!(
+            decide_occ(&p, CLASS_SHEDDABLE, &occ, false),
+            Decision::shed(REASON_PRIORITY)
+        );
+        // 70 in use: medium now sees its reserve reached; high, with none, goes on to the
+        // limit.
+        let occ = [4, 40, 26, 0];
+        assert_eq!(
+            decide_occ(&p, CLASS_MEDIUM, &occ, false),
+            Decision::shed(REASON_PRIORITY)
+        );
+        assert_eq!(
+            decide_occ(&p, CLASS_HIGH, &[4, 95, 0, 0], false),
+            Decision::admit(REASON_UNDER_LIMIT)
+        );
+        // A floor still holds inside the reserve.
+        assert_eq!(
+            decide_occ(&p, CLASS_MEDIUM, &[4, 90, 4, 0], false),
+            Decision::admit(REASON_FLOOR)
+        );
+        // With a stale heartbeat the split is static: no reserve (fallback total 50).
+        assert_eq!(
+            decide_occ(&p, CLASS_MEDIUM, &[4, 20, 20, 0], true),
+            Decision::admit(REASON_UNDER_LIMIT)
         );
     }
 

@@ -442,6 +442,11 @@ pub struct ClassPolicy {
     /// limits a floor of a few percent is a fraction of one connection, which `floor` cannot
     /// hold; this holds it in admissions instead.
     pub floor_share: u32,
+    /// Connections of the service's limit held free for the classes above this one: the
+    /// class sees the service full at `total_limit - reserve` (a trunk reservation, see
+    /// [`admit`]); not applied with a stale heartbeat.
+    pub reserve: u32,
+    pub _pad: u32,
 }
 
 /// Everything the packet path needs to decide for one service (one array lookup).
@@ -661,8 +666,8 @@ pub struct ClassRule {
 
 const _: () = {
     assert!(size_of::<Globals>() == 56);
-    assert!(size_of::<ClassPolicy>() == 64);
-    assert!(size_of::<ServicePolicy>() == 288);
+    assert!(size_of::<ClassPolicy>() == 72);
+    assert!(size_of::<ServicePolicy>() == 320);
     assert!(size_of::<table::Set>() == 64);
     assert!(size_of::<Inflight>() == 16);
     assert!(size_of::<PendingSlot>() == 40);

@@ -74,6 +74,9 @@ pub struct ClassState {
     pub share: u32,
     pub floor: u32,
     pub ceiling: u32,
+    /// Connections of the limit the class leaves free for the classes above it.
+    #[serde(default)]
+    pub reserve: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -315,10 +318,11 @@ pub fn render(state: &State) -> String {
         let _ = writeln!(out, "  accept queue {aq}   {}", retry_line(&sig.retry));
         let _ = writeln!(
             out,
-            "  {:<10} {:>6} {:>6} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}",
+            "  {:<10} {:>6} {:>6} {:>7} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}",
             "class",
             "share",
             "floor",
+            "reserve",
             "ceiling",
             "inflight",
             "pending",
@@ -343,10 +347,11 @@ pub fn render(state: &State) -> String {
                 .map_or("n/a".into(), |v| v[i].active.to_string());
             let _ = writeln!(
                 out,
-                "  {:<10} {:>6} {:>6} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}",
+                "  {:<10} {:>6} {:>6} {:>7} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}",
                 c.class,
                 c.share,
                 c.floor,
+                c.reserve,
                 c.ceiling,
                 n(inflight),
                 n(pending),

@@ -296,6 +296,7 @@ impl ServiceControl {
                     share: c.limit,
                     floor: c.floor,
                     ceiling: c.ceiling,
+                    reserve: c.reserve,
                 })
                 .collect(),
             signals,

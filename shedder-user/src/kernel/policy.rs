@@ -77,6 +77,8 @@ pub fn service_policy(
             source_mask_v4: prefix_mask(ladder.source_prefix[id].0, 32)[0],
             source_mask_v6: prefix_mask(ladder.source_prefix[id].1, 128),
             floor_share: (ladder.floor[id] * BUDGET_ONE as f64).round() as u32,
+            reserve: live[id].reserve,
+            _pad: 0,
         };
     }
     ServicePolicy {

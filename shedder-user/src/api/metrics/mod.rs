@@ -211,6 +211,11 @@ impl Collector for ShedderCollector {
         )?;
         gauges(
             &mut encoder,
+            "shedder_class_reserve",
+            &per_class(&|s, c| s.classes.get(c).map(|x| x.reserve as f64)),
+        )?;
+        gauges(
+            &mut encoder,
             "shedder_inflight",
             &per_class(&|s, c| s.signals.inflight.value().map(|v| v[c] as f64)),
         )?;

@@ -56,6 +56,12 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "Connections the class keeps whatever the service's pressure.",
     ),
     (
+        "shedder_class_reserve",
+        "gauge",
+        &["service", "class"],
+        "Connections of the service limit the class leaves free for the classes above it.",
+    ),
+    (
         "shedder_inflight",
         "gauge",
         &["service", "class"],
