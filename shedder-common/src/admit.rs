@@ -83,6 +83,12 @@ pub struct Attempt {
     /// not being refused for want of room ([`crate::fair::may_fill`]): a retry ranks below
     /// every first attempt, and a connection it takes cannot be given back to them.
     pub fills_idle: bool,
+    /// The class the source is in (`class` unless the attempt is a demoted retry): its
+    /// reserve is the one that applies. A retry ranks below first attempts by the retry
+    /// rules, but the room its own class leaves for the classes above is all it is kept
+    /// out of: held out of its own class's room too, the retries of a source that is most
+    /// of its class were kept from capacity its class did not use.
+    pub origin: u32,
 }
 
 /// Decide one attempt given every class's occupancy.
@@ -139,9 +145,13 @@ pub fn decide(
     if ahead + held >= total_limit as u64 {
         return Decision::shed(REASON_FLOORS_BELOW);
     }
-    // The room held for the classes above (none with a stale heartbeat: the fallback
-    // split is static).
-    let reserve = if stale { 0 } else { cp.reserve };
+    // The room held for the classes above the source's own class (none with a stale
+    // heartbeat: the fallback split is static).
+    let reserve = if stale {
+        0
+    } else {
+        policy.classes[(attempt.origin as usize) & (NUM_CLASSES - 1)].reserve
+    };
     if ahead + held + reserve as u64 >= total_limit as u64 {
         return Decision::shed(REASON_PRIORITY);
     }
@@ -167,6 +177,7 @@ mod tests {
     fn decide_occ(p: &ServicePolicy, class: u32, occ: &[u32; 4], stale: bool) -> Decision {
         let attempt = Attempt {
             class,
+            origin: class,
             ..Default::default()
         };
         decide(p, &attempt, &occ.map(u64::from), stale)
@@ -360,6 +371,25 @@ mod tests {
         assert_eq!(
             decide_occ(&p, CLASS_MEDIUM, &[4, 20, 20, 0], true),
             Decision::admit(REASON_UNDER_LIMIT)
+        );
+        // A retry of a medium source decided as sheddable keeps out of medium's reserve
+        // only, not sheddable's: at 69 in use it is admitted, at 70 it is not.
+        let retry = |origin| Attempt {
+            class: CLASS_SHEDDABLE,
+            origin,
+            ..Default::default()
+        };
+        assert_eq!(
+            decide(&p, &retry(CLASS_MEDIUM), &[4, 40, 25, 0], false),
+            Decision::admit(REASON_UNDER_LIMIT)
+        );
+        assert_eq!(
+            decide(&p, &retry(CLASS_MEDIUM), &[4, 40, 26, 0], false),
+            Decision::shed(REASON_PRIORITY)
+        );
+        assert_eq!(
+            decide(&p, &retry(CLASS_SHEDDABLE), &[4, 40, 25, 0], false),
+            Decision::shed(REASON_PRIORITY)
         );
     }
 

@@ -223,9 +223,12 @@ fn scaled(c: &ClassEpoch, m: u32) -> ClassEpoch {
 }
 
 /// A source's quota for this epoch: `configured` if not 0, else the class's admissions in
-/// the previous epoch shared equally among the sources it saw then (at least 1), or no
-/// quota at all when it saw one source or none: with nobody to share with, no source is
-/// over its share (every client behind one NAT address is one source, and all of the class).
+/// the previous epoch shared equally among the sources it saw then, rounded up (at least
+/// 1), or no quota at all when it saw one source or none: with nobody to share with, no
+/// source is over its share (every client behind one NAT address is one source, and all of
+/// the class). Rounded up because admissions are whole: where many light sources have 1.3
+/// each on average, rounding down made each that had 2 in one epoch (one in eight, at
+/// random) a source over its share, whose attempts were then refused and taken for retries.
 #[inline(always)]
 pub fn quota(previous: &ClassEpoch, configured: u32) -> u32 {
     if configured != 0 {
@@ -234,7 +237,7 @@ pub fn quota(previous: &ClassEpoch, configured: u32) -> u32 {
     if previous.sources <= 1 {
         return u32::MAX;
     }
-    let q = previous.admitted / previous.sources;
+    let q = previous.admitted.div_ceil(previous.sources);
     if q == 0 { 1 } else { q }
 }
 
@@ -368,8 +371,10 @@ mod tests {
 
     #[test]
     fn the_quota_is_the_equal_share_of_the_last_epoch() {
-        // One heavy source and eight light ones shared 200 admissions.
-        assert_eq!(quota(&class(200, 9), 0), 22);
+        // One heavy source and eight light ones shared 200 admissions: 22.2, rounded up.
+        assert_eq!(quota(&class(200, 9), 0), 23);
+        // 113 light sources shared 145 (1.3 each): 2, so one that has 2 is within it.
+        assert_eq!(quota(&class(145, 113), 0), 2);
         // One source, or none: nobody to share with, no quota.
         assert_eq!(quota(&class(200, 1), 0), u32::MAX);
         assert_eq!(quota(&class(0, 0), 0), u32::MAX);

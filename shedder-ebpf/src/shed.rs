@@ -418,6 +418,7 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         // Read back from the memo, not carried from the memory block, so the decision is
         // not verified once for a retry and once for a first attempt.
         fills_idle: unsafe { core::ptr::read_volatile(&raw const (*memo).fill) } != 0,
+        origin: own_class,
     };
     let mut decision = decide(policy, &attempt, &occ, stale);
     if m.sources != 0

@@ -222,7 +222,10 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill();
         let _ = shedder::kernel::unpin_all(&self.pin_dir);
-        if let Some(dir) = self.config.parent() {
+        // SHEDDER_TEST_KEEP_LOGS=1 keeps the configuration and the log for a post-mortem.
+        if let Some(dir) = self.config.parent()
+            && std::env::var_os("SHEDDER_TEST_KEEP_LOGS").is_none()
+        {
             let _ = std::fs::remove_dir_all(dir);
         }
     }

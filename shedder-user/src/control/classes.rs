@@ -111,7 +111,9 @@ pub fn allocate(total: u32, max_limit: u32, ladder: &Ladder) -> [ClassLimits; NU
 ///   what it wants, up to its ceiling; so under overload SHEDDABLE is refused first;
 /// - a class's share is the total less what the classes above it are given and the part
 ///   of their floors the classes below it use: capacity is only ever held back from a
-///   class for a class of higher priority or for a reservation in use. A lower class that
+///   class for a class of higher priority or for a reservation in use. (HIGH's share is
+///   not held back for CRITICAL, which is admitted over any limit; what CRITICAL uses
+///   counts against HIGH when the packet path sees whether the service is full.) A lower class that
 ///   wants more than is left (or whose demand is unknown) is squeezed; it never takes the
 ///   headroom of a class above it. (Handing all spare capacity to whichever class reported
 ///   unbounded demand, which an allocation that gives every class "its demand plus what
@@ -157,7 +159,11 @@ pub fn allocate_for_demand(
     }
     let mut out = base;
     for c in 1..NUM_CLASSES {
-        let above: f64 = give[..c].iter().sum();
+        // What the classes above are given, CRITICAL's part only where there is a class
+        // above that can be refused: HIGH's own admission already counts CRITICAL's
+        // connections (the service as HIGH sees it), and CRITICAL is admitted over any
+        // limit, so room held from HIGH for it would protect nothing.
+        let above: f64 = if c == 1 { 0.0 } else { give[..c].iter().sum() };
         let below: f64 = reserved[c + 1..].iter().sum();
         let share = (total as f64 - above - below).max(0.0).floor() as u32;
         out[c].share = share.max(base[c].floor).min(base[c].ceiling);
@@ -271,8 +277,8 @@ mod tests {
         );
         assert_eq!(
             (a[1].floor, a[1].share),
-            (60, 90),
-            "paid: its floor, then the surplus less what critical uses"
+            (60, 95),
+            "paid: its floor, then the surplus (what critical uses counts on the packet path)"
         );
         assert_eq!(
             (a[2].floor, a[2].share),
@@ -281,9 +287,10 @@ mod tests {
         );
         assert_eq!((a[3].floor, a[3].share), (0, 0), "batch: shed first");
         // Critical wanting more than its ceiling is given its ceiling, and no class's
-        // share drops below its floor.
+        // share drops below its floor; high's share is not held back for critical (what
+        // critical uses holds high back on the packet path, down to high's floor).
         let a = allocate_for_demand(100, 1000, &example_ladder(), &[inf; 4]);
-        assert_eq!((a[1].share, a[2].share, a[3].share), (60, 5, 0));
+        assert_eq!((a[1].share, a[2].share, a[3].share), (95, 5, 0));
         // Batch alone wants capacity: it gets what the others leave.
         let a = allocate_for_demand(100, 1000, &example_ladder(), &[0.0, 10.0, 3.0, inf]);
         assert_eq!(a[3].share, 87, "100 - 10 - 3");

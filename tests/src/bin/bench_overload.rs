@@ -32,7 +32,10 @@ use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use serde::Serialize;
 use shedder::kernel::{MapReader, PinnedMaps};
-use shedder_common::programs;
+use shedder_common::{
+    NUM_CLASSES, NUM_REASONS, REASON_NAMES, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_RST,
+    decision_index, programs,
+};
 use shedder_tests::{
     daemon::Daemon,
     interrupt::interrupted,
@@ -302,6 +305,23 @@ impl System {
         }
     }
 
+    /// shedder's refusals so far by class and reason (None for the other set-ups).
+    fn refused(&self) -> Option<Refusals> {
+        if !matches!(self.kind, Kind::ShedderDrop | Kind::ShedderRst) {
+            return None;
+        }
+        let maps = PinnedMaps::open(&self.pins).ok()?;
+        let n = maps.counters(0).ok()?;
+        Some(std::array::from_fn(|class| {
+            std::array::from_fn(|reason| {
+                [VERDICT_DROP, VERDICT_RST, VERDICT_DRY_RUN]
+                    .iter()
+                    .map(|&v| n[decision_index(class as u32, v, reason as u32) as usize])
+                    .sum()
+            })
+        }))
+    }
+
     /// CPU spent by the component that rejects: shedder's XDP program (kernel BPF run-time
     /// statistics, every packet it sees), the in-app limiter's reject path (thread CPU
     /// time), HAProxy's process (all threads). None for nftables and the bare kernel,
@@ -364,7 +384,12 @@ struct Sample {
     t: f64,
     limit: Option<f64>,
     cpu: Option<Cpu>,
+    /// shedder's refusals so far by class and reason (its decision counters).
+    refused: Option<Refusals>,
 }
+
+/// Attempts refused by class and reason.
+type Refusals = [[u64; NUM_REASONS as usize]; NUM_CLASSES];
 
 /// Run a schedule against a system, reading its limit and CPU every 250 ms;
 /// `at(t, backend)` is called on each reading (to change the backend mid-run).
@@ -384,6 +409,7 @@ fn drive(
             t,
             limit: sys.limit(),
             cpu: sys.cpu(),
+            refused: sys.refused(),
         });
         if handle.is_finished() {
             break;
@@ -460,6 +486,11 @@ struct Step {
     refused: u64,
     reset: u64,
     busy: u64,
+    /// The adaptive limit over the step's measured window: least, median, most (None for
+    /// the static set-ups).
+    limit: Option<[f64; 3]>,
+    /// shedder's refusals in the step's measured window, by class and reason.
+    refused_by_reason: Option<Refusals>,
 }
 
 fn step(w: &Window, factor: f64, capacity: f64) -> Step {
@@ -481,6 +512,8 @@ fn step(w: &Window, factor: f64, capacity: f64) -> Step {
         refused: w.all.refused,
         reset: w.all.reset,
         busy: w.all.busy,
+        limit: None,
+        refused_by_reason: None,
     }
 }
 
@@ -597,7 +630,10 @@ fn ladder(
         let start = i as u64 * step_secs + SETTLE_SECS.min(step_secs - 1);
         let end = (i as u64 + 1) * step_secs;
         let w = report.range(start..end);
-        result.steps.push(step(&w, factor, capacity));
+        let mut st = step(&w, factor, capacity);
+        st.limit = limit_spread(&samples, start as f64, end as f64);
+        st.refused_by_reason = refused_between(&samples, start as f64, end as f64);
+        result.steps.push(st);
         let Some((cpu, events)) = cpu_between(&samples, start as f64, end as f64) else {
             continue;
         };
@@ -868,6 +904,26 @@ fn recovery_time(late: &[(Duration, f64)], drop: Duration, end: Duration) -> Opt
     None
 }
 
+/// shedder's refusals by class and reason between `from` and `to` seconds.
+fn refused_between(samples: &[Sample], from: f64, to: f64) -> Option<Refusals> {
+    let first = samples.iter().find(|s| s.t >= from)?.refused?;
+    let last = samples.iter().rev().find(|s| s.t < to)?.refused?;
+    Some(std::array::from_fn(|c| {
+        std::array::from_fn(|r| last[c][r].saturating_sub(first[c][r]))
+    }))
+}
+
+/// Least, median and most of the limit read between `from` and `to` seconds.
+fn limit_spread(samples: &[Sample], from: f64, to: f64) -> Option<[f64; 3]> {
+    let mut v: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.t >= from && s.t < to)
+        .filter_map(|s| s.limit)
+        .collect();
+    v.sort_by(f64::total_cmp);
+    Some([*v.first()?, v[v.len() / 2], *v.last()?])
+}
+
 fn limits(samples: &[Sample]) -> Vec<(f64, f64)> {
     samples
         .iter()
@@ -920,10 +976,20 @@ fn run_system(kind: Kind, pair: &Pair, capacity: f64, args: &Args) -> Result<Sys
         let [c, h, m, sh] = s.class_success_pct;
         eprintln!(
             "   ladder: at {f}× goodput {:.0}%, p99 {} ms, success critical {c:.1}% \
-             high {h:.1}% medium {m:.1}% sheddable {sh:.1}%",
+             high {h:.1}% medium {m:.1}% sheddable {sh:.1}%{}",
             s.goodput_pct,
             s.p99_ms.map_or("-".into(), |v| format!("{v:.0}")),
+            s.limit.map_or(String::new(), |[lo, mid, hi]| format!(
+                ", limit {lo:.0}/{mid:.0}/{hi:.0}"
+            )),
         );
+        if let Some(r) = s.refused_by_reason {
+            let high: Vec<String> = (0..NUM_REASONS as usize)
+                .filter(|&k| r[1][k] > 0)
+                .map(|k| format!("{} {}", REASON_NAMES[k], r[1][k]))
+                .collect();
+            eprintln!("      high refused: {}", high.join(", "));
+        }
     }
     for (name, scenario) in [
         (
@@ -1653,6 +1719,7 @@ mod tests {
                 time: Duration::from_micros(us),
                 events,
             }),
+            refused: None,
         };
         let samples = [
             s(0.0, 0, Some(0)),
