@@ -147,12 +147,9 @@ pub fn decide(
     }
     // The room held for the classes above the source's own class (none with a stale
     // heartbeat: the fallback split is static).
-    let reserve = if stale {
-        0
-    } else {
-        policy.classes[(attempt.origin as usize) & (NUM_CLASSES - 1)].reserve
-    };
-    if ahead + held + reserve as u64 >= total_limit as u64 {
+    let reserve = policy.classes[(attempt.origin as usize) & (NUM_CLASSES - 1)].reserve as u64
+        & !0u64.wrapping_sub(stale as u64);
+    if ahead + held + reserve >= total_limit as u64 {
         return Decision::shed(REASON_PRIORITY);
     }
     Decision::admit(REASON_UNDER_LIMIT)
