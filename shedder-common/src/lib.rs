@@ -182,6 +182,17 @@ impl Default for ServiceCounters {
     }
 }
 
+impl ServiceCounters {
+    /// Attempts of `class` refused for `reason`: dropped, reset, or (dry-run) that would
+    /// have been.
+    pub fn refused(&self, class: u32, reason: u32) -> u64 {
+        [VERDICT_DROP, VERDICT_RST, VERDICT_DRY_RUN]
+            .iter()
+            .map(|&v| self.n[decision_index(class, v, reason) as usize])
+            .sum()
+    }
+}
+
 /// The class a retry is decided in: one level below the attempt's own (CRITICAL → HIGH →
 /// MEDIUM → SHEDDABLE; SHEDDABLE stays), so under load first attempts win and a retry storm
 /// sheds itself first.

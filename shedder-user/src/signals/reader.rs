@@ -476,10 +476,7 @@ impl TickCounts {
 
     /// Attempts of `class` refused (or, dry-run, that would have been) for `reason`.
     fn refused(&self, class: usize, reason: u32) -> u64 {
-        [VERDICT_DROP, VERDICT_RST, VERDICT_DRY_RUN]
-            .iter()
-            .map(|&v| self.0.n[decision_index(class as u32, v, reason) as usize])
-            .sum()
+        self.0.refused(class as u32, reason)
     }
 
     fn retries(&self) -> u64 {

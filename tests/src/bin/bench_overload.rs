@@ -32,10 +32,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use serde::Serialize;
 use shedder::kernel::{MapReader, PinnedMaps};
-use shedder_common::{
-    NUM_CLASSES, NUM_REASONS, REASON_NAMES, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_RST,
-    decision_index, programs,
-};
+use shedder_common::{NUM_CLASSES, NUM_REASONS, REASON_NAMES, programs};
 use shedder_tests::{
     daemon::Daemon,
     interrupt::interrupted,
@@ -291,35 +288,27 @@ impl System {
         Ok(s)
     }
 
-    /// The adaptive admission limit in force: shedder's in-flight limit for the service, or
-    /// the in-app limiter's. None for the static set-ups (their numbers are in their
-    /// configurations).
-    fn limit(&self) -> Option<f64> {
+    /// The adaptive admission limit in force (shedder's in-flight limit for the service, or
+    /// the in-app limiter's; None for the static set-ups, whose numbers are in their
+    /// configurations), and shedder's refusals so far by class and reason, from one open
+    /// of its pinned maps.
+    fn reading(&self) -> (Option<f64>, Option<Refusals>) {
         match self.kind {
-            Kind::ShedderDrop | Kind::ShedderRst => PinnedMaps::open(&self.pins)
-                .ok()
-                .and_then(|m| m.policy(0).ok())
-                .map(|p| f64::from(p.total_limit)),
-            Kind::InApp => self.backend.in_app_limit().map(f64::from),
-            _ => None,
+            Kind::ShedderDrop | Kind::ShedderRst => {
+                let Ok(maps) = PinnedMaps::open(&self.pins) else {
+                    return (None, None);
+                };
+                let limit = maps.policy(0).ok().map(|p| f64::from(p.total_limit));
+                let refused = maps.service_counters(0).ok().map(|n| {
+                    std::array::from_fn(|class| {
+                        std::array::from_fn(|reason| n.refused(class as u32, reason as u32))
+                    })
+                });
+                (limit, refused)
+            }
+            Kind::InApp => (self.backend.in_app_limit().map(f64::from), None),
+            _ => (None, None),
         }
-    }
-
-    /// shedder's refusals so far by class and reason (None for the other set-ups).
-    fn refused(&self) -> Option<Refusals> {
-        if !matches!(self.kind, Kind::ShedderDrop | Kind::ShedderRst) {
-            return None;
-        }
-        let maps = PinnedMaps::open(&self.pins).ok()?;
-        let n = maps.counters(0).ok()?;
-        Some(std::array::from_fn(|class| {
-            std::array::from_fn(|reason| {
-                [VERDICT_DROP, VERDICT_RST, VERDICT_DRY_RUN]
-                    .iter()
-                    .map(|&v| n[decision_index(class as u32, v, reason as u32) as usize])
-                    .sum()
-            })
-        }))
     }
 
     /// CPU spent by the component that rejects: shedder's XDP program (kernel BPF run-time
@@ -405,11 +394,12 @@ fn drive(
     loop {
         let t = t0.elapsed().as_secs_f64();
         at(t, &sys.backend);
+        let (limit, refused) = sys.reading();
         samples.push(Sample {
             t,
-            limit: sys.limit(),
+            limit,
             cpu: sys.cpu(),
-            refused: sys.refused(),
+            refused,
         });
         if handle.is_finished() {
             break;
