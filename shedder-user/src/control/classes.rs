@@ -1,7 +1,7 @@
 //! Splitting a service's limit among the priority classes: floors kept first, then the
 //! rest by priority, statically or by measured demand.
 
-use shedder_common::{CLASS_CRITICAL, NUM_CLASSES};
+use shedder_common::{CLASS_CRITICAL, CLASS_HIGH, NUM_CLASSES};
 
 use crate::config::Config;
 
@@ -164,13 +164,17 @@ pub fn allocate_for_demand(
         // above that can be refused: HIGH's own admission already counts CRITICAL's
         // connections (the service as HIGH sees it), and CRITICAL is admitted over any
         // limit, so room held from HIGH for it would protect nothing.
-        let above: f64 = if c == 1 { 0.0 } else { give[..c].iter().sum() };
+        // The same room is the class's reserve, up to RESERVE_MAX of the total (so HIGH
+        // has none).
+        let above: f64 = if c == CLASS_HIGH as usize {
+            0.0
+        } else {
+            give[..c].iter().sum()
+        };
         let below: f64 = reserved[c + 1..].iter().sum();
         let share = (total as f64 - above - below).max(0.0).floor() as u32;
         out[c].share = share.max(base[c].floor).min(base[c].ceiling);
-        if c > 1 {
-            out[c].reserve = above.min(RESERVE_MAX * total as f64).ceil() as u32;
-        }
+        out[c].reserve = above.min(RESERVE_MAX * total as f64).ceil() as u32;
     }
     out
 }
