@@ -41,11 +41,11 @@ fn lab(tag: &str, port: u16) -> Lab {
 /// (MEDIUM): 500/s and 10/s against a 200/s backend. The light sources are served, the
 /// heavy one gets the rest, and the backend stays busy (99–100% of capacity measured).
 ///
-/// The light sources' bound per source is below the design's 90%: measured 90–98% per
-/// source, and each has only about 110 requests in the window, so one at 94% falls under
-/// 90% by chance (a light source meeting a full service gets in only while the heavy one's
-/// over-share admissions of the last two epochs outnumber the preemptions). So each must
-/// have 85% and all of them 92% on average (before fair shares, light sources got 9%).
+/// The light sources' bound per source is below the design's 90%: measured 86–98% per
+/// source (a light source meeting a full service gets in only while the heavy one's
+/// over-share admissions of the last two epochs outnumber the preemptions, and each has
+/// only about 110 requests in the window). So each must have 85%, and all of them the
+/// design's 90% on average (measured 91–94%; before fair shares, light sources got 9%).
 #[test]
 fn a_heavy_source_gets_only_what_the_light_ones_leave() {
     let lab = lab("fair", 8210);
@@ -83,7 +83,7 @@ fn a_heavy_source_gets_only_what_the_light_ones_leave() {
     }
     let mean = lights.iter().sum::<f64>() / lights.len() as f64;
     assert!(
-        mean >= 0.92,
+        mean >= 0.90,
         "light sources: {:.1}% of their requests served on average",
         100.0 * mean
     );
