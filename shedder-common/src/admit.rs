@@ -56,16 +56,39 @@ pub struct Decision {
     pub admit: u32,
     /// One of the `REASON_*` constants.
     pub reason: u32,
+    /// Refused for pressure: by how many connections the bound that refused it (the
+    /// class's share, the service's total as the class sees it, or that less the class's
+    /// reserve) is already exceeded; 0 otherwise. Fair shares bound the within-share
+    /// attempts admitted over a full class or service by it
+    /// ([`crate::fair::may_preempt`]).
+    pub excess: u32,
 }
 
 impl Decision {
     #[inline(always)]
     pub const fn admit(reason: u32) -> Self {
-        Self { admit: 1, reason }
+        Self {
+            admit: 1,
+            reason,
+            excess: 0,
+        }
     }
     #[inline(always)]
     pub const fn shed(reason: u32) -> Self {
-        Self { admit: 0, reason }
+        Self {
+            admit: 0,
+            reason,
+            excess: 0,
+        }
+    }
+    /// Refused for pressure at a bound `used` has reached (`used >= bound`).
+    #[inline(always)]
+    pub fn over(reason: u32, used: u64, bound: u64) -> Self {
+        Self {
+            admit: 0,
+            reason,
+            excess: mask::min(used - bound, u32::MAX as u64) as u32,
+        }
     }
 }
 
@@ -122,7 +145,7 @@ pub fn decide(
     let waived = mask::sign(total as i64 - total_limit as i64)
         & 0u64.wrapping_sub(attempt.fills_idle as u64);
     if mine >= share as u64 && waived == 0 {
-        return Decision::shed(REASON_PRIORITY);
+        return Decision::over(REASON_PRIORITY, mine, share as u64);
     }
     // The service as this class sees it: itself and the classes above in full (`ahead`),
     // the classes below up to their floors (`held`). With masks, not branches (see
@@ -140,17 +163,17 @@ pub fn decide(
         k += 1;
     }
     if ahead >= total_limit as u64 {
-        return Decision::shed(REASON_SERVICE_LIMIT);
+        return Decision::over(REASON_SERVICE_LIMIT, ahead, total_limit as u64);
     }
     if ahead + held >= total_limit as u64 {
-        return Decision::shed(REASON_FLOORS_BELOW);
+        return Decision::over(REASON_FLOORS_BELOW, ahead + held, total_limit as u64);
     }
     // The room held for the classes above the source's own class (none with a stale
     // heartbeat: the fallback split is static).
     let reserve = policy.classes[(attempt.origin as usize) & (NUM_CLASSES - 1)].reserve as u64
         & !0u64.wrapping_sub(stale as u64);
     if ahead + held + reserve >= total_limit as u64 {
-        return Decision::shed(REASON_PRIORITY);
+        return Decision::over(REASON_PRIORITY, ahead + held + reserve, total_limit as u64);
     }
     Decision::admit(REASON_UNDER_LIMIT)
 }
@@ -171,13 +194,26 @@ mod tests {
         }
     }
 
+    /// The decision without its excess (see [`excess`]).
     fn decide_occ(p: &ServicePolicy, class: u32, occ: &[u32; 4], stale: bool) -> Decision {
         let attempt = Attempt {
             class,
             origin: class,
             ..Default::default()
         };
-        decide(p, &attempt, &occ.map(u64::from), stale)
+        Decision {
+            excess: 0,
+            ..decide(p, &attempt, &occ.map(u64::from), stale)
+        }
+    }
+
+    fn excess(p: &ServicePolicy, class: u32, occ: &[u32; 4]) -> u32 {
+        let attempt = Attempt {
+            class,
+            origin: class,
+            ..Default::default()
+        };
+        decide(p, &attempt, &occ.map(u64::from), false).excess
     }
 
     fn policy() -> ServicePolicy {
@@ -386,8 +422,23 @@ mod tests {
         );
         assert_eq!(
             decide(&p, &retry(CLASS_SHEDDABLE), &[4, 40, 25, 0], false),
-            Decision::shed(REASON_PRIORITY)
+            Decision::over(REASON_PRIORITY, 109, 100)
         );
+    }
+
+    #[test]
+    fn a_refusal_says_how_far_its_bound_is_exceeded() {
+        let mut p = policy();
+        // Sheddable's share of 30: at it, 0; 2 over it, 2.
+        assert_eq!(excess(&p, CLASS_SHEDDABLE, &[0, 0, 0, 30]), 0);
+        assert_eq!(excess(&p, CLASS_SHEDDABLE, &[0, 0, 0, 32]), 2);
+        // The service's 100 as medium sees it (high in full): 103 is 3 over.
+        assert_eq!(excess(&p, CLASS_MEDIUM, &[0, 95, 8, 0]), 3);
+        // Medium's reserve of 30: 71 of 100 in use is 1 past the 70 it may fill.
+        p.classes[CLASS_MEDIUM as usize].reserve = 30;
+        assert_eq!(excess(&p, CLASS_MEDIUM, &[0, 60, 11, 0]), 1);
+        // Admitted: none.
+        assert_eq!(excess(&p, CLASS_MEDIUM, &[0, 10, 10, 0]), 0);
     }
 
     #[test]

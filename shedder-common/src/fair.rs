@@ -3,24 +3,26 @@
 //!
 //! **Sources.** A source is an address, or the prefix its class's `source_prefix_v4` /
 //! `source_prefix_v6` masks it to (one tenant's /24 is one source). The packet path keeps,
-//! per (service, source), the admissions of the source in the current epoch (about a
-//! second, the pending-attempt epoch) and its retry credits, in a table of sets like the
-//! attempt tables ([`crate::table`]): bounded, a new source replacing the least recently
-//! seen of its set. A source evicted from a full table only loses its count: it is counted
-//! again from zero (as under its share) and its unspent retry credits are forgotten.
+//! per (service, source), the source's share clock, the epoch it was last seen in and its
+//! retry credits, in a table of sets like the attempt tables ([`crate::table`]): bounded, a
+//! new source replacing the least recently seen of its set. A source evicted from a full
+//! table only loses its memory: it starts again within its share, and its unspent retry
+//! credits are forgotten.
 //!
-//! **Fair share.** A source's quota for an epoch is the class's admissions in the
-//! previous epoch divided by the sources that sent to it then (or the `source_quota` the
-//! daemon sets); with one source or none there is no quota. An attempt from a source that has had its quota this epoch is *over its
-//! share*; any other is *within* it. Over-share attempts are admitted only while the class
-//! and the service have room, like a class below this one. Within-share attempts rank above
-//! them: one that meets a full class or service is admitted anyway as long as the class's
-//! over-share admissions in the window (this epoch and the previous one) outnumber the
-//! within-share ones admitted over the limit so far ([`may_preempt`]): each such admission
-//! takes the place of a connection an over-share source was given, which then sees the
-//! service full until enough of those have ended. So a source whose demand is below its
-//! share is served in full while a heavy one takes what is left, and the overshoot is
-//! bounded by the over-share admissions of the last two epochs.
+//! **Fair share.** A source's quota for an epoch (about a second, the pending-attempt
+//! epoch) is the class's admissions in the previous epoch divided by the sources that sent
+//! to it then (or the `source_quota` the daemon sets); with one source or none there is no
+//! quota. The quota is paced over the epoch by a token bucket per source ([`clock`]): an
+//! attempt is *within its share* while the source's admissions within its share have not
+//! run ahead of that pace by more than a quarter of the quota ([`tolerance`]), and *over
+//! its share* otherwise. Over-share attempts are admitted only while the class and the
+//! service have room, like a class below this one. Within-share attempts rank above them:
+//! one that meets a full class or service is admitted anyway while the class holds more
+//! over-share connections than the limit is already exceeded by ([`may_preempt`]): each
+//! such admission takes the place of a connection an over-share source was given, which
+//! then sees the service full until one of those has ended. So a source whose demand is
+//! below its share is served in full while a heavy one takes what is left, and the
+//! overshoot is bounded by the over-share connections in service.
 //!
 //! Sharing the class equally among the sources it saw is the first level of max-min
 //! fairness; a source whose demand is above the equal share but below the max-min level
@@ -54,14 +56,15 @@ pub const BUDGET_ONE: u32 = 1024;
 pub struct SourceSlot {
     /// 32 bits of the key's seeded hash, never 0 (0: empty).
     pub tag: u32,
-    /// Low 32 bits of the epoch the source was last seen in.
-    pub epoch: u32,
-    /// Attempts of the source admitted in `epoch` (saturating at [`u16::MAX`]).
-    pub admitted: u16,
+    /// Low 16 bits of the epoch the source was last seen in.
+    pub epoch: u16,
     /// Retry credits (refused attempts not yet repeated).
     pub credits: u16,
     /// Low 32 bits of the jiffies of the source's last refusal.
     pub refused_jiffies: u32,
+    /// The source's share clock ([`clock`]): how far ahead of now its admissions within
+    /// its share have been paid for, in 1/256 jiffies ([`fine`]; low 32 bits).
+    pub paid: u32,
 }
 
 /// One array element of the source table (64 bytes).
@@ -231,21 +234,33 @@ fn scaled(c: &ClassEpoch, m: u32) -> ClassEpoch {
 /// random) a source over its share, whose attempts were then refused and taken for retries.
 #[inline(always)]
 pub fn quota(previous: &ClassEpoch, configured: u32) -> u32 {
-    if configured != 0 {
-        return configured;
-    }
-    if previous.sources <= 1 {
-        return u32::MAX;
-    }
-    let q = previous.admitted.div_ceil(previous.sources);
-    if q == 0 { 1 } else { q }
+    // With masks, not branches (see [`crate::mask`]): the packet path carries the quota on
+    // into the source's share clock.
+    let sources = previous.sources;
+    let q = previous.admitted.div_ceil(sources.max(1));
+    let q = q | (mask::zero(q as u64) as u32 & 1);
+    let q = q | mask::sign(sources as i64 - 2) as u32;
+    let derived = mask::zero(configured as u64) as u32;
+    (q & derived) | (configured & !derived)
 }
 
-/// Whether a within-share attempt may be admitted over a full class or service: the
-/// class's over-share admissions in the window outnumber those made so far.
+/// Whether a within-share attempt may be admitted over a full class or service that
+/// `excess` connections are already over: while the class's over-share connections
+/// outnumber that excess. Those connections are estimated from the class's `occupancy` and
+/// the part of its admissions over the window that were over-share ones (Little's law,
+/// their durations alike). Each within-share admission over the limit takes the place of an
+/// over-share connection, which then sees the service full until one ends; with none left
+/// to displace, the limit holds among within-share attempts as among any others.
+///
+/// (The first rule bounded the count of such admissions in the window by the count of
+/// over-share ones. Once the sources within their share asked for more than half of the
+/// class, those admissions outnumbered the over-share ones while most of the class was
+/// still over-share connections, and light sources were refused: 86–98% served beside one
+/// heavy source.)
 #[inline(always)]
-pub fn may_preempt(window: &ClassEpoch) -> bool {
-    window.preempted < window.surplus
+pub fn may_preempt(window: &ClassEpoch, occupancy: u64, excess: u64) -> bool {
+    window.surplus != 0
+        && occupancy * window.surplus as u64 >= (excess + 1) * window.admitted as u64
 }
 
 /// Whether one more retry may be admitted: admitted retries in the window stay within
@@ -258,10 +273,58 @@ pub fn within_budget(window: &ClassEpoch, fraction: u32, min: u32) -> bool {
             <= window.firsts as u64 * fraction as u64 + min as u64 * BUDGET_ONE as u64
 }
 
-/// The source's admissions counted for `epoch` (0 if its slot was last seen earlier).
+/// Time in the unit of the share clock, 1/256 jiffies (low 32 bits): a quota of a few
+/// hundred admissions an epoch is then still paced to within a percent.
 #[inline(always)]
-pub fn admitted_now(slot: &SourceSlot, epoch: u64) -> u32 {
-    slot.admitted as u32 & mask::zero((slot.epoch ^ epoch as u32) as u64) as u32
+pub fn fine(jiffies: u64) -> u32 {
+    (jiffies << 8) as u32
+}
+
+/// What one admission within its share costs a source on its share clock: an epoch
+/// (`2^shift` jiffies) over the quota, in 1/256 jiffies; 0 with no quota ([`u32::MAX`]).
+#[inline(always)]
+pub fn interval(quota: u32, shift: u32) -> u32 {
+    let shift = mask::min(shift as u64, crate::MAX_EPOCH_SHIFT as u64);
+    let t = (1u64 << (shift + 8)) / (quota as u64).max(1);
+    (mask::min(t, u32::MAX as u64) as u32) & !(mask::zero((quota ^ u32::MAX) as u64) as u32)
+}
+
+/// How far ahead of now a source's share clock may run while it is still within its share:
+/// an epoch less one interval, so that a source may take its quota at any pace within an
+/// epoch, as a source asking for less than its share does by the chance bunching of its
+/// attempts, while a source that keeps asking for more uses each admission as soon as its
+/// clock allows: its clock stays an epoch ahead, and it never banks a burst to take at the
+/// start of the next epoch. No limit with no quota (an interval of 0).
+#[inline(always)]
+pub fn tolerance(interval: u32, shift: u32) -> u32 {
+    let shift = mask::min(shift as u64, crate::MAX_EPOCH_SHIFT as u64);
+    let epoch = mask::min(1u64 << (shift + 8), u32::MAX as u64);
+    let t = epoch - mask::min(interval as u64, epoch);
+    (t as u32) | mask::zero(interval as u64) as u32
+}
+
+/// The source's share clock as an attempt at `now` ([`fine`]) finds it: `paid`, or `now`
+/// when the slot is `absent` (all ones: a new source), when the clock is behind now (what
+/// was paid for is spent), or when it is further ahead than two epochs, which pacing never
+/// leaves (a slot unseen for hours whose 32-bit clock wrapped). A source is over its share
+/// when its clock is more than [`tolerance`] ahead of now; an admission within its share
+/// moves its clock on by one [`interval`]. This is a token bucket (GCRA) per source: the
+/// quota of an epoch is paced over the epoch, so a heavy source cannot take its whole
+/// quota at the start of every epoch, ahead of the sources that arrive later in it.
+#[inline(always)]
+pub fn clock(paid: u32, absent: u32, now: u32, shift: u32) -> u32 {
+    let shift = mask::min(shift as u64, crate::MAX_EPOCH_SHIFT as u64);
+    let ahead = paid.wrapping_sub(now) as i32 as i64;
+    let horizon = 1i64 << (shift + 9);
+    // All ones when kept: 0 <= ahead <= horizon, and the slot is this source's.
+    let keep = !mask::sign(ahead) & !mask::sign(horizon - ahead) & !(absent as u64);
+    now ^ ((now ^ paid) & keep as u32)
+}
+
+/// Whether a source whose share clock ([`clock`]) reads `clock` at `now` is over its share.
+#[inline(always)]
+pub fn over(clock: u32, now: u32, tolerance: u32) -> bool {
+    clock.wrapping_sub(now) > tolerance
 }
 
 /// The source's retry credits still valid at `now` (jiffies) for a window of `window`
@@ -275,34 +338,33 @@ pub fn credits_now(slot: &SourceSlot, now: u64, window: u64) -> u32 {
 
 /// A source's slot after one more decision at `now` (epoch `epoch`), and 1 if this is the
 /// source's first attempt in the epoch (it counts among the class's sources) — `absent`
-/// (all ones) when the slot held another source or none; `admitted` and `unique` 0 or 1.
+/// (all ones) when the slot held another source or none; `admitted` and `unique` 0 or 1;
+/// `paid` its share clock after the decision.
 /// A refused new attempt leaves a retry credit; an admitted retransmit takes back the one
 /// its refused first SYN left (that attempt got in after all).
 #[inline(always)]
 pub fn next(
     s: &SourceSlot,
-    tag: u32,
-    absent: u32,
+    (tag, absent): (u32, u32),
     (now, epoch): (u64, u64),
-    admitted: u32,
-    unique: u32,
+    (admitted, unique): (u32, u32),
+    paid: u32,
 ) -> (SourceSlot, u32) {
     // Seen already in this epoch (and not a slot taken over from another source).
-    let same = mask::zero((s.epoch ^ epoch as u32) as u64) as u32 & !absent;
+    let same = mask::zero((s.epoch ^ epoch as u16) as u64) as u32 & !absent;
     let refused = (1 - admitted) & unique;
     let returned = admitted & (1 - unique);
     let credits = ((s.credits as u32) & !absent) + refused;
     let credits = credits - mask::min(credits as u64, returned as u64) as u32;
     let credits = mask::min(credits as u64, MAX_CREDITS as u64) as u32;
-    let count = ((s.admitted as u32) & same) + admitted;
     let keep = s.refused_jiffies & !absent;
     let r = 0u32.wrapping_sub(refused);
     let slot = SourceSlot {
         tag,
-        epoch: epoch as u32,
-        admitted: mask::min(count as u64, u16::MAX as u64) as u16,
+        epoch: epoch as u16,
         credits: credits as u16,
         refused_jiffies: keep ^ ((keep ^ now as u32) & r),
+        paid,
     };
     (slot, !same & 1)
 }
@@ -330,9 +392,9 @@ pub fn victim(set: &SourceSet, epoch: u64) -> usize {
     let mut i = 0;
     while i < SOURCE_WAYS {
         let s = &set.slot[i];
-        // Epochs since it was seen (below 2^32), or 2^32 for an empty slot.
-        let age = (epoch as u32).wrapping_sub(s.epoch) as u64;
-        let rank = age | (mask::zero(s.tag as u64) & (1 << 32));
+        // Epochs since it was seen (below 2^16), or 2^16 for an empty slot.
+        let age = (epoch as u16).wrapping_sub(s.epoch) as u64;
+        let rank = age | (mask::zero(s.tag as u64) & (1 << 16));
         // All ones when this slot ranks above the best so far.
         let above = mask::sign(best as i64 - rank as i64);
         best ^= (best ^ rank) & above;
@@ -359,6 +421,8 @@ const _: () = {
 
 #[cfg(test)]
 mod tests {
+    use std::vec::Vec;
+
     use super::*;
 
     fn class(admitted: u32, sources: u32) -> ClassEpoch {
@@ -448,15 +512,32 @@ mod tests {
     }
 
     #[test]
-    fn within_share_attempts_preempt_only_what_over_share_ones_took() {
+    fn within_share_attempts_preempt_only_while_over_share_connections_outnumber_the_excess() {
+        // 330 admitted in the window, 140 of them over-share; 15 connections: about 6.4 of
+        // them over-share ones.
         let w = ClassEpoch {
-            surplus: 3,
-            preempted: 2,
+            admitted: 330,
+            surplus: 140,
+            preempted: 200,
             ..Default::default()
         };
-        assert!(may_preempt(&w));
-        assert!(!may_preempt(&ClassEpoch { preempted: 3, ..w }));
-        assert!(!may_preempt(&ClassEpoch::default()));
+        assert!(may_preempt(&w, 15, 0));
+        assert!(may_preempt(&w, 15, 5), "6.4 over-share connections cover 6");
+        assert!(!may_preempt(&w, 15, 6));
+        // However many within-share admissions there were: the first rule (preempted <
+        // surplus) refused here, with most of the class still over-share connections.
+        assert!(w.preempted > w.surplus);
+        // No over-share admissions, or no connections: nothing to take the place of.
+        assert!(!may_preempt(&ClassEpoch { surplus: 0, ..w }, 15, 0));
+        assert!(!may_preempt(&w, 0, 0));
+        assert!(!may_preempt(&ClassEpoch::default(), 15, 0));
+        // A few over-share admissions among many: under one such connection in service.
+        let few = ClassEpoch {
+            admitted: 300,
+            surplus: 10,
+            ..Default::default()
+        };
+        assert!(!may_preempt(&few, 15, 0));
     }
 
     #[test]
@@ -506,16 +587,14 @@ mod tests {
     }
 
     #[test]
-    fn slots_age_by_epoch_and_credits_by_jiffies() {
+    fn credits_age_by_jiffies() {
         let s = SourceSlot {
             tag: 7,
             epoch: 40,
-            admitted: 12,
             credits: 3,
             refused_jiffies: 1000,
+            paid: 0,
         };
-        assert_eq!(admitted_now(&s, 40), 12);
-        assert_eq!(admitted_now(&s, 41), 0);
         assert_eq!(credits_now(&s, 1000, 10), 3);
         assert_eq!(credits_now(&s, 1010, 10), 3);
         assert_eq!(credits_now(&s, 1011, 10), 0);
@@ -533,58 +612,142 @@ mod tests {
         let s = SourceSlot {
             tag: 7,
             epoch: 40,
-            admitted: 12,
             credits: 1,
             refused_jiffies: 1000,
+            paid: 5,
         };
-        // Admitted in the same epoch: one more admission, credits kept.
-        let (n, first) = next(&s, 7, 0, (1100, 40), 1, 1);
+        // Admitted in the same epoch: credits kept, the clock as given.
+        let (n, first) = next(&s, (7, 0), (1100, 40), (1, 1), 9);
         assert_eq!(first, 0, "seen already this epoch");
-        assert_eq!((n.admitted, n.credits, n.refused_jiffies), (13, 1, 1000));
-        // A new epoch starts the count again.
-        let (n, first) = next(&s, 7, 0, (1300, 41), 1, 1);
-        assert_eq!(first, 1, "first this epoch");
-        assert_eq!((n.epoch, n.admitted), (41, 1));
+        assert_eq!((n.credits, n.refused_jiffies, n.paid), (1, 1000, 9));
+        // The first attempt of a new epoch counts the source again.
+        let (n, first) = next(&s, (7, 0), (1300, 41), (1, 1), 9);
+        assert_eq!((first, n.epoch), (1, 41));
         // Refused: a credit, stamped now.
-        let (n, _) = next(&s, 7, 0, (1100, 40), 0, 1);
-        assert_eq!((n.admitted, n.credits, n.refused_jiffies), (12, 2, 1100));
+        let (n, _) = next(&s, (7, 0), (1100, 40), (0, 1), 5);
+        assert_eq!((n.credits, n.refused_jiffies), (2, 1100));
         // An admitted retransmit takes its credit back; never below 0.
-        let (n, _) = next(&s, 7, 0, (1100, 40), 1, 0);
-        assert_eq!((n.admitted, n.credits), (13, 0));
-        let (n, _) = next(&n, 7, 0, (1100, 40), 1, 0);
+        let (n, _) = next(&s, (7, 0), (1100, 40), (1, 0), 5);
         assert_eq!(n.credits, 0);
-        // A refused retransmit changes nothing but the stamp's epoch.
-        let (n, _) = next(&s, 7, 0, (1100, 40), 0, 0);
-        assert_eq!((n.admitted, n.credits, n.refused_jiffies), (12, 1, 1000));
+        let (n, _) = next(&n, (7, 0), (1100, 40), (1, 0), 5);
+        assert_eq!(n.credits, 0);
+        // A refused retransmit changes nothing.
+        let (n, _) = next(&s, (7, 0), (1100, 40), (0, 0), 5);
+        assert_eq!(n, s);
         // A slot taken over from another source starts clean.
-        let (n, first) = next(&s, 9, u32::MAX, (1100, 40), 0, 1);
+        let (n, first) = next(&s, (9, u32::MAX), (1100, 40), (0, 1), 77);
         assert_eq!(first, 1, "first this epoch");
         assert_eq!(
             n,
             SourceSlot {
                 tag: 9,
                 epoch: 40,
-                admitted: 0,
                 credits: 1,
-                refused_jiffies: 1100
+                refused_jiffies: 1100,
+                paid: 77,
             }
         );
-        // Credits and admissions saturate.
+        // Credits saturate; the epoch is kept in 16 bits.
         let full = SourceSlot {
-            admitted: u16::MAX,
             credits: MAX_CREDITS as u16,
             ..s
         };
-        let (n, _) = next(&full, 7, 0, (1100, 40), 0, 1);
+        let (n, _) = next(&full, (7, 0), (1100, 40), (0, 1), 5);
         assert_eq!(n.credits as u32, MAX_CREDITS);
-        let (n, _) = next(&full, 7, 0, (1100, 40), 1, 1);
-        assert_eq!(n.admitted, u16::MAX);
+        let (n, first) = next(&s, (7, 0), (1100, 40 + (1 << 16)), (1, 1), 5);
+        assert_eq!((n.epoch, first), (40, 0));
+    }
+
+    #[test]
+    fn the_share_clock_paces_the_quota_over_the_epoch() {
+        // Epochs of 2^8 jiffies, a quota of 19: one admission every 13.5 jiffies, up to an
+        // epoch's worth ahead of the pace.
+        let shift = 8;
+        assert_eq!(interval(19, shift), (256 * 256) / 19);
+        assert_eq!(
+            tolerance(interval(19, shift), shift),
+            256 * 256 - (256 * 256) / 19
+        );
+        assert_eq!(tolerance(0, shift), u32::MAX, "no quota, no limit");
+        assert_eq!(interval(2, shift), 256 * 128);
+        assert_eq!(interval(u32::MAX, shift), 0, "no quota: no pacing");
+        assert_eq!(interval(1, 10), 1 << 18);
+        assert_eq!(
+            interval(1, 40),
+            u32::MAX,
+            "the shift is bounded, the interval saturates"
+        );
+        // Decide every attempt of one source the way the packet path does.
+        let run = |quota: u32, arrivals: &[u64]| -> Vec<bool> {
+            let t = interval(quota, shift);
+            let tol = tolerance(t, shift);
+            let (mut paid, mut absent) = (0u32, u32::MAX);
+            arrivals
+                .iter()
+                .map(|&j| {
+                    let now = fine(j);
+                    let c = clock(paid, absent, now, shift);
+                    let is_over = over(c, now, tol);
+                    // Admitted either way (room): only a within-share one is paid for.
+                    paid = c.wrapping_add(if is_over { 0 } else { t });
+                    absent = 0;
+                    is_over
+                })
+                .collect()
+        };
+        // A heavy source asking every jiffy for 4 epochs: its quota within its share at once,
+        // then one per interval, never a new burst at an epoch's start.
+        let heavy: Vec<u64> = (0..1024).collect();
+        let within: Vec<u64> = heavy
+            .iter()
+            .zip(run(19, &heavy))
+            .filter(|(_, o)| !o)
+            .map(|(j, _)| *j)
+            .collect();
+        assert!(within[..19].iter().all(|&j| j < 19), "{within:?}");
+        for epoch in 1..4u64 {
+            let n = within.iter().filter(|&&j| j >> shift == epoch).count();
+            assert!(
+                (18..=20).contains(&n),
+                "epoch {epoch}: {n} within its share"
+            );
+            let early = within
+                .iter()
+                .filter(|&&j| j >> shift == epoch && j & 255 < 32)
+                .count();
+            assert!(early <= 3, "epoch {epoch}: {early} in its first 32 jiffies");
+        }
+        // A light source at half its share, bunched in pairs: always within it.
+        let light: Vec<u64> = (0..40).flat_map(|i| [i * 54, i * 54 + 1]).collect();
+        assert!(run(19, &light).iter().all(|o| !o));
+        // A quota of 1: the first attempt of an epoch within it, the second over it.
+        assert_eq!(run(1, &[0, 1, 300]), [false, true, false]);
+    }
+
+    #[test]
+    fn a_clock_no_pacing_could_leave_is_read_as_now() {
+        let now = fine(1 << 20);
+        // Paid up to 10 jiffies ahead: kept; behind now: now.
+        assert_eq!(clock(now + fine(10), 0, now, 8), now + fine(10));
+        assert_eq!(clock(now - fine(10), 0, now, 8), now);
+        // A new source, or a clock beyond two epochs (a wrapped one): now.
+        assert_eq!(clock(now + fine(10), u32::MAX, now, 8), now);
+        assert_eq!(clock(now + fine(513), 0, now, 8), now);
+        assert_eq!(clock(now + fine(512), 0, now, 8), now + fine(512));
+        // Across the 32-bit wrap of the clock.
+        let now = u32::MAX - 100;
+        assert_eq!(
+            clock(now.wrapping_add(300), 0, now, 8),
+            now.wrapping_add(300)
+        );
+        assert!(over(now.wrapping_add(300), now, 299));
+        assert!(!over(now.wrapping_add(300), now, 300));
     }
 
     #[test]
     fn a_new_source_replaces_the_one_seen_longest_ago() {
         let mut set = SourceSet::default();
-        for (i, e) in [5u32, 3, 9, 7].into_iter().enumerate() {
+        for (i, e) in [5u16, 3, 9, 7].into_iter().enumerate() {
             set.slot[i] = SourceSlot {
                 tag: i as u32 + 1,
                 epoch: e,

@@ -401,19 +401,29 @@ pub struct Globals {
 }
 
 impl Globals {
-    /// The pending-attempt epoch of `jiffies` (an invalid shift falls back to
-    /// [`DEFAULT_PENDING_EPOCH_SHIFT`]). The shed path counts an admitted attempt in it, the
-    /// tracking path retires it from it or the previous one.
+    /// The length of an epoch as a power of two of jiffies: `pending_epoch_shift`, or
+    /// [`DEFAULT_PENDING_EPOCH_SHIFT`] when that is 0 or over [`MAX_EPOCH_SHIFT`].
+    #[inline(always)]
+    pub fn epoch_shift(&self) -> u32 {
+        // With a mask, not a branch (see [`mask`]): the shift is carried on into the
+        // fair-share arithmetic, where two values of it would double what the verifier
+        // walks.
+        let s = self.pending_epoch_shift;
+        let bad = (mask::zero(s as u64) | mask::sign(MAX_EPOCH_SHIFT as i64 - s as i64)) as u32;
+        (s & !bad) | (DEFAULT_PENDING_EPOCH_SHIFT & bad)
+    }
+
+    /// The pending-attempt epoch of `jiffies`. The shed path counts an admitted attempt in
+    /// it, the tracking path retires it from it or the previous one.
     #[inline(always)]
     pub fn pending_epoch(&self, jiffies: u64) -> u64 {
-        let shift = if self.pending_epoch_shift == 0 || self.pending_epoch_shift > 63 {
-            DEFAULT_PENDING_EPOCH_SHIFT
-        } else {
-            self.pending_epoch_shift
-        };
-        jiffies >> shift
+        jiffies >> self.epoch_shift()
     }
 }
+
+/// The longest epoch: 2^24 jiffies (4.7 hours at HZ=1000), far past the second the daemon
+/// picks; it keeps the fair-share arithmetic, in 1/256 jiffies, within 64 bits.
+pub const MAX_EPOCH_SHIFT: u32 = 24;
 
 /// 2^8 jiffies: 1.024 s at HZ=250, 0.256 s at HZ=1000, 2.56 s at HZ=100. The daemon picks
 /// the shift for about one second from the calibrated HZ.
@@ -733,6 +743,11 @@ mod tests {
         assert_eq!(g(10).pending_epoch(5 << 10), 5);
         assert_eq!(g(0).pending_epoch(3 << DEFAULT_PENDING_EPOCH_SHIFT), 3);
         assert_eq!(g(64).pending_epoch(3 << DEFAULT_PENDING_EPOCH_SHIFT), 3);
+        assert_eq!(g(MAX_EPOCH_SHIFT).epoch_shift(), MAX_EPOCH_SHIFT);
+        assert_eq!(
+            g(MAX_EPOCH_SHIFT + 1).epoch_shift(),
+            DEFAULT_PENDING_EPOCH_SHIFT
+        );
     }
 
     #[test]

@@ -114,6 +114,10 @@ struct Memo {
     /// 1: a retry that may fill idle room (first attempts are not being refused for want
     /// of room; see `fair::may_fill`).
     fill: u32,
+    /// The source's share clock as the attempt found it, and what an admission within its
+    /// share moves it on by (see `fair::clock`).
+    clock: u32,
+    interval: u32,
     /// Handed to the updates after the decision through this map value, whose contents the
     /// verifier does not track, so that every path through the decision reaches them in
     /// one state: the class decided in, 1 if admitted, 1 for a new attempt, 1 if refused
@@ -341,27 +345,28 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         let set = unsafe { &mut *set };
         let way = fair::find(set, m.source_tag);
         m.way = way as u32;
-        let (admitted, credits) = if way < SOURCE_WAYS {
+        let fine = fair::fine(now);
+        let shift = globals.epoch_shift();
+        let (paid, absent, credits) = if way < SOURCE_WAYS {
             let slot = &set.slot[source_way(way)];
             m.unrefused = (globals.pending_epoch(slot.refused_jiffies as u64)
                 != globals.pending_epoch(now as u32 as u64)) as u32;
-            (
-                fair::admitted_now(slot, epoch),
-                fair::credits_now(slot, now, retry_window),
-            )
+            (slot.paid, 0, fair::credits_now(slot, now, retry_window))
         } else {
-            (0, 0)
+            (0, u32::MAX, 0)
         };
-        // Over its share: it has had its quota this epoch.
+        // Over its share: its share clock is more than its tolerance ahead of now.
         let fair = policy.fair_share == 1;
-        let over = fair
-            && counts.is_some_and(|f| {
-                admitted
-                    >= fair::quota(
-                        &f.previous(class as usize, epoch),
-                        policy.classes[(class as usize) & (NUM_CLASSES - 1)].source_quota,
-                    )
-            });
+        let quota = match counts {
+            Some(f) if fair => fair::quota(
+                &f.previous(class as usize, epoch),
+                policy.classes[(class as usize) & (NUM_CLASSES - 1)].source_quota,
+            ),
+            _ => u32::MAX,
+        };
+        m.interval = fair::interval(quota, shift);
+        m.clock = fair::clock(paid, absent, fine, shift);
+        let over = fair::over(m.clock, fine, fair::tolerance(m.interval, shift));
         m.over = over as u32;
         // A new attempt from a source that holds a retry credit (one of its attempts was
         // refused within the retry window) is a retry when the source is over its share, or
@@ -431,7 +436,11 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
             // of an over-share admission if the class has made one it has not yet given up.
             if m.over != 0 {
                 decision.reason = REASON_FAIR_SHARE;
-            } else if fair::may_preempt(&f.window(class as usize, epoch)) {
+            } else if fair::may_preempt(
+                &f.window(class as usize, epoch),
+                occ[(class as usize) & (NUM_CLASSES - 1)],
+                decision.excess as u64,
+            ) {
                 decision = Decision::admit(REASON_FAIR_SHARE);
                 m.preempt = 1;
             }
@@ -662,7 +671,17 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
     };
     let s = &mut set.slot[(way as usize) & (SOURCE_WAYS - 1)];
     let absent = absent as u32;
-    let (next, first) = fair::next(s, m.source_tag, absent, (now, epoch), a, unique & 1);
+    // An admission within the share moves the source's share clock on.
+    let paid = m
+        .clock
+        .wrapping_add(m.interval & 0u32.wrapping_sub(a & (1 - m.over)));
+    let (next, first) = fair::next(
+        s,
+        (m.source_tag, absent),
+        (now, epoch),
+        (a, unique & 1),
+        paid,
+    );
     *s = next;
     unsafe { (*counts).sources = (*counts).sources.wrapping_add(first) };
 }

@@ -38,14 +38,10 @@ fn lab(tag: &str, port: u16) -> Lab {
 }
 
 /// One source at 2.5× the capacity and eight at 5% of it each, all in the default class
-/// (MEDIUM): 500/s and 10/s against a 200/s backend. The light sources are served, the
-/// heavy one gets the rest, and the backend stays busy (99–100% of capacity measured).
-///
-/// The light sources' bound per source is below the design's 90%: measured 86–98% per
-/// source (a light source meeting a full service gets in only while the heavy one's
-/// over-share admissions of the last two epochs outnumber the preemptions, and each has
-/// only about 110 requests in the window). So each must have 85%, and all of them the
-/// design's 90% on average (measured 91–94%; before fair shares, light sources got 9%).
+/// (MEDIUM): 500/s and 10/s against a 200/s backend. Each light source is served (at least
+/// the 90% the design asks; measured 98–100%), the heavy one gets the rest, and the backend
+/// stays busy (measured 99–100% of capacity). Before fair shares, light sources got 9%;
+/// with a quota counted per epoch and preemption bounded by counts, 86–98%.
 #[test]
 fn a_heavy_source_gets_only_what_the_light_ones_leave() {
     let lab = lab("fair", 8210);
@@ -79,14 +75,8 @@ fn a_heavy_source_gets_only_what_the_light_ones_leave() {
         100.0 * w.goodput() / cap
     );
     for (l, s) in labels.iter().zip(&lights) {
-        assert!(*s >= 0.85, "{l}: {:.1}% of its requests served", 100.0 * s);
+        assert!(*s >= 0.90, "{l}: {:.1}% of its requests served", 100.0 * s);
     }
-    let mean = lights.iter().sum::<f64>() / lights.len() as f64;
-    assert!(
-        mean >= 0.90,
-        "light sources: {:.1}% of their requests served on average",
-        100.0 * mean
-    );
     assert!(
         w.goodput() >= 0.95 * cap,
         "goodput {:.0}/s of {cap:.0}/s",

@@ -116,13 +116,7 @@ impl SignalReader {
         let window_ticks = self.window_ticks;
         let epoch = shedder
             .globals()
-            .map(|g| {
-                let shift = match g.pending_epoch_shift {
-                    0 | 64.. => shedder_common::DEFAULT_PENDING_EPOCH_SHIFT,
-                    s => s,
-                };
-                g.clock_jiffies >> shift
-            })
+            .map(|g| g.pending_epoch(g.clock_jiffies))
             .map_err(|e| e.to_string());
         self.services
             .iter_mut()
