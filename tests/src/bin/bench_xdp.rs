@@ -33,8 +33,9 @@ use clap::Parser;
 use serde::Serialize;
 use shedder::kernel::{BASELINE_OBJECT, Shedder};
 use shedder_common::{
-    ACTION_DROP, ACTION_RST, CLASS_HIGH, MODE_ENFORCE, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS,
-    REASON_PRIORITY, REASON_UNDER_LIMIT, ServicePolicy, VERDICT_DROP, VERDICT_PASS, VERDICT_RST,
+    ACTION_DROP, ACTION_RST, CLASS_HIGH, CLASS_MEDIUM, MODE_ENFORCE, NUM_CLASSES, NUM_REASONS,
+    NUM_VERDICTS, REASON_PRIORITY, REASON_UNDER_LIMIT, ServicePolicy, VERDICT_DROP, VERDICT_PASS,
+    VERDICT_RST,
 };
 use shedder_tests::{
     machine::{Machine, machine},
@@ -95,11 +96,11 @@ enum Method {
     SingleShot,
 }
 
-/// A decision counter: (service, verdict, reason) for class HIGH, the class of every source
-/// here.
+/// A decision counter: (service, class, verdict, reason).
 #[derive(Clone, Copy, Debug)]
 struct Decision {
     service: u32,
+    class: u32,
     verdict: u32,
     reason: u32,
 }
@@ -121,6 +122,42 @@ struct PathSpec {
     memory: bool,
     /// Fair shares and the retry budget on as well (the defaults).
     fair: bool,
+    /// Every call a new source address, port and initial sequence number, as in a SYN
+    /// flood: no lookup finds what an earlier call left.
+    flood: bool,
+}
+
+/// Where an IPv4 frame without options holds its source address, header checksum and
+/// source port.
+const SRC_OFFSET: usize = 14 + 12;
+const IP_CSUM_OFFSET: usize = 14 + 10;
+const SPORT_OFFSET: usize = 14 + 20;
+
+/// Flood sources: 198.19.0.0/16, in no class prefix (the service's default class).
+const FLOOD_NET: [u8; 2] = [198, 19];
+
+/// The next frame of a flood: a new source address (cycling through [`FLOOD_NET`]), source
+/// port and initial sequence number, the IPv4 header checksum made right again.
+fn next_flood(frame: &mut [u8], n: u64) {
+    let host = (n as u16).to_be_bytes();
+    frame[SRC_OFFSET..SRC_OFFSET + 4].copy_from_slice(&[
+        FLOOD_NET[0],
+        FLOOD_NET[1],
+        host[0],
+        host[1],
+    ]);
+    let port = 1024 + (n.wrapping_mul(7919) % 64_000) as u16;
+    frame[SPORT_OFFSET..SPORT_OFFSET + 2].copy_from_slice(&port.to_be_bytes());
+    let isn = (n as u32).wrapping_mul(0x9e37_79b9);
+    frame[ISN_OFFSET..ISN_OFFSET + 4].copy_from_slice(&isn.to_be_bytes());
+    frame[IP_CSUM_OFFSET..IP_CSUM_OFFSET + 2].copy_from_slice(&[0, 0]);
+    let sum = frame[14..34]
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum::<u32>();
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    frame[IP_CSUM_OFFSET..IP_CSUM_OFFSET + 2].copy_from_slice(&(!(sum as u16)).to_be_bytes());
 }
 
 /// Every limit and ceiling at u32::MAX: each admitted SYN counts as pending for about a
@@ -181,12 +218,29 @@ impl PathSpec {
             ..self.with_memory(label)
         }
     }
+
+    /// A flood of this path: every call a new source (of the default class), port and
+    /// initial sequence number, measured single-shot against the memory rows' target.
+    fn flood(self) -> Self {
+        let decision = self.decision.map(|d| Decision {
+            class: CLASS_MEDIUM,
+            ..d
+        });
+        Self {
+            method: Method::SingleShot,
+            target: TARGET_SYN_MEMORY,
+            flood: true,
+            decision,
+            ..self
+        }
+    }
 }
 
 fn paths() -> Vec<PathSpec> {
     let shed = |service, verdict| {
         Some(Decision {
             service,
+            class: CLASS_HIGH,
             verdict,
             reason: REASON_PRIORITY,
         })
@@ -201,6 +255,7 @@ fn paths() -> Vec<PathSpec> {
         target: TARGET_SYN,
         memory: false,
         fair: false,
+        flood: false,
     };
     let admit = PathSpec {
         label: "SYN-admit (limits u32::MAX)",
@@ -209,6 +264,7 @@ fn paths() -> Vec<PathSpec> {
         action: XDP_PASS,
         decision: Some(Decision {
             service: SVC_DROP,
+            class: CLASS_HIGH,
             verdict: VERDICT_PASS,
             reason: REASON_UNDER_LIMIT,
         }),
@@ -216,6 +272,7 @@ fn paths() -> Vec<PathSpec> {
         target: TARGET_SYN,
         memory: false,
         fair: false,
+        flood: false,
     };
     vec![
         PathSpec {
@@ -228,6 +285,7 @@ fn paths() -> Vec<PathSpec> {
             target: TARGET_NON_SYN,
             memory: false,
             fair: false,
+            flood: false,
         },
         PathSpec {
             label: "SYN to an unprotected port",
@@ -239,6 +297,7 @@ fn paths() -> Vec<PathSpec> {
             target: TARGET_SYN,
             memory: false,
             fair: false,
+            flood: false,
         },
         admit.clone(),
         drop.clone(),
@@ -255,6 +314,7 @@ fn paths() -> Vec<PathSpec> {
             target: TARGET_SYN,
             memory: false,
             fair: false,
+            flood: false,
         },
         // With the defaults: retransmit and retry recognition on.
         admit
@@ -266,9 +326,19 @@ fn paths() -> Vec<PathSpec> {
         // Every default: the source's share looked up and counted, the class's epochs read
         // (quota, floor in admissions, budget), and on the refusal the preemption check.
         admit.with_fair_shares("SYN-admit, a new attempt, fair shares and retry budget on"),
-        drop.with_fair_shares(
+        drop.clone().with_fair_shares(
             "SYN-drop, a new attempt within its share, fair shares and retry budget on",
         ),
+        // A SYN flood: every SYN from a new source, port and initial sequence number, so
+        // every lookup misses; with recognition off, and with every default.
+        PathSpec {
+            label: "SYN flood, drop: every SYN a new source, recognition off",
+            ..drop.clone()
+        }
+        .flood(),
+        drop.clone()
+            .with_fair_shares("SYN flood, drop: every SYN a new source, every default on")
+            .flood(),
     ]
 }
 
@@ -297,6 +367,8 @@ struct Subject {
     label: &'static str,
     /// Bump the frame's initial sequence number before every call.
     new_attempts: bool,
+    /// Every call a new source, port and initial sequence number ([`next_flood`]).
+    flood: bool,
     method: Method,
     /// `None` for the baselines.
     target: Option<f64>,
@@ -323,6 +395,7 @@ impl Subject {
         Ok(Self {
             label: "empty XDP program (baseline)",
             new_attempts: false,
+            flood: false,
             method,
             target: None,
             program: Program::Baseline(ebpf),
@@ -360,6 +433,7 @@ impl Subject {
         Ok(Self {
             label: spec.label,
             new_attempts: spec.memory,
+            flood: spec.flood,
             method: spec.method,
             target: Some(spec.target),
             program: Program::Shedder {
@@ -377,7 +451,11 @@ impl Subject {
     /// One BPF_PROG_TEST_RUN call; the kernel's mean time per run. An error unless the
     /// program returned the action this path claims.
     fn call(&mut self, repeat: u32, data_out: Option<&mut [u8]>) -> Result<(Duration, u32)> {
-        if self.new_attempts {
+        if self.flood {
+            for frame in [&mut self.frame, &mut self.output] {
+                next_flood(frame, self.runs);
+            }
+        } else if self.new_attempts {
             for frame in [&mut self.frame, &mut self.output] {
                 let isn = &mut frame[ISN_OFFSET..ISN_OFFSET + 4];
                 let next = u32::from_be_bytes(isn.try_into().expect("4 bytes")).wrapping_add(1);
@@ -445,7 +523,7 @@ impl Subject {
                 self.label
             ),
             Some(d) => {
-                let mine = shedder.counter(d.service, CLASS_HIGH, d.verdict, d.reason)?;
+                let mine = shedder.counter(d.service, d.class, d.verdict, d.reason)?;
                 ensure!(
                     mine == self.runs && all == self.runs,
                     "{}: {} runs, but {mine} counted as expected and {all} decisions in all",
@@ -646,6 +724,34 @@ fn markdown(report: &Report) -> String {
              repeated baseline.\n",
             e.ns, e.ratio
         ));
+    }
+    let base = |method| {
+        report
+            .rows
+            .iter()
+            .find(|r| r.method == method && r.target.is_none())
+            .map(|r| r.ns)
+    };
+    if let (Some(repeated_base), Some(single_base)) =
+        (base(Method::Repeated), base(Method::SingleShot))
+    {
+        for r in report
+            .rows
+            .iter()
+            .filter(|r| r.path.starts_with("SYN flood"))
+        {
+            // What the program adds to an empty one, single-shot, on top of what an empty
+            // program costs per packet when repeated: the per-call overhead left out.
+            let ns = r.ns - single_base + repeated_base;
+            md.push_str(&format!(
+                "\n{}: {:.0} ns per SYN on the repeated basis (the single-shot figure less the \
+                 single-shot baseline, plus the repeated baseline), about {:.1} million SYNs \
+                 a second per core.\n",
+                r.path,
+                ns,
+                1e3 / ns
+            ));
+        }
     }
     let list = |v: &[(String, Option<u32>)]| -> String {
         v.iter()
