@@ -88,6 +88,43 @@ fn tick(v: &f64) -> String {
 /// panel); a legend in each panel; the same series name has the same colour in every panel.
 /// 1000 px wide, 360 px per panel.
 pub fn chart(path: &Path, title: &str, x_label: &str, panels: &[Panel]) -> Result<()> {
+    draw(path, title, x_label, panels, false)
+}
+
+/// [`chart`] with a logarithmic x axis (base 2; every x must be positive), for quantities
+/// such as an overload factor from 1× to 20×.
+pub fn chart_log_x(path: &Path, title: &str, x_label: &str, panels: &[Panel]) -> Result<()> {
+    let positive = panels
+        .iter()
+        .flat_map(|p| &p.series)
+        .flat_map(|s| &s.points)
+        .all(|p| p.0 > 0.0);
+    if !positive {
+        bail!("chart {title:?}: a logarithmic x axis needs positive x");
+    }
+    let logged: Vec<Panel> = panels
+        .iter()
+        .map(|p| Panel {
+            series: p
+                .series
+                .iter()
+                .map(|s| Series {
+                    name: s.name.clone(),
+                    points: s.points.iter().map(|&(x, y)| (x.log2(), y)).collect(),
+                })
+                .collect(),
+            ..p.clone()
+        })
+        .collect();
+    draw(path, title, x_label, &logged, true)
+}
+
+/// A tick of a base-2 logarithmic axis: the value it stands for.
+fn log_tick(v: &f64) -> String {
+    tick(&2f64.powf(*v))
+}
+
+fn draw(path: &Path, title: &str, x_label: &str, panels: &[Panel], log_x: bool) -> Result<()> {
     if panels.is_empty() {
         bail!("chart {title:?}: no panels");
     }
@@ -133,7 +170,7 @@ pub fn chart(path: &Path, title: &str, x_label: &str, panels: &[Panel]) -> Resul
         mesh.y_desc(panel.y_label.as_str())
             .label_style((FONT, 14))
             .axis_desc_style((FONT, 16))
-            .x_label_formatter(&tick)
+            .x_label_formatter(if log_x { &log_tick } else { &tick })
             .y_label_formatter(&tick)
             .light_line_style(WHITE.mix(0.0));
         if last {
@@ -244,5 +281,29 @@ mod tests {
         assert!(!path.exists());
 
         assert!(chart(&path, "empty", "x", &[]).is_err());
+    }
+
+    #[test]
+    fn a_log_axis_needs_positive_x_and_labels_the_values() {
+        let path =
+            std::env::temp_dir().join(format!("shedder-plot-log-{}.png", std::process::id()));
+        let _file = Remove(path.clone());
+        let panel = |points: Vec<(f64, f64)>| Panel {
+            y_label: "goodput (%)".into(),
+            series: vec![Series {
+                name: "shedder".into(),
+                points,
+            }],
+            y_max: Some(110.0),
+            hlines: Vec::new(),
+        };
+        let factors = [1.0, 2.0, 3.0, 5.0, 10.0, 20.0];
+        let ok = panel(factors.iter().map(|&f| (f, 100.0)).collect());
+        chart_log_x(&path, "log", "× capacity", &[ok]).expect("chart");
+        assert!(std::fs::read(&path).is_ok_and(|png| png.starts_with(b"\x89PNG")));
+        assert!(chart_log_x(&path, "bad", "x", &[panel(vec![(0.0, 1.0)])]).is_err());
+        assert_eq!(log_tick(&0.0), "1");
+        assert_eq!(log_tick(&2f64.log2()), "2");
+        assert_eq!(log_tick(&20f64.log2()), "20");
     }
 }

@@ -16,7 +16,10 @@ use std::{
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::protocol::{BUSY, REQUEST, RESPONSE};
+use super::{
+    cpu::{burn, pin_current_thread, read_clock},
+    protocol::{BUSY, REQUEST, RESPONSE},
+};
 use crate::netns::Netns;
 
 /// How long a worker waits for the request bytes of a connection it accepted before it
@@ -40,6 +43,23 @@ pub struct BackendConfig {
     /// Shed in the application under an AIMD limit (None: every accepted request is
     /// served, as by a plain server).
     pub in_app: Option<InAppAimd>,
+    /// What holding a request for its service time means.
+    pub work: Work,
+    /// Run every thread of the backend on this CPU (None: wherever the scheduler likes).
+    pub cpu: Option<usize>,
+}
+
+/// What a worker does with a request for its service time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Work {
+    /// Wait (a request blocked on I/O or on another service): workers are the limit, not
+    /// the CPU, and a refusal after accept costs the backend little it needs.
+    #[default]
+    Sleep,
+    /// Compute: the service time is CPU time (see [`crate::load::burn`]), so workers on
+    /// one core share it, and whatever else runs on that core (the kernel's packet
+    /// processing, refusing) takes from serving.
+    Burn,
 }
 
 impl Default for BackendConfig {
@@ -50,6 +70,8 @@ impl Default for BackendConfig {
             service_time: Duration::from_millis(20),
             backlog: 1024,
             in_app: None,
+            work: Work::Sleep,
+            cpu: None,
         }
     }
 }
@@ -77,14 +99,37 @@ impl BackendConfig {
         self
     }
 
-    /// Nominal capacity in requests per second: workers / service time.
+    /// Compute (or wait) for the service time.
+    pub fn work(mut self, work: Work) -> Self {
+        self.work = work;
+        self
+    }
+
+    /// Run every thread on `cpu`.
+    pub fn cpu(mut self, cpu: usize) -> Self {
+        self.cpu = Some(cpu);
+        self
+    }
+
+    /// Nominal capacity in requests per second: workers / service time (workers that
+    /// compute share the CPUs they may run on).
     pub fn capacity(&self) -> f64 {
-        nominal_capacity(self.workers, self.service_time)
+        nominal_capacity(self.servers(), self.service_time)
+    }
+
+    /// How many requests can be held at once: the workers, or for computing workers the
+    /// CPUs they run on if fewer.
+    fn servers(&self) -> usize {
+        match (self.work, self.cpu) {
+            (Work::Sleep, _) => self.workers,
+            (Work::Burn, Some(_)) => 1,
+            (Work::Burn, None) => self.workers.min(super::cpu::online_cpus()),
+        }
     }
 }
 
-fn nominal_capacity(workers: usize, service_time: Duration) -> f64 {
-    workers as f64 / service_time.as_secs_f64().max(1e-9)
+fn nominal_capacity(servers: usize, service_time: Duration) -> f64 {
+    servers as f64 / service_time.as_secs_f64().max(1e-9)
 }
 
 /// Shedding inside the application, as its developer would add it: a limit on the requests
@@ -179,7 +224,9 @@ pub struct Backend {
 }
 
 struct BackendShared {
-    workers: usize,
+    /// Requests that can be held at once ([`BackendConfig::servers`]).
+    servers: usize,
+    work: Work,
     service_us: AtomicU64,
     stopping: AtomicBool,
     stop_lock: Mutex<bool>,
@@ -311,7 +358,8 @@ impl Backend {
         let port = listener.local_addr().expect("local addr").port();
         let listener = Arc::new(listener);
         let shared = Arc::new(BackendShared {
-            workers: config.workers,
+            servers: config.servers(),
+            work: config.work,
             service_us: AtomicU64::new(config.service_time.as_micros() as u64),
             stopping: AtomicBool::new(false),
             stop_lock: Mutex::new(false),
@@ -324,20 +372,27 @@ impl Backend {
             reject_cpu_ns: AtomicU64::new(0),
             aimd: config.in_app.map(Aimd::new),
         });
-        fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> thread::JoinHandle<()> {
+        let cpu = config.cpu;
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send + 'static>| {
             thread::Builder::new()
                 .name(name)
-                .spawn(f)
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        pin_current_thread(cpu);
+                    }
+                    f()
+                })
                 .expect("spawning a backend thread")
-        }
+        };
         let mut threads = Vec::with_capacity(config.workers + 1);
         match &config.in_app {
             None => {
                 for i in 0..config.workers {
                     let (listener, shared) = (listener.clone(), shared.clone());
-                    threads.push(spawn(format!("backend-{port}-{i}"), move || {
-                        worker(&listener, &shared)
-                    }));
+                    threads.push(spawn(
+                        format!("backend-{port}-{i}"),
+                        Box::new(move || worker(&listener, &shared)),
+                    ));
                 }
             }
             Some(aimd) => {
@@ -346,14 +401,16 @@ impl Backend {
                 let rx = Arc::new(Mutex::new(rx));
                 for i in 0..config.workers {
                     let (rx, shared) = (rx.clone(), shared.clone());
-                    threads.push(spawn(format!("backend-{port}-{i}"), move || {
-                        pool_worker(&rx, &shared)
-                    }));
+                    threads.push(spawn(
+                        format!("backend-{port}-{i}"),
+                        Box::new(move || pool_worker(&rx, &shared)),
+                    ));
                 }
                 let (listener, shared) = (listener.clone(), shared.clone());
-                threads.push(spawn(format!("backend-{port}-a"), move || {
-                    acceptor(&listener, &shared, tx)
-                }));
+                threads.push(spawn(
+                    format!("backend-{port}-a"),
+                    Box::new(move || acceptor(&listener, &shared, tx)),
+                ));
             }
         }
         Self {
@@ -386,9 +443,9 @@ impl Backend {
             .store(service_time.as_micros() as u64, Ordering::Relaxed);
     }
 
-    /// Nominal capacity now, in requests per second: workers / service time.
+    /// Nominal capacity now, in requests per second (see [`BackendConfig::capacity`]).
     pub fn capacity(&self) -> f64 {
-        nominal_capacity(self.shared.workers, self.service_time())
+        nominal_capacity(self.shared.servers, self.service_time())
     }
 
     /// Requests answered so far.
@@ -467,19 +524,6 @@ fn worker(listener: &TcpListener, shared: &BackendShared) {
 /// This thread's CPU time so far.
 fn thread_cpu_time() -> Duration {
     read_clock(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or_default()
-}
-
-/// The time on a clock (`clock_gettime(2)`), e.g. a CPU-time clock.
-pub fn read_clock(clock: libc::clockid_t) -> io::Result<Duration> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; an invalid clock id is an error, not undefined.
-    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
 /// The in-app mode's only accepting thread: reads each request, then queues it for the
@@ -584,10 +628,11 @@ fn read_request(conn: &mut TcpStream, shared: &BackendShared) -> bool {
 /// Hold the request for the service time and answer; true when the response was written.
 fn respond(conn: &mut TcpStream, shared: &BackendShared) -> bool {
     let service = Duration::from_micros(shared.service_us.load(Ordering::Relaxed));
-    if !shared.sleep(service) {
-        return false;
-    }
-    conn.write_all(RESPONSE).is_ok()
+    let held = match shared.work {
+        Work::Sleep => shared.sleep(service),
+        Work::Burn => burn(service, || shared.stopping()),
+    };
+    held && conn.write_all(RESPONSE).is_ok()
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::{
     client::{Outcome, raise_nofile_limit, request},
+    cpu::pin_current_thread,
     schedule::{ArrivalClock, Arrivals, Phase, XorShift},
     stats::{LoadReport, Record, SecondStats, Window},
 };
@@ -78,6 +79,9 @@ pub struct LoadGen {
     /// Seed of the arrival gaps and class picks: the same seed and schedule give the same
     /// arrivals.
     pub seed: u64,
+    /// Run the generator's threads on this CPU only (None: anywhere), so that it does not
+    /// take the CPU of what it measures.
+    pub cpu: Option<usize>,
 }
 
 impl LoadGen {
@@ -92,6 +96,7 @@ impl LoadGen {
             max_outstanding: 20_000,
             arrivals: Arrivals::Poisson,
             seed: 1,
+            cpu: None,
         }
     }
 
@@ -146,6 +151,12 @@ impl LoadGen {
 
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = seed;
+        self
+    }
+
+    /// Run on `cpu` only.
+    pub fn cpu(mut self, cpu: usize) -> Self {
+        self.cpu = Some(cpu);
         self
     }
 
@@ -391,9 +402,18 @@ impl Drop for Outstanding {
 
 impl Prepared {
     fn run(self, tx: mpsc::Sender<SecondStats>, stop: Arc<AtomicBool>) -> LoadReport {
+        let cpu = self.config.cpu;
+        if let Some(cpu) = cpu {
+            pin_current_thread(cpu);
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("loadgen-worker")
+            .on_thread_start(move || {
+                if let Some(cpu) = cpu {
+                    pin_current_thread(cpu);
+                }
+            })
             .enable_all()
             .build()
             .expect("building the load generator's runtime");

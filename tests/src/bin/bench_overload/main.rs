@@ -28,16 +28,26 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod backends;
+mod node;
+mod shed_point;
+
 use anyhow::{Context as _, Result, bail};
+use backends::BackendSpec;
 use clap::Parser;
+use node::Placement;
 use serde::Serialize;
+use shed_point::{shed_point_markdown, shed_point_plot, shed_point_targets};
 use shedder::kernel::{MapReader, PinnedMaps};
 use shedder_common::{NUM_CLASSES, NUM_REASONS, REASON_NAMES, programs};
 use shedder_tests::{
     daemon::Daemon,
     interrupt::interrupted,
     load::{Backend, BackendConfig, InAppAimd, LoadGen, LoadReport, Outcome, Window},
-    load::{add_local_range, measure_capacity, prepare_client_namespace},
+    load::{
+        add_local_range, measure_capacity, pin_current_thread, pin_process,
+        prepare_client_namespace,
+    },
     machine::{Machine, machine},
     netns::Pair,
     peers::{Haproxy, HaproxyConfig, Nft},
@@ -128,6 +138,9 @@ struct Args {
     /// shedder-drop, shedder-rst).
     #[arg(long, value_delimiter = ',')]
     systems: Vec<String>,
+    /// Only these backends (comma-separated keys: io, cpu).
+    #[arg(long, value_delimiter = ',')]
+    backends: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -194,10 +207,15 @@ struct Cpu {
     /// What it counts itself: the in-app limiter its rejections, shedder its program's
     /// runs (packets).
     events: Option<u64>,
+    /// shedder only: run time of its tracking programs so far (kernel BPF statistics):
+    /// what its measuring takes from the node.
+    tracking: Option<Duration>,
 }
 
 struct System {
     kind: Kind,
+    spec: BackendSpec,
+    placement: Option<Placement>,
     backend: Backend,
     target: SocketAddr,
     nft: Option<Nft>,
@@ -207,8 +225,18 @@ struct System {
 }
 
 impl System {
-    fn start(kind: Kind, pair: &Pair, capacity: f64) -> Result<Self> {
-        let mut config = BackendConfig::new(BACKEND_PORT, WORKERS, SERVICE_TIME);
+    fn start(
+        kind: Kind,
+        pair: &Pair,
+        capacity: f64,
+        spec: BackendSpec,
+        placement: Option<Placement>,
+    ) -> Result<Self> {
+        let mut config =
+            BackendConfig::new(BACKEND_PORT, spec.workers, spec.service_time).work(spec.work);
+        if let Some(p) = placement {
+            config = config.cpu(p.node_cpu);
+        }
         if kind == Kind::InApp {
             config = config.in_app(InAppAimd {
                 target_latency: TARGET_LATENCY,
@@ -223,6 +251,8 @@ impl System {
         ));
         let mut s = Self {
             kind,
+            spec,
+            placement,
             backend,
             target: SocketAddr::new(IpAddr::V4(SERVER_V4), BACKEND_PORT),
             nft: None,
@@ -252,7 +282,7 @@ impl System {
                     &HaproxyConfig {
                         listen_port: HAPROXY_PORT,
                         backend: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), BACKEND_PORT),
-                        server_maxconn: WORKERS as u32,
+                        server_maxconn: spec.workers as u32,
                         frontend_maxconn: 4096,
                         // Half the clients' deadline: a queued request still has time to be
                         // served, and one that waited this long is given up on.
@@ -264,8 +294,8 @@ impl System {
             Kind::ShedderDrop | Kind::ShedderRst => {
                 let lab = LabConfig {
                     port: BACKEND_PORT,
-                    workers: WORKERS,
-                    service_time: SERVICE_TIME,
+                    workers: spec.workers,
+                    service_time: spec.service_time,
                     target_latency_ms: TARGET_LATENCY.as_millis() as u64,
                     controller: "aimd",
                     action: if kind == Kind::ShedderDrop {
@@ -284,6 +314,19 @@ impl System {
                 daemon.wait_for_log("running", Duration::from_secs(15));
                 s.daemon = Some(daemon);
             }
+        }
+        if let Some(p) = placement {
+            // The node's processes on the node's CPU; attaching XDP may have made the
+            // veth's NAPI threads anew.
+            let pids = [
+                s.haproxy.as_ref().map(Haproxy::pid),
+                s.daemon.as_ref().map(Daemon::pid),
+            ];
+            for pid in pids.into_iter().flatten() {
+                pin_process(pid, p.node_cpu)
+                    .with_context(|| format!("pinning process {pid} to CPU {}", p.node_cpu))?;
+            }
+            p.pin_napi()?;
         }
         Ok(s)
     }
@@ -318,15 +361,30 @@ impl System {
     fn cpu(&self) -> Option<Cpu> {
         match self.kind {
             Kind::ShedderDrop | Kind::ShedderRst => {
-                let (time, runs) = aya::programs::loaded_programs()
+                let loaded: Vec<_> = aya::programs::loaded_programs()
                     .filter_map(|p| p.ok())
+                    .collect();
+                let (time, runs) = loaded
+                    .iter()
                     .filter(|p| p.name_as_str() == Some(programs::XDP))
                     .fold((Duration::ZERO, 0), |(t, n), p| {
                         (t + p.run_time(), n + p.run_count())
                     });
+                // The kernel keeps a program's name to 15 bytes.
+                let kernel_name = |name: &str| name[..name.len().min(15)].to_string();
+                let tracking = loaded
+                    .iter()
+                    .filter(|p| {
+                        programs::TRACEPOINTS
+                            .iter()
+                            .any(|(name, _, _)| p.name_as_str() == Some(kernel_name(name).as_str()))
+                    })
+                    .map(|p| p.run_time())
+                    .sum();
                 Some(Cpu {
                     time,
                     events: Some(runs),
+                    tracking: Some(tracking),
                 })
             }
             Kind::InApp => {
@@ -334,11 +392,13 @@ impl System {
                 Some(Cpu {
                     time: s.reject_cpu,
                     events: Some(s.rejected),
+                    tracking: None,
                 })
             }
             Kind::Haproxy => self.haproxy.as_ref().map(|h| Cpu {
                 time: h.cpu_time(),
                 events: None,
+                tracking: None,
             }),
             _ => None,
         }
@@ -413,14 +473,21 @@ fn drive(
     (handle.wait(), samples)
 }
 
-/// The load generator with the standard class mix.
-fn load(target: SocketAddr) -> LoadGen {
-    CLIENTS
-        .iter()
-        .fold(LoadGen::new(target), |g, c| {
-            g.class_hosts(c.label, IpAddr::V4(c.first), c.hosts, c.fraction)
-        })
-        .deadline(DEADLINE)
+impl System {
+    /// The load generator with the standard class mix, aimed at this system, on the
+    /// client's CPU if the node is placed.
+    fn load(&self) -> LoadGen {
+        let g = CLIENTS
+            .iter()
+            .fold(LoadGen::new(self.target), |g, c| {
+                g.class_hosts(c.label, IpAddr::V4(c.first), c.hosts, c.fraction)
+            })
+            .deadline(DEADLINE);
+        match self.placement {
+            Some(p) => g.cpu(p.client_cpu),
+            None => g,
+        }
+    }
 }
 
 /// The reading nearest to `t`.
@@ -431,6 +498,13 @@ fn sample_at(samples: &[Sample], t: f64) -> Option<&Sample> {
             .partial_cmp(&(b.t - t).abs())
             .unwrap_or(std::cmp::Ordering::Equal)
     })
+}
+
+/// shedder's tracking programs' run time between two instants.
+fn tracking_between(samples: &[Sample], from: f64, to: f64) -> Option<Duration> {
+    let a = sample_at(samples, from)?.cpu?.tracking?;
+    let b = sample_at(samples, to)?.cpu?.tracking?;
+    Some(b.saturating_sub(a))
 }
 
 /// CPU and self-counted events between two instants.
@@ -456,6 +530,8 @@ fn ms(d: Option<Duration>) -> Option<f64> {
 struct Step {
     /// Offered load as a multiple of the measured capacity.
     factor: f64,
+    /// What the schedule asked for (factor × capacity) and what the generator achieved.
+    target_rps: f64,
     offered_rps: f64,
     goodput_rps: f64,
     /// Goodput as % of the measured capacity.
@@ -481,12 +557,16 @@ struct Step {
     limit: Option<[f64; 3]>,
     /// shedder's refusals in the step's measured window, by class and reason.
     refused_by_reason: Option<Refusals>,
+    /// shedder only: its tracking programs' run time per request served in the step, in
+    /// µs (what measuring takes from the node).
+    tracking_us_per_ok: Option<f64>,
 }
 
 fn step(w: &Window, factor: f64, capacity: f64) -> Step {
     let crit = w.class("critical").map_or(0.0, |c| c.share(c.ok));
     Step {
         factor,
+        target_rps: factor * capacity,
         offered_rps: w.offered_rate(),
         goodput_rps: w.goodput(),
         goodput_pct: 100.0 * w.goodput() / capacity,
@@ -504,6 +584,7 @@ fn step(w: &Window, factor: f64, capacity: f64) -> Step {
         busy: w.all.busy,
         limit: None,
         refused_by_reason: None,
+        tracking_us_per_ok: None,
     }
 }
 
@@ -514,10 +595,13 @@ fn slo_goodput(w: &Window) -> f64 {
     n as f64 / w.seconds.max(1) as f64
 }
 
-/// CPU on the reject path per rejected attempt at 3×, and r = that / the cost of serving
-/// a request (one worker for the service time).
+/// CPU on the reject path per rejected attempt at the backend's cost step (3× for the I/O
+/// backend), and r = that / the cost of serving a request (one worker for the service
+/// time).
 #[derive(Clone, Debug, Serialize)]
 struct RejectCost {
+    /// The step it was measured at (× capacity).
+    factor: f64,
     /// Microseconds of CPU per rejected attempt (an upper bound where noted).
     cpu_us: f64,
     /// shedder only: mean nanoseconds per run of the XDP program over the step (every
@@ -610,19 +694,23 @@ fn ladder(
     result: &mut SystemResult,
     errors: &mut Vec<(String, u64)>,
 ) {
-    let schedule = LADDER.iter().fold(load(sys.target), |g, f| {
-        g.phase(secs(step_secs), f * capacity)
-    });
+    let ladder = sys.spec.ladder;
+    let schedule = ladder
+        .iter()
+        .fold(sys.load(), |g, f| g.phase(secs(step_secs), f * capacity));
     let (report, samples) = drive(pair, sys, schedule, |_, _| {});
     collect_errors(&report, errors);
     let mut cpu_per_ok_1x = None;
-    for (i, &factor) in LADDER.iter().enumerate() {
+    for (i, &factor) in ladder.iter().enumerate() {
         let start = i as u64 * step_secs + SETTLE_SECS.min(step_secs - 1);
         let end = (i as u64 + 1) * step_secs;
         let w = report.range(start..end);
         let mut st = step(&w, factor, capacity);
         st.limit = limit_spread(&samples, start as f64, end as f64);
         st.refused_by_reason = refused_between(&samples, start as f64, end as f64);
+        st.tracking_us_per_ok = tracking_between(&samples, start as f64, end as f64)
+            .filter(|_| w.all.ok > 0)
+            .map(|t| t.as_secs_f64() * 1e6 / w.all.ok as f64);
         result.steps.push(st);
         let Some((cpu, events)) = cpu_between(&samples, start as f64, end as f64) else {
             continue;
@@ -630,7 +718,7 @@ fn ladder(
         if factor == 1.0 && w.all.ok > 0 {
             cpu_per_ok_1x = Some(cpu.as_secs_f64() / w.all.ok as f64);
         }
-        if factor != 3.0 {
+        if factor != sys.spec.cost_factor {
             continue;
         }
         let not_served = w.all.attempts.saturating_sub(w.all.ok);
@@ -646,8 +734,8 @@ fn ladder(
                 // What HAProxy spent beyond proxying the served ones (at its cost per
                 // request served at 1×).
                 (cpu.as_secs_f64() - w.all.ok as f64 * cpu_per_ok_1x.unwrap_or(0.0)).max(0.0),
-                "HAProxy's process CPU clock (all threads) at 3× minus its CPU per served \
-                 request at 1× × served, per attempt not served",
+                "HAProxy's process CPU clock (all threads) at the step minus its CPU per \
+                 served request at 1× × served, per attempt not served",
             ),
             Kind::InApp => (
                 cpu.as_secs_f64(),
@@ -656,14 +744,15 @@ fn ladder(
             ),
             _ => (
                 cpu.as_secs_f64(),
-                "XDP program run time (kernel BPF statistics) over every packet at 3×, \
+                "XDP program run time (kernel BPF statistics) over every packet of the step, \
                  admitted connections' included, per attempt not served: an upper bound",
             ),
         };
         let per = spent / rejected as f64;
         result.reject_cost = Some(RejectCost {
             cpu_us: per * 1e6,
-            r: per / SERVICE_TIME.as_secs_f64(),
+            factor,
+            r: per / sys.spec.service_time.as_secs_f64(),
             ns_per_packet: match (sys.kind.is_shedder(), events) {
                 (true, Some(runs)) if runs > 0 => Some(cpu.as_secs_f64() * 1e9 / runs as f64),
                 _ => None,
@@ -684,7 +773,7 @@ fn retries(
         let (report, _) = drive(
             pair,
             sys,
-            load(sys.target).retries(3).phase(secs(8), 3.0 * capacity),
+            sys.load().retries(3).phase(secs(8), 3.0 * capacity),
             |_, _| {},
         );
         collect_errors(&report, errors);
@@ -749,7 +838,7 @@ fn slowdown(
     let (report, samples) = drive(
         pair,
         sys,
-        load(sys.target).phase(secs(SLOW_TOTAL), 1.5 * capacity),
+        sys.load().phase(secs(SLOW_TOTAL), 1.5 * capacity),
         |t, backend| {
             if !slowed && t >= SLOW_AT as f64 {
                 backend.set_service_time(SERVICE_TIME * 2);
@@ -804,7 +893,7 @@ fn recovery(
     let (report, samples) = drive(
         pair,
         sys,
-        load(sys.target)
+        sys.load()
             .phase(secs(RECOVERY_HIGH), 3.0 * capacity)
             .phase(secs(RECOVERY_LOW), 0.5 * capacity),
         |_, _| {},
@@ -930,9 +1019,15 @@ fn collect_errors(report: &LoadReport, errors: &mut Vec<(String, u64)>) {
     }
 }
 
-fn run_system(kind: Kind, pair: &Pair, capacity: f64, args: &Args) -> Result<SystemResult> {
-    eprintln!("== {} ==", kind.title());
-    let sys = System::start(kind, pair, capacity)?;
+fn run_system(
+    kind: Kind,
+    pair: &Pair,
+    capacity: f64,
+    args: &Args,
+    (spec, placement): (BackendSpec, Option<Placement>),
+) -> Result<SystemResult> {
+    eprintln!("== {} ({}) ==", kind.title(), spec.key);
+    let sys = System::start(kind, pair, capacity, spec, placement)?;
     let mut result = SystemResult {
         kind,
         title: kind.title(),
@@ -961,7 +1056,7 @@ fn run_system(kind: Kind, pair: &Pair, capacity: f64, args: &Args) -> Result<Sys
         &mut result,
         &mut errors,
     );
-    for f in BY_CLASS {
+    for &f in spec.by_class {
         let Some(s) = result.at(f) else { continue };
         let [c, h, m, sh] = s.class_success_pct;
         eprintln!(
@@ -981,14 +1076,19 @@ fn run_system(kind: Kind, pair: &Pair, capacity: f64, args: &Args) -> Result<Sys
             eprintln!("      high refused: {}", high.join(", "));
         }
     }
-    for (name, scenario) in [
-        (
-            "retries",
-            retries as fn(&Pair, &System, f64, &mut SystemResult, &mut Vec<(String, u64)>),
-        ),
-        ("slow-down", slowdown),
-        ("recovery", recovery),
-    ] {
+    let scenarios = if spec.scenarios {
+        &[
+            (
+                "retries",
+                retries as fn(&Pair, &System, f64, &mut SystemResult, &mut Vec<(String, u64)>),
+            ),
+            ("slow-down", slowdown),
+            ("recovery", recovery),
+        ][..]
+    } else {
+        &[]
+    };
+    for &(name, scenario) in scenarios {
         if interrupted() {
             break;
         }
@@ -1011,16 +1111,29 @@ struct Report {
     date: String,
     command: String,
     machine: Machine,
-    capacity_rps: f64,
-    nominal_capacity_rps: f64,
-    workers: usize,
-    service_time_ms: f64,
     deadline_ms: f64,
     target_latency_ms: f64,
     step_secs: u64,
     duration_s: f64,
+    backends: Vec<BackendRun>,
+}
+
+/// Every system against one backend.
+#[derive(Serialize)]
+struct BackendRun {
+    spec: BackendSpec,
+    /// The node's and the client's CPUs, if placed.
+    placement: Option<Placement>,
+    capacity_rps: f64,
+    nominal_capacity_rps: f64,
     systems: Vec<SystemResult>,
     targets: Vec<Target>,
+}
+
+impl BackendRun {
+    fn service_time_ms(&self) -> f64 {
+        self.spec.service_time.as_secs_f64() * 1e3
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -1142,6 +1255,19 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
         "Run {} on {}, in {:.0} s, with `{}`.\n",
         report.date, report.machine, report.duration_s, report.command
     );
+    for run in &report.backends {
+        match run.spec.key {
+            "io" => io_markdown(&mut md, report, run, images),
+            _ => shed_point_markdown(&mut md, report, run, images),
+        }
+    }
+    md
+}
+
+/// The I/O-bound backend's report: the ladder, success by class, 3×, retries, slow-down,
+/// recovery, targets, plots and configurations.
+fn io_markdown(md: &mut String, report: &Report, run: &BackendRun, images: Option<&str>) {
+    let _ = writeln!(md, "## {}\n", run.spec.title);
     let _ = writeln!(
         md,
         "One backend of {} workers × {:.0} ms (nominal {:.0} requests/s; **measured capacity \
@@ -1151,10 +1277,10 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
          sheddable 20%. *Goodput* = responses completed within the deadline. Each ladder step \
          lasts {} s; its first {} s are left out. shedder and the in-app limiter get a {:.0} ms \
          latency target and no capacity figure; nftables is given the measured capacity.\n",
-        report.workers,
-        report.service_time_ms,
-        report.nominal_capacity_rps,
-        report.capacity_rps,
+        run.spec.workers,
+        run.service_time_ms(),
+        run.nominal_capacity_rps,
+        run.capacity_rps,
         report.deadline_ms,
         report.step_secs,
         SETTLE_SECS,
@@ -1168,7 +1294,7 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
         rule.push_str("---:|");
     }
     let _ = writeln!(md, "{head}\n{rule}");
-    for s in &report.systems {
+    for s in &run.systems {
         let _ = write!(md, "| {} |", s.title);
         for st in &s.steps {
             let _ = write!(md, " {:.0}% |", st.goodput_pct);
@@ -1190,7 +1316,7 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
         md,
         "| system | load | critical | high | medium | sheddable | goodput |\n|---|---|---:|---:|---:|---:|---:|"
     );
-    for s in &report.systems {
+    for s in &run.systems {
         for f in BY_CLASS {
             let Some(st) = s.at(f) else { continue };
             let [c, h, m, sh] = st.class_success_pct;
@@ -1207,7 +1333,7 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
         "| system | goodput | within 2× target | p99 of successes | CRITICAL success | all success | timeouts / refused / reset / 503 | CPU per rejected attempt | r |"
     );
     let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for s in &report.systems {
+    for s in &run.systems {
         let Some(st) = s.at(3.0) else { continue };
         let (cpu, r) = match &s.reject_cost {
             Some(c) => (format!("{:.2} µs", c.cpu_us), format!("{:.5}", c.r)),
@@ -1240,9 +1366,9 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
          same microseconds would come out of serving. n/m = not measurable:",
         2.0 * report.target_latency_ms,
         report.target_latency_ms,
-        report.service_time_ms
+        run.service_time_ms()
     );
-    for s in &report.systems {
+    for s in &run.systems {
         if let Some(note) = s.reject_cost_note {
             let _ = writeln!(md, "- {}: {note}.", s.title);
         }
@@ -1270,7 +1396,7 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
         "| system | attempts per request | goodput | answered at the first attempt | CRITICAL success | p99 of successes |"
     );
     let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|");
-    for s in &report.systems {
+    for s in &run.systems {
         let Some(r) = &s.retries else { continue };
         let rows = std::iter::once((s.title.to_string(), r))
             .chain(
@@ -1312,7 +1438,7 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
         "| system | goodput before slow-down | goodput after (% of new capacity) | within 2× target after | p99 after | CRITICAL after | recovery 3× → 0.5× | failed after the drop |"
     );
     let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
-    for s in &report.systems {
+    for s in &run.systems {
         let (b, a, slo, p, c) = s.slowdown.as_ref().map_or(
             ("–".into(), "–".into(), "–".into(), "–".into(), "–".into()),
             |x| {
@@ -1341,7 +1467,7 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
     let _ = writeln!(md, "\n## shedder against its targets\n");
     let _ = writeln!(md, "| system | target | goal | measured | |");
     let _ = writeln!(md, "|---|---|---|---:|---|");
-    for t in &report.targets {
+    for t in &run.targets {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} |",
@@ -1352,7 +1478,7 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
             if t.met { "met" } else { "**not met**" }
         );
     }
-    let errors: Vec<String> = report
+    let errors: Vec<String> = run
         .systems
         .iter()
         .flat_map(|s| {
@@ -1377,11 +1503,7 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
             let _ = writeln!(md, "![{what}]({dir}/{file})\n");
         }
     }
-    let configs: Vec<&SystemResult> = report
-        .systems
-        .iter()
-        .filter(|s| s.config.is_some())
-        .collect();
+    let configs: Vec<&SystemResult> = run.systems.iter().filter(|s| s.config.is_some()).collect();
     if !configs.is_empty() {
         let _ = writeln!(md, "\n## Configurations\n");
         for s in configs {
@@ -1393,11 +1515,11 @@ fn markdown(report: &Report, images: Option<&str>) -> String {
             );
         }
     }
-    md
 }
 
-fn plots(report: &Report, dir: &Path) -> Result<()> {
-    let systems = &report.systems;
+/// The I/O-bound backend's plots: goodput and p99 by load, the slow-down, the recovery.
+fn io_plots(report: &Report, run: &BackendRun, dir: &Path) -> Result<()> {
+    let systems = &run.systems;
     let series = |f: &dyn Fn(&SystemResult) -> Vec<(f64, f64)>| -> Vec<Series> {
         systems
             .iter()
@@ -1513,61 +1635,16 @@ fn run() -> Result<()> {
             args.step_secs
         );
     }
-    let kinds: Vec<Kind> = if args.systems.is_empty() {
-        ALL.to_vec()
-    } else {
-        args.systems
-            .iter()
-            .map(|k| {
-                ALL.iter().copied().find(|s| s.key() == k).with_context(|| {
-                    format!(
-                        "--systems: unknown system {k:?}; known: {}",
-                        ALL.map(Kind::key).join(", ")
-                    )
-                })
-            })
-            .collect::<Result<_>>()?
-    };
+    let kinds: Vec<Kind> = pick(&args.systems, &ALL, |k| k.key(), "--systems")?;
+    let specs: Vec<BackendSpec> = pick(&args.backends, &backends::ALL, |b| b.key, "--backends")?;
     let started = Instant::now();
     shedder_tests::ensure_fs();
-    let pair = Pair::new("ovl");
-    prepare_client_namespace(&pair.client);
-    for c in &CLIENTS {
-        add_local_range(&pair.client, c.range);
-    }
-    // Resets sent with XDP_TX reach a veth peer promptly only if it has an XDP program;
-    // every system runs with it, so all share one data path.
-    let _client_xdp = pair.pass_program_on_client();
-    let capacity = {
-        let backend = Backend::start_in(
-            &pair.server,
-            BackendConfig::new(BACKEND_PORT, WORKERS, SERVICE_TIME),
-        );
-        let target = SocketAddr::new(IpAddr::V4(SERVER_V4), BACKEND_PORT);
-        let c = pair.client.run(|| {
-            measure_capacity(
-                target,
-                IpAddr::V4(CLIENT_V4),
-                WORKERS * 2,
-                Duration::from_secs(3),
-            )
-        });
-        drop(backend);
-        c.rps
-    };
-    let nominal = WORKERS as f64 / SERVICE_TIME.as_secs_f64();
-    eprintln!("capacity: {capacity:.0} requests/s measured ({nominal:.0} nominal)");
-    if capacity < 0.5 * nominal {
-        bail!(
-            "measured capacity {capacity:.0}/s is under half the nominal {nominal:.0}/s: the machine is too busy to benchmark"
-        );
-    }
-    let mut systems = Vec::new();
-    for kind in kinds {
+    let mut runs = Vec::new();
+    for spec in specs {
         if interrupted() {
             break;
         }
-        systems.push(run_system(kind, &pair, capacity, &args)?);
+        runs.push(run_backend(spec, &kinds, &args)?);
     }
     if interrupted() {
         eprintln!("interrupted: removing everything the benchmark made");
@@ -1586,23 +1663,23 @@ fn run() -> Result<()> {
                 })
         ),
         machine: machine(),
-        capacity_rps: capacity,
-        nominal_capacity_rps: nominal,
-        workers: WORKERS,
-        service_time_ms: SERVICE_TIME.as_secs_f64() * 1e3,
         deadline_ms: DEADLINE.as_secs_f64() * 1e3,
         target_latency_ms: TARGET_LATENCY.as_secs_f64() * 1e3,
         step_secs: args.step_secs,
         duration_s: started.elapsed().as_secs_f64(),
-        targets: targets(&systems),
-        systems,
+        backends: runs,
     };
     let assets = args.out.join("benchmarks");
     std::fs::create_dir_all(&assets).with_context(|| format!("creating {}", assets.display()))?;
     let json = assets.join("overload.json");
     std::fs::write(&json, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("writing {}", json.display()))?;
-    plots(&report, &assets)?;
+    for run in &report.backends {
+        match run.spec.key {
+            "io" => io_plots(&report, run, &assets)?,
+            _ => shed_point_plot(run, &assets)?,
+        }
+    }
     let md_path = args.out.join("benchmarks.md");
     let generated = markdown(&report, Some("benchmarks"));
     let text = match std::fs::read_to_string(&md_path) {
@@ -1620,6 +1697,93 @@ fn run() -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The items of `all` named by `keys` (all of them when none is given).
+fn pick<T: Copy>(
+    keys: &[String],
+    all: &[T],
+    key: fn(&T) -> &'static str,
+    flag: &str,
+) -> Result<Vec<T>> {
+    if keys.is_empty() {
+        return Ok(all.to_vec());
+    }
+    keys.iter()
+        .map(|k| {
+            all.iter().copied().find(|s| key(s) == k).with_context(|| {
+                let known: Vec<&str> = all.iter().map(key).collect();
+                format!("{flag}: unknown {k:?}; known: {}", known.join(", "))
+            })
+        })
+        .collect()
+}
+
+/// Every system against one backend: its own pair of namespaces, laid out on the CPUs if
+/// the backend says so, and its capacity measured first.
+fn run_backend(spec: BackendSpec, kinds: &[Kind], args: &Args) -> Result<BackendRun> {
+    eprintln!("==== backend: {} ====", spec.title);
+    let pair = Pair::new(&format!("ovl{}", spec.key));
+    prepare_client_namespace(&pair.client);
+    for c in &CLIENTS {
+        add_local_range(&pair.client, c.range);
+    }
+    // Resets sent with XDP_TX reach a veth peer promptly only if it has an XDP program;
+    // every system runs with it, so all share one data path.
+    let _client_xdp = pair.pass_program_on_client();
+    let placement = if spec.placed {
+        Some(node::place(&pair)?)
+    } else {
+        None
+    };
+    let mut config =
+        BackendConfig::new(BACKEND_PORT, spec.workers, spec.service_time).work(spec.work);
+    if let Some(p) = placement {
+        config = config.cpu(p.node_cpu);
+    }
+    let nominal = config.capacity();
+    let capacity = {
+        let backend = Backend::start_in(&pair.server, config);
+        let target = SocketAddr::new(IpAddr::V4(SERVER_V4), BACKEND_PORT);
+        let c = pair.client.run(|| {
+            if let Some(p) = placement {
+                pin_current_thread(p.client_cpu);
+            }
+            measure_capacity(
+                target,
+                IpAddr::V4(CLIENT_V4),
+                spec.workers * 2,
+                Duration::from_secs(3),
+            )
+        });
+        drop(backend);
+        c.rps
+    };
+    eprintln!("capacity: {capacity:.0} requests/s measured ({nominal:.0} nominal)");
+    if capacity < 0.5 * nominal {
+        bail!(
+            "measured capacity {capacity:.0}/s is under half the nominal {nominal:.0}/s: the machine is too busy to benchmark"
+        );
+    }
+    let mut systems = Vec::new();
+    for &kind in kinds {
+        if interrupted() {
+            break;
+        }
+        systems.push(run_system(kind, &pair, capacity, args, (spec, placement))?);
+    }
+    let targets = match spec.key {
+        "io" => targets(&systems),
+        _ => shed_point_targets(&systems),
+    };
+    Ok(BackendRun {
+        spec,
+        placement,
+        capacity_rps: capacity,
+        nominal_capacity_rps: nominal,
+        systems,
+        targets,
+    })
 }
 
 /// `doc` with the text between its generated-report markers replaced by `report`, whose
@@ -1708,6 +1872,7 @@ mod tests {
             cpu: Some(Cpu {
                 time: Duration::from_micros(us),
                 events,
+                tracking: None,
             }),
             refused: None,
         };

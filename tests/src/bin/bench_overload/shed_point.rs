@@ -1,0 +1,242 @@
+//! The report of a backend run for the shed point (the CPU-bound backend): goodput by
+//! overload factor up to 20×, what the generator achieved, class success, the cost of a
+//! refusal and of shedder's measuring, and the targets.
+
+use std::{fmt::Write as _, path::Path};
+
+use anyhow::Result;
+use shedder_tests::plot::{Panel, Series, chart_log_x};
+
+use super::{BackendRun, Report, SETTLE_SECS, SystemResult, TIE_POINTS, Target, opt};
+
+/// Goodput at 10× a shedder system must keep, % of capacity.
+const KEEP_AT_10X: f64 = 95.0;
+/// Points of goodput shedder must lead every peer by at every factor from [`LEAD_FROM`].
+const LEAD_POINTS: f64 = 10.0;
+const LEAD_FROM: f64 = 5.0;
+
+fn goodput_at(s: &SystemResult, f: f64) -> Option<f64> {
+    s.at(f).map(|x| x.goodput_pct)
+}
+
+/// shedder's targets on this backend: goodput at 10×, and its lead over every peer at each
+/// factor from 5×.
+pub fn shed_point_targets(systems: &[SystemResult]) -> Vec<Target> {
+    let peers: Vec<&SystemResult> = systems.iter().filter(|s| !s.kind.is_shedder()).collect();
+    let mut out = Vec::new();
+    for s in systems.iter().filter(|s| s.kind.is_shedder()) {
+        let at10 = goodput_at(s, 10.0);
+        out.push(Target {
+            system: s.kind.key(),
+            what: "goodput at 10×".into(),
+            goal: format!("≥ {KEEP_AT_10X:.0}% of capacity"),
+            measured: opt(at10, "%"),
+            met: at10.is_some_and(|g| g >= KEEP_AT_10X),
+        });
+        for st in s.steps.iter().filter(|x| x.factor >= LEAD_FROM) {
+            let best = peers
+                .iter()
+                .filter_map(|p| Some((goodput_at(p, st.factor)?, p.kind.key())))
+                .max_by(|a, b| a.0.total_cmp(&b.0));
+            let Some((best, who)) = best else { continue };
+            let lead = st.goodput_pct - best;
+            out.push(Target {
+                system: s.kind.key(),
+                what: format!("lead over every peer at {}×", st.factor),
+                goal: format!("≥ {LEAD_POINTS:.0} points over {best:.0}% ({who})"),
+                measured: format!("{:.0}% ({lead:+.0} points)", st.goodput_pct),
+                met: lead >= LEAD_POINTS,
+            });
+        }
+    }
+    out
+}
+
+pub fn shed_point_markdown(
+    md: &mut String,
+    report: &Report,
+    run: &BackendRun,
+    images: Option<&str>,
+) {
+    let spec = &run.spec;
+    let key = spec.key;
+    let _ = writeln!(md, "## {}\n", spec.title);
+    let placement = run.placement.map_or(String::new(), |p| {
+        format!(
+            " The node runs on CPU {} (the backend's threads, its kernel packet processing in \
+             the server veth's NAPI thread, HAProxy and the shedder daemon); the load \
+             generator on CPU {}, so that it does not take what it measures, and refusing \
+             (by XDP, the kernel, HAProxy or the application) takes from serving.",
+            p.node_cpu, p.client_cpu
+        )
+    });
+    let _ = writeln!(
+        md,
+        "{} workers compute {:.0} ms of CPU (hashing) per request (nominal {:.0} requests/s; \
+         **measured capacity {:.0}/s**, closed loop).{placement} The same open-loop client, \
+         deadline ({:.0} ms) and class mix as above; each step lasts {} s, its first {} s left \
+         out. Only the ladder runs here; retries, the slow-down and recovery are measured on \
+         the I/O-bound backend.\n",
+        spec.workers,
+        run.service_time_ms(),
+        run.nominal_capacity_rps,
+        run.capacity_rps,
+        report.deadline_ms,
+        report.step_secs,
+        SETTLE_SECS,
+    );
+    let _ = writeln!(md, "### Goodput (% of capacity) by offered load\n");
+    let mut head = "| system |".to_string();
+    let mut rule = "|---|".to_string();
+    for f in spec.ladder {
+        let _ = write!(head, " {f}× |");
+        rule.push_str("---:|");
+    }
+    let _ = writeln!(md, "{head}\n{rule}");
+    for s in &run.systems {
+        let _ = write!(md, "| {} |", s.title);
+        for st in &s.steps {
+            let _ = write!(md, " {:.0}% |", st.goodput_pct);
+        }
+        md.push('\n');
+    }
+    let _ = writeln!(
+        md,
+        "\nOffered load the generator achieved, % of what the step asked (Poisson arrivals \
+         on its own core; under 100% it fell short):\n"
+    );
+    let _ = writeln!(md, "{head}\n{rule}");
+    for s in &run.systems {
+        let _ = write!(md, "| {} |", s.title);
+        for st in &s.steps {
+            let _ = write!(
+                md,
+                " {:.0}% |",
+                100.0 * st.offered_rps / st.target_rps.max(1e-9)
+            );
+        }
+        md.push('\n');
+    }
+    let _ = writeln!(md, "\n### By class, p99 and the cost of a refusal\n");
+    let _ = writeln!(
+        md,
+        "| system | load | goodput | p99 of successes | critical | high | medium | sheddable |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|"
+    );
+    for s in &run.systems {
+        for &f in spec.by_class {
+            let Some(st) = s.at(f) else { continue };
+            let [c, h, m, sh] = st.class_success_pct;
+            let _ = writeln!(
+                md,
+                "| {} | {f}× | {:.0}% | {} | {c:.1}% | {h:.1}% | {m:.1}% | {sh:.1}% |",
+                s.title,
+                st.goodput_pct,
+                opt(st.p99_ms, " ms")
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n*r* = CPU on the reject path per rejected attempt ÷ CPU per request served ({:.0} \
+         ms), at {}×:\n",
+        run.service_time_ms(),
+        spec.cost_factor
+    );
+    let _ = writeln!(
+        md,
+        "| system | CPU per rejected attempt | r | how |\n|---|---:|---:|---|"
+    );
+    for s in &run.systems {
+        match &s.reject_cost {
+            Some(c) => {
+                let _ = writeln!(
+                    md,
+                    "| {} | {:.2} µs | {:.5} | {} |",
+                    s.title, c.cpu_us, c.r, c.how
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    md,
+                    "| {} | n/m | n/m | {} |",
+                    s.title,
+                    s.reject_cost_note.unwrap_or("not measured")
+                );
+            }
+        }
+    }
+    let tracking: Vec<String> = run
+        .systems
+        .iter()
+        .filter(|s| s.kind.is_shedder())
+        .filter_map(|s| {
+            let st = s.at(1.0)?;
+            let us = st.tracking_us_per_ok?;
+            Some(format!(
+                "{}: {us:.1} µs per request served at 1× ({:.2}% of its {:.0} ms)",
+                s.title,
+                100.0 * us / run.service_time_ms() / 1e3,
+                run.service_time_ms()
+            ))
+        })
+        .collect();
+    if !tracking.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nWhat shedder's measuring (its tracking programs, kernel BPF statistics) takes \
+             from the node: {}.",
+            tracking.join("; ")
+        );
+    }
+    let _ = writeln!(md, "\n### shedder against its targets on this backend\n");
+    let _ = writeln!(
+        md,
+        "| system | target | goal | measured | |\n|---|---|---|---:|---|"
+    );
+    for t in &run.targets {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            t.system,
+            t.what,
+            t.goal,
+            t.measured,
+            if t.met { "met" } else { "**not met**" }
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nGoodput within {TIE_POINTS:.0} points counts as a tie elsewhere in this report; \
+         here the lead asked is {LEAD_POINTS:.0} points."
+    );
+    if let Some(dir) = images {
+        let _ = writeln!(
+            md,
+            "\n![Goodput by offered load, {key} backend]({dir}/goodput-{key}.png)\n"
+        );
+    }
+}
+
+/// Goodput against the overload factor, log axis.
+pub fn shed_point_plot(run: &BackendRun, dir: &Path) -> Result<()> {
+    let series: Vec<Series> = run
+        .systems
+        .iter()
+        .map(|s| Series {
+            name: s.kind.key().into(),
+            points: s.steps.iter().map(|x| (x.factor, x.goodput_pct)).collect(),
+        })
+        .collect();
+    chart_log_x(
+        &dir.join(format!("goodput-{}.png", run.spec.key)),
+        &format!("Goodput by offered load: {}", run.spec.title),
+        "offered load (× measured capacity, log scale)",
+        &[Panel {
+            y_label: "goodput (% of capacity)".into(),
+            series,
+            y_max: Some(110.0),
+            hlines: vec![("capacity".into(), 100.0)],
+        }],
+    )
+}
