@@ -73,7 +73,7 @@ pub fn shed_point_markdown(
     let _ = writeln!(
         md,
         "{} workers compute {:.0} ms of CPU (hashing) per request (nominal {:.0} requests/s; \
-         **measured capacity {:.0}/s**, closed loop).{placement} The same open-loop client, \
+         **measured capacity {:.0}/s**, the median of {} closed-loop runs: {}).{placement} The same open-loop client, \
          deadline ({:.0} ms) and class mix as above; each step lasts {} s, its first {} s left \
          out. Only the ladder runs here; retries, the slow-down and recovery are measured on \
          the I/O-bound backend.\n",
@@ -81,6 +81,12 @@ pub fn shed_point_markdown(
         run.service_time_ms(),
         run.nominal_capacity_rps,
         run.capacity_rps,
+        run.capacity_runs_rps.len(),
+        run.capacity_runs_rps
+            .iter()
+            .map(|c| format!("{c:.0}/s"))
+            .collect::<Vec<_>>()
+            .join(", "),
         report.deadline_ms,
         report.step_secs,
         SETTLE_SECS,
