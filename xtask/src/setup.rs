@@ -75,6 +75,15 @@ pub const DEPS: &[Dep] = &[
     // The overload benchmark's peers: a haproxy queue and an nftables SYN rate limit.
     dep("haproxy", Probe::Runs("haproxy", &["-v"]), "haproxy"),
     dep("nft", Probe::Runs("nft", &["--version"]), "nftables"),
+    // The TLS backend of the overload benchmark and its limit_conn / limit_req peers, and
+    // the real server the cost of measuring is timed against. Debian starts its default
+    // site on port 80 when it installs nginx, unless the port is taken; the benchmark runs
+    // its own nginx processes in a namespace and needs none of that.
+    dep("nginx", Probe::Runs("nginx", &["-v"]), "nginx"),
+    // The second, independent open-loop generator against the TLS backend.
+    dep("h2load", Probe::Runs("h2load", &["--version"]), "nghttp2-client"),
+    // The keep-alive and one-request-per-connection load against nginx in `bench signals`.
+    dep("wrk", Probe::File("/usr/bin/wrk"), "wrk"),
     // The font the benchmark charts' text is drawn with (tests/src/plot.rs).
     dep(
         "DejaVu Sans font",
