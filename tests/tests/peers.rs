@@ -1,5 +1,6 @@
 //! The overload benchmark's peers, each in the server namespace of a veth pair: an nftables
-//! SYN rate limit and a real haproxy with a per-server connection limit and a queue timeout.
+//! SYN rate limit, a real haproxy with a per-server connection limit and a queue timeout,
+//! and Debian's nginx terminating TLS, with and without its own limiter.
 //! Everything is removed when its guard drops, also on panic.
 
 use std::{
@@ -10,15 +11,21 @@ use std::{
 };
 
 use shedder_tests::{
-    load::{Backend, BackendConfig, LoadGen, REQUEST, prepare_client_namespace},
+    load::{
+        Backend, BackendConfig, Https, LoadGen, Protocol, REQUEST, measure_capacity_speaking,
+        prepare_client_namespace,
+    },
     netns::Pair,
-    peers::{Haproxy, HaproxyConfig, Nft, process_cpu_time},
+    peers::{
+        Haproxy, HaproxyConfig, Nft, Nginx, NginxConfig, NginxLimit, TlsFiles, process_cpu_time,
+    },
     require_root,
 };
 
 const NFT_PORT: u16 = 8095;
 const HAPROXY_BACKEND_PORT: u16 = 8096;
 const HAPROXY_PORT: u16 = 8097;
+const NGINX_PORT: u16 = 8098;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -249,4 +256,85 @@ fn process_cpu_time_of_this_process_grows() {
         process_cpu_time(gone).is_err(),
         "an exited process has no CPU time"
     );
+}
+
+/// nginx terminates TLS for the load generator's HTTPS clients: with no limit every request
+/// is served and the closed-loop capacity is measured; with `limit_req` the surplus is
+/// answered 503 after the handshake (the generator's `busy`).
+#[test]
+fn nginx_serves_https_and_its_limit_req_answers_503() {
+    let pair = pair();
+    let dir = tempdir("nginx-test");
+    // RSA-2048: the test checks the plumbing, not the cost of a handshake.
+    let tls = TlsFiles::self_signed(&dir, "tls.bench", 2048);
+    let https = Protocol::Https(Https::trusting(&tls.cert, "tls.bench"));
+    let config = |limit| NginxConfig {
+        port: NGINX_PORT,
+        tls: Some(tls.clone()),
+        worker_cpu: Some(0),
+        limit,
+    };
+    {
+        let nginx = Nginx::start(&pair.server, &config(NginxLimit::None));
+        let text = nginx.config_text();
+        assert!(
+            text.contains("ssl_session_cache off;") && text.contains("ssl_session_tickets off;")
+        );
+        assert_eq!(
+            nginx.pids().len(),
+            2,
+            "a master and one worker: {:?}",
+            nginx.pids()
+        );
+        let report = LoadGen::new(server(NGINX_PORT))
+            .protocol(https.clone())
+            .phase(secs(2), 50.0)
+            .run_in(&pair.client, |_| {});
+        let total = report.total();
+        eprintln!("{}", report.table());
+        assert_eq!(
+            total.all.ok, total.all.offered,
+            "every request served: {:?}",
+            report.errors
+        );
+        let capacity = pair.client.run(|| {
+            measure_capacity_speaking(
+                &https,
+                server(NGINX_PORT),
+                "198.18.0.1".parse().unwrap(),
+                4,
+                secs(1),
+            )
+        });
+        eprintln!("capacity {capacity:?}");
+        assert!(
+            capacity.completed > 20 && capacity.failed == 0,
+            "{capacity:?}"
+        );
+        assert!(nginx.cpu_time() > Duration::ZERO);
+    }
+    let nginx = Nginx::start(
+        &pair.server,
+        &config(NginxLimit::Req { rate: 20, burst: 2 }),
+    );
+    let report = LoadGen::new(server(NGINX_PORT))
+        .protocol(https)
+        .phase(secs(3), 100.0)
+        .run_in(&pair.client, |_| {});
+    drop(nginx);
+    let total = report.total();
+    eprintln!("{}", report.table());
+    let (ok, busy) = (total.all.ok as f64 / 3.0, total.all.busy as f64 / 3.0);
+    assert!(
+        (10.0..=35.0).contains(&ok),
+        "{ok:.0}/s served against limit_req 20 r/s"
+    );
+    assert!(busy > 50.0, "only {busy:.0}/s answered 503");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tempdir(what: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("shedder-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
 }

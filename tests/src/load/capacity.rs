@@ -8,7 +8,7 @@ use std::{
 use tokio::time::Instant;
 
 use super::{
-    client::{Outcome, raise_nofile_limit, request},
+    client::{Outcome, Protocol, raise_nofile_limit, request},
     stats::{Counts, Record},
 };
 
@@ -36,6 +36,17 @@ pub fn measure_capacity(
     concurrency: usize,
     duration: Duration,
 ) -> Capacity {
+    measure_capacity_speaking(&Protocol::Line, target, source, concurrency, duration)
+}
+
+/// [`measure_capacity`] with clients that speak `protocol`.
+pub fn measure_capacity_speaking(
+    protocol: &Protocol,
+    target: SocketAddr,
+    source: IpAddr,
+    concurrency: usize,
+    duration: Duration,
+) -> Capacity {
     const WARMUP: Duration = Duration::from_millis(200);
     raise_nofile_limit();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -47,6 +58,7 @@ pub fn measure_capacity(
         let (from, to) = (t0 + WARMUP, t0 + WARMUP + duration);
         let mut clients = tokio::task::JoinSet::new();
         for _ in 0..concurrency.max(1) {
+            let protocol = protocol.clone();
             clients.spawn(async move {
                 let mut c = Counts::default();
                 loop {
@@ -55,7 +67,8 @@ pub fn measure_capacity(
                         break c;
                     }
                     let deadline = start + Duration::from_secs(2);
-                    let (outcome, attempts, _) = request(target, source, deadline, 0).await;
+                    let (outcome, attempts, _) =
+                        request(target, source, &protocol, deadline, 0).await;
                     let end = Instant::now();
                     if end >= from && end < to {
                         c.add(&Record {

@@ -13,7 +13,10 @@ use tokio::{
     time::Instant,
 };
 
-use super::protocol::{BUSY, REQUEST, RESPONSE};
+use super::{
+    https::{Https, Reply},
+    protocol::{BUSY, REQUEST, RESPONSE},
+};
 use crate::netns::Netns;
 
 /// Make a client namespace fit for thousands of short connections per second: the whole
@@ -57,6 +60,16 @@ pub fn raise_nofile_limit() -> u64 {
         }
     }
     lim.rlim_cur
+}
+
+/// What a client speaks over its connection.
+#[derive(Clone, Debug, Default)]
+pub enum Protocol {
+    /// The 16-byte request and response of the [module documentation](super).
+    #[default]
+    Line,
+    /// One full TLS handshake and one HTTP `GET` (see [`Https`]).
+    Https(Https),
 }
 
 /// How one request ended.
@@ -110,7 +123,11 @@ fn bind_address_no_port(fd: &impl AsRawFd) {
 }
 
 /// One attempt: connect from `source` (any port), send the request, read the response.
-async fn attempt(target: SocketAddr, source: IpAddr) -> Result<(), (Outcome, io::Error)> {
+async fn attempt(
+    target: SocketAddr,
+    source: IpAddr,
+    protocol: &Protocol,
+) -> Result<(), (Outcome, io::Error)> {
     let error = |e: io::Error| (Outcome::Error, e);
     let socket = if target.is_ipv4() {
         TcpSocket::new_v4()
@@ -141,32 +158,41 @@ async fn attempt(target: SocketAddr, source: IpAddr) -> Result<(), (Outcome, io:
         };
         (outcome, e)
     };
-    stream.write_all(REQUEST).await.map_err(after)?;
-    let mut buf = [0u8; RESPONSE.len()];
-    stream.read_exact(&mut buf).await.map_err(after)?;
-    if &buf == BUSY {
-        return Err((Outcome::Busy, io::Error::other("the server is busy")));
+    match protocol {
+        Protocol::Line => {
+            stream.write_all(REQUEST).await.map_err(after)?;
+            let mut buf = [0u8; RESPONSE.len()];
+            stream.read_exact(&mut buf).await.map_err(after)?;
+            if &buf == BUSY {
+                return Err((Outcome::Busy, io::Error::other("the server is busy")));
+            }
+            if &buf != RESPONSE {
+                return Err((
+                    Outcome::Error,
+                    io::Error::other("unexpected response bytes"),
+                ));
+            }
+            Ok(())
+        }
+        Protocol::Https(https) => match https.exchange(stream).await.map_err(after)? {
+            Reply::Served => Ok(()),
+            Reply::Busy => Err((Outcome::Busy, io::Error::other("HTTP 503"))),
+        },
     }
-    if &buf != RESPONSE {
-        return Err((
-            Outcome::Error,
-            io::Error::other("unexpected response bytes"),
-        ));
-    }
-    Ok(())
 }
 
 /// One request with its deadline and retries: (outcome, attempts, error message).
 pub(super) async fn request(
     target: SocketAddr,
     source: IpAddr,
+    protocol: &Protocol,
     deadline: Instant,
     retries: u32,
 ) -> (Outcome, u32, Option<String>) {
     let mut attempts = 0;
     loop {
         attempts += 1;
-        match tokio::time::timeout_at(deadline, attempt(target, source)).await {
+        match tokio::time::timeout_at(deadline, attempt(target, source, protocol)).await {
             Err(_) => return (Outcome::Timeout, attempts, None),
             Ok(Ok(())) => return (Outcome::Ok, attempts, None),
             Ok(Err((outcome, e))) => {

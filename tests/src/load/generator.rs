@@ -16,7 +16,7 @@ use std::{
 use tokio::time::Instant;
 
 use super::{
-    client::{Outcome, raise_nofile_limit, request},
+    client::{Outcome, Protocol, raise_nofile_limit, request},
     cpu::pin_current_thread,
     schedule::{ArrivalClock, Arrivals, Phase, XorShift},
     stats::{LoadReport, Record, SecondStats, Window},
@@ -82,6 +82,8 @@ pub struct LoadGen {
     /// Run the generator's threads on this CPU only (None: anywhere), so that it does not
     /// take the CPU of what it measures.
     pub cpu: Option<usize>,
+    /// What each connection speaks (default: the line protocol).
+    pub protocol: Protocol,
 }
 
 impl LoadGen {
@@ -97,6 +99,7 @@ impl LoadGen {
             arrivals: Arrivals::Poisson,
             seed: 1,
             cpu: None,
+            protocol: Protocol::Line,
         }
     }
 
@@ -157,6 +160,12 @@ impl LoadGen {
     /// Run on `cpu` only.
     pub fn cpu(mut self, cpu: usize) -> Self {
         self.cpu = Some(cpu);
+        self
+    }
+
+    /// Speak `protocol` on every connection.
+    pub fn protocol(mut self, protocol: Protocol) -> Self {
+        self.protocol = protocol;
         self
     }
 
@@ -462,6 +471,7 @@ impl Prepared {
 
         let sources: Arc<[(IpAddr, u32)]> =
             config.classes.iter().map(|c| (c.source, c.hosts)).collect();
+        let protocol = Arc::new(config.protocol.clone());
         let mut host_rng = XorShift::new(config.seed ^ 0x0005_0a5c_e5e5_0001);
         let mut clock = ArrivalClock::new(config.phases.clone(), config.arrivals, config.seed);
         let mut class_rng = XorShift::new(config.seed ^ 0x5eed_c1a5_5e5e_d000);
@@ -526,8 +536,10 @@ impl Prepared {
             };
             let target = config.target;
             let (deadline, retries) = (when + config.deadline, config.retries);
+            let protocol = protocol.clone();
             tokio::spawn(async move {
-                let (outcome, attempts, error) = request(target, source, deadline, retries).await;
+                let (outcome, attempts, error) =
+                    request(target, source, &protocol, deadline, retries).await;
                 let record = Record {
                     class,
                     start: at,

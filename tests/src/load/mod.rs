@@ -40,7 +40,9 @@
 //! # Layout
 //!
 //! One file per part, each using only those listed before it: `protocol` (the bytes),
-//! `cpu` (pinning threads, burning CPU, CPU clocks), `backend` ([`Backend`]), `client` (one request and its [`Outcome`]), `stats` (counts
+//! `cpu` (pinning threads, burning CPU, CPU clocks), `backend` ([`Backend`]), `https` (the
+//! TLS backend's client, [`Https`]), `client` (one request in either [`Protocol`] and its
+//! [`Outcome`]), `stats` (counts
 //! and windows of outcomes), `schedule` (arrival times), `generator` ([`LoadGen`]) and
 //! `capacity` ([`measure_capacity`]).
 
@@ -49,15 +51,17 @@ mod capacity;
 mod client;
 mod cpu;
 mod generator;
+mod https;
 mod protocol;
 mod schedule;
 mod stats;
 
 pub use backend::{Backend, BackendConfig, BackendStats, InAppAimd, Work};
-pub use capacity::{Capacity, measure_capacity};
-pub use client::{Outcome, prepare_client_namespace, raise_nofile_limit};
+pub use capacity::{Capacity, measure_capacity, measure_capacity_speaking};
+pub use client::{Outcome, Protocol, prepare_client_namespace, raise_nofile_limit};
 pub use cpu::{burn, online_cpus, pin_current_thread, pin_process, pin_task, read_clock};
 pub use generator::{ClassMix, LoadGen, LoadHandle, add_local_range, nth_address};
+pub use https::{HTTPS_PATH, Https};
 pub use protocol::{BUSY, REQUEST, RESPONSE};
 pub use schedule::{Arrivals, Phase, Rate};
 pub use stats::{Counts, LoadReport, Record, SecondStats, Window};

@@ -1,0 +1,98 @@
+//! The peers shedder is compared against in the overload benchmark, as an SRE would set them
+//! up today: an nftables SYN rate limit ([`Nft`]), a real haproxy in TCP mode with a
+//! per-server connection limit and a queue timeout ([`Haproxy`]), and Debian's nginx, which
+//! is also the TLS backend and answers 503 from its own `limit_conn` / `limit_req`
+//! ([`Nginx`]). Each runs inside a test network namespace and is removed when its guard
+//! drops (also while unwinding).
+//!
+//! All are entered with `nsenter --net=...` (not `ip netns exec`, which remounts /sys).
+
+mod haproxy;
+mod nft;
+mod nginx;
+
+use std::{
+    io,
+    net::{Ipv4Addr, SocketAddr, TcpStream},
+    path::PathBuf,
+    process::{Child, Command},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+pub use haproxy::{Haproxy, HaproxyConfig};
+pub use nft::Nft;
+pub use nginx::{Nginx, NginxConfig, NginxLimit, TlsFiles};
+
+use crate::netns::Netns;
+
+/// `nsenter --net=<ns> <program>`: the program runs in the namespace's network stack only.
+fn nsenter(ns_name: &str, program: &str) -> Command {
+    let mut c = Command::new("nsenter");
+    c.arg(format!("--net=/var/run/netns/{ns_name}"))
+        .arg(program);
+    c
+}
+
+static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
+
+/// A new directory under the temp dir for one peer process's files.
+fn temp_dir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "shedder-{what}-{}-{}",
+        std::process::id(),
+        NEXT_DIR.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    dir
+}
+
+/// Wait until `port` on the namespace's loopback accepts connections; panics with what
+/// `log()` returns if `child` exits first or 5 s pass.
+fn wait_ready(child: &mut Child, ns: &Netns, port: u16, name: &str, log: impl Fn() -> String) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    loop {
+        if let Some(status) = child.try_wait().ok().flatten() {
+            panic!("{name} exited ({status}):\n{}", log());
+        }
+        if ns
+            .run(|| TcpStream::connect_timeout(&addr, Duration::from_millis(200)))
+            .is_ok()
+        {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "{name} did not accept connections on port {port} within 5 s:\n{}",
+                log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SIGTERM `child`, SIGKILL after 2 s, and reap it.
+fn terminate(mut c: Child) {
+    // SAFETY: plain kill(2) on our child's pid, not yet reaped.
+    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+/// Total CPU time (user and system) of process `pid`, all its threads including those that
+/// have exited, in nanoseconds: its process CPU-time clock (`clock_getcpuclockid`), which
+/// the kernel keeps from the same scheduler runtime as `/proc/<pid>/task/*/schedstat`.
+pub fn process_cpu_time(pid: u32) -> io::Result<Duration> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: a valid out-pointer; returns an error number instead of setting errno.
+    let rc = unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    crate::load::read_clock(clock)
+}

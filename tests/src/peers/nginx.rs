@@ -1,0 +1,250 @@
+//! Debian's nginx in a namespace: the overload benchmark's TLS backend (a full handshake on
+//! every connection) and, with [`NginxLimit`], nginx's own limiters, which answer 503.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use super::{nsenter, process_cpu_time, temp_dir, terminate, wait_ready};
+use crate::{
+    load::{HTTPS_PATH, RESPONSE},
+    netns::Netns,
+};
+
+/// A certificate chain and its private key, PEM.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TlsFiles {
+    /// A self-signed RSA certificate of `bits` for `name` (its subject alternative name),
+    /// made with Debian's `openssl` into `dir`. RSA-4096 takes a few seconds.
+    pub fn self_signed(dir: &Path, name: &str, bits: u32) -> Self {
+        let files = Self {
+            cert: dir.join("cert.pem"),
+            key: dir.join("key.pem"),
+        };
+        let out = Command::new("openssl")
+            .args(["req", "-x509", "-newkey"])
+            .arg(format!("rsa:{bits}"))
+            .args(["-nodes", "-days", "2", "-subj"])
+            .arg(format!("/CN={name}"))
+            .arg("-addext")
+            .arg(format!("subjectAltName=DNS:{name}"))
+            // An end-entity certificate (openssl's default for -x509 is a CA, which rustls
+            // refuses as a server's certificate).
+            .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+            .arg("-keyout")
+            .arg(&files.key)
+            .arg("-out")
+            .arg(&files.cert)
+            .output()
+            .expect("spawn openssl (is the openssl package installed?)");
+        assert!(
+            out.status.success(),
+            "openssl req failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        files
+    }
+}
+
+/// nginx's own admission limits, as its users set them: both act once a request has been
+/// read, that is after the TCP and TLS handshakes, and answer 503. Their key is the
+/// server's name, so that they bound the whole service (an empty key would count nothing).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum NginxLimit {
+    None,
+    /// `limit_conn`: at most this many connections with a request in progress.
+    Conn(u32),
+    /// `limit_req`: this many requests a second, with a burst of `burst` served at once
+    /// (`nodelay`) and the rest refused.
+    Req {
+        rate: u32,
+        burst: u32,
+    },
+}
+
+/// How to run [`Nginx`].
+#[derive(Clone, Debug)]
+pub struct NginxConfig {
+    /// Listen on all addresses at this port.
+    pub port: u16,
+    /// TLS with these files, with no session cache and no tickets: every connection makes a
+    /// full handshake. None: plain HTTP.
+    pub tls: Option<TlsFiles>,
+    /// The one worker process's CPU (`worker_cpu_affinity`); None: unpinned.
+    pub worker_cpu: Option<usize>,
+    pub limit: NginxLimit,
+}
+
+impl NginxConfig {
+    /// The configuration file: one worker, no logging, a small file served at
+    /// [`HTTPS_PATH`]. The file is served in nginx's content phase, after the limiters' (a
+    /// `return` would answer before them, and no limit would ever refuse).
+    fn render(&self, dir: &Path) -> String {
+        let dir = dir.display();
+        let affinity = self
+            .worker_cpu
+            .map(|cpu| format!("worker_cpu_affinity 1{};\n", "0".repeat(cpu)))
+            .unwrap_or_default();
+        let (zones, limits) = match self.limit {
+            NginxLimit::None => (String::new(), String::new()),
+            NginxLimit::Conn(n) => (
+                "    limit_conn_zone $server_name zone=conns:1m;\n".to_string(),
+                format!("            limit_conn conns {n};\n            limit_conn_status 503;\n"),
+            ),
+            NginxLimit::Req { rate, burst } => (
+                format!("    limit_req_zone $server_name zone=reqs:1m rate={rate}r/s;\n"),
+                format!(
+                    "            limit_req zone=reqs burst={burst} nodelay;\n            limit_req_status 503;\n"
+                ),
+            ),
+        };
+        let (ssl, tls) = match &self.tls {
+            Some(t) => (
+                " ssl",
+                format!(
+                    "        ssl_certificate {};\n        ssl_certificate_key {};\n        \
+                     ssl_protocols TLSv1.2 TLSv1.3;\n        ssl_session_cache off;\n        \
+                     ssl_session_tickets off;\n",
+                    t.cert.display(),
+                    t.key.display()
+                ),
+            ),
+            None => ("", String::new()),
+        };
+        format!(
+            "daemon off;\n\
+             master_process on;\n\
+             worker_processes 1;\n\
+             {affinity}\
+             pid {dir}/nginx.pid;\n\
+             error_log {dir}/error.log warn;\n\
+             events {{\n    worker_connections 16384;\n}}\n\
+             http {{\n\
+             \x20   access_log off;\n\
+             \x20   client_body_temp_path {dir}/body;\n\
+             \x20   proxy_temp_path {dir}/proxy;\n\
+             \x20   fastcgi_temp_path {dir}/fastcgi;\n\
+             \x20   uwsgi_temp_path {dir}/uwsgi;\n\
+             \x20   scgi_temp_path {dir}/scgi;\n\
+             \x20   keepalive_requests 1000000;\n\
+             {zones}\
+             \x20   server {{\n\
+             \x20       listen {port}{ssl};\n\
+             \x20       server_name shedder;\n\
+             {tls}\
+             \x20       location = {HTTPS_PATH} {{\n\
+             {limits}\
+             \x20           default_type text/plain;\n\
+             \x20           alias {dir}/body;\n\
+             \x20       }}\n\
+             \x20   }}\n\
+             }}\n",
+            port = self.port,
+        )
+    }
+}
+
+/// An nginx master process (`daemon off`) and its one worker in a namespace. Dropping it
+/// sends SIGTERM (SIGKILL after 2 s) and removes its directory.
+pub struct Nginx {
+    child: Option<Child>,
+    dir: PathBuf,
+    config: String,
+}
+
+impl Nginx {
+    /// Write the configuration to a new directory, check it with `nginx -t`, start nginx
+    /// inside `ns` and wait until its port accepts connections (panics with nginx's error
+    /// log if it does not within 5 s).
+    pub fn start(ns: &Netns, cfg: &NginxConfig) -> Self {
+        let dir = temp_dir("nginx");
+        let config = cfg.render(&dir);
+        let path = dir.join("nginx.conf");
+        std::fs::write(&path, &config).expect("write nginx.conf");
+        std::fs::write(dir.join("body"), RESPONSE).expect("write nginx's body file");
+        let mut n = Self {
+            child: None,
+            dir,
+            config,
+        };
+        // -e: the error log before the configuration names one (Debian's default path may
+        // not be writable); -p: the prefix relative paths resolve against.
+        let args = |c: &mut Command| {
+            c.arg("-p")
+                .arg(&n.dir)
+                .arg("-e")
+                .arg(n.dir.join("error.log"));
+            c.arg("-c").arg(&path);
+        };
+        let mut check = Command::new("nginx");
+        args(&mut check);
+        let check = check
+            .arg("-t")
+            .output()
+            .expect("spawn nginx -t (is the nginx package installed?)");
+        if !check.status.success() {
+            panic!(
+                "nginx -t rejected the configuration ({}):\n{}\n{}",
+                check.status,
+                String::from_utf8_lossy(&check.stderr),
+                n.config
+            );
+        }
+        let mut c = nsenter(&ns.name, "nginx");
+        args(&mut c);
+        // nsenter without --fork execs nginx: the child's pid is the master's.
+        n.child = Some(
+            c.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn nginx"),
+        );
+        let log = n.dir.join("error.log");
+        let child = n.child.as_mut().expect("just started");
+        wait_ready(child, ns, cfg.port, "nginx", || {
+            std::fs::read_to_string(&log).unwrap_or_default()
+        });
+        n
+    }
+
+    /// The master's and the workers' process ids.
+    pub fn pids(&self) -> Vec<u32> {
+        let master = self.child.as_ref().expect("running").id();
+        let children = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children"))
+            .unwrap_or_default();
+        std::iter::once(master)
+            .chain(children.split_whitespace().filter_map(|p| p.parse().ok()))
+            .collect()
+    }
+
+    /// CPU time the master and its workers have used so far.
+    pub fn cpu_time(&self) -> Duration {
+        self.pids()
+            .into_iter()
+            .filter_map(|p| process_cpu_time(p).ok())
+            .sum()
+    }
+
+    /// The configuration file's text.
+    pub fn config_text(&self) -> &str {
+        &self.config
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.take() {
+            terminate(c);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
