@@ -81,7 +81,11 @@ pub const DEPS: &[Dep] = &[
     // its own nginx processes in a namespace and needs none of that.
     dep("nginx", Probe::Runs("nginx", &["-v"]), "nginx"),
     // The second, independent open-loop generator against the TLS backend.
-    dep("h2load", Probe::Runs("h2load", &["--version"]), "nghttp2-client"),
+    dep(
+        "h2load",
+        Probe::Runs("h2load", &["--version"]),
+        "nghttp2-client",
+    ),
     // The keep-alive and one-request-per-connection load against nginx in `bench signals`.
     dep("wrk", Probe::File("/usr/bin/wrk"), "wrk"),
     // The font the benchmark charts' text is drawn with (tests/src/plot.rs).
