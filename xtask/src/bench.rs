@@ -17,11 +17,12 @@ pub enum Bench {
     /// Cost of the tracking tracepoint programs per event (kernel BPF stats) and the CPU of
     /// one signal-reading tick at 1, 10 and 100 services. Root only.
     Signals(PassThrough),
-    /// The overload knee side by side with no protection, nftables, HAProxy and in-app
-    /// shedding: goodput, p99, CRITICAL success, cost per rejection, retries, a 2× slow-down
-    /// and recovery. Writes a Markdown report, JSON and PNG plots to --out (default
-    /// target/overload; `-- --out docs` refreshes docs/benchmarks.md). Root only; about
-    /// ten minutes.
+    /// The overload knee side by side with no protection, nftables, HAProxy, in-app
+    /// shedding and nginx's limiters, on an I/O-bound, a CPU-bound and a TLS (nginx)
+    /// backend: goodput, p99, CRITICAL success, cost per rejection, retries, a 2× slow-down
+    /// and recovery, and h2load as a second generator. Writes a Markdown report, JSON and
+    /// PNG plots to --out (default target/overload; `-- --out docs` refreshes
+    /// docs/benchmarks.md). Root only; about 25 minutes (`-- --backends tls` alone: 7).
     Overload(PassThrough),
 }
 

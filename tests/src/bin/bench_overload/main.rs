@@ -1,24 +1,29 @@
 //! `cargo xtask bench overload`: the overload knee, side by side with what an SRE would
 //! use instead of shedder.
 //!
-//! One backend of known capacity (workers × service time) in a server namespace, behind a
-//! veth; an open-loop load generator in a client namespace sending requests with a 1 s
-//! deadline from four class prefixes. Every system protects (or fails to protect) the same
-//! backend against the same schedules:
+//! Each backend (see `backends`) runs in a server namespace behind a veth, with an
+//! open-loop load generator in a client namespace sending requests with a 1 s deadline from
+//! four class prefixes; its capacity is measured first with a closed loop. Every system
+//! protects (or fails to protect) the same backend against the same schedules:
 //!
 //! - `none`: the kernel's accept queue only;
 //! - `nft-1x` / `nft-1.5x`: an nftables rule dropping SYNs above the measured capacity, and
 //!   above 1.5 × it (a typical mis-estimate);
 //! - `haproxy`: HAProxy in TCP mode in front, `maxconn` = workers, `timeout queue`;
-//! - `in-app`: the application itself accepts, runs an AIMD limit and answers 503 (BUSY);
+//! - `in-app` (line backends): the application itself accepts, runs an AIMD limit and
+//!   answers 503 (BUSY);
+//! - `nginx-limit-conn` / `nginx-limit-req` (TLS backend): nginx's own limiters, which
+//!   answer 503 after the handshake;
 //! - `shedder-drop` / `shedder-rst`: the real `shedder run` daemon, XDP native, AIMD on a
 //!   50 ms latency target, never told the capacity.
 //!
-//! Scenarios per system: a ladder of offered load (0.5×, 1×, 1.5×, 2×, 3×, 5× capacity), 3×
+//! The I/O-bound backend (workers that wait) runs a ladder of offered load (0.5×–5×), 3×
 //! with clients retrying three times at once, the backend slowing 2× mid-run, and load
-//! dropping from 3× to 0.5×. Output: a Markdown report on stdout, and in `--out`:
-//! `benchmarks.md` (the same report, with plots), `benchmarks/overload.json` (every figure)
-//! and `benchmarks/*.png`.
+//! dropping from 3× to 0.5×. The CPU-bound and TLS backends, whose node and client have a
+//! CPU each (see `node`), run a ladder of 1×–20× (`shed_point`); on TLS, `h2load` confirms
+//! the 10× figure against the systems that answer refusals (see `h2load`). Output: a
+//! Markdown report on stdout, and in `--out`: `benchmarks.md` (the same report, with
+//! plots), `benchmarks/overload.json` (every figure) and `benchmarks/*.png`.
 
 use std::{
     fmt::Write as _,
@@ -29,28 +34,29 @@ use std::{
 };
 
 mod backends;
+mod h2load;
 mod node;
 mod shed_point;
 
 use anyhow::{Context as _, Result, bail};
-use backends::BackendSpec;
+use backends::{BackendSpec, Server};
 use clap::Parser;
 use node::Placement;
 use serde::Serialize;
 use shed_point::{shed_point_markdown, shed_point_plot, shed_point_targets};
 use shedder::kernel::{MapReader, PinnedMaps};
-use shedder_common::{NUM_CLASSES, NUM_REASONS, REASON_NAMES, programs};
+use shedder_common::{CLASS_NAMES, NUM_CLASSES, NUM_REASONS, REASON_NAMES, programs};
 use shedder_tests::{
     daemon::Daemon,
     interrupt::interrupted,
-    load::{Backend, BackendConfig, InAppAimd, LoadGen, LoadReport, Outcome, Window},
+    load::{Backend, BackendConfig, InAppAimd, LoadGen, LoadReport, Outcome, Window, Work},
     load::{
-        add_local_range, measure_capacity, pin_current_thread, pin_process,
-        prepare_client_namespace,
+        Https, Protocol, add_local_range, measure_capacity_speaking, pin_current_thread,
+        pin_process, prepare_client_namespace,
     },
     machine::{Machine, machine},
     netns::Pair,
-    peers::{Haproxy, HaproxyConfig, Nft},
+    peers::{Haproxy, HaproxyConfig, Nft, Nginx, NginxConfig, NginxLimit, TlsFiles},
     plot::{Panel, Series, chart},
     policy::{CLIENT_V4, SERVER_V4},
     scenario::LabConfig,
@@ -115,6 +121,13 @@ const BY_CLASS: [f64; 3] = [2.0, 3.0, 5.0];
 const SETTLE_SECS: u64 = 2;
 /// Bins and the sliding window of the recovery measurement.
 const BIN: Duration = Duration::from_millis(250);
+/// The overload factor and length of the confirming h2load run on the TLS backend.
+const H2LOAD_FACTOR: f64 = 10.0;
+const H2LOAD_SECS: u64 = 8;
+/// Closed-loop clients per worker when measuring a capacity: with two, nginx's TLS
+/// capacity read 151/s where 32 clients read 191/s (the open-loop ladder served up to 116%
+/// of the lower figure); more clients only queue in the accept queue.
+const CAPACITY_CLIENTS_PER_WORKER: usize = 8;
 /// Closed-loop measurements of a backend's capacity; the median is used.
 const CAPACITY_RUNS: usize = 3;
 
@@ -145,10 +158,11 @@ struct Args {
     #[arg(long, default_value_t = 6)]
     step_secs: u64,
     /// Only these systems (comma-separated keys: none, nft-1x, nft-1.5x, haproxy, in-app,
-    /// shedder-drop, shedder-rst).
+    /// nginx-limit-conn, nginx-limit-req, shedder-drop, shedder-rst); each backend runs those
+    /// that fit it (in-app on the line backends, nginx's limiters on the TLS one).
     #[arg(long, value_delimiter = ',')]
     systems: Vec<String>,
-    /// Only these backends (comma-separated keys: io, cpu).
+    /// Only these backends (comma-separated keys: io, cpu, tls).
     #[arg(long, value_delimiter = ',')]
     backends: Vec<String>,
 }
@@ -161,16 +175,20 @@ enum Kind {
     Nft15x,
     Haproxy,
     InApp,
+    NginxConn,
+    NginxReq,
     ShedderDrop,
     ShedderRst,
 }
 
-const ALL: [Kind; 7] = [
+const ALL: [Kind; 9] = [
     Kind::None,
     Kind::Nft1x,
     Kind::Nft15x,
     Kind::Haproxy,
     Kind::InApp,
+    Kind::NginxConn,
+    Kind::NginxReq,
     Kind::ShedderDrop,
     Kind::ShedderRst,
 ];
@@ -183,6 +201,8 @@ impl Kind {
             Self::Nft15x => "nft-1.5x",
             Self::Haproxy => "haproxy",
             Self::InApp => "in-app",
+            Self::NginxConn => "nginx-limit-conn",
+            Self::NginxReq => "nginx-limit-req",
             Self::ShedderDrop => "shedder-drop",
             Self::ShedderRst => "shedder-rst",
         }
@@ -195,9 +215,18 @@ impl Kind {
             Self::Nft15x => "nftables SYN limit at 1.5× capacity",
             Self::Haproxy => "HAProxy maxconn + timeout queue",
             Self::InApp => "in-app AIMD, 503 after accept",
+            Self::NginxConn => "nginx limit_conn, 503 after the handshake",
+            Self::NginxReq => "nginx limit_req at capacity, 503 after the handshake",
             Self::ShedderDrop => "shedder, drop",
             Self::ShedderRst => "shedder, rst",
         }
+    }
+
+    /// Refusals reach the client as an answer before the TLS handshake (a reset, or
+    /// HAProxy's close after its queue timeout), not as silence: h2load can be used
+    /// against it.
+    fn answers_refusals(self) -> bool {
+        matches!(self, Self::Haproxy | Self::ShedderRst)
     }
 
     fn is_shedder(self) -> bool {
@@ -222,11 +251,24 @@ struct Cpu {
     tracking: Option<Duration>,
 }
 
+/// Where the systems run: the pair of namespaces, the backend, the CPUs, and for TLS the
+/// server's certificate and the clients' protocol.
+struct Bed {
+    pair: Pair,
+    spec: BackendSpec,
+    placement: Option<Placement>,
+    tls: Option<TlsFiles>,
+    protocol: Protocol,
+}
+
 struct System {
     kind: Kind,
     spec: BackendSpec,
     placement: Option<Placement>,
-    backend: Backend,
+    protocol: Protocol,
+    /// The line backend, or nginx (the TLS backend).
+    backend: Option<Backend>,
+    nginx: Option<Nginx>,
     target: SocketAddr,
     nft: Option<Nft>,
     haproxy: Option<Haproxy>,
@@ -235,25 +277,40 @@ struct System {
 }
 
 impl System {
-    fn start(
-        kind: Kind,
-        pair: &Pair,
-        capacity: f64,
-        spec: BackendSpec,
-        placement: Option<Placement>,
-    ) -> Result<Self> {
-        let mut config =
-            BackendConfig::new(BACKEND_PORT, spec.workers, spec.service_time).work(spec.work);
-        if let Some(p) = placement {
-            config = config.cpu(p.node_cpu);
+    fn start(kind: Kind, bed: &Bed, capacity: f64) -> Result<Self> {
+        let (pair, spec, placement) = (&bed.pair, bed.spec, bed.placement);
+        let (mut backend, mut nginx) = (None, None);
+        match (spec.server, &bed.tls) {
+            (Server::Line(work), _) => {
+                let mut config = line_config(&spec, work, placement);
+                if kind == Kind::InApp {
+                    config = config.in_app(InAppAimd {
+                        target_latency: TARGET_LATENCY,
+                        ..InAppAimd::default()
+                    });
+                }
+                backend = Some(Backend::start_in(&pair.server, config));
+            }
+            (Server::Tls { .. }, Some(tls)) => {
+                let limit = match kind {
+                    Kind::NginxConn => NginxLimit::Conn(spec.workers as u32),
+                    Kind::NginxReq => {
+                        let rate = capacity.round() as u32;
+                        // A tenth of a second's worth served at once, as nftables' burst.
+                        NginxLimit::Req {
+                            rate,
+                            burst: (rate / 10).max(1),
+                        }
+                    }
+                    _ => NginxLimit::None,
+                };
+                nginx = Some(Nginx::start(
+                    &pair.server,
+                    &nginx_config(tls, placement, limit),
+                ));
+            }
+            (Server::Tls { .. }, None) => bail!("the TLS backend has no certificate"),
         }
-        if kind == Kind::InApp {
-            config = config.in_app(InAppAimd {
-                target_latency: TARGET_LATENCY,
-                ..InAppAimd::default()
-            });
-        }
-        let backend = Backend::start_in(&pair.server, config);
         let pins = PathBuf::from(format!(
             "/sys/fs/bpf/shedder-bench-{}-{}",
             std::process::id(),
@@ -263,7 +320,9 @@ impl System {
             kind,
             spec,
             placement,
+            protocol: bed.protocol.clone(),
             backend,
+            nginx,
             target: SocketAddr::new(IpAddr::V4(SERVER_V4), BACKEND_PORT),
             nft: None,
             haproxy: None,
@@ -271,7 +330,7 @@ impl System {
             pins,
         };
         match kind {
-            Kind::None | Kind::InApp => {}
+            Kind::None | Kind::InApp | Kind::NginxConn | Kind::NginxReq => {}
             Kind::Nft1x => {
                 s.nft = Some(Nft::syn_rate_limit(
                     &pair.server,
@@ -332,7 +391,8 @@ impl System {
                 s.haproxy.as_ref().map(Haproxy::pid),
                 s.daemon.as_ref().map(Daemon::pid),
             ];
-            for pid in pids.into_iter().flatten() {
+            let nginx = s.nginx.as_ref().map(Nginx::pids).unwrap_or_default();
+            for pid in pids.into_iter().flatten().chain(nginx) {
                 pin_process(pid, p.node_cpu)
                     .with_context(|| format!("pinning process {pid} to CPU {}", p.node_cpu))?;
             }
@@ -359,7 +419,7 @@ impl System {
                 });
                 (limit, refused)
             }
-            Kind::InApp => (self.backend.in_app_limit().map(f64::from), None),
+            Kind::InApp => (self.line().in_app_limit().map(f64::from), None),
             _ => (None, None),
         }
     }
@@ -398,7 +458,7 @@ impl System {
                 })
             }
             Kind::InApp => {
-                let s = self.backend.stats();
+                let s = self.line().stats();
                 Some(Cpu {
                     time: s.reject_cpu,
                     events: Some(s.rejected),
@@ -410,8 +470,19 @@ impl System {
                 events: None,
                 tracking: None,
             }),
+            Kind::NginxConn | Kind::NginxReq => self.nginx.as_ref().map(|n| Cpu {
+                time: n.cpu_time(),
+                events: None,
+                tracking: None,
+            }),
             _ => None,
         }
+    }
+
+    /// The line backend; panics on the TLS backend (the scenarios that change the line
+    /// backend run on the I/O-bound one only).
+    fn line(&self) -> &Backend {
+        self.backend.as_ref().expect("a line backend")
     }
 
     /// The configuration text the system runs with, for the report.
@@ -421,6 +492,9 @@ impl System {
         }
         if let Some(h) = &self.haproxy {
             return Some(h.config_text().to_string());
+        }
+        if let (Some(n), Kind::NginxConn | Kind::NginxReq) = (&self.nginx, self.kind) {
+            return Some(n.config_text().to_string());
         }
         self.daemon
             .as_ref()
@@ -433,6 +507,26 @@ impl System {
         }
         drop(self.haproxy.take());
         drop(self.nft.take());
+        drop(self.nginx.take());
+    }
+}
+
+/// The line backend's configuration, on the node's CPU if placed.
+fn line_config(spec: &BackendSpec, work: Work, placement: Option<Placement>) -> BackendConfig {
+    let config = BackendConfig::new(BACKEND_PORT, spec.workers, spec.service_time).work(work);
+    match placement {
+        Some(p) => config.cpu(p.node_cpu),
+        None => config,
+    }
+}
+
+/// nginx as the TLS backend, its worker on the node's CPU if placed.
+fn nginx_config(tls: &TlsFiles, placement: Option<Placement>, limit: NginxLimit) -> NginxConfig {
+    NginxConfig {
+        port: BACKEND_PORT,
+        tls: Some(tls.clone()),
+        worker_cpu: placement.map(|p| p.node_cpu),
+        limit,
     }
 }
 
@@ -456,14 +550,14 @@ fn drive(
     pair: &Pair,
     sys: &System,
     load: LoadGen,
-    mut at: impl FnMut(f64, &Backend),
+    mut at: impl FnMut(f64, &System),
 ) -> (LoadReport, Vec<Sample>) {
     let mut samples = Vec::new();
     let t0 = Instant::now();
     let handle = load.start_in(&pair.client);
     loop {
         let t = t0.elapsed().as_secs_f64();
-        at(t, &sys.backend);
+        at(t, sys);
         let (limit, refused) = sys.reading();
         samples.push(Sample {
             t,
@@ -492,7 +586,8 @@ impl System {
             .fold(LoadGen::new(self.target), |g, c| {
                 g.class_hosts(c.label, IpAddr::V4(c.first), c.hosts, c.fraction)
             })
-            .deadline(DEADLINE);
+            .deadline(DEADLINE)
+            .protocol(self.protocol.clone());
         match self.placement {
             Some(p) => g.cpu(p.client_cpu),
             None => g,
@@ -680,6 +775,10 @@ struct SystemResult {
     errors: Vec<(String, u64)>,
     /// The nftables ruleset, HAProxy configuration or shedder configuration used.
     config: Option<String>,
+    /// TLS backend, systems that answer their refusals: the confirming h2load run, or why
+    /// it failed.
+    h2load: Option<h2load::H2load>,
+    h2load_error: Option<String>,
 }
 
 impl SystemResult {
@@ -747,6 +846,12 @@ fn ladder(
                 "HAProxy's process CPU clock (all threads) at the step minus its CPU per \
                  served request at 1× × served, per attempt not served",
             ),
+            Kind::NginxConn | Kind::NginxReq => (
+                (cpu.as_secs_f64() - w.all.ok as f64 * cpu_per_ok_1x.unwrap_or(0.0)).max(0.0),
+                "nginx's processes' CPU clocks at the step minus their CPU per served request \
+                 at 1× × served, per attempt not served (the kernel's TCP handshake is not \
+                 included)",
+            ),
             Kind::InApp => (
                 cpu.as_secs_f64(),
                 "the acceptor thread's CPU time from accept() to close() of each 503 \
@@ -762,7 +867,7 @@ fn ladder(
         result.reject_cost = Some(RejectCost {
             cpu_us: per * 1e6,
             factor,
-            r: per / sys.spec.service_time.as_secs_f64(),
+            r: per / sys.spec.cost_per_request(capacity).as_secs_f64(),
             ns_per_packet: match (sys.kind.is_shedder(), events) {
                 (true, Some(runs)) if runs > 0 => Some(cpu.as_secs_f64() * 1e9 / runs as f64),
                 _ => None,
@@ -849,14 +954,14 @@ fn slowdown(
         pair,
         sys,
         sys.load().phase(secs(SLOW_TOTAL), 1.5 * capacity),
-        |t, backend| {
+        |t, s| {
             if !slowed && t >= SLOW_AT as f64 {
-                backend.set_service_time(SERVICE_TIME * 2);
+                s.line().set_service_time(SERVICE_TIME * 2);
                 slowed = true;
             }
         },
     );
-    sys.backend.set_service_time(SERVICE_TIME);
+    sys.line().set_service_time(SERVICE_TIME);
     collect_errors(&report, errors);
     let cap_at = |t: u64| {
         if t >= SLOW_AT {
@@ -1002,6 +1107,20 @@ fn refused_between(samples: &[Sample], from: f64, to: f64) -> Option<Refusals> {
     }))
 }
 
+/// The refusals counted between two readings, as "class reason" → attempts (nonzero only).
+fn reasons(after: &Refusals, before: &Refusals) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for (c, name) in CLASS_NAMES.iter().enumerate() {
+        for (r, reason) in REASON_NAMES.iter().enumerate() {
+            let n = after[c][r].saturating_sub(before[c][r]);
+            if n > 0 {
+                out.push((format!("{name} {reason}"), n));
+            }
+        }
+    }
+    out
+}
+
 /// Least, median and most of the limit read between `from` and `to` seconds.
 fn limit_spread(samples: &[Sample], from: f64, to: f64) -> Option<[f64; 3]> {
     let mut v: Vec<f64> = samples
@@ -1029,15 +1148,10 @@ fn collect_errors(report: &LoadReport, errors: &mut Vec<(String, u64)>) {
     }
 }
 
-fn run_system(
-    kind: Kind,
-    pair: &Pair,
-    capacity: f64,
-    args: &Args,
-    (spec, placement): (BackendSpec, Option<Placement>),
-) -> Result<SystemResult> {
+fn run_system(kind: Kind, bed: &Bed, capacity: f64, args: &Args) -> Result<SystemResult> {
+    let (pair, spec) = (&bed.pair, bed.spec);
     eprintln!("== {} ({}) ==", kind.title(), spec.key);
-    let sys = System::start(kind, pair, capacity, spec, placement)?;
+    let sys = System::start(kind, bed, capacity)?;
     let mut result = SystemResult {
         kind,
         title: kind.title(),
@@ -1055,6 +1169,8 @@ fn run_system(
         recovery: None,
         errors: Vec::new(),
         config: sys.config(),
+        h2load: None,
+        h2load_error: None,
     };
     let mut errors = Vec::new();
     let pause = || std::thread::sleep(Duration::from_secs(2));
@@ -1066,6 +1182,38 @@ fn run_system(
         &mut result,
         &mut errors,
     );
+    if spec.is_tls() && kind.answers_refusals() && !interrupted() {
+        pause();
+        eprintln!("   h2load at {H2LOAD_FACTOR}×...");
+        let cpu = bed.placement.map(|p| p.client_cpu);
+        let load = (capacity, H2LOAD_FACTOR);
+        let before = sys.reading().1;
+        match h2load::run(
+            &pair.client,
+            sys.target,
+            load,
+            (H2LOAD_SECS, SETTLE_SECS),
+            DEADLINE,
+            cpu,
+        ) {
+            Ok(mut h) => {
+                let after = sys.reading().1;
+                if let (Some(b), Some(a)) = (before, after) {
+                    h.refused = reasons(&a, &b);
+                    eprintln!("   h2load: shedder refused {:?}", h.refused);
+                }
+                eprintln!(
+                    "   h2load: {:.0}/s offered, {} 2xx ({:.0}% of capacity), {} 5xx, {:?} errored",
+                    h.offered_rps, h.ok, h.goodput_pct, h.status_5xx, h.errored
+                );
+                result.h2load = Some(h);
+            }
+            Err(e) => {
+                eprintln!("   h2load failed: {e:#}");
+                result.h2load_error = Some(format!("{e:#}"));
+            }
+        }
+    }
     for &f in spec.by_class {
         let Some(s) = result.at(f) else { continue };
         let [c, h, m, sh] = s.class_success_pct;
@@ -1137,14 +1285,17 @@ struct BackendRun {
     capacity_rps: f64,
     /// Every capacity measurement; `capacity_rps` is their median.
     capacity_runs_rps: Vec<f64>,
-    nominal_capacity_rps: f64,
+    /// Workers × service time for the line backends; None for nginx.
+    nominal_capacity_rps: Option<f64>,
     systems: Vec<SystemResult>,
     targets: Vec<Target>,
 }
 
 impl BackendRun {
-    fn service_time_ms(&self) -> f64 {
-        self.spec.service_time.as_secs_f64() * 1e3
+    /// What serving one request costs the node, in ms (see
+    /// [`BackendSpec::cost_per_request`]).
+    fn cost_ms(&self) -> f64 {
+        self.spec.cost_per_request(self.capacity_rps).as_secs_f64() * 1e3
     }
 }
 
@@ -1290,8 +1441,8 @@ fn io_markdown(md: &mut String, report: &Report, run: &BackendRun, images: Optio
          lasts {} s; its first {} s are left out. shedder and the in-app limiter get a {:.0} ms \
          latency target and no capacity figure; nftables is given the measured capacity.\n",
         run.spec.workers,
-        run.service_time_ms(),
-        run.nominal_capacity_rps,
+        run.cost_ms(),
+        run.nominal_capacity_rps.unwrap_or(0.0),
         run.capacity_rps,
         report.deadline_ms,
         report.step_secs,
@@ -1378,7 +1529,7 @@ fn io_markdown(md: &mut String, report: &Report, run: &BackendRun, images: Optio
          same microseconds would come out of serving. n/m = not measurable:",
         2.0 * report.target_latency_ms,
         report.target_latency_ms,
-        run.service_time_ms()
+        run.cost_ms()
     );
     for s in &run.systems {
         if let Some(note) = s.reject_cost_note {
@@ -1648,7 +1799,8 @@ fn run() -> Result<()> {
         );
     }
     let kinds: Vec<Kind> = pick(&args.systems, &ALL, |k| k.key(), "--systems")?;
-    let specs: Vec<BackendSpec> = pick(&args.backends, &backends::ALL, |b| b.key, "--backends")?;
+    let specs: Vec<BackendSpec> =
+        pick(&args.backends, &backends::BACKENDS, |b| b.key, "--backends")?;
     let started = Instant::now();
     shedder_tests::ensure_fs();
     let mut runs = Vec::new();
@@ -1748,51 +1900,83 @@ fn run_backend(spec: BackendSpec, kinds: &[Kind], args: &Args) -> Result<Backend
     } else {
         None
     };
-    let mut config =
-        BackendConfig::new(BACKEND_PORT, spec.workers, spec.service_time).work(spec.work);
-    if let Some(p) = placement {
-        config = config.cpu(p.node_cpu);
-    }
-    let nominal = config.capacity();
+    let certs = std::env::temp_dir().join(format!("shedder-bench-tls-{}", std::process::id()));
+    let (tls, protocol) = match spec.server {
+        Server::Line(_) => (None, Protocol::Line),
+        Server::Tls { rsa_bits } => {
+            std::fs::create_dir_all(&certs)
+                .with_context(|| format!("creating {}", certs.display()))?;
+            let tls = TlsFiles::self_signed(&certs, TLS_NAME, rsa_bits);
+            let https = Https::trusting(&tls.cert, TLS_NAME);
+            (Some(tls), Protocol::Https(https))
+        }
+    };
+    let bed = Bed {
+        pair,
+        spec,
+        placement,
+        tls,
+        protocol,
+    };
+    let result = run_backend_on(&bed, kinds, args);
+    drop(bed);
+    let _ = std::fs::remove_dir_all(&certs);
+    result
+}
+
+/// The name the TLS backend's certificate is made for and its clients ask for.
+const TLS_NAME: &str = "backend.shedder.test";
+
+fn run_backend_on(bed: &Bed, kinds: &[Kind], args: &Args) -> Result<BackendRun> {
+    let (pair, spec, placement) = (&bed.pair, bed.spec, bed.placement);
+    let nominal = match spec.server {
+        Server::Line(work) => Some(line_config(&spec, work, placement).capacity()),
+        Server::Tls { .. } => None,
+    };
     // The median of three closed-loop measurements: one alone moved by 8% between runs
     // minutes apart on this machine, and every goodput figure is a share of it.
     let measured: Vec<f64> = {
-        let backend = Backend::start_in(&pair.server, config);
-        let target = SocketAddr::new(IpAddr::V4(SERVER_V4), BACKEND_PORT);
+        let served = System::start(Kind::None, bed, 0.0)?;
+        let target = served.target;
         let m = pair.client.run(|| {
             if let Some(p) = placement {
                 pin_current_thread(p.client_cpu);
             }
             (0..CAPACITY_RUNS)
                 .map(|_| {
-                    measure_capacity(
+                    measure_capacity_speaking(
+                        &bed.protocol,
                         target,
                         IpAddr::V4(CLIENT_V4),
-                        spec.workers * 2,
+                        spec.workers * CAPACITY_CLIENTS_PER_WORKER,
                         Duration::from_secs(3),
                     )
                     .rps
                 })
                 .collect()
         });
-        drop(backend);
+        served.stop();
         m
     };
     let capacity = median(&measured);
     eprintln!(
-        "capacity: {capacity:.0} requests/s measured (median of {measured:.0?}; {nominal:.0} nominal)"
+        "capacity: {capacity:.0} requests/s measured (median of {measured:.0?}; {} nominal)",
+        nominal.map_or("no".to_string(), |n| format!("{n:.0}/s"))
     );
-    if capacity < 0.5 * nominal {
+    if let Some(nominal) = nominal.filter(|&n| capacity < 0.5 * n) {
         bail!(
             "measured capacity {capacity:.0}/s is under half the nominal {nominal:.0}/s: the machine is too busy to benchmark"
         );
     }
+    if capacity < 10.0 {
+        bail!("measured capacity {capacity:.0}/s: the backend barely serves");
+    }
     let mut systems = Vec::new();
-    for &kind in kinds {
+    for &kind in kinds.iter().filter(|k| spec.systems.contains(k)) {
         if interrupted() {
             break;
         }
-        systems.push(run_system(kind, &pair, capacity, args, (spec, placement))?);
+        systems.push(run_system(kind, bed, capacity, args)?);
     }
     let targets = match spec.key {
         "io" => targets(&systems),

@@ -1,4 +1,4 @@
-//! The report of a backend run for the shed point (the CPU-bound backend): goodput by
+//! The report of a backend run for the shed point (the CPU-bound and TLS backends): goodput by
 //! overload factor up to 20×, what the generator achieved, class success, the cost of a
 //! refusal and of shedder's measuring, and the targets.
 
@@ -7,7 +7,10 @@ use std::{fmt::Write as _, path::Path};
 use anyhow::Result;
 use shedder_tests::plot::{Panel, Series, chart_log_x};
 
-use super::{BackendRun, Report, SETTLE_SECS, SystemResult, TIE_POINTS, Target, opt};
+use super::{
+    BackendRun, CAPACITY_CLIENTS_PER_WORKER, Report, SETTLE_SECS, Server, SystemResult, TIE_POINTS,
+    Target, opt,
+};
 
 /// Goodput at 10× a shedder system must keep, % of capacity.
 const KEEP_AT_10X: f64 = 95.0;
@@ -70,26 +73,41 @@ pub fn shed_point_markdown(
             p.node_cpu, p.client_cpu
         )
     });
+    let runs = run
+        .capacity_runs_rps
+        .iter()
+        .map(|c| format!("{c:.0}/s"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let server = match (spec.server, run.nominal_capacity_rps) {
+        (Server::Tls { rsa_bits }, _) => format!(
+            "Debian's nginx terminates TLS with one worker process: RSA-{rsa_bits}, no session \
+             cache and no tickets, so every connection costs a full handshake; it serves a \
+             16-byte file. The clients are rustls with resumption off (**measured capacity \
+             {:.0} handshakes and requests/s**, the median of {} closed-loop runs of {} \
+             clients: {runs}; a request served costs the node about {:.1} ms of CPU).",
+            run.capacity_rps,
+            run.capacity_runs_rps.len(),
+            spec.workers * CAPACITY_CLIENTS_PER_WORKER,
+            run.cost_ms(),
+        ),
+        (Server::Line(_), nominal) => format!(
+            "{} workers compute {:.0} ms of CPU (hashing) per request (nominal {:.0} \
+             requests/s; **measured capacity {:.0}/s**, the median of {} closed-loop runs: \
+             {runs}).",
+            spec.workers,
+            run.cost_ms(),
+            nominal.unwrap_or(0.0),
+            run.capacity_rps,
+            run.capacity_runs_rps.len(),
+        ),
+    };
     let _ = writeln!(
         md,
-        "{} workers compute {:.0} ms of CPU (hashing) per request (nominal {:.0} requests/s; \
-         **measured capacity {:.0}/s**, the median of {} closed-loop runs: {}).{placement} The same open-loop client, \
-         deadline ({:.0} ms) and class mix as above; each step lasts {} s, its first {} s left \
-         out. Only the ladder runs here; retries, the slow-down and recovery are measured on \
-         the I/O-bound backend.\n",
-        spec.workers,
-        run.service_time_ms(),
-        run.nominal_capacity_rps,
-        run.capacity_rps,
-        run.capacity_runs_rps.len(),
-        run.capacity_runs_rps
-            .iter()
-            .map(|c| format!("{c:.0}/s"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        report.deadline_ms,
-        report.step_secs,
-        SETTLE_SECS,
+        "{server}{placement} The same open-loop client, deadline ({:.0} ms) and class mix as \
+         above; each step lasts {} s, its first {} s left out. Only the ladder runs here; \
+         retries, the slow-down and recovery are measured on the I/O-bound backend.\n",
+        report.deadline_ms, report.step_secs, SETTLE_SECS,
     );
     let _ = writeln!(md, "### Goodput (% of capacity) by offered load\n");
     let mut head = "| system |".to_string();
@@ -123,6 +141,7 @@ pub fn shed_point_markdown(
         }
         md.push('\n');
     }
+    h2load_markdown(md, run);
     let _ = writeln!(md, "\n### By class, p99 and the cost of a refusal\n");
     let _ = writeln!(
         md,
@@ -146,7 +165,7 @@ pub fn shed_point_markdown(
         md,
         "\n*r* = CPU on the reject path per rejected attempt ÷ CPU per request served ({:.0} \
          ms), at {}×:\n",
-        run.service_time_ms(),
+        run.cost_ms(),
         spec.cost_factor
     );
     let _ = writeln!(
@@ -182,8 +201,8 @@ pub fn shed_point_markdown(
             Some(format!(
                 "{}: {us:.1} µs per request served at 1× ({:.2}% of its {:.0} ms)",
                 s.title,
-                100.0 * us / run.service_time_ms() / 1e3,
-                run.service_time_ms()
+                100.0 * us / run.cost_ms() / 1e3,
+                run.cost_ms()
             ))
         })
         .collect();
@@ -245,4 +264,66 @@ pub fn shed_point_plot(run: &BackendRun, dir: &Path) -> Result<()> {
             hlines: vec![("capacity".into(), 100.0)],
         }],
     )
+}
+
+/// The confirming h2load runs, beside the project's generator at the same factor.
+fn h2load_markdown(md: &mut String, run: &BackendRun) {
+    let runs: Vec<&SystemResult> = run
+        .systems
+        .iter()
+        .filter(|s| s.h2load.is_some() || s.h2load_error.is_some())
+        .collect();
+    let Some(first) = runs.iter().find_map(|s| s.h2load.as_ref()) else {
+        for s in &runs {
+            let _ = writeln!(
+                md,
+                "\nh2load against {} failed: {}\n",
+                s.title,
+                s.h2load_error.as_deref().unwrap_or("")
+            );
+        }
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "\n### A second generator: h2load at {}×\n\n\
+         Debian's h2load, HTTP/1.1 over TLS, one request per connection, {} connections started \
+         every 10 ms for {:.0} s, `-T1` (a connection still open 1 s after it is up is \
+         closed). h2load keeps no deadline from a connection's start: a dropped SYN stalls \
+         it for the kernel's retries, so it runs only against the systems that answer a \
+         refusal before the TLS handshake. 2xx are counted from its per-request log, those \
+         started after the first {SETTLE_SECS} s (as in the ladder's steps) and done by 1 s \
+         after the last connection was due. All its connections come from one \
+         address, as from behind a NAT. Beside it, the project's generator at the same \
+         factor in the ladder:\n",
+        first.factor,
+        (first.offered_rps / 100.0).round(),
+        first.seconds,
+    );
+    let _ = writeln!(
+        md,
+        "| system | h2load: offered/s | 2xx | goodput | 5xx | errored | the project's generator |\n\
+         |---|---:|---:|---:|---:|---:|---:|"
+    );
+    for s in runs {
+        let ours = opt(s.at(first.factor).map(|x| x.goodput_pct), "%");
+        match (&s.h2load, &s.h2load_error) {
+            (Some(h), _) => {
+                let _ = writeln!(
+                    md,
+                    "| {} | {:.0} | {} | {:.0}% | {} | {} | {ours} |",
+                    s.title,
+                    h.offered_rps,
+                    h.ok,
+                    h.goodput_pct,
+                    h.status_5xx,
+                    h.errored.map_or("stopped".to_string(), |e| e.to_string())
+                );
+            }
+            (None, Some(e)) => {
+                let _ = writeln!(md, "| {} | failed: {e} | | | | | {ours} |", s.title);
+            }
+            (None, None) => {}
+        }
+    }
 }
