@@ -5,24 +5,29 @@
 //!    a protected port (tracked) and once to an unprotected one (one failed lookup per event).
 //! 2. The CPU time of one signal-reading tick (every source of every service) at 1, 10 and
 //!    100 services.
+//! 3. A real server with and without shedder: Debian's nginx (one worker) under wrk, with
+//!    keep-alive and with one request per connection, requests/s in alternating rounds with
+//!    nothing attached and with shedder's XDP program on the server's interface, its
+//!    tracking programs and a policy for nginx's port that refuses nothing.
 
 use std::{
     io::{Read, Write},
     net::IpAddr,
-    process::ExitCode,
+    process::{Command, ExitCode},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use shedder::{
-    kernel::Shedder,
+    kernel::{AttachMode, Shedder},
     signals::{ServiceSpec, SignalReader, psi},
 };
 use shedder_common::{ACTION_RST, MODE_ENFORCE, programs};
 use shedder_tests::{
-    load::read_clock,
-    netns::Pair,
+    load::{HTTPS_PATH, online_cpus, pin_process, read_clock},
+    netns::{IFACE, Pair},
+    peers::{Nginx, NginxConfig, NginxLimit},
     policy::{CLIENT_V4, SERVER_V4, install_standard, open_policy},
     tcp::{TestServer, connect_from, respond_after},
 };
@@ -36,10 +41,20 @@ struct Args {
     /// Ticks measured per service count.
     #[arg(long, default_value_t = 50)]
     ticks: usize,
+    /// Rounds of each wrk run (nothing attached and shedder attached, alternating).
+    #[arg(long, default_value_t = 7)]
+    rounds: usize,
+    /// Seconds per wrk run.
+    #[arg(long, default_value_t = 4)]
+    wrk_secs: u64,
 }
 
 const PROTECTED: u16 = 7500;
 const UNPROTECTED: u16 = 7501;
+/// nginx's port in the real-server runs (protected when shedder is attached).
+const NGINX_PORT: u16 = 7502;
+/// wrk's connections.
+const WRK_CONNECTIONS: u32 = 32;
 
 /// Thread CPU time.
 fn cpu_time() -> Duration {
@@ -203,6 +218,126 @@ fn tick_costs(args: &Args) -> Result<String> {
     Ok(md)
 }
 
+/// Requests/s of one wrk run in the client namespace against nginx, wrk on `cpu`.
+fn wrk(pair: &Pair, close: bool, secs: u64, cpu: usize) -> Result<f64> {
+    let mut c = Command::new("nsenter");
+    c.arg(format!("--net=/var/run/netns/{}", pair.client.name))
+        .arg("wrk")
+        .args([
+            "-t1",
+            &format!("-c{WRK_CONNECTIONS}"),
+            &format!("-d{secs}s"),
+        ]);
+    if close {
+        c.args(["-H", "Connection: close"]);
+    }
+    c.arg(format!("http://{SERVER_V4}:{NGINX_PORT}{HTTPS_PATH}"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = c
+        .spawn()
+        .context("spawning wrk (is the wrk package installed?)")?;
+    // nsenter execs wrk: the pid is wrk's.
+    pin_process(child.id(), cpu).context("pinning wrk")?;
+    let out = child.wait_with_output().context("waiting for wrk")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "wrk failed ({}): {text}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    if let Some(bad) = text
+        .lines()
+        .find(|l| l.contains("Non-2xx") || l.contains("Socket errors"))
+    {
+        bail!("wrk saw failures ({}):\n{text}", bad.trim());
+    }
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("Requests/sec:"))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no Requests/sec in wrk's output:\n{text}"))
+}
+
+/// shedder as a node runs it, minus the daemon: XDP on the server's interface, the tracking
+/// programs, and nginx's port protected by a policy that refuses nothing.
+fn attach_shedder(pair: &Pair) -> Result<Shedder> {
+    let mut s = Shedder::load().context("loading shedder")?;
+    install_standard(&mut s);
+    s.set_policy(21, &open_policy(ACTION_RST, MODE_ENFORCE))?;
+    s.set_port(NGINX_PORT, Some(21))?;
+    s.attach_tracking()
+        .context("attaching the tracking programs")?;
+    pair.server
+        .run(|| s.attach(IFACE, AttachMode::Native))
+        .context("attaching XDP to the server's interface")?;
+    Ok(s)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn real_server(args: &Args) -> Result<String> {
+    if online_cpus() < 2 {
+        bail!("the real-server runs put nginx and wrk on CPUs of their own: 2 CPUs needed");
+    }
+    let pair = Pair::new("bsigw");
+    let nginx = Nginx::start(
+        &pair.server,
+        &NginxConfig {
+            port: NGINX_PORT,
+            tls: None,
+            worker_cpu: Some(0),
+            limit: NginxLimit::None,
+        },
+    );
+    for pid in nginx.pids() {
+        pin_process(pid, 0).context("pinning nginx")?;
+    }
+    let mut md = format!(
+        "#### A real server: nginx under wrk, with and without shedder\n\n\
+         Debian's nginx (one worker, CPU 0) serves a 16-byte file to wrk (one thread, \
+         {WRK_CONNECTIONS} connections, CPU 1) over the veth pair; {} rounds of {} s each, \
+         alternating between nothing attached and shedder attached (XDP native on the \
+         server's interface, the tracking programs, nginx's port protected by a policy that \
+         refuses nothing; the tracking programs see wrk's sockets too, as they would on one \
+         host). Medians of the rounds, and the least and most of the rounds' ratios (each \
+         round's attached run over the run before it):\n\n\
+         | wrk | nothing attached, requests/s | shedder attached, requests/s | ratio of medians | rounds' ratios |\n\
+         |---|---:|---:|---:|---:|\n",
+        args.rounds, args.wrk_secs
+    );
+    for (label, close) in [("keep-alive", false), ("one request per connection", true)] {
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        // A warm-up run, not counted.
+        wrk(&pair, close, 1, 1)?;
+        for _ in 0..args.rounds {
+            off.push(wrk(&pair, close, args.wrk_secs, 1)?);
+            let shedder = attach_shedder(&pair)?;
+            for pid in nginx.pids() {
+                pin_process(pid, 0).context("pinning nginx")?;
+            }
+            on.push(wrk(&pair, close, args.wrk_secs, 1)?);
+            drop(shedder);
+        }
+        eprintln!("wrk {label}: off {off:.0?}, on {on:.0?}");
+        let mut ratios: Vec<f64> = on.iter().zip(&off).map(|(a, b)| a / b).collect();
+        ratios.sort_by(f64::total_cmp);
+        let (off, on) = (median(&mut off), median(&mut on));
+        md.push_str(&format!(
+            "| {label} | {off:.0} | {on:.0} | {:.3} | {:.3}–{:.3} |\n",
+            on / off,
+            ratios[0],
+            ratios[ratios.len() - 1]
+        ));
+    }
+    drop(nginx);
+    Ok(md)
+}
+
 fn run() -> Result<()> {
     let args = Args::parse();
     if !shedder_tests::is_root() {
@@ -212,6 +347,7 @@ fn run() -> Result<()> {
     println!("### Cost of measuring (cargo xtask bench signals)\n");
     println!("{}", tracepoint_costs(&args)?);
     println!("{}", tick_costs(&args)?);
+    println!("{}", real_server(&args)?);
     Ok(())
 }
 
