@@ -22,7 +22,7 @@ pub enum Bench {
     /// backend: goodput, p99, CRITICAL success, cost per rejection, retries, a 2× slow-down
     /// and recovery, and h2load as a second generator. Writes a Markdown report, JSON and
     /// PNG plots to --out (default target/overload; `-- --out docs` refreshes
-    /// docs/benchmarks.md). Root only; about 25 minutes (`-- --backends tls` alone: 7).
+    /// docs/benchmarks.md). Root only; about 23 minutes (`-- --backends tls` alone: 6).
     Overload(PassThrough),
 }
 
