@@ -141,6 +141,7 @@ pub fn shed_point_markdown(
         }
         md.push('\n');
     }
+    most_served_markdown(md, run);
     h2load_markdown(md, run);
     let _ = writeln!(md, "\n### By class, p99 and the cost of a refusal\n");
     let _ = writeln!(
@@ -332,4 +333,47 @@ fn h2load_markdown(md: &mut String, run: &BackendRun) {
             (None, None) => {}
         }
     }
+}
+
+/// The most any system served within the deadline in any step, against the closed-loop
+/// capacity, and shedder's 10× as a share of it: where the ladder serves more than the
+/// closed loop measured, the percentages above flatter everyone alike.
+fn most_served_markdown(md: &mut String, run: &BackendRun) {
+    let Some((rps, who, factor)) = run
+        .systems
+        .iter()
+        .flat_map(|s| {
+            s.steps
+                .iter()
+                .map(move |x| (x.goodput_rps, s.kind.key(), x.factor))
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+    else {
+        return;
+    };
+    let at10: Vec<String> = run
+        .systems
+        .iter()
+        .filter(|s| s.kind.is_shedder())
+        .filter_map(|s| {
+            let x = s.at(10.0)?;
+            Some(format!(
+                "{} {:.0}/s ({:.0}%)",
+                s.kind.key(),
+                x.goodput_rps,
+                100.0 * x.goodput_rps / rps
+            ))
+        })
+        .collect();
+    let _ = writeln!(
+        md,
+        "\nThe most served within the deadline in any step: {rps:.0}/s ({who} at {factor}×), \
+         {:.0}% of the measured capacity. At 10× against that rate: {}.",
+        100.0 * rps / run.capacity_rps,
+        if at10.is_empty() {
+            "no shedder run".to_string()
+        } else {
+            at10.join(", ")
+        }
+    );
 }
