@@ -266,7 +266,7 @@ fn nginx_serves_https_and_its_limit_req_answers_503() {
     let pair = pair();
     let dir = tempdir("nginx-test");
     // RSA-2048: the test checks the plumbing, not the cost of a handshake.
-    let tls = TlsFiles::self_signed(&dir, "tls.bench", 2048);
+    let tls = TlsFiles::self_signed(&dir.0, "tls.bench", 2048);
     let https = Protocol::Https(Https::trusting(&tls.cert, "tls.bench"));
     let config = |limit| NginxConfig {
         port: NGINX_PORT,
@@ -330,11 +330,20 @@ fn nginx_serves_https_and_its_limit_req_answers_503() {
         "{ok:.0}/s served against limit_req 20 r/s"
     );
     assert!(busy > 50.0, "only {busy:.0}/s answered 503");
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
 }
 
-fn tempdir(what: &str) -> std::path::PathBuf {
+/// A directory of its own under the temp dir, removed when dropped (also on panic).
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir(what: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!("shedder-{what}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+    TempDir(dir)
 }
