@@ -1308,6 +1308,24 @@ struct Target {
     met: bool,
 }
 
+/// A table of one percentage per system and ladder step, a column a factor.
+fn ladder_table(md: &mut String, ladder: &[f64], systems: &[SystemResult], pct: fn(&Step) -> f64) {
+    let mut head = "| system |".to_string();
+    let mut rule = "|---|".to_string();
+    for f in ladder {
+        let _ = write!(head, " {f}× |");
+        rule.push_str("---:|");
+    }
+    let _ = writeln!(md, "{head}\n{rule}");
+    for s in systems {
+        let _ = write!(md, "| {} |", s.title);
+        for st in &s.steps {
+            let _ = write!(md, " {:.0}% |", pct(st));
+        }
+        md.push('\n');
+    }
+}
+
 fn opt(v: Option<f64>, unit: &str) -> String {
     v.map_or("–".into(), |v| format!("{v:.0}{unit}"))
 }
@@ -1450,20 +1468,7 @@ fn io_markdown(md: &mut String, report: &Report, run: &BackendRun, images: Optio
         report.target_latency_ms,
     );
     let _ = writeln!(md, "## Goodput (% of capacity) by offered load\n");
-    let mut head = "| system |".to_string();
-    let mut rule = "|---|".to_string();
-    for f in LADDER {
-        let _ = write!(head, " {f}× |");
-        rule.push_str("---:|");
-    }
-    let _ = writeln!(md, "{head}\n{rule}");
-    for s in &run.systems {
-        let _ = write!(md, "| {} |", s.title);
-        for st in &s.steps {
-            let _ = write!(md, " {:.0}% |", st.goodput_pct);
-        }
-        md.push('\n');
-    }
+    ladder_table(md, &LADDER, &run.systems, |st| st.goodput_pct);
     let _ = writeln!(md, "\n## Success by class\n");
     let _ = writeln!(
         md,

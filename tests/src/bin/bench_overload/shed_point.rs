@@ -9,7 +9,7 @@ use shedder_tests::plot::{Panel, Series, chart_log_x};
 
 use super::{
     BackendRun, CAPACITY_CLIENTS_PER_WORKER, Report, SETTLE_SECS, Server, SystemResult, TIE_POINTS,
-    Target, opt,
+    Target, ladder_table, opt,
 };
 
 /// Goodput at 10× a shedder system must keep, % of capacity.
@@ -110,37 +110,15 @@ pub fn shed_point_markdown(
         report.deadline_ms, report.step_secs, SETTLE_SECS,
     );
     let _ = writeln!(md, "### Goodput (% of capacity) by offered load\n");
-    let mut head = "| system |".to_string();
-    let mut rule = "|---|".to_string();
-    for f in spec.ladder {
-        let _ = write!(head, " {f}× |");
-        rule.push_str("---:|");
-    }
-    let _ = writeln!(md, "{head}\n{rule}");
-    for s in &run.systems {
-        let _ = write!(md, "| {} |", s.title);
-        for st in &s.steps {
-            let _ = write!(md, " {:.0}% |", st.goodput_pct);
-        }
-        md.push('\n');
-    }
+    ladder_table(md, spec.ladder, &run.systems, |st| st.goodput_pct);
     let _ = writeln!(
         md,
         "\nOffered load the generator achieved, % of what the step asked (Poisson arrivals \
          on its own core; under 100% it fell short):\n"
     );
-    let _ = writeln!(md, "{head}\n{rule}");
-    for s in &run.systems {
-        let _ = write!(md, "| {} |", s.title);
-        for st in &s.steps {
-            let _ = write!(
-                md,
-                " {:.0}% |",
-                100.0 * st.offered_rps / st.target_rps.max(1e-9)
-            );
-        }
-        md.push('\n');
-    }
+    ladder_table(md, spec.ladder, &run.systems, |st| {
+        100.0 * st.offered_rps / st.target_rps.max(1e-9)
+    });
     most_served_markdown(md, run);
     h2load_markdown(md, run);
     let _ = writeln!(md, "\n### By class, p99 and the cost of a refusal\n");
