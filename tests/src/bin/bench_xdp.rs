@@ -39,7 +39,7 @@ use shedder_common::{
 };
 use shedder_tests::{
     machine::{Machine, machine},
-    packet::{Packet, TCP_ACK, TCP_PSH},
+    packet::{Packet, TCP_ACK, TCP_PSH, checksum},
     policy::{
         HIGH_V4, LONG_WINDOW, PORT_DROP, PORT_OPEN, PORT_RST, SERVER_V4, SVC_ADDR, SVC_DROP,
         SVC_RST, closed_policy, install_standard, open_policy, retransmit_window, retries,
@@ -151,13 +151,8 @@ fn next_flood(frame: &mut [u8], n: u64) {
     let isn = (n as u32).wrapping_mul(0x9e37_79b9);
     frame[ISN_OFFSET..ISN_OFFSET + 4].copy_from_slice(&isn.to_be_bytes());
     frame[IP_CSUM_OFFSET..IP_CSUM_OFFSET + 2].copy_from_slice(&[0, 0]);
-    let sum = frame[14..34]
-        .chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum::<u32>();
-    let sum = (sum & 0xffff) + (sum >> 16);
-    let sum = (sum & 0xffff) + (sum >> 16);
-    frame[IP_CSUM_OFFSET..IP_CSUM_OFFSET + 2].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let sum = checksum(&[&frame[14..34]]);
+    frame[IP_CSUM_OFFSET..IP_CSUM_OFFSET + 2].copy_from_slice(&sum.to_be_bytes());
 }
 
 /// Every limit and ceiling at u32::MAX: each admitted SYN counts as pending for about a
@@ -891,4 +886,29 @@ fn run() -> Result<bool> {
         eprintln!("bench_xdp: {failed} target(s) missed");
     }
     Ok(failed == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_frame_has_a_new_source_port_and_isn_and_a_valid_ip_checksum() {
+        let mut frame = syn(PORT_DROP).bytes();
+        let mut seen = std::collections::HashSet::new();
+        for n in 0..1000u64 {
+            next_flood(&mut frame, n);
+            assert_eq!(
+                checksum(&[&frame[14..34]]),
+                0,
+                "IPv4 header checksum at {n}"
+            );
+            assert_eq!(&frame[SRC_OFFSET..SRC_OFFSET + 2], &FLOOD_NET);
+            assert!(seen.insert((
+                frame[SRC_OFFSET..SRC_OFFSET + 4].to_vec(),
+                frame[SPORT_OFFSET..SPORT_OFFSET + 2].to_vec(),
+                frame[ISN_OFFSET..ISN_OFFSET + 4].to_vec(),
+            )));
+        }
+    }
 }
