@@ -2,12 +2,11 @@
 
 use std::{
     net::SocketAddr,
-    path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
-use super::{nsenter, process_cpu_time, temp_dir, terminate, wait_ready};
+use super::{PeerProcess, nsenter, process_cpu_time};
 use crate::netns::Netns;
 
 /// How to run [`Haproxy`].
@@ -60,74 +59,38 @@ impl HaproxyConfig {
     }
 }
 
-/// A haproxy process (`haproxy -db`, no master process) in a namespace. Dropping it sends
-/// SIGTERM (SIGKILL after 2 s) and removes its directory.
+/// A haproxy process (`haproxy -db`, no master process) in a namespace. Dropping it stops
+/// it and removes its directory.
 ///
 /// When a queued connection's `timeout queue` expires, haproxy closes the client
 /// connection without a response: the client reads EOF (a FIN, no RST), which the load
 /// generator counts as [`Outcome::Reset`](crate::load::Outcome::Reset).
-pub struct Haproxy {
-    child: Option<Child>,
-    dir: PathBuf,
-    config: String,
-}
+pub struct Haproxy(PeerProcess);
 
 impl Haproxy {
     /// Write the configuration to a new directory under the temp dir, check it with
     /// `haproxy -c`, start haproxy inside `ns` and wait until its port accepts connections
     /// (panics with haproxy's stderr if it does not within 5 s).
     pub fn start(ns: &Netns, cfg: &HaproxyConfig) -> Self {
-        let dir = temp_dir("haproxy");
-        let mut h = Self {
-            child: None,
-            config: cfg.render(),
-            dir,
-        };
-        let path = h.dir.join("haproxy.cfg");
-        std::fs::write(&path, &h.config).expect("write haproxy.cfg");
-        let check = Command::new("haproxy")
-            .arg("-c")
+        let mut p = PeerProcess::new("haproxy", "haproxy.cfg", |_| cfg.render());
+        let path = p.path("haproxy.cfg");
+        let mut check = Command::new("haproxy");
+        check.arg("-c").arg("-f").arg(&path);
+        p.check(check);
+        let stderr = std::fs::File::create(p.path(STDERR)).expect("haproxy stderr file");
+        let mut c = nsenter(&ns.name, "haproxy");
+        c.arg("-db")
             .arg("-f")
             .arg(&path)
-            .output()
-            .expect("spawn haproxy -c (is the haproxy package installed?)");
-        if !check.status.success() {
-            panic!(
-                "haproxy -c rejected the configuration ({}):\n{}{}\n{}",
-                check.status,
-                String::from_utf8_lossy(&check.stdout),
-                String::from_utf8_lossy(&check.stderr),
-                h.config
-            );
-        }
-        let stderr = std::fs::File::create(h.stderr_path()).expect("haproxy stderr file");
-        // nsenter without --fork execs haproxy: the child's pid is haproxy's.
-        h.child = Some(
-            nsenter(&ns.name, "haproxy")
-                .arg("-db")
-                .arg("-f")
-                .arg(&path)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(stderr)
-                .spawn()
-                .expect("spawn haproxy"),
-        );
-        let log = h.stderr_path();
-        let child = h.child.as_mut().expect("just started");
-        wait_ready(child, ns, cfg.listen_port, "haproxy", || {
-            std::fs::read_to_string(&log).unwrap_or_default()
-        });
-        h
-    }
-
-    fn stderr_path(&self) -> PathBuf {
-        self.dir.join("haproxy.stderr")
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        p.spawn(c, ns, cfg.listen_port, STDERR);
+        Self(p)
     }
 
     /// The haproxy process's id.
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
+        self.0.pid()
     }
 
     /// CPU time haproxy has used so far.
@@ -137,15 +100,9 @@ impl Haproxy {
 
     /// The configuration file's text.
     pub fn config_text(&self) -> &str {
-        &self.config
+        &self.0.config
     }
 }
 
-impl Drop for Haproxy {
-    fn drop(&mut self) {
-        if let Some(c) = self.child.take() {
-            terminate(c);
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+/// haproxy's stderr, in its directory.
+const STDERR: &str = "haproxy.stderr";

@@ -14,8 +14,8 @@ mod nginx;
 use std::{
     io,
     net::{Ipv4Addr, SocketAddr, TcpStream},
-    path::PathBuf,
-    process::{Child, Command},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
     sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
@@ -36,52 +36,110 @@ fn nsenter(ns_name: &str, program: &str) -> Command {
 
 static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
 
-/// A new directory under the temp dir for one peer process's files.
-fn temp_dir(what: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "shedder-{what}-{}-{}",
-        std::process::id(),
-        NEXT_DIR.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    dir
+/// A peer's process, its directory and its configuration file's text. Dropping it sends
+/// SIGTERM (SIGKILL after 2 s) and removes the directory, also while unwinding.
+struct PeerProcess {
+    name: &'static str,
+    child: Option<Child>,
+    dir: PathBuf,
+    config: String,
 }
 
-/// Wait until `port` on the namespace's loopback accepts connections; panics with what
-/// `log()` returns if `child` exits first or 5 s pass.
-fn wait_ready(child: &mut Child, ns: &Netns, port: u16, name: &str, log: impl Fn() -> String) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    loop {
-        if let Some(status) = child.try_wait().ok().flatten() {
-            panic!("{name} exited ({status}):\n{}", log());
-        }
-        if ns
-            .run(|| TcpStream::connect_timeout(&addr, Duration::from_millis(200)))
-            .is_ok()
-        {
-            return;
-        }
-        if Instant::now() > deadline {
+impl PeerProcess {
+    /// A new directory under the temp dir holding `config` as `file`.
+    fn new(name: &'static str, file: &str, config: impl FnOnce(&Path) -> String) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "shedder-{name}-{}-{}",
+            std::process::id(),
+            NEXT_DIR.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let p = Self {
+            name,
+            child: None,
+            config: config(&dir),
+            dir,
+        };
+        std::fs::write(p.path(file), &p.config).unwrap_or_else(|e| panic!("writing {file}: {e}"));
+        p
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    /// Run the program's own configuration check; panics with its output and the
+    /// configuration if it fails.
+    fn check(&self, mut c: Command) {
+        let out = c
+            .output()
+            .unwrap_or_else(|e| panic!("spawning {} (is its package installed?): {e}", self.name));
+        if !out.status.success() {
             panic!(
-                "{name} did not accept connections on port {port} within 5 s:\n{}",
-                log()
+                "{} rejected the configuration ({}):\n{}{}\n{}",
+                self.name,
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                self.config
             );
         }
-        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    /// Spawn `c` (an `nsenter` without --fork, so the child's pid is the program's) and
+    /// wait until `port` on the namespace's loopback accepts connections; panics with the
+    /// file `log` if the process exits first or 5 s pass.
+    fn spawn(&mut self, mut c: Command, ns: &Netns, port: u16, log: &str) {
+        self.child = Some(
+            c.stdin(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("spawning {}: {e}", self.name)),
+        );
+        let log = self.path(log);
+        let log = || std::fs::read_to_string(&log).unwrap_or_default();
+        let child = self.child.as_mut().expect("just started");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        loop {
+            if let Some(status) = child.try_wait().ok().flatten() {
+                panic!("{} exited ({status}):\n{}", self.name, log());
+            }
+            if ns
+                .run(|| TcpStream::connect_timeout(&addr, Duration::from_millis(200)))
+                .is_ok()
+            {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{} did not accept connections on port {port} within 5 s:\n{}",
+                    self.name,
+                    log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
     }
 }
 
-/// SIGTERM `child`, SIGKILL after 2 s, and reap it.
-fn terminate(mut c: Child) {
-    // SAFETY: plain kill(2) on our child's pid, not yet reaped.
-    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: plain kill(2) on our child's pid, not yet reaped.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
-    let _ = c.kill();
-    let _ = c.wait();
 }
 
 /// Total CPU time (user and system) of process `pid`, all its threads including those that

@@ -3,11 +3,11 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
-use super::{nsenter, process_cpu_time, temp_dir, terminate, wait_ready};
+use super::{PeerProcess, nsenter, process_cpu_time};
 use crate::{
     load::{HTTPS_PATH, RESPONSE},
     netns::Netns,
@@ -153,72 +153,40 @@ impl NginxConfig {
 }
 
 /// An nginx master process (`daemon off`) and its one worker in a namespace. Dropping it
-/// sends SIGTERM (SIGKILL after 2 s) and removes its directory.
-pub struct Nginx {
-    child: Option<Child>,
-    dir: PathBuf,
-    config: String,
-}
+/// stops them and removes its directory.
+pub struct Nginx(PeerProcess);
 
 impl Nginx {
     /// Write the configuration to a new directory, check it with `nginx -t`, start nginx
     /// inside `ns` and wait until its port accepts connections (panics with nginx's error
     /// log if it does not within 5 s).
     pub fn start(ns: &Netns, cfg: &NginxConfig) -> Self {
-        let dir = temp_dir("nginx");
-        let config = cfg.render(&dir);
-        let path = dir.join("nginx.conf");
-        std::fs::write(&path, &config).expect("write nginx.conf");
-        std::fs::write(dir.join("body"), RESPONSE).expect("write nginx's body file");
-        let mut n = Self {
-            child: None,
-            dir,
-            config,
-        };
+        let mut p = PeerProcess::new("nginx", "nginx.conf", |dir| cfg.render(dir));
+        std::fs::write(p.path("body"), RESPONSE).expect("write nginx's body file");
         // -e: the error log before the configuration names one (Debian's default path may
         // not be writable); -p: the prefix relative paths resolve against.
         let args = |c: &mut Command| {
             c.arg("-p")
-                .arg(&n.dir)
+                .arg(&p.dir)
                 .arg("-e")
-                .arg(n.dir.join("error.log"));
-            c.arg("-c").arg(&path);
+                .arg(p.path(ERROR_LOG))
+                .arg("-c")
+                .arg(p.path("nginx.conf"));
         };
         let mut check = Command::new("nginx");
         args(&mut check);
-        let check = check
-            .arg("-t")
-            .output()
-            .expect("spawn nginx -t (is the nginx package installed?)");
-        if !check.status.success() {
-            panic!(
-                "nginx -t rejected the configuration ({}):\n{}\n{}",
-                check.status,
-                String::from_utf8_lossy(&check.stderr),
-                n.config
-            );
-        }
+        check.arg("-t");
+        p.check(check);
         let mut c = nsenter(&ns.name, "nginx");
         args(&mut c);
-        // nsenter without --fork execs nginx: the child's pid is the master's.
-        n.child = Some(
-            c.stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn nginx"),
-        );
-        let log = n.dir.join("error.log");
-        let child = n.child.as_mut().expect("just started");
-        wait_ready(child, ns, cfg.port, "nginx", || {
-            std::fs::read_to_string(&log).unwrap_or_default()
-        });
-        n
+        c.stdout(Stdio::null()).stderr(Stdio::null());
+        p.spawn(c, ns, cfg.port, ERROR_LOG);
+        Self(p)
     }
 
     /// The master's and the workers' process ids.
     pub fn pids(&self) -> Vec<u32> {
-        let master = self.child.as_ref().expect("running").id();
+        let master = self.0.pid();
         let children = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children"))
             .unwrap_or_default();
         std::iter::once(master)
@@ -236,15 +204,9 @@ impl Nginx {
 
     /// The configuration file's text.
     pub fn config_text(&self) -> &str {
-        &self.config
+        &self.0.config
     }
 }
 
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        if let Some(c) = self.child.take() {
-            terminate(c);
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+/// nginx's error log, in its directory.
+const ERROR_LOG: &str = "error.log";
