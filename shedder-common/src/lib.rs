@@ -340,6 +340,9 @@ pub mod maps {
 pub mod programs {
     pub const XDP: &str = "shedder_xdp";
     pub const TC: &str = "shedder_tc";
+    /// The empty XDP program of the baseline object (returns XDP_PASS): what benchmarks
+    /// measure shedder's programs against.
+    pub const BASELINE_XDP: &str = "baseline_xdp";
     /// Stamps jiffies into the globals; run by the daemon with BPF_PROG_TEST_RUN, never
     /// attached.
     pub const CLOCK: &str = "shedder_clock";

@@ -8,7 +8,8 @@
 /// The eBPF object built by build.rs.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shedder"));
 
-/// An XDP program that returns XDP_PASS and nothing else (program `baseline_xdp`): the
+/// An XDP program that returns XDP_PASS and nothing else
+/// ([`shedder_common::programs::BASELINE_XDP`]): the
 /// baseline `cargo xtask bench xdp` measures the shed path against. Never attached.
 pub static BASELINE_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shedder-baseline"));

@@ -6,9 +6,10 @@
 //! 2. The CPU time of one signal-reading tick (every source of every service) at 1, 10 and
 //!    100 services.
 //! 3. A real server with and without shedder: Debian's nginx (one worker) under wrk, with
-//!    keep-alive and with one request per connection, requests/s in alternating rounds with
-//!    nothing attached and with shedder's XDP program on the server's interface, its
-//!    tracking programs and a policy for nginx's port that refuses nothing.
+//!    keep-alive and with one request per connection, in rounds that rotate through nothing
+//!    attached, the tracking programs alone, an empty native XDP program, and shedder with
+//!    XDP or TC (policy for nginx's port that refuses nothing): requests/s, and the
+//!    machine's CPU time per request from `/proc/stat` (steadier on a shared host).
 
 use std::{
     io::{Read, Write},
@@ -20,12 +21,12 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use shedder::{
-    kernel::{AttachMode, Shedder},
+    kernel::{AttachMode, BASELINE_OBJECT, Shedder},
     signals::{ServiceSpec, SignalReader, psi},
 };
 use shedder_common::{ACTION_RST, MODE_ENFORCE, programs};
 use shedder_tests::{
-    load::{HTTPS_PATH, online_cpus, pin_process, read_clock},
+    load::{CpuTimes, HTTPS_PATH, online_cpus, pin_process, prepare_client_namespace, read_clock},
     netns::{IFACE, Pair},
     peers::{Nginx, NginxConfig, NginxLimit},
     policy::{CLIENT_V4, SERVER_V4, install_standard, open_policy},
@@ -41,11 +42,12 @@ struct Args {
     /// Ticks measured per service count.
     #[arg(long, default_value_t = 50)]
     ticks: usize,
-    /// Rounds of each wrk run (nothing attached and shedder attached, alternating).
-    #[arg(long, default_value_t = 7)]
+    /// Rounds of wrk runs (one run per attachment in each round).
+    #[arg(long, default_value_t = 20)]
     rounds: usize,
-    /// Seconds per wrk run.
-    #[arg(long, default_value_t = 4)]
+    /// Seconds per wrk run (short runs, many rounds: neighbours on a shared host come and go
+    /// in bursts of seconds, and runs close in time see the same machine).
+    #[arg(long, default_value_t = 1)]
     wrk_secs: u64,
 }
 
@@ -218,8 +220,22 @@ fn tick_costs(args: &Args) -> Result<String> {
     Ok(md)
 }
 
-/// Requests/s of one wrk run in the client namespace against nginx, wrk on `cpu`.
-fn wrk(pair: &Pair, close: bool, secs: u64, cpu: usize) -> Result<f64> {
+/// One wrk run: its requests/s and requests, and the machine's CPU time over the run.
+struct WrkRun {
+    rps: f64,
+    requests: u64,
+    cpu: CpuTimes,
+}
+
+impl WrkRun {
+    /// CPU time spent (both CPUs, steal excluded) per request, µs.
+    fn cpu_us_per_request(&self) -> f64 {
+        self.cpu.busy.as_secs_f64() * 1e6 / self.requests.max(1) as f64
+    }
+}
+
+/// One wrk run in the client namespace against nginx, wrk on `cpu`.
+fn wrk(pair: &Pair, close: bool, secs: u64, cpu: usize) -> Result<WrkRun> {
     let mut c = Command::new("nsenter");
     c.arg(format!("--net=/var/run/netns/{}", pair.client.name))
         .arg("wrk")
@@ -234,12 +250,16 @@ fn wrk(pair: &Pair, close: bool, secs: u64, cpu: usize) -> Result<f64> {
     c.arg(format!("http://{SERVER_V4}:{NGINX_PORT}{HTTPS_PATH}"))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
+    let before = CpuTimes::read().context("reading /proc/stat")?;
     let child = c
         .spawn()
         .context("spawning wrk (is the wrk package installed?)")?;
     // nsenter execs wrk: the pid is wrk's.
     pin_process(child.id(), cpu).context("pinning wrk")?;
     let out = child.wait_with_output().context("waiting for wrk")?;
+    let cpu = CpuTimes::read()
+        .context("reading /proc/stat")?
+        .since(before);
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         bail!(
@@ -254,25 +274,104 @@ fn wrk(pair: &Pair, close: bool, secs: u64, cpu: usize) -> Result<f64> {
     {
         bail!("wrk saw failures ({}):\n{text}", bad.trim());
     }
-    text.lines()
+    let rps = text
+        .lines()
         .find_map(|l| l.trim().strip_prefix("Requests/sec:"))
         .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("no Requests/sec in wrk's output:\n{text}"))
+        .with_context(|| format!("no Requests/sec in wrk's output:\n{text}"))?;
+    // "  60123 requests in 4.00s, 14.2MB read"
+    let requests = text
+        .lines()
+        .find_map(|l| l.trim().split_once(" requests in "))
+        .and_then(|(n, _)| n.trim().parse().ok())
+        .with_context(|| format!("no request count in wrk's output:\n{text}"))?;
+    Ok(WrkRun { rps, requests, cpu })
 }
 
-/// shedder as a node runs it, minus the daemon: XDP on the server's interface, the tracking
-/// programs, and nginx's port protected by a policy that refuses nothing.
-fn attach_shedder(pair: &Pair) -> Result<Shedder> {
-    let mut s = Shedder::load().context("loading shedder")?;
-    install_standard(&mut s);
-    s.set_policy(21, &open_policy(ACTION_RST, MODE_ENFORCE))?;
-    s.set_port(NGINX_PORT, Some(21))?;
-    s.attach_tracking()
-        .context("attaching the tracking programs")?;
-    pair.server
-        .run(|| s.attach(IFACE, AttachMode::Native))
-        .context("attaching XDP to the server's interface")?;
-    Ok(s)
+/// What is attached to the node during a wrk run.
+#[derive(Clone, Copy, PartialEq)]
+enum Attachment {
+    Nothing,
+    /// The tracking programs and a policy for nginx's port, no packet program.
+    Tracking,
+    /// An XDP program that passes everything, native: what attaching any XDP program to a
+    /// veth costs (the veth then delivers through its own NAPI poll instead of the
+    /// backlog).
+    EmptyXdp,
+    /// shedder as a node runs it, minus the daemon: XDP native on the server's interface,
+    /// the tracking programs, and nginx's port protected by a policy that refuses nothing.
+    ShedderXdp,
+    /// The same with the TC classifier in place of XDP.
+    ShedderTc,
+}
+
+impl Attachment {
+    const ALL: [Self; 5] = [
+        Self::Nothing,
+        Self::Tracking,
+        Self::EmptyXdp,
+        Self::ShedderXdp,
+        Self::ShedderTc,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Nothing => "nothing attached",
+            Self::Tracking => "tracking programs only",
+            Self::EmptyXdp => "an empty XDP program (native), nothing else",
+            Self::ShedderXdp => "**shedder: XDP native + tracking**",
+            Self::ShedderTc => "shedder: TC + tracking",
+        }
+    }
+}
+
+/// What keeps an attachment in place; dropping it detaches.
+enum Attached {
+    None,
+    Shedder { _held: Box<Shedder> },
+    Empty { _held: Box<aya::Ebpf> },
+}
+
+fn attach(pair: &Pair, what: Attachment) -> Result<Attached> {
+    let shedder = || -> Result<Shedder> {
+        let mut s = Shedder::load().context("loading shedder")?;
+        install_standard(&mut s);
+        s.set_policy(21, &open_policy(ACTION_RST, MODE_ENFORCE))?;
+        s.set_port(NGINX_PORT, Some(21))?;
+        s.attach_tracking()
+            .context("attaching the tracking programs")?;
+        Ok(s)
+    };
+    Ok(match what {
+        Attachment::Nothing => Attached::None,
+        Attachment::Tracking => Attached::Shedder {
+            _held: Box::new(shedder()?),
+        },
+        Attachment::ShedderXdp | Attachment::ShedderTc => {
+            let mut s = shedder()?;
+            let mode = if what == Attachment::ShedderXdp {
+                AttachMode::Native
+            } else {
+                AttachMode::Tc
+            };
+            pair.server
+                .run(|| s.attach(IFACE, mode))
+                .context("attaching to the server's interface")?;
+            Attached::Shedder { _held: Box::new(s) }
+        }
+        Attachment::EmptyXdp => {
+            let mut e = aya::Ebpf::load(BASELINE_OBJECT).context("loading the empty program")?;
+            let prog: &mut aya::programs::Xdp = e
+                .program_mut(programs::BASELINE_XDP)
+                .context("the empty program")?
+                .try_into()?;
+            prog.load()?;
+            pair.server
+                .run(|| prog.attach(IFACE, aya::programs::XdpMode::Driver))
+                .context("attaching the empty XDP program")?;
+            Attached::Empty { _held: Box::new(e) }
+        }
+    })
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -285,6 +384,10 @@ fn real_server(args: &Args) -> Result<String> {
         bail!("the real-server runs put nginx and wrk on CPUs of their own: 2 CPUs needed");
     }
     let pair = Pair::new("bsigw");
+    // wrk's side as a load generator is set up: without TIME_WAIT reuse, the connections
+    // that wrk happens to close first pile up in TIME_WAIT across rounds until connect()
+    // runs out of ports and a whole round crawls at a few hundred requests/s.
+    prepare_client_namespace(&pair.client);
     let nginx = Nginx::start(
         &pair.server,
         &NginxConfig {
@@ -300,39 +403,66 @@ fn real_server(args: &Args) -> Result<String> {
     let mut md = format!(
         "#### A real server: nginx under wrk, with and without shedder\n\n\
          Debian's nginx (one worker, CPU 0) serves a 16-byte file to wrk (one thread, \
-         {WRK_CONNECTIONS} connections, CPU 1) over the veth pair; {} rounds of {} s each, \
-         alternating between nothing attached and shedder attached (XDP native on the \
-         server's interface, the tracking programs, nginx's port protected by a policy that \
+         {WRK_CONNECTIONS} connections, CPU 1) over the veth pair. {} rounds; in each, one \
+         {} s wrk run per attachment below, the order rotated by one each round so that a \
+         drift of the machine falls on all alike. shedder's policy protects nginx's port and \
          refuses nothing; the tracking programs see wrk's sockets too, as they would on one \
-         host). Medians of the rounds, and the least and most of the rounds' ratios (each \
-         round's attached run over the run before it):\n\n\
-         | wrk | nothing attached, requests/s | shedder attached, requests/s | ratio of medians | rounds' ratios |\n\
-         |---|---:|---:|---:|---:|\n",
+         host. Requests/s are medians of the rounds, \"over nothing\" the median of each \
+         round's ratio to its own run with nothing attached. CPU per request is the \
+         machine's CPU time over the run (both CPUs, from `/proc/stat`, without the time the \
+         hypervisor stole) over the requests served; \"added\" is the median of the rounds' \
+         differences: what an attachment costs a request, both ends of the connection and \
+         the packet path included.\n",
         args.rounds, args.wrk_secs
     );
     for (label, close) in [("keep-alive", false), ("one request per connection", true)] {
-        let (mut off, mut on) = (Vec::new(), Vec::new());
+        let mut runs: Vec<Vec<WrkRun>> = Attachment::ALL.iter().map(|_| Vec::new()).collect();
         // A warm-up run, not counted.
         wrk(&pair, close, 1, 1)?;
-        for _ in 0..args.rounds {
-            off.push(wrk(&pair, close, args.wrk_secs, 1)?);
-            let shedder = attach_shedder(&pair)?;
-            for pid in nginx.pids() {
-                pin_process(pid, 0).context("pinning nginx")?;
+        let n = Attachment::ALL.len();
+        for round in 0..args.rounds {
+            // Each round starts one further along, so every attachment runs in every place
+            // of the order and a drift of the machine falls on all of them alike.
+            for k in 0..n {
+                let i = (round + k) % n;
+                let held = attach(&pair, Attachment::ALL[i])?;
+                for pid in nginx.pids() {
+                    pin_process(pid, 0).context("pinning nginx")?;
+                }
+                runs[i].push(wrk(&pair, close, args.wrk_secs, 1)?);
+                drop(held);
             }
-            on.push(wrk(&pair, close, args.wrk_secs, 1)?);
-            drop(shedder);
         }
-        eprintln!("wrk {label}: off {off:.0?}, on {on:.0?}");
-        let mut ratios: Vec<f64> = on.iter().zip(&off).map(|(a, b)| a / b).collect();
-        ratios.sort_by(f64::total_cmp);
-        let (off, on) = (median(&mut off), median(&mut on));
         md.push_str(&format!(
-            "| {label} | {off:.0} | {on:.0} | {:.3} | {:.3}–{:.3} |\n",
-            on / off,
-            ratios[0],
-            ratios[ratios.len() - 1]
+            "\n{label}:\n\n\
+             | attached | requests/s | over nothing, rounds' median (least–most) | CPU µs/request | added over nothing |\n\
+             |---|---:|---:|---:|---:|\n"
         ));
+        let base = &runs[0];
+        for (what, r) in Attachment::ALL.iter().zip(&runs) {
+            let mut ratios: Vec<f64> = r.iter().zip(base).map(|(a, b)| a.rps / b.rps).collect();
+            let mut added: Vec<f64> = r
+                .iter()
+                .zip(base)
+                .map(|(a, b)| a.cpu_us_per_request() - b.cpu_us_per_request())
+                .collect();
+            let mut rps: Vec<f64> = r.iter().map(|x| x.rps).collect();
+            let mut cpu: Vec<f64> = r.iter().map(WrkRun::cpu_us_per_request).collect();
+            eprintln!(
+                "wrk {label}, {}: requests/s {rps:.0?}; CPU µs/request {cpu:.2?}",
+                what.label()
+            );
+            let ratio = median(&mut ratios);
+            md.push_str(&format!(
+                "| {} | {:.0} | {ratio:.3} ({:.3}–{:.3}) | {:.2} | {:+.2} µs |\n",
+                what.label(),
+                median(&mut rps),
+                ratios[0],
+                ratios[ratios.len() - 1],
+                median(&mut cpu),
+                median(&mut added),
+            ));
+        }
     }
     drop(nginx);
     Ok(md)

@@ -62,8 +62,6 @@ const TARGET_SYN: f64 = 3.5;
 /// The paths of [`TARGET_SYN`] keep their target; this one is stated apart, not hidden.
 const TARGET_SYN_MEMORY: f64 = 4.5;
 
-const BASELINE_PROGRAM: &str = "baseline_xdp";
-
 /// Where an IPv4 SYN without IP options holds its initial sequence number.
 const ISN_OFFSET: usize = 14 + 20 + 4;
 
@@ -349,7 +347,7 @@ impl Program {
     fn xdp(&mut self) -> Result<&mut Xdp> {
         Ok(match self {
             Self::Baseline(ebpf) => ebpf
-                .program_mut(BASELINE_PROGRAM)
+                .program_mut(shedder_common::programs::BASELINE_XDP)
                 .context("baseline program")?
                 .try_into()?,
             Self::Shedder { shedder, .. } => shedder.xdp()?,
@@ -382,7 +380,7 @@ impl Subject {
     fn baseline(method: Method, frame: &Packet) -> Result<Self> {
         let mut ebpf = Ebpf::load(BASELINE_OBJECT).context("loading the baseline object")?;
         let prog: &mut Xdp = ebpf
-            .program_mut(BASELINE_PROGRAM)
+            .program_mut(shedder_common::programs::BASELINE_XDP)
             .context("the baseline object has no `baseline_xdp`")?
             .try_into()?;
         prog.load().context("loading baseline_xdp")?;

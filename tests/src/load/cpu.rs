@@ -85,6 +85,50 @@ pub fn burn(cpu: Duration, stop: impl Fn() -> bool) -> bool {
     }
 }
 
+/// The machine's CPU time from `/proc/stat`, summed over all CPUs: what ran (user, nice,
+/// system, interrupts) and what the hypervisor took (steal). On a virtual machine a
+/// neighbour's burst shows up as steal and slows everything; CPU time actually spent per
+/// unit of work is steadier than work per wall-clock second.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CpuTimes {
+    pub busy: Duration,
+    pub steal: Duration,
+}
+
+impl CpuTimes {
+    pub fn read() -> io::Result<Self> {
+        let text = std::fs::read_to_string("/proc/stat")?;
+        // SAFETY: no arguments; sysconf cannot fail for _SC_CLK_TCK.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Self::parse(&text, hz).ok_or_else(|| io::Error::other("no `cpu` line in /proc/stat"))
+    }
+
+    /// The aggregate `cpu` line: user nice system idle iowait irq softirq steal ..., in
+    /// clock ticks of `hz`.
+    fn parse(text: &str, hz: u64) -> Option<Self> {
+        let line = text.lines().find(|l| l.starts_with("cpu "))?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|f| f.parse().unwrap_or(0))
+            .collect();
+        let at = |i: usize| v.get(i).copied().unwrap_or(0);
+        let ticks = |t: u64| Duration::from_nanos(t * 1_000_000_000 / hz);
+        Some(Self {
+            busy: ticks(at(0) + at(1) + at(2) + at(5) + at(6)),
+            steal: ticks(at(7)),
+        })
+    }
+
+    /// What was spent between `earlier` and `self`.
+    pub fn since(self, earlier: Self) -> Self {
+        Self {
+            busy: self.busy.saturating_sub(earlier.busy),
+            steal: self.steal.saturating_sub(earlier.steal),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +141,23 @@ mod tests {
         assert!(used >= Duration::from_millis(3), "{used:?}");
         assert!(used < Duration::from_millis(30), "{used:?}");
         assert!(!burn(Duration::from_secs(10), || true), "stopped at once");
+    }
+
+    #[test]
+    fn cpu_times_count_what_ran_and_what_was_stolen() {
+        let text = "cpu  100 5 50 1000 7 3 2 40 0 0\ncpu0 60 5 20 500 7 3 2 20 0 0\nintr 1\n";
+        let t = CpuTimes::parse(text, 100).unwrap();
+        // user + nice + system + irq + softirq = 160 ticks of 10 ms; idle and iowait are not.
+        assert_eq!(t.busy, Duration::from_millis(1600));
+        assert_eq!(t.steal, Duration::from_millis(400));
+        let later = CpuTimes {
+            busy: t.busy + Duration::from_secs(1),
+            steal: t.steal,
+        };
+        assert_eq!(later.since(t).busy, Duration::from_secs(1));
+        assert_eq!(t.since(later).busy, Duration::ZERO);
+        assert_eq!(CpuTimes::parse("intr 1\n", 100), None);
+        assert!(CpuTimes::read().unwrap().busy > Duration::ZERO);
     }
 
     #[test]

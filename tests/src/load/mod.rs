@@ -59,7 +59,7 @@ mod stats;
 pub use backend::{Backend, BackendConfig, BackendStats, InAppAimd, Work};
 pub use capacity::{Capacity, measure_capacity, measure_capacity_speaking};
 pub use client::{Outcome, Protocol, prepare_client_namespace, raise_nofile_limit};
-pub use cpu::{burn, online_cpus, pin_current_thread, pin_process, pin_task, read_clock};
+pub use cpu::{CpuTimes, burn, online_cpus, pin_current_thread, pin_process, pin_task, read_clock};
 pub use generator::{ClassMix, LoadGen, LoadHandle, add_local_range, nth_address};
 pub use https::{HTTPS_PATH, Https};
 pub use protocol::{BUSY, REQUEST, RESPONSE};
