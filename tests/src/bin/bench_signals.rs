@@ -33,9 +33,23 @@ use shedder_tests::{
     tcp::{TestServer, connect_from, respond_after},
 };
 
+/// The parts of the benchmark, to run some alone (`--part tracking --part server`).
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
+enum Part {
+    /// The tracking programs per event.
+    Tracking,
+    /// One signal-reading tick.
+    Ticks,
+    /// nginx under wrk with and without shedder (about 5 minutes).
+    Server,
+}
+
 #[derive(Parser)]
 #[command(about = "Cost of the tracking programs per event and of a signal-reading tick")]
 struct Args {
+    /// Run only these parts (all when none is named).
+    #[arg(long, value_enum)]
+    part: Vec<Part>,
     /// Request/response connections per phase.
     #[arg(long, default_value_t = 2000)]
     connections: usize,
@@ -475,9 +489,16 @@ fn run() -> Result<()> {
     }
     shedder_tests::ensure_fs();
     println!("### Cost of measuring (cargo xtask bench signals)\n");
-    println!("{}", tracepoint_costs(&args)?);
-    println!("{}", tick_costs(&args)?);
-    println!("{}", real_server(&args)?);
+    let all = args.part.is_empty();
+    if all || args.part.contains(&Part::Tracking) {
+        println!("{}", tracepoint_costs(&args)?);
+    }
+    if all || args.part.contains(&Part::Ticks) {
+        println!("{}", tick_costs(&args)?);
+    }
+    if all || args.part.contains(&Part::Server) {
+        println!("{}", real_server(&args)?);
+    }
     Ok(())
 }
 
