@@ -97,8 +97,17 @@ pub(super) fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Che
         (Ok((_, Some(_))), Attach::Tc | Attach::Generic, _) if asked == "auto" => Check::ok(
             "interface",
             format!(
-                "{head}; attach = auto → {} (action = rst on a veth: native XDP_TX would depend on the peer)",
-                if attach == Attach::Tc { "tc" } else { "generic XDP" }
+                "{head}; attach = auto → {} ({})",
+                if attach == Attach::Tc {
+                    "tc"
+                } else {
+                    "generic XDP"
+                },
+                if cfg.sends_replies() {
+                    "action = rst on a veth: native XDP_TX would depend on the peer"
+                } else {
+                    "a veth: native XDP would cost every connection more than it saves"
+                }
             ),
         ),
         (Ok(_), Attach::Tc, _) => Check::ok("interface", format!("{head}; attach = tc")),
@@ -116,7 +125,7 @@ pub(super) fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Che
         (Ok((_, Some(note))), Attach::Native, Some(true)) => Check::warn(
             "interface",
             format!("{head}; attach = native: {note}"),
-            "set daemon.attach = \"auto\" (tc on a veth with rst)",
+            "set daemon.attach = \"auto\" (tc on a veth)",
         ),
         (Ok(_), Attach::Native, Some(true)) => {
             Check::ok("interface", format!("{head}; attach = native"))
@@ -124,7 +133,9 @@ pub(super) fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Che
         (Ok(_), Attach::Auto, Some(false)) => {
             Check::ok("interface", format!("{head}; attach = auto → generic XDP"))
         }
-        (Ok(_), Attach::Auto, _) => Check::ok("interface", format!("{head}; attach = auto → native")),
+        (Ok(_), Attach::Auto, _) => {
+            Check::ok("interface", format!("{head}; attach = auto → native"))
+        }
     });
     let xdp = crate::kernel::netdev::netlink::xdp_attachment(ifindex);
     let ours = match &xdp {
