@@ -128,18 +128,25 @@ fn per_event(t: Duration, n: u64) -> String {
     }
 }
 
+/// shedder loaded with the standard classes, `port` protected as service `service` by a
+/// policy that refuses nothing, and the tracking programs attached.
+fn tracking_shedder(service: u32, port: u16) -> Result<Shedder> {
+    let mut s = Shedder::load().context("loading shedder")?;
+    install_standard(&mut s);
+    s.set_policy(service, &open_policy(ACTION_RST, MODE_ENFORCE))?;
+    s.set_port(port, Some(service))?;
+    s.attach_tracking()
+        .context("attaching the tracking programs")?;
+    Ok(s)
+}
+
 fn tracepoint_costs(args: &Args) -> Result<String> {
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
         .context("enabling the kernel's BPF run-time statistics")?;
     let pair = Pair::new("bsig");
-    let mut s = Shedder::load().context("loading shedder")?;
-    install_standard(&mut s);
     // A service id of its own: the standard services' ports (8080...) may be busy in other
     // namespaces, and tracking sees every namespace.
-    s.set_policy(20, &open_policy(ACTION_RST, MODE_ENFORCE))?;
-    s.set_port(PROTECTED, Some(20))?;
-    s.attach_tracking()
-        .context("attaching the tracking programs")?;
+    let s = tracking_shedder(20, PROTECTED)?;
     let _servers = pair.server.run(|| {
         (
             TestServer::start(PROTECTED, Duration::ZERO, respond_after(Duration::ZERO)),
@@ -347,15 +354,7 @@ enum Attached {
 }
 
 fn attach(pair: &Pair, what: Attachment) -> Result<Attached> {
-    let shedder = || -> Result<Shedder> {
-        let mut s = Shedder::load().context("loading shedder")?;
-        install_standard(&mut s);
-        s.set_policy(21, &open_policy(ACTION_RST, MODE_ENFORCE))?;
-        s.set_port(NGINX_PORT, Some(21))?;
-        s.attach_tracking()
-            .context("attaching the tracking programs")?;
-        Ok(s)
-    };
+    let shedder = || tracking_shedder(21, NGINX_PORT);
     Ok(match what {
         Attachment::Nothing => Attached::None,
         Attachment::Tracking => Attached::Shedder {
