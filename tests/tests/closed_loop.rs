@@ -135,14 +135,21 @@ fn the_limit_follows_capacity_down_and_up_and_recovers_after_overload() {
         after > during,
         "the limit climbs back: {during} while slow, {after} after"
     );
-    // Overload ends at 26 s: healthy within 5 s.
+    // Overload ends at 26 s: healthy within 5 s. At half the capacity this backend's own
+    // p99 is 35-50 ms (a request now and then waits for a worker), and a Poisson burst can
+    // meet a limit of ten or so for one attempt: the bounds sit above that noise and below
+    // what a service still recovering shows (a queue left behind: p99 in the hundreds of
+    // ms; a limit stuck low: refusals by the dozen each second).
     let calm = report.range(28..31);
     assert!(
-        p99_ms(&calm) <= target_ms && calm.all.timeout == 0 && calm.all.refused == 0,
-        "not healthy 2-5 s after the overload: p99 {:.1} ms, {} timeouts, {} refused",
+        p99_ms(&calm) <= 1.5 * target_ms
+            && calm.all.timeout == 0
+            && calm.all.refused * 100 <= calm.all.offered,
+        "not healthy 2-5 s after the overload: p99 {:.1} ms, {} timeouts, {} of {} refused",
         p99_ms(&calm),
         calm.all.timeout,
-        calm.all.refused
+        calm.all.refused,
+        calm.all.offered
     );
     let critical = critical_success(&report.total());
     assert!(critical >= 0.99, "critical success {:.3}", critical);
