@@ -97,17 +97,13 @@ pub(super) fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Che
         (Ok((_, Some(_))), Attach::Tc | Attach::Generic, _) if asked == "auto" => Check::ok(
             "interface",
             format!(
-                "{head}; attach = auto → {} ({})",
+                "{head}; attach = auto → {}, because {}",
                 if attach == Attach::Tc {
                     "tc"
                 } else {
                     "generic XDP"
                 },
-                if cfg.sends_replies() {
-                    "action = rst on a veth: native XDP_TX would depend on the peer"
-                } else {
-                    "a veth: native XDP would cost every connection more than it saves"
-                }
+                crate::kernel::netdev::auto_on_veth_reason(cfg.sends_replies())
             ),
         ),
         (Ok(_), Attach::Tc, _) => Check::ok("interface", format!("{head}; attach = tc")),

@@ -123,6 +123,15 @@ const VETH_NATIVE_COST: &str = "a native XDP program on a veth moves the veth's 
      measured with a program that does nothing), and a veth hands XDP a socket buffer that \
      already exists, so native XDP drops little earlier than tc there";
 
+/// Why `attach = auto` attaches a veth with tc (or generic XDP), not native XDP.
+pub fn auto_on_veth_reason(replies: bool) -> String {
+    if replies {
+        format!("action = rst and {VETH_NATIVE_TX}")
+    } else {
+        VETH_NATIVE_COST.to_string()
+    }
+}
+
 /// [`Facts::reset_problem`] of `iface` as it is now.
 pub fn native_reset_problem(iface: &str) -> Option<String> {
     Facts::of(iface).reset_problem(iface)
@@ -156,15 +165,11 @@ pub fn choose(
             } else {
                 (Attach::Generic, "generic XDP")
             };
-            let why = if replies {
-                format!("action = rst and {VETH_NATIVE_TX}")
-            } else {
-                VETH_NATIVE_COST.to_string()
-            };
             Ok((
                 mode,
                 Some(format!(
-                    "{iface}: attach = auto chose {name}, not native XDP, because {why}"
+                    "{iface}: attach = auto chose {name}, not native XDP, because {}",
+                    auto_on_veth_reason(replies)
                 )),
             ))
         }
