@@ -86,13 +86,12 @@ pub fn burn(cpu: Duration, stop: impl Fn() -> bool) -> bool {
 }
 
 /// The machine's CPU time from `/proc/stat`, summed over all CPUs: what ran (user, nice,
-/// system, interrupts) and what the hypervisor took (steal). On a virtual machine a
-/// neighbour's burst shows up as steal and slows everything; CPU time actually spent per
-/// unit of work is steadier than work per wall-clock second.
+/// system, interrupts), leaving out idle, I/O wait and the time the hypervisor stole. On a
+/// virtual machine a neighbour's burst shows up as steal and slows everything; CPU time
+/// actually spent per unit of work is steadier than work per wall-clock second.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CpuTimes {
     pub busy: Duration,
-    pub steal: Duration,
 }
 
 impl CpuTimes {
@@ -113,10 +112,9 @@ impl CpuTimes {
             .map(|f| f.parse().unwrap_or(0))
             .collect();
         let at = |i: usize| v.get(i).copied().unwrap_or(0);
-        let ticks = |t: u64| Duration::from_nanos(t * 1_000_000_000 / hz);
+        let ticks = at(0) + at(1) + at(2) + at(5) + at(6);
         Some(Self {
-            busy: ticks(at(0) + at(1) + at(2) + at(5) + at(6)),
-            steal: ticks(at(7)),
+            busy: Duration::from_nanos(ticks * 1_000_000_000 / hz),
         })
     }
 
@@ -124,7 +122,6 @@ impl CpuTimes {
     pub fn since(self, earlier: Self) -> Self {
         Self {
             busy: self.busy.saturating_sub(earlier.busy),
-            steal: self.steal.saturating_sub(earlier.steal),
         }
     }
 }
@@ -144,15 +141,14 @@ mod tests {
     }
 
     #[test]
-    fn cpu_times_count_what_ran_and_what_was_stolen() {
+    fn cpu_times_count_what_ran_and_not_what_was_stolen() {
         let text = "cpu  100 5 50 1000 7 3 2 40 0 0\ncpu0 60 5 20 500 7 3 2 20 0 0\nintr 1\n";
         let t = CpuTimes::parse(text, 100).unwrap();
-        // user + nice + system + irq + softirq = 160 ticks of 10 ms; idle and iowait are not.
+        // user + nice + system + irq + softirq = 160 ticks of 10 ms; idle, iowait and
+        // steal (40) are not.
         assert_eq!(t.busy, Duration::from_millis(1600));
-        assert_eq!(t.steal, Duration::from_millis(400));
         let later = CpuTimes {
             busy: t.busy + Duration::from_secs(1),
-            steal: t.steal,
         };
         assert_eq!(later.since(t).busy, Duration::from_secs(1));
         assert_eq!(t.since(later).busy, Duration::ZERO);
