@@ -319,10 +319,12 @@ enum Attachment {
     /// veth costs (the veth then delivers through its own NAPI poll instead of the
     /// backlog).
     EmptyXdp,
-    /// shedder as a node runs it, minus the daemon: XDP native on the server's interface,
-    /// the tracking programs, and nginx's port protected by a policy that refuses nothing.
+    /// shedder minus the daemon, as `attach = "native"` runs it: XDP native on the server's
+    /// interface, the tracking programs, and nginx's port protected by a policy that
+    /// refuses nothing.
     ShedderXdp,
-    /// The same with the TC classifier in place of XDP.
+    /// The same with the TC classifier in place of XDP: what `attach = "auto"` chooses on
+    /// a veth.
     ShedderTc,
 }
 
@@ -340,8 +342,8 @@ impl Attachment {
             Self::Nothing => "nothing attached",
             Self::Tracking => "tracking programs only",
             Self::EmptyXdp => "an empty XDP program (native), nothing else",
-            Self::ShedderXdp => "**shedder: XDP native + tracking**",
-            Self::ShedderTc => "shedder: TC + tracking",
+            Self::ShedderXdp => "shedder: XDP native + tracking (`attach = \"native\"`)",
+            Self::ShedderTc => "**shedder: TC + tracking (`attach = \"auto\"` on a veth)**",
         }
     }
 }
