@@ -94,14 +94,17 @@ fn one_address_keeps_the_backend_busy_at_3x_and_10x() {
     let cap = lab.capacity;
     for factor in [3.0, 10.0] {
         let secs = 10;
+        // The limits over the run, so that a shortfall shows whether the limit sat low.
+        let sampler = lab.sample_limits(Duration::from_millis(500));
         let report = LoadGen::new(lab.target())
             .deadline(DEADLINE)
             .phase(Duration::from_secs(secs), factor * cap)
             .class("nat", IpAddr::V4(CLIENT_V4), 1.0)
             .run_in(&lab.pair.client, |_| {});
+        let limits: Vec<u32> = sampler.finish().into_iter().map(|(_, l)| l).collect();
         let w = report.range(SETTLE..secs);
         eprintln!(
-            "{factor}×: goodput {:.0}% of {cap:.0}/s\n{}",
+            "{factor}×: goodput {:.0}% of {cap:.0}/s, limits {limits:?}\n{}",
             100.0 * w.goodput() / cap,
             report.table()
         );
