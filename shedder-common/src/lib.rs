@@ -18,6 +18,7 @@ pub mod fair;
 pub mod gcra;
 pub mod hist;
 pub mod mask;
+pub mod quic;
 pub mod table;
 pub mod tp;
 
