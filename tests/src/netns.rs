@@ -34,6 +34,21 @@ pub struct Netns {
 }
 
 impl Netns {
+    /// Attach the pass-everything baseline XDP program natively to this namespace's
+    /// [`IFACE`]; held while the returned object lives.
+    pub fn attach_pass_program(&self) -> aya::Ebpf {
+        let mut ebpf = aya::Ebpf::load(shedder::kernel::BASELINE_OBJECT).expect("baseline object");
+        let prog: &mut aya::programs::Xdp = ebpf
+            .program_mut(shedder_common::programs::BASELINE_XDP)
+            .expect("baseline program")
+            .try_into()
+            .expect("xdp program");
+        prog.load().expect("load baseline");
+        self.run(|| prog.attach(IFACE, aya::programs::XdpMode::Driver))
+            .expect("attach the baseline XDP program");
+        ebpf
+    }
+
     /// A new namespace named `shd-<tag>-<pid>-<n>` with loopback up.
     pub fn new(tag: &str) -> Self {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -124,17 +139,7 @@ impl Pair {
     /// the sender's `xdp_tx_errors`. Only tests of native mode with `rst` arrange this, as a
     /// user who chooses native on a veth must; `attach = "auto"` needs none.
     pub fn pass_program_on_client(&self) -> aya::Ebpf {
-        let mut ebpf = aya::Ebpf::load(shedder::kernel::BASELINE_OBJECT).expect("baseline object");
-        let prog: &mut aya::programs::Xdp = ebpf
-            .program_mut("baseline_xdp")
-            .expect("baseline program")
-            .try_into()
-            .expect("xdp program");
-        prog.load().expect("load baseline");
-        self.client
-            .run(|| prog.attach(IFACE, aya::programs::XdpMode::Driver))
-            .expect("attach baseline to the client veth");
-        ebpf
+        self.client.attach_pass_program()
     }
 
     pub fn new(tag: &str) -> Self {

@@ -21,7 +21,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use shedder::{
-    kernel::{AttachMode, BASELINE_OBJECT, Shedder},
+    kernel::{AttachMode, Shedder},
     signals::{ServiceSpec, SignalReader, psi},
 };
 use shedder_common::{ACTION_RST, MODE_ENFORCE, programs};
@@ -374,18 +374,9 @@ fn attach(pair: &Pair, what: Attachment) -> Result<Attached> {
                 .context("attaching to the server's interface")?;
             Attached::Shedder { _held: Box::new(s) }
         }
-        Attachment::EmptyXdp => {
-            let mut e = aya::Ebpf::load(BASELINE_OBJECT).context("loading the empty program")?;
-            let prog: &mut aya::programs::Xdp = e
-                .program_mut(programs::BASELINE_XDP)
-                .context("the empty program")?
-                .try_into()?;
-            prog.load()?;
-            pair.server
-                .run(|| prog.attach(IFACE, aya::programs::XdpMode::Driver))
-                .context("attaching the empty XDP program")?;
-            Attached::Empty { _held: Box::new(e) }
-        }
+        Attachment::EmptyXdp => Attached::Empty {
+            _held: Box::new(pair.server.attach_pass_program()),
+        },
     })
 }
 
