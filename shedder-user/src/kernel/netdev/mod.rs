@@ -119,8 +119,9 @@ const PEER_HAS_NEITHER: &str = "this veth's peer has neither";
 
 /// Why `auto` leaves native XDP off a veth even when nothing is sent back.
 const VETH_NATIVE_COST: &str = "a native XDP program on a veth moves the veth's receive to a \
-     NAPI poll of its own, which costs CPU on every connection (6-12 µs per short connection \
-     measured with a program that does nothing), and a veth hands XDP a socket buffer that \
+     NAPI poll of its own, whose price depends on the machine (6-12 µs of CPU per short \
+     connection on one measured with a program that does nothing, a faster server on \
+     another), while tc leaves the veth as it was; a veth hands XDP a socket buffer that \
      already exists, so native XDP drops little earlier than tc there";
 
 /// Why `attach = auto` attaches a veth with tc (or generic XDP), not native XDP.
@@ -145,8 +146,8 @@ pub fn native_reset_problem(iface: &str) -> Option<String> {
 ///
 /// - `auto` on a veth: `tc` (or generic XDP without tcx). With replies because native
 ///   XDP_TX on a veth depends on the peer, which shedder neither sees nor keeps (a
-///   container's veth has no XDP program); without, because native XDP costs a veth more
-///   than it saves (see [`VETH_NATIVE_COST`]). Elsewhere `auto` is native XDP, else generic.
+///   container's veth has no XDP program); without, because native XDP changes how a veth
+///   receives for a drop little earlier (see [`VETH_NATIVE_COST`]). Elsewhere `auto` is native XDP, else generic.
 /// - `native` on a veth with replies whose peer cannot take XDP_TX now: refused.
 pub fn choose(
     iface: &str,
