@@ -36,10 +36,33 @@ const fn add32(sum: u32, v: u32) -> u32 {
 /// DF set, TTL [`RST_TTL`], protocol TCP, the given total length.
 #[inline(always)]
 pub const fn ipv4_rst_header_checksum(src: u32, dst: u32, total_len: u16) -> u16 {
-    let mut sum: u32 = 0x4500 + total_len as u32 + 0x4000 + ((RST_TTL as u32) << 8 | 6);
+    ipv4_reply_header_checksum(src, dst, total_len, IPPROTO_TCP)
+}
+
+/// Header checksum of any IPv4 header shedder emits (as [`ipv4_rst_header_checksum`]
+/// describes) carrying protocol `proto`.
+#[inline(always)]
+pub const fn ipv4_reply_header_checksum(src: u32, dst: u32, total_len: u16, proto: u8) -> u16 {
+    let mut sum: u32 = 0x4500 + total_len as u32 + 0x4000 + ((RST_TTL as u32) << 8 | proto as u32);
     sum = add32(sum, src);
     sum = add32(sum, dst);
     fold(sum)
+}
+
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+
+/// What a pseudo-header sum from [`pseudo_v4`] or [`pseudo_v6`] (which count TCP's protocol
+/// number) needs added to count UDP's instead.
+pub const PSEUDO_UDP_ADJUST: u32 = (IPPROTO_UDP - IPPROTO_TCP) as u32;
+
+/// The UDP checksum field for a datagram whose one's-complement sum of pseudo-header, UDP
+/// header (checksum zero) and payload is `sum`: a computed 0 is sent as 0xffff, since 0
+/// means "no checksum" (RFC 768; over IPv6 a zero checksum is not allowed, RFC 8200 §8.1).
+#[inline(always)]
+pub const fn udp_checksum(sum: u32) -> u16 {
+    let c = fold(sum);
+    if c == 0 { 0xffff } else { c }
 }
 
 /// Option byte that fills a reset's option space (TCP "no operation").

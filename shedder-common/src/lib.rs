@@ -24,7 +24,7 @@ pub mod tp;
 
 /// Services one node can protect. Sizes the policy, in-flight and counter maps.
 pub const MAX_SERVICES: u32 = 256;
-/// Entries of the port → service array (one per TCP port).
+/// Entries of a port → service array (one per TCP port, and one per UDP port for QUIC).
 pub const PORT_MAP_ENTRIES: u32 = 65536;
 /// Address-specific service entries (service bound to one destination address).
 pub const MAX_ADDR_SERVICES: u32 = 1024;
@@ -293,6 +293,8 @@ pub const PORT_HAS_ADDR_SERVICES: u32 = 1 << 31;
 pub mod maps {
     pub const GLOBALS: &str = "SHEDDER_GLOBALS";
     pub const PORTS: &str = "SHEDDER_PORTS";
+    /// UDP port → QUIC service, laid out as [`PORTS`] is for TCP.
+    pub const QUIC_PORTS: &str = "SHEDDER_QUIC_PORTS";
     pub const ADDR_SERVICES: &str = "SHEDDER_ADDR_SVC";
     pub const POLICIES: &str = "SHEDDER_POLICY";
     pub const INFLIGHT: &str = "SHEDDER_INFLIGHT";
@@ -312,11 +314,17 @@ pub mod maps {
     /// Per-class counts of the fair shares and retry budget, per service and epoch.
     pub const FAIR: &str = "SHEDDER_FAIR";
     pub const DEMOTED: &str = "SHEDDER_DEMOTED";
+    /// The QUIC packet programs, one per program type, which the TCP programs tail-call
+    /// for a datagram to a QUIC port (a program of its own keeps each within the
+    /// verifier's budget and leaves the TCP path's cost as it was).
+    pub const QUIC_XDP: &str = "SHEDDER_QUIC_XDP";
+    pub const QUIC_TC: &str = "SHEDDER_QUIC_TC";
     /// Connections to count at attach ([`crate::SeedSock`]); private to one load, not pinned.
     pub const SEED: &str = "SHEDDER_SEED";
-    pub const ALL: [&str; 19] = [
+    pub const ALL: [&str; 22] = [
         GLOBALS,
         PORTS,
+        QUIC_PORTS,
         ADDR_SERVICES,
         POLICIES,
         INFLIGHT,
@@ -334,6 +342,8 @@ pub mod maps {
         SOURCES,
         FAIR,
         DEMOTED,
+        QUIC_XDP,
+        QUIC_TC,
     ];
 }
 
@@ -341,6 +351,10 @@ pub mod maps {
 pub mod programs {
     pub const XDP: &str = "shedder_xdp";
     pub const TC: &str = "shedder_tc";
+    /// The QUIC halves of the two packet programs, reached by tail call (see
+    /// [`super::maps::QUIC_XDP`]).
+    pub const XDP_QUIC: &str = "shedder_xdp_quic";
+    pub const TC_QUIC: &str = "shedder_tc_quic";
     /// The empty XDP program of the baseline object (returns XDP_PASS): what benchmarks
     /// measure shedder's programs against.
     pub const BASELINE_XDP: &str = "baseline_xdp";
@@ -575,8 +589,15 @@ pub struct ServiceAddrKey {
     pub port: u16,
     /// 4 or 6.
     pub family: u8,
-    pub _pad: u8,
+    /// [`ADDR_KEY_TCP`] or [`ADDR_KEY_QUIC`]: a TCP and a QUIC service may share an
+    /// address and port number (HTTP/2 and HTTP/3 on 443).
+    pub proto: u8,
 }
+
+/// [`ServiceAddrKey::proto`] of a TCP service (0, as the field was padding before QUIC).
+pub const ADDR_KEY_TCP: u8 = 0;
+/// [`ServiceAddrKey::proto`] of a QUIC service (UDP's protocol number).
+pub const ADDR_KEY_QUIC: u8 = 17;
 
 /// IPv4 classes by direct lookup (DIR-16-8), an exact accelerator of the IPv4 trie: the
 /// first level has one `u32` per /16 source prefix, the second level blocks of 256 `u8`

@@ -26,9 +26,10 @@ use aya_ebpf::{
     cty::c_void,
     helpers::generated::{
         bpf_get_socket_cookie, bpf_jiffies64, bpf_redirect, bpf_seq_write, bpf_skb_change_tail,
-        bpf_skb_pull_data, bpf_xdp_adjust_tail,
+        bpf_skb_pull_data, bpf_skb_store_bytes, bpf_xdp_adjust_tail, bpf_xdp_store_bytes,
     },
-    macros::{classifier, tracepoint, xdp},
+    macros::{classifier, map, tracepoint, xdp},
+    maps::ProgramArray,
     programs::{TcContext, TracePointContext, XdpContext},
 };
 
@@ -52,16 +53,45 @@ impl Frame for XdpFrame<'_> {
         let delta = new_len as i64 - (self.data_end() - self.data()) as i64;
         delta == 0 || unsafe { bpf_xdp_adjust_tail(self.0.ctx.cast(), delta as i32) } == 0
     }
+    #[inline(always)]
+    fn store_bytes(&self, off: usize, from: *const u8, len: u32) -> bool {
+        unsafe {
+            bpf_xdp_store_bytes(self.0.ctx.cast(), off as u32, from.cast_mut().cast(), len) == 0
+        }
+    }
+}
+
+/// The QUIC programs, reached by tail call: one slot each (see
+/// [`shedder_common::maps::QUIC_XDP`]). A program array serves one program type, hence two.
+#[map]
+static SHEDDER_QUIC_XDP: ProgramArray = ProgramArray::with_max_entries(1, 0);
+#[map]
+static SHEDDER_QUIC_TC: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn xdp_verdict(outcome: Outcome) -> u32 {
+    match outcome {
+        Outcome::Pass | Outcome::ToQuic => xdp_action::XDP_PASS,
+        Outcome::Drop => xdp_action::XDP_DROP,
+        Outcome::Reply => xdp_action::XDP_TX,
+    }
 }
 
 /// XDP entry point (native, or generic where the driver has no XDP support).
 #[xdp]
 pub fn shedder_xdp(ctx: XdpContext) -> u32 {
-    match shed::run(&XdpFrame(&ctx)) {
-        Outcome::Pass => xdp_action::XDP_PASS,
-        Outcome::Drop => xdp_action::XDP_DROP,
-        Outcome::Reply => xdp_action::XDP_TX,
+    let outcome = shed::run::<_, false>(&XdpFrame(&ctx));
+    if let Outcome::ToQuic = outcome {
+        // Returns only if the slot is empty (no QUIC program loaded): the datagram passes.
+        unsafe { SHEDDER_QUIC_XDP.tail_call(&ctx, 0) };
     }
+    xdp_verdict(outcome)
+}
+
+/// The QUIC half of [`shedder_xdp`]: decides a datagram to a QUIC port.
+#[xdp]
+pub fn shedder_xdp_quic(ctx: XdpContext) -> u32 {
+    xdp_verdict(shed::run::<_, true>(&XdpFrame(&ctx)))
 }
 
 struct TcFrame<'a>(&'a TcContext);
@@ -79,6 +109,10 @@ impl Frame for TcFrame<'_> {
     fn truncate(&self, new_len: usize) -> bool {
         unsafe { bpf_skb_change_tail(self.0.skb.skb, new_len as u32, 0) == 0 }
     }
+    #[inline(always)]
+    fn store_bytes(&self, off: usize, from: *const u8, len: u32) -> bool {
+        unsafe { bpf_skb_store_bytes(self.0.skb.skb, off as u32, from.cast(), len, 0) == 0 }
+    }
 }
 
 /// Headers shedder reads fit in this many bytes (two VLAN tags, IPv6 with a few extension
@@ -95,10 +129,25 @@ pub fn shedder_tc(ctx: TcContext) -> i32 {
         // Failure leaves the skb as it was; parsing then passes what it cannot see.
         unsafe { bpf_skb_pull_data(ctx.skb.skb, want) };
     }
-    match shed::run(&TcFrame(&ctx)) {
-        Outcome::Pass => TC_ACT_OK,
+    let outcome = shed::run::<_, false>(&TcFrame(&ctx));
+    if let Outcome::ToQuic = outcome {
+        unsafe { SHEDDER_QUIC_TC.tail_call(&ctx, 0) };
+    }
+    tc_verdict(&ctx, outcome)
+}
+
+/// The QUIC half of [`shedder_tc`] (the skb was pulled there).
+#[classifier]
+pub fn shedder_tc_quic(ctx: TcContext) -> i32 {
+    tc_verdict(&ctx, shed::run::<_, true>(&TcFrame(&ctx)))
+}
+
+#[inline(always)]
+fn tc_verdict(ctx: &TcContext, outcome: Outcome) -> i32 {
+    match outcome {
+        Outcome::Pass | Outcome::ToQuic => TC_ACT_OK,
         Outcome::Drop => TC_ACT_SHOT,
-        // Send the reset back out of the interface the SYN arrived on.
+        // Send the answer back out of the interface the attempt arrived on.
         Outcome::Reply => unsafe {
             let ifindex = (*ctx.skb.skb).ifindex;
             bpf_redirect(ifindex, 0) as i32

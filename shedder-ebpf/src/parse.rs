@@ -7,9 +7,15 @@
 //! access (x86-64, arm64); where it does not, the verifier rejects the program at load time
 //! with a clear error rather than misbehaving.
 
+use crate::opaque;
 use shedder_common::{
     MAX_IPV6_EXT_HEADERS,
     csum::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    quic::{
+        CID_WINDOW, FIXED_BIT, HEADER_FORM_LONG, LongType, MAX_CID_LEN, MIN_INITIAL_DATAGRAM,
+        MIN_PACKET_LENGTH, cid_digest_start, cid_digest_step, cid_word_mask, long_type,
+        varint_from_word,
+    },
 };
 
 const ETH_HLEN: usize = 14;
@@ -18,6 +24,7 @@ const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
 const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
 const IPV6_HOPOPTS: u8 = 0;
 const IPV6_ROUTING: u8 = 43;
 const IPV6_FRAGMENT: u8 = 44;
@@ -27,7 +34,7 @@ const IPV6_MOBILITY: u8 = 135;
 const IPV6_HIP: u8 = 139;
 const IPV6_SHIM6: u8 = 140;
 
-/// A new connection attempt, fully parsed.
+/// A new connection attempt, fully parsed: a TCP SYN, or a QUIC client's Initial.
 pub struct Syn {
     /// Offset of the IP header (after Ethernet and up to two VLAN tags).
     pub l3_off: usize,
@@ -40,7 +47,8 @@ pub struct Syn {
     /// Ports, host byte order.
     pub sport: u16,
     pub dport: u16,
-    /// Sequence number, host byte order.
+    /// TCP: the initial sequence number, host byte order. QUIC: a digest of the destination
+    /// connection ID (`quic::cid_digest`): what names the attempt besides addresses and ports.
     pub seq: u32,
     /// Bytes of data carried by the SYN (TCP Fast Open).
     pub payload_len: u32,
@@ -48,8 +56,23 @@ pub struct Syn {
     /// header follows the fixed IP header directly. (A flag rather than the offset: the
     /// verifier prunes far better when fewer precise values stay live.)
     pub plain_ip: u32,
-    /// Length of the TCP header with options (data offset × 4).
+    /// Length of the TCP header with options (data offset × 4); 20 for QUIC.
     pub tcp_len: usize,
+    /// 1 for a QUIC Initial (UDP), 0 for a TCP SYN.
+    pub quic: u32,
+    /// QUIC: the destination connection ID's length, and the source ID's length << 8.
+    pub cids: u32,
+}
+
+/// What a frame is to the packet path.
+pub enum Parsed {
+    /// A new connection attempt of the program's kind (TCP SYN or QUIC Initial).
+    Attempt(Syn),
+    /// A UDP datagram to this destination port, seen by the TCP program: the QUIC program
+    /// decides whether it opens a connection.
+    Udp(u16),
+    /// Anything else: passes.
+    Other,
 }
 
 /// Bounds-checked pointer to a `T` at `off` bytes into the packet.
@@ -69,9 +92,21 @@ pub unsafe fn load<T: Copy>(base: *const u8, off: usize) -> T {
 }
 
 /// Parse a frame. `Some` only for a TCP segment with `flags & (SYN|ACK|RST|FIN) == SYN`
-/// whose Ethernet, VLAN, IP and TCP headers are all present and consistent.
+/// whose Ethernet, VLAN, IP and TCP headers are all present and consistent, or a UDP
+/// datagram that opens a QUIC connection ([`parse_initial`]).
+///
+/// `QUIC` picks the program: the TCP one parses SYNs and hands a UDP datagram over by its
+/// port ([`Parsed::Udp`]); the QUIC one parses Initials and nothing else.
 #[inline(always)]
-pub fn parse_syn(data: usize, data_end: usize) -> Option<Syn> {
+pub fn parse<const QUIC: bool>(data: usize, data_end: usize) -> Parsed {
+    match l3::<QUIC>(data, data_end) {
+        Some(p) => p,
+        None => Parsed::Other,
+    }
+}
+
+#[inline(always)]
+fn l3<const QUIC: bool>(data: usize, data_end: usize) -> Option<Parsed> {
     let eth = ptr_at::<[u8; ETH_HLEN]>(data, data_end, 0)?;
     let mut proto = u16::from_be(unsafe { load::<u16>(eth.cast(), 12) });
     let mut l3_off = ETH_HLEN;
@@ -87,9 +122,9 @@ pub fn parse_syn(data: usize, data_end: usize) -> Option<Syn> {
         tags += 1;
     }
     if proto == ETH_P_IP {
-        parse_v4(data, data_end, l3_off)
+        parse_v4::<QUIC>(data, data_end, l3_off)
     } else if proto == ETH_P_IPV6 {
-        parse_v6(data, data_end, l3_off)
+        parse_v6::<QUIC>(data, data_end, l3_off)
     } else {
         None
     }
@@ -120,7 +155,7 @@ fn tcp_fields(tcp: *const [u8; 20]) -> (u16, u16, u32, usize) {
 }
 
 #[inline(always)]
-fn parse_v4(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
+fn parse_v4<const QUIC: bool>(data: usize, data_end: usize, l3_off: usize) -> Option<Parsed> {
     let ip = ptr_at::<[u8; 20]>(data, data_end, l3_off)?;
     let ipb = ip.cast::<u8>();
     let vihl: u8 = unsafe { load(ipb, 0) };
@@ -135,10 +170,35 @@ fn parse_v4(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
     if u16::from_be(unsafe { load(ipb, 6) }) & 0x3fff != 0 {
         return None;
     }
-    if unsafe { load::<u8>(ipb, 9) } != IPPROTO_TCP {
+    let proto: u8 = unsafe { load(ipb, 9) };
+    let l4_off = l3_off + ihl;
+    if proto == IPPROTO_UDP {
+        if !QUIC {
+            return udp_port(data, data_end, l4_off);
+        }
+        let total_len = u16::from_be(unsafe { load(ipb, 2) }) as usize;
+        if total_len < ihl || l3_off + total_len > data_end - data {
+            return None;
+        }
+        let (sport, dport, seq, cids) = parse_initial(data, data_end, l4_off, l3_off + total_len)?;
+        return Some(Parsed::Attempt(Syn {
+            l3_off,
+            v6: 0,
+            src: [unsafe { load(ipb, 12) }, 0, 0, 0],
+            dst: [unsafe { load(ipb, 16) }, 0, 0, 0],
+            sport,
+            dport,
+            seq,
+            payload_len: 0,
+            plain_ip: (ihl == 20) as u32,
+            tcp_len: 20,
+            quic: 1,
+            cids,
+        }));
+    }
+    if QUIC || proto != IPPROTO_TCP {
         return None;
     }
-    let l4_off = l3_off + ihl;
     let tcp = ptr_at::<[u8; 20]>(data, data_end, l4_off)?;
     syn_flags(tcp)?;
     let (sport, dport, seq, doff) = tcp_fields(tcp);
@@ -150,7 +210,7 @@ fn parse_v4(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
     if total_len < ihl + doff || l3_off + total_len > data_end - data {
         return None;
     }
-    Some(Syn {
+    Some(Parsed::Attempt(Syn {
         l3_off,
         v6: 0,
         src: [unsafe { load(ipb, 12) }, 0, 0, 0],
@@ -161,11 +221,13 @@ fn parse_v4(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
         payload_len: (total_len - ihl - doff) as u32,
         plain_ip: (ihl == 20) as u32,
         tcp_len: doff,
-    })
+        quic: 0,
+        cids: 0,
+    }))
 }
 
 #[inline(always)]
-fn parse_v6(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
+fn parse_v6<const QUIC: bool>(data: usize, data_end: usize, l3_off: usize) -> Option<Parsed> {
     let ip = ptr_at::<[u8; 40]>(data, data_end, l3_off)?;
     let ipb = ip.cast::<u8>();
     if unsafe { load::<u8>(ipb, 0) } >> 4 != 6 {
@@ -180,7 +242,7 @@ fn parse_v6(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
     // Bounded walk of the extension-header chain; a longer chain passes.
     let mut i = 0;
     while i < MAX_IPV6_EXT_HEADERS {
-        if next == IPPROTO_TCP {
+        if next == IPPROTO_TCP || next == IPPROTO_UDP {
             break;
         }
         let ext = ptr_at::<[u8; 2]>(data, data_end, l4_off)?;
@@ -203,7 +265,28 @@ fn parse_v6(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
         next = nh;
         i += 1;
     }
-    if next != IPPROTO_TCP {
+    let word = |off| unsafe { load::<u32>(ipb, off) };
+    if next == IPPROTO_UDP {
+        if !QUIC {
+            return udp_port(data, data_end, l4_off);
+        }
+        let (sport, dport, seq, cids) = parse_initial(data, data_end, l4_off, end_off)?;
+        return Some(Parsed::Attempt(Syn {
+            l3_off,
+            v6: 1,
+            src: [word(8), word(12), word(16), word(20)],
+            dst: [word(24), word(28), word(32), word(36)],
+            sport,
+            dport,
+            seq,
+            payload_len: 0,
+            plain_ip: (l4_off == l3_off + 40) as u32,
+            tcp_len: 20,
+            quic: 1,
+            cids,
+        }));
+    }
+    if QUIC || next != IPPROTO_TCP {
         return None;
     }
     let tcp = ptr_at::<[u8; 20]>(data, data_end, l4_off)?;
@@ -212,8 +295,7 @@ fn parse_v6(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
     if doff < 20 || l4_off + doff > end_off {
         return None;
     }
-    let word = |off| unsafe { load::<u32>(ipb, off) };
-    Some(Syn {
+    Some(Parsed::Attempt(Syn {
         l3_off,
         v6: 1,
         src: [word(8), word(12), word(16), word(20)],
@@ -224,5 +306,101 @@ fn parse_v6(data: usize, data_end: usize, l3_off: usize) -> Option<Syn> {
         payload_len: (end_off - l4_off - doff) as u32,
         plain_ip: (l4_off == l3_off + 40) as u32,
         tcp_len: doff,
-    })
+        quic: 0,
+        cids: 0,
+    }))
+}
+
+/// The destination port of the UDP datagram at `l4_off`.
+#[inline(always)]
+fn udp_port(data: usize, data_end: usize, l4_off: usize) -> Option<Parsed> {
+    let udp = ptr_at::<[u8; 4]>(data, data_end, l4_off)?;
+    Some(Parsed::Udp(u16::from_be(unsafe { load(udp.cast(), 2) })))
+}
+
+/// Longest token an Initial may carry and still be recognised: tokens from a Retry or a
+/// NEW_TOKEN frame are tens of bytes (a server's address-validation data), and an Initial
+/// with a longer one passes.
+const MAX_TOKEN_PARSED: u64 = 4096;
+/// Bounds every offset into a QUIC datagram (see `parse_initial`).
+const OFFSET_MASK: u64 = 0x3fff;
+
+/// A QUIC client's Initial opening the UDP datagram at `l4_off`, which must end by
+/// `ip_end` (see [`shedder_common::quic::parse_initial`], whose checks these are, read from
+/// fixed windows): the ports, the digest of the destination connection ID, and the two IDs'
+/// lengths (destination, source << 8). A token longer than the datagram, a header cut
+/// short, or (under TC) one that runs past the linear part of the skb: `None`.
+#[inline(always)]
+fn parse_initial(
+    data: usize,
+    data_end: usize,
+    l4_off: usize,
+    ip_end: usize,
+) -> Option<(u16, u16, u32, u32)> {
+    let udp = ptr_at::<[u8; 8]>(data, data_end, l4_off)?;
+    let u = udp.cast::<u8>();
+    let (sport, dport, ulen) = unsafe {
+        (
+            u16::from_be(load(u, 0)),
+            u16::from_be(load(u, 2)),
+            u16::from_be(load::<u16>(u, 4)) as usize,
+        )
+    };
+    // A datagram too small to open a connection is not an attempt (checked first: it is the
+    // cheapest test and rules out most UDP).
+    if ulen < 8 + MIN_INITIAL_DATAGRAM || l4_off + ulen > ip_end {
+        return None;
+    }
+    let q = l4_off + 8;
+    let end = l4_off + ulen;
+    let head = ptr_at::<[u8; 6]>(data, data_end, q)?;
+    let h = head.cast::<u8>();
+    let (first, version, dcid_len) = unsafe {
+        (
+            load::<u8>(h, 0),
+            u32::from_be(load(h, 1)),
+            load::<u8>(h, 5) as usize,
+        )
+    };
+    if first & (HEADER_FORM_LONG | FIXED_BIT) != HEADER_FORM_LONG | FIXED_BIT {
+        return None;
+    }
+    if !matches!(long_type(version, first), Some(LongType::Initial)) {
+        return None;
+    }
+    if dcid_len > MAX_CID_LEN {
+        return None;
+    }
+    // The destination ID's digest, word by word from the packet (the Initial is at least
+    // 1,200 bytes, so the whole window lies inside it).
+    let window = ptr_at::<[u8; CID_WINDOW]>(data, data_end, q + 6)?;
+    let mut digest = cid_digest_start(dcid_len as u32);
+    let mut i = 0;
+    while i < CID_WINDOW / 4 {
+        let w: u32 = unsafe { load(window.cast(), 4 * i) };
+        digest = cid_digest_step(digest, w & cid_word_mask(i as u32, dcid_len as u32));
+        i += 1;
+    }
+    let scid_len = unsafe { *ptr_at::<u8>(data, data_end, q + 6 + dcid_len)? } as usize;
+    if scid_len > MAX_CID_LEN {
+        return None;
+    }
+    // Offsets past the IDs and the token, masked where the verifier sees it (see
+    // `opaque`): it keeps no bound on their sum across the spills between here and the
+    // reads, and it checks a read against the packet's end only at offsets below 64 KiB
+    // less the read. Neither mask changes a value (the headers before the token take
+    // under 256 bytes, and a longer token than `MAX_TOKEN_PARSED` passes).
+    let token_at = opaque::mask((q + 7 + dcid_len + scid_len) as u64, OFFSET_MASK) as usize;
+    let word = ptr_at::<[u8; 8]>(data, data_end, token_at)?;
+    let (token_len, n) = varint_from_word(u64::from_be(unsafe { load(word.cast(), 0) }));
+    if token_len >= ulen as u64 || token_len > MAX_TOKEN_PARSED {
+        return None;
+    }
+    let length_at = opaque::mask((token_at + n + token_len as usize) as u64, OFFSET_MASK) as usize;
+    let word = ptr_at::<[u8; 8]>(data, data_end, length_at)?;
+    let (length, n) = varint_from_word(u64::from_be(unsafe { load(word.cast(), 0) }));
+    if length_at + n > end || length < MIN_PACKET_LENGTH || length > (end - length_at - n) as u64 {
+        return None;
+    }
+    Some((sport, dport, digest, (dcid_len | scid_len << 8) as u32))
 }

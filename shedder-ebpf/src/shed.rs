@@ -12,34 +12,43 @@ use aya_log_ebpf::{
     warn,
 };
 use shedder_common::{
-    ACTION_RST, Bucket, CLASS_L1_ENTRIES, CLASS_L2_BLOCKS, COUNTERS_PER_SERVICE, ClassBlock,
-    ClassRule, DEMOTED_SETS, Globals, Inflight, KLOG_LINES_PER_SECOND, LogBudget,
-    MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES, MODE_DRY_RUN, NUM_CLASSES, NUM_STATS,
-    POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES, PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending,
-    REASON_FAIR_SHARE, REASON_RETRY_BUDGET, STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY,
-    STAT_RATE_CONTENDED, STAT_RST_ERROR, SYN_SETS, ServiceAddrKey, ServiceCounters, ServicePolicy,
-    VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
+    ACTION_RST, ADDR_KEY_QUIC, ADDR_KEY_TCP, Bucket, CLASS_L1_ENTRIES, CLASS_L2_BLOCKS,
+    COUNTERS_PER_SERVICE, ClassBlock, ClassRule, DEMOTED_SETS, Globals, Inflight,
+    KLOG_LINES_PER_SECOND, LogBudget, MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES,
+    MODE_DRY_RUN, NUM_CLASSES, NUM_STATS, POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES,
+    PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, REASON_FAIR_SHARE, REASON_RETRY_BUDGET,
+    STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_RST_ERROR,
+    SYN_SETS, ServiceAddrKey, ServiceCounters, ServicePolicy, VERDICT_DROP, VERDICT_DRY_RUN,
+    VERDICT_PASS, VERDICT_RST,
     admit::{Attempt, Decision, decide},
     classmap,
     csum::{
-        RST_TTL, TCP_ACK, TCP_OPT_NOP, TCP_RST, ipv4_rst_header_checksum, pseudo_v4, pseudo_v6,
-        rst_ack_number, tcp_rst_checksum,
+        IPPROTO_UDP, PSEUDO_UDP_ADJUST, RST_TTL, TCP_ACK, TCP_OPT_NOP, TCP_RST,
+        ipv4_reply_header_checksum, ipv4_rst_header_checksum, pseudo_v4, pseudo_v6, rst_ack_number,
+        tcp_rst_checksum, udp_checksum,
     },
     decision_index, demote,
     fair::{self, ClassEpoch, Fairness, SOURCE_SETS, SOURCE_WAYS, SourceSet},
     gcra, is_pressure, mask,
+    quic::{
+        CID_WINDOW, CidWords, FIXED_BIT, HEADER_FORM_LONG, mask_cid, reserved_version,
+        version_negotiation_len, version_negotiation_sum,
+    },
     table::{self, Set, WAYS},
 };
 
 use crate::{
     atomic, opaque,
-    parse::{Syn, load, parse_syn, ptr_at},
+    parse::{Parsed, Syn, load, parse, ptr_at},
 };
 
 #[map]
 pub static SHEDDER_GLOBALS: Array<Globals> = Array::with_max_entries(1, 0);
 #[map]
 static SHEDDER_PORTS: Array<u32> = Array::with_max_entries(PORT_MAP_ENTRIES, 0);
+/// UDP port → QUIC service, as [`SHEDDER_PORTS`] for TCP.
+#[map]
+static SHEDDER_QUIC_PORTS: Array<u32> = Array::with_max_entries(PORT_MAP_ENTRIES, 0);
 #[map]
 static SHEDDER_ADDR_SVC: HashMap<ServiceAddrKey, u32> =
     HashMap::with_max_entries(MAX_ADDR_SERVICES, 0);
@@ -128,6 +137,13 @@ struct Memo {
     pressed: u32,
     /// 1: the class counts are kept (see `remember_source`).
     counted: u32,
+    /// The reason a QUIC attempt answered with Version Negotiation was refused for.
+    reason: u32,
+    /// What that answer needs of the attempt.
+    answer: Answer,
+    /// A refused QUIC attempt's connection IDs, destination then source, copied here before
+    /// its answer overwrites them (the stack has no room for them).
+    cids: [CidWords; 2],
 }
 /// Holds the [`Memo`] in a map value rather than on the stack: the verifier does not track
 /// what a map value holds, so the keys (whose form differs between the parse paths) and the
@@ -172,8 +188,11 @@ fn may_log(level: Level) -> bool {
 pub enum Outcome {
     Pass,
     Drop,
-    /// The frame was rewritten into a RST|ACK to send back where it came from.
+    /// The frame was rewritten into a RST|ACK (or, for QUIC, a Version Negotiation packet)
+    /// to send back where it came from.
     Reply,
+    /// A datagram for the QUIC program (the TCP program's answer only).
+    ToQuic,
 }
 
 /// The program-type specific parts of a frame.
@@ -182,6 +201,9 @@ pub trait Frame {
     fn data_end(&self) -> usize;
     /// Shrink the frame to `new_len` bytes; false if the kernel refused.
     fn truncate(&self, new_len: usize) -> bool;
+    /// Copy `len` bytes (1 or more) from `from` into the frame at `off`, by the kernel's
+    /// helper: one call instead of a loop over bytes at offsets the verifier must follow.
+    fn store_bytes(&self, off: usize, from: *const u8, len: u32) -> bool;
 }
 
 /// A source slot's index, masked where the verifier sees it (see `opaque`): inside `way <
@@ -230,12 +252,22 @@ pub fn bump(map: &PerCpuArray<u64>, index: u32) {
     }
 }
 
+/// Decide one frame. `QUIC` picks the program: the TCP one decides SYNs and answers
+/// [`Outcome::ToQuic`] for a datagram to a UDP port with a QUIC service, for its caller to
+/// tail-call the QUIC one, which decides Initials.
 #[inline(always)]
-pub fn run<F: Frame>(frame: &F) -> Outcome {
-    let Some(syn) = parse_syn(frame.data(), frame.data_end()) else {
-        return Outcome::Pass;
+pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
+    let syn = match parse::<QUIC>(frame.data(), frame.data_end()) {
+        Parsed::Attempt(syn) => syn,
+        Parsed::Udp(port) => {
+            return match SHEDDER_QUIC_PORTS.get(port as u32) {
+                Some(&entry) if entry != 0 => Outcome::ToQuic,
+                _ => Outcome::Pass,
+            };
+        }
+        Parsed::Other => return Outcome::Pass,
     };
-    let Some(service) = lookup_service(syn.dport, syn.dst, syn.v6) else {
+    let Some(service) = lookup_service(syn.dport, syn.dst, syn.v6, syn.quic) else {
         return Outcome::Pass;
     };
     let policy = match SHEDDER_POLICY.get(service) {
@@ -299,7 +331,15 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         if window != 0 {
             let h = table::hash(
                 seed,
-                &table::syn_words(syn.src, syn.dst, syn.sport, syn.dport, syn.seq, syn.v6),
+                // The last word also keeps a TCP attempt and a QUIC one apart.
+                &table::syn_words(
+                    syn.src,
+                    syn.dst,
+                    syn.sport,
+                    syn.dport,
+                    syn.seq,
+                    syn.v6 | syn.quic << 1,
+                ),
             );
             m.syn_tag = table::tag(h);
             m.syn_set = table::set_index(h, SYN_SETS);
@@ -510,6 +550,12 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
             break 'act Outcome::Pass;
         }
         if policy.action == ACTION_RST {
+            if syn.quic == 1 {
+                // Answered last, once nothing of the decision is left to tell its paths
+                // apart (see `answer_quic`).
+                unsafe { core::ptr::write_volatile(&raw mut (*memo).reason, decision.reason) };
+                break 'act Outcome::Reply;
+            }
             if write_rst(frame, &syn) {
                 count_decision(service, class, VERDICT_RST, decision.reason, unique);
                 break 'act Outcome::Reply;
@@ -558,9 +604,10 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
             }
         }
     }
-    if admitted && class != own_class {
+    if admitted && class != own_class && syn.quic == 0 {
         // Admitted in a class other than its source's: tell the tracking path, which
-        // classifies a new connection by its source, where to count it.
+        // classifies a new connection by its source, where to count it (a TCP one: QUIC
+        // connections have no socket the tracking path sees).
         let h = table::hash(
             globals.table_seed,
             &table::demoted_words(syn.src, syn.sport, syn.dport, syn.v6),
@@ -596,7 +643,110 @@ pub fn run<F: Frame>(frame: &F) -> Outcome {
         );
     }
     remember_source(service, (now, epoch), memo);
+    if syn.quic == 1
+        && let Outcome::Reply = outcome
+    {
+        // Everything the answer needs goes through the memo, whose contents the verifier
+        // does not track, so every path through the decision reaches the writer in one
+        // state (see `answer_quic`).
+        unsafe {
+            let a = &raw mut (*memo).answer;
+            core::ptr::write_volatile(
+                a,
+                Answer::of(&syn, service, (globals.table_seed as u32) ^ now as u32),
+            );
+        }
+        return answer_quic(frame, memo);
+    }
     outcome
+}
+
+/// What the Version Negotiation answer needs of the attempt (see [`answer_quic`]).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Answer {
+    src: [u32; 4],
+    dst: [u32; 4],
+    sport: u32,
+    dport: u32,
+    l3_off: u32,
+    v6: u32,
+    plain_ip: u32,
+    cids: u32,
+    service: u32,
+    seed: u32,
+}
+
+impl Answer {
+    #[inline(always)]
+    fn of(syn: &Syn, service: u32, seed: u32) -> Self {
+        Self {
+            src: syn.src,
+            dst: syn.dst,
+            sport: syn.sport as u32,
+            dport: syn.dport as u32,
+            l3_off: syn.l3_off as u32,
+            v6: syn.v6,
+            plain_ip: syn.plain_ip,
+            cids: syn.cids,
+            service,
+            seed,
+        }
+    }
+
+    /// The attempt again, its offset bounded where the verifier sees it (the memo gives
+    /// it back as any number): an Ethernet header and two VLAN tags at most.
+    #[inline(always)]
+    fn syn(&self) -> Syn {
+        Syn {
+            l3_off: opaque::mask(self.l3_off as u64, 31) as usize,
+            v6: self.v6 & 1,
+            src: self.src,
+            dst: self.dst,
+            sport: self.sport as u16,
+            dport: self.dport as u16,
+            seq: 0,
+            payload_len: 0,
+            plain_ip: self.plain_ip,
+            tcp_len: 20,
+            quic: 1,
+            cids: self.cids,
+        }
+    }
+}
+
+/// Refuse a QUIC attempt with Version Negotiation and count the verdict; fail open (pass,
+/// counted) if the answer cannot be built. Called at the very end of the decision: the
+/// writer is long (each ID byte by byte), and every distinct path the verifier walks into
+/// it walks it again, so it is entered where the decision's registers are dead and the
+/// class, reason and attempt kind come back from the memo.
+#[inline(always)]
+fn answer_quic<F: Frame>(frame: &F, memo: *mut Memo) -> Outcome {
+    let (class, reason, unique, answer) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*memo).class),
+            core::ptr::read_volatile(&raw const (*memo).reason),
+            core::ptr::read_volatile(&raw const (*memo).unique),
+            core::ptr::read_volatile(&raw const (*memo).answer),
+        )
+    };
+    let syn = &answer.syn();
+    let service = answer.service;
+    if write_version_negotiation(frame, syn, answer.seed, unsafe { &mut (*memo).cids }) {
+        count_decision(service, class, VERDICT_RST, reason, unique as u64);
+        return Outcome::Reply;
+    }
+    bump(&SHEDDER_STATS, STAT_RST_ERROR);
+    if may_log(Level::Warn) {
+        warn!(
+            &(),
+            "port={} service={}: could not build the Version Negotiation: passed (fail-open)",
+            syn.dport,
+            service
+        );
+    }
+    count_decision(service, class, VERDICT_PASS, reason, unique as u64);
+    Outcome::Pass
 }
 
 /// After the decision: the class's counts (always: the floors in admissions need them),
@@ -688,15 +838,23 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
 
 /// Service id of the attempt's destination, `None` if it is not protected.
 #[inline(always)]
-pub fn lookup_service(port: u16, addr: [u32; 4], v6: u32) -> Option<u32> {
-    let entry = *SHEDDER_PORTS.get(port as u32)?;
+pub fn lookup_service(port: u16, addr: [u32; 4], v6: u32, quic: u32) -> Option<u32> {
+    let entry = if quic == 1 {
+        *SHEDDER_QUIC_PORTS.get(port as u32)?
+    } else {
+        *SHEDDER_PORTS.get(port as u32)?
+    };
     let mut id_plus_one = entry & PORT_SERVICE_MASK;
     if entry & PORT_HAS_ADDR_SERVICES != 0 {
         let key = ServiceAddrKey {
             addr: as_bytes(addr),
             port,
             family: if v6 == 1 { 6 } else { 4 },
-            _pad: 0,
+            proto: if quic == 1 {
+                ADDR_KEY_QUIC
+            } else {
+                ADDR_KEY_TCP
+            },
         };
         if let Some(v) = unsafe { SHEDDER_ADDR_SVC.get(key) } {
             id_plus_one = *v & PORT_SERVICE_MASK;
@@ -908,4 +1066,153 @@ fn write_rst<F: Frame>(frame: &F, syn: &Syn) -> bool {
         store(tcp, 16, u32::from_ne_bytes([c0, c1, 0, 0]));
     }
     true
+}
+
+/// Rewrite a QUIC client's Initial into the Version Negotiation packet refusing it (see
+/// [`shedder_common::quic::write_version_negotiation`], whose bytes these are): MACs,
+/// addresses and ports swapped, no IP options or extension headers, the client's
+/// connection IDs swapped, and one reserved version, `reserved_version(seed)`, which no
+/// client speaks. The frame is cut first, so a refusal leaves the Initial untouched for
+/// the caller to pass; an Initial behind IP options or extension headers is not answered.
+#[inline(always)]
+fn write_version_negotiation<F: Frame>(
+    frame: &F,
+    syn: &Syn,
+    seed: u32,
+    cids: &mut [CidWords; 2],
+) -> bool {
+    if syn.plain_ip == 0 {
+        return false;
+    }
+    let ip_len = if syn.v6 == 1 { 40 } else { 20 };
+    let q = syn.l3_off + ip_len + 8;
+    let dcid_len = (syn.cids & 0xff) as usize;
+    let scid_len = ((syn.cids >> 8) & 0xff) as usize;
+    if dcid_len > CID_WINDOW || scid_len > CID_WINDOW {
+        return false;
+    }
+    // Both IDs, copied before anything is written (the Initial is at least 1,200 bytes, so
+    // the windows lie inside it).
+    let (data, data_end) = (frame.data(), frame.data_end());
+    let Some(d) = ptr_at::<CidWords>(data, data_end, q + 6) else {
+        return false;
+    };
+    let Some(s) = ptr_at::<CidWords>(data, data_end, q + 7 + dcid_len) else {
+        return false;
+    };
+    unsafe {
+        cids[0] = load(d.cast(), 0);
+        cids[1] = load(s.cast(), 0);
+    }
+    mask_cid(&mut cids[0], dcid_len as u32);
+    mask_cid(&mut cids[1], scid_len as u32);
+    let version = reserved_version(seed);
+    let vn_len = version_negotiation_len(dcid_len, scid_len);
+    let udp_len = (8 + vn_len) as u32;
+    let sum = version_negotiation_sum(
+        &cids[0],
+        dcid_len as u32,
+        &cids[1],
+        scid_len as u32,
+        version,
+    );
+    if !frame.truncate(q + vn_len) {
+        return false;
+    }
+    // The IDs first, by the helper: the client's source ID from q + 6, then its
+    // destination ID after its length byte. An empty ID is written as one (zero) byte, as
+    // the helper copies at least one; the byte written after it (a length, the version)
+    // lands on the same place. Every offset is inside the cut frame by construction.
+    let s_copy = if scid_len == 0 { 1 } else { scid_len as u32 };
+    let d_copy = if dcid_len == 0 { 1 } else { dcid_len as u32 };
+    if !frame.store_bytes(q + 6, cids[1].as_ptr().cast(), s_copy)
+        || !frame.store_bytes(q + 7 + scid_len, cids[0].as_ptr().cast(), d_copy)
+    {
+        return false;
+    }
+    let data = frame.data();
+    let data_end = frame.data_end();
+    let Some(eth) = ptr_at::<[u8; 12]>(data, data_end, 0) else {
+        return false;
+    };
+    let Some(udp) = ptr_at::<[u8; 8]>(data, data_end, q - 8) else {
+        return false;
+    };
+    let pseudo = if syn.v6 == 1 {
+        let Some(ip) = ptr_at::<[u8; 40]>(data, data_end, syn.l3_off) else {
+            return false;
+        };
+        let ip = ip.cast::<u8>();
+        let [l0, l1] = (udp_len as u16).to_be_bytes();
+        unsafe {
+            store(ip, 0, u32::from_ne_bytes([0x60, 0, 0, 0]));
+            store(ip, 4, u32::from_ne_bytes([l0, l1, IPPROTO_UDP, RST_TTL]));
+            let mut i = 0;
+            while i < 4 {
+                store(ip, 8 + 4 * i, syn.dst[i]);
+                store(ip, 24 + 4 * i, syn.src[i]);
+                i += 1;
+            }
+        }
+        pseudo_v6(&as_bytes(syn.dst), &as_bytes(syn.src), udp_len)
+    } else {
+        let Some(ip) = ptr_at::<[u8; 20]>(data, data_end, syn.l3_off) else {
+            return false;
+        };
+        let ip = ip.cast::<u8>();
+        let (src, dst) = (u32::from_be(syn.dst[0]), u32::from_be(syn.src[0]));
+        let total = (20 + udp_len) as u16;
+        let [c0, c1] = ipv4_reply_header_checksum(src, dst, total, IPPROTO_UDP).to_be_bytes();
+        let [t0, t1] = total.to_be_bytes();
+        unsafe {
+            store(ip, 0, u32::from_ne_bytes([0x45, 0, t0, t1]));
+            store(ip, 4, u32::from_ne_bytes([0, 0, 0x40, 0]));
+            store(ip, 8, u32::from_ne_bytes([RST_TTL, IPPROTO_UDP, c0, c1]));
+            store(ip, 12, syn.dst[0]);
+            store(ip, 16, syn.src[0]);
+        }
+        pseudo_v4(src, dst, udp_len)
+    };
+    let sum = pseudo + PSEUDO_UDP_ADJUST + syn.dport as u32 + syn.sport as u32 + udp_len + sum;
+    let eth = eth.cast::<u8>();
+    let udp = udp.cast::<u8>();
+    unsafe {
+        let (d0, d1): (u32, u16) = (load(eth, 0), load(eth, 4));
+        let (s0, s1): (u16, u32) = (load(eth, 6), load(eth, 8));
+        store(eth, 0, s0);
+        store(eth, 2, s1);
+        store(eth, 6, d0);
+        store(eth, 10, d1);
+        store(udp, 0, syn.dport.to_be());
+        store(udp, 2, syn.sport.to_be());
+        store(udp, 4, (udp_len as u16).to_be());
+        store(udp, 6, udp_checksum(sum).to_be());
+    }
+    // The fixed bytes: first byte, version 0 and the first length, the second length, and
+    // the one version offered.
+    let Some(head) = ptr_at::<[u8; 6]>(data, data_end, q) else {
+        return false;
+    };
+    unsafe {
+        store(head.cast::<u8>(), 0, HEADER_FORM_LONG | FIXED_BIT);
+        store(head.cast::<u8>(), 1, 0u32);
+        store(head.cast::<u8>(), 5, scid_len as u8);
+    }
+    let Some(b) = inner_byte(data, data_end, q + 6 + scid_len) else {
+        return false;
+    };
+    unsafe { *b = dcid_len as u8 };
+    let Some(v) = ptr_at::<[u8; 4]>(data, data_end, q + 7 + scid_len + dcid_len) else {
+        return false;
+    };
+    unsafe { store(v.cast::<u8>(), 0, version.to_be()) };
+    true
+}
+
+/// A byte of the frame that is never its last (here: every byte of a Version Negotiation
+/// packet before its version), checked as two bytes: LLVM turns a one-byte check into
+/// `end > p`, from which the verifier learns no range when `p` has a variable offset.
+#[inline(always)]
+fn inner_byte(data: usize, data_end: usize, off: usize) -> Option<*mut u8> {
+    ptr_at::<[u8; 2]>(data, data_end, off).map(|p| p.cast_mut().cast::<u8>())
 }

@@ -120,7 +120,7 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
         return;
     };
     let port: u16 = field(ctx, state::SPORT);
-    let Some(service) = lookup_service(port, local, v6) else {
+    let Some(service) = lookup_service(port, local, v6, 0) else {
         return;
     };
     let policy = match SHEDDER_POLICY.get(service) {
@@ -188,7 +188,7 @@ pub fn seed(sk: u64, cookie: u64) -> Option<SeedResult> {
         ..Default::default()
     };
     let v6 = (s.v6 & 1) as u32;
-    let Some(service) = lookup_service(s.local_port, s.local, v6) else {
+    let Some(service) = lookup_service(s.local_port, s.local, v6, 0) else {
         return Some(result);
     };
     let policy = match SHEDDER_POLICY.get(service) {

@@ -240,6 +240,10 @@ impl Packet {
                     let sum = tcp_checksum_v4(v4.src, v4.dst, &seg);
                     seg[16..18].copy_from_slice(&sum.to_be_bytes());
                 }
+                if !is_tcp && v4.proto == 17 && seg.len() >= 8 {
+                    let sum = l4_checksum_v4(v4.src, v4.dst, 17, &seg);
+                    seg[6..8].copy_from_slice(&udp_field(sum).to_be_bytes());
+                }
                 let mut h = vec![0x40 | (ihl & 0x0f), 0];
                 h.extend_from_slice(&total.to_be_bytes());
                 h.extend_from_slice(&v4.id.to_be_bytes());
@@ -262,6 +266,10 @@ impl Packet {
                 if is_tcp && v6.proto == 6 {
                     let sum = tcp_checksum_v6(v6.src, v6.dst, &seg);
                     seg[16..18].copy_from_slice(&sum.to_be_bytes());
+                }
+                if !is_tcp && v6.proto == 17 && seg.len() >= 8 {
+                    let sum = l4_checksum_v6(v6.src, v6.dst, 17, &seg);
+                    seg[6..8].copy_from_slice(&udp_field(sum).to_be_bytes());
                 }
                 let plen = v6
                     .payload_len_override
@@ -374,26 +382,39 @@ pub fn checksum(chunks: &[&[u8]]) -> u16 {
 }
 
 fn tcp_checksum_v4(src: Ipv4Addr, dst: Ipv4Addr, seg: &[u8]) -> u16 {
-    let len = (seg.len() as u16).to_be_bytes();
-    let pseudo = [&src.octets()[..], &dst.octets()[..], &[0, 6], &len[..]].concat();
-    checksum(&[&pseudo, seg])
+    l4_checksum_v4(src, dst, 6, seg)
 }
 
 fn tcp_checksum_v6(src: Ipv6Addr, dst: Ipv6Addr, seg: &[u8]) -> u16 {
+    l4_checksum_v6(src, dst, 6, seg)
+}
+
+fn l4_checksum_v4(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, seg: &[u8]) -> u16 {
+    let len = (seg.len() as u16).to_be_bytes();
+    let pseudo = [&src.octets()[..], &dst.octets()[..], &[0, proto], &len[..]].concat();
+    checksum(&[&pseudo, seg])
+}
+
+fn l4_checksum_v6(src: Ipv6Addr, dst: Ipv6Addr, proto: u8, seg: &[u8]) -> u16 {
     let len = (seg.len() as u32).to_be_bytes();
     let pseudo = [
         &src.octets()[..],
         &dst.octets()[..],
         &len[..],
-        &[0, 0, 0, 6],
+        &[0, 0, 0, proto],
     ]
     .concat();
     checksum(&[&pseudo, seg])
 }
 
-/// Check every checksum of a TCP frame without IPv6 extension headers (what shedder sends):
-/// IPv4 header checksum, and the TCP checksum over the pseudo-header. Returns a description
-/// of the first problem.
+/// A UDP checksum as sent: a computed 0 goes out as 0xffff (0 means "none").
+fn udp_field(sum: u16) -> u16 {
+    if sum == 0 { 0xffff } else { sum }
+}
+
+/// Check every checksum of a TCP or UDP frame without IPv6 extension headers (what shedder
+/// sends): IPv4 header checksum, and the TCP or UDP checksum over the pseudo-header.
+/// Returns a description of the first problem.
 pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
     let mut off = 12;
     let mut proto;
@@ -416,27 +437,158 @@ pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
             let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
             let seg = &frame[off + ihl..off + total];
             let len = (seg.len() as u16).to_be_bytes();
-            let pseudo = [&ip[12..20], &[0, 6], &len[..]].concat();
+            let pseudo = [&ip[12..20], &[0, ip[9]], &len[..]].concat();
             if checksum(&[&pseudo, seg]) != 0 {
-                return Err("TCP checksum (IPv4) does not verify".into());
+                return Err(format!(
+                    "{} checksum (IPv4) does not verify",
+                    l4_name(ip[9])
+                ));
             }
         }
         0x86dd => {
             let ip = &frame[off..off + 40];
-            if ip[6] != 6 {
-                return Err(format!("IPv6 next header {} is not TCP", ip[6]));
+            if ip[6] != 6 && ip[6] != 17 {
+                return Err(format!("IPv6 next header {} is not TCP or UDP", ip[6]));
             }
             let plen = u16::from_be_bytes([ip[4], ip[5]]) as usize;
             let seg = &frame[off + 40..off + 40 + plen];
             let len = (seg.len() as u32).to_be_bytes();
-            let pseudo = [&ip[8..40], &len[..], &[0, 0, 0, 6]].concat();
+            let pseudo = [&ip[8..40], &len[..], &[0, 0, 0, ip[6]]].concat();
             if checksum(&[&pseudo, seg]) != 0 {
-                return Err("TCP checksum (IPv6) does not verify".into());
+                return Err(format!(
+                    "{} checksum (IPv6) does not verify",
+                    l4_name(ip[6])
+                ));
             }
         }
         other => return Err(format!("ethertype {other:#06x} is not IP")),
     }
     Ok(())
+}
+
+fn l4_name(proto: u8) -> &'static str {
+    if proto == 17 { "UDP" } else { "TCP" }
+}
+
+// ---------------------------------------------------------------------------------------
+// QUIC
+
+/// A client's Initial datagram (RFC 9000 §17.2.2) of `version`: the IDs, a token, a
+/// two-byte Length covering the rest, padded to `size` bytes (at least 1,200 to open a
+/// connection). The payload is not encrypted: nothing on the path can tell.
+pub fn quic_initial(version: u32, dcid: &[u8], scid: &[u8], token: &[u8], size: usize) -> Vec<u8> {
+    quic_long(version, 0, dcid, scid, Some(token), size)
+}
+
+/// A long-header packet of `kind` (0 Initial, 1 0-RTT, 2 Handshake, 3 Retry, by version
+/// 1's codes; rotated for version 2 as RFC 9369 §3.2 says). `token` is written for
+/// Initials only.
+pub fn quic_long(
+    version: u32,
+    kind: u8,
+    dcid: &[u8],
+    scid: &[u8],
+    token: Option<&[u8]>,
+    size: usize,
+) -> Vec<u8> {
+    let bits = if version == shedder_common::quic::VERSION_2 {
+        (kind + 1) & 3
+    } else {
+        kind
+    };
+    let mut d = vec![0x80 | 0x40 | (bits << 4) | 0x03];
+    d.extend_from_slice(&version.to_be_bytes());
+    d.push(dcid.len() as u8);
+    d.extend_from_slice(dcid);
+    d.push(scid.len() as u8);
+    d.extend_from_slice(scid);
+    if let Some(token) = token {
+        assert!(token.len() < 64, "one-byte token length only");
+        d.push(token.len() as u8);
+        d.extend_from_slice(token);
+    }
+    let rest = size.saturating_sub(d.len() + 2).min(0x3fff);
+    d.extend_from_slice(&(0x4000 | rest as u16).to_be_bytes());
+    d.resize(size.max(d.len()), 0);
+    d
+}
+
+/// A UDP datagram from port 40000 to `dport` carrying `payload` (checksum filled in by
+/// [`Packet::bytes`]).
+pub fn udp_datagram(dport: u16, payload: &[u8]) -> Vec<u8> {
+    let len = (8 + payload.len()) as u16;
+    [
+        &40000u16.to_be_bytes()[..],
+        &dport.to_be_bytes(),
+        &len.to_be_bytes(),
+        &[0, 0],
+        payload,
+    ]
+    .concat()
+}
+
+impl Packet {
+    /// The same frame carrying a UDP datagram to `dport` with `payload` instead of TCP.
+    pub fn with_udp(mut self, dport: u16, payload: &[u8]) -> Self {
+        match &mut self.ip {
+            Ip::V4(v4) => v4.proto = 17,
+            Ip::V6(v6) => v6.proto = 17,
+        }
+        self.l4 = Some(udp_datagram(dport, payload));
+        self
+    }
+
+    /// The Version Negotiation packet shedder must send to refuse this QUIC Initial, built
+    /// from the specification (RFC 9000 §17.2.1, with the reply's IP and UDP headers as
+    /// [`Packet::expected_rst`] has them): MACs, addresses and ports swapped, IPv4 id 0
+    /// with DF and TTL 64 / IPv6 hop limit 64, the client's IDs swapped, and `version` as
+    /// the one version offered.
+    pub fn expected_version_negotiation(&self, version: u32) -> Vec<u8> {
+        let datagram = self.l4.as_ref().expect("a UDP packet");
+        let initial = shedder_common::quic::parse_initial(&datagram[8..]).expect("an Initial");
+        let mut vn = [0u8; 64];
+        // The seed whose reserved version is `version` (reserved_version keeps the high
+        // nibbles of its seed).
+        let n = shedder_common::quic::write_version_negotiation(&initial, version, &mut vn)
+            .expect("room");
+        let (sport, dport) = (
+            u16::from_be_bytes([datagram[0], datagram[1]]),
+            u16::from_be_bytes([datagram[2], datagram[3]]),
+        );
+        let mut reply = self.clone();
+        reply.eth_dst = self.eth_src;
+        reply.eth_src = self.eth_dst;
+        match &mut reply.ip {
+            Ip::V4(v4) => {
+                std::mem::swap(&mut v4.src, &mut v4.dst);
+                v4.ttl = 64;
+                v4.id = 0;
+                v4.frag = 0x4000;
+                v4.options.clear();
+                v4.ihl_override = None;
+                v4.total_len_override = None;
+            }
+            Ip::V6(v6) => {
+                std::mem::swap(&mut v6.src, &mut v6.dst);
+                v6.hop_limit = 64;
+                v6.ext.clear();
+                v6.payload_len_override = None;
+            }
+        }
+        let len = (8 + n) as u16;
+        reply.l4 = Some(
+            [
+                &dport.to_be_bytes()[..],
+                &sport.to_be_bytes(),
+                &len.to_be_bytes(),
+                &[0, 0],
+                &vn[..n],
+            ]
+            .concat(),
+        );
+        reply.truncate = None;
+        reply.bytes()
+    }
 }
 
 #[cfg(test)]

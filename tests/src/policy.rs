@@ -6,6 +6,8 @@
 //! | 1 | 8443 | rst | enforce | |
 //! | 2 | 9090 | drop | dry-run | |
 //! | 3 | 7000 | rst | enforce | only for destination 198.18.0.2 / 2001:db8::2 |
+//! | 4 | UDP 8080 | drop | enforce | QUIC |
+//! | 5 | UDP 4433 | rst (Version Negotiation) | enforce | QUIC |
 //!
 //! Sources: 198.18.10.0/24 and 2001:db8:10::/48 are CRITICAL, 198.18.20.0/24 and
 //! 2001:db8:20::/48 HIGH, 198.18.99.0/24 and 2001:db8:99::/48 SHEDDABLE, 198.18.10.128/25
@@ -24,10 +26,16 @@ pub const SVC_DROP: u32 = 0;
 pub const SVC_RST: u32 = 1;
 pub const SVC_DRY: u32 = 2;
 pub const SVC_ADDR: u32 = 3;
+/// QUIC on UDP 8080 (the same number as the TCP drop service's port), dropping.
+pub const SVC_QUIC_DROP: u32 = 4;
+/// QUIC on UDP 4433, refusing with Version Negotiation.
+pub const SVC_QUIC_VN: u32 = 5;
 pub const PORT_DROP: u16 = 8080;
 pub const PORT_RST: u16 = 8443;
 pub const PORT_DRY: u16 = 9090;
 pub const PORT_ADDR: u16 = 7000;
+pub const PORT_QUIC_DROP: u16 = 8080;
+pub const PORT_QUIC_VN: u16 = 4433;
 /// A port no service protects.
 pub const PORT_OPEN: u16 = 5000;
 
@@ -108,6 +116,14 @@ pub fn install_standard(s: &mut Shedder) {
         } else {
             s.set_port(port, Some(id)).expect("port");
         }
+    }
+    for (id, port, action) in [
+        (SVC_QUIC_DROP, PORT_QUIC_DROP, ACTION_DROP),
+        (SVC_QUIC_VN, PORT_QUIC_VN, ACTION_RST),
+    ] {
+        s.set_policy(id, &open_policy(action, MODE_ENFORCE))
+            .expect("policy");
+        s.set_quic_port(port, Some(id)).expect("quic port");
     }
     let rules: [(IpAddr, u32, u32); 7] = [
         (

@@ -43,6 +43,8 @@ mod lengths;
 mod limits;
 #[path = "fixtures/pending.rs"]
 mod pending;
+#[path = "fixtures/quic.rs"]
+mod quic;
 #[path = "fixtures/rate.rs"]
 mod rate;
 #[path = "fixtures/retransmits.rs"]
@@ -77,6 +79,7 @@ fn table() -> Vec<Case> {
         retransmits::rows(),
         retries::rows(),
         fair::rows(),
+        quic::rows(),
     ]
     .into_iter()
     .flatten()

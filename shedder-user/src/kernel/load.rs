@@ -89,9 +89,15 @@ impl Shedder {
         }
         let mut ebpf = loader.load(OBJECT)?;
         let tracking = programs::TRACEPOINTS.map(|(name, _, _)| name);
-        for name in [programs::XDP, programs::TC, programs::CLOCK]
-            .into_iter()
-            .chain(tracking)
+        for name in [
+            programs::XDP,
+            programs::TC,
+            programs::XDP_QUIC,
+            programs::TC_QUIC,
+            programs::CLOCK,
+        ]
+        .into_iter()
+        .chain(tracking)
         {
             let program = ebpf.program_mut(name).ok_or(Error::MissingProgram(name))?;
             let result = match program {
@@ -126,6 +132,7 @@ impl Shedder {
                 },
             })?;
         }
+        link_quic_programs(&mut ebpf)?;
         // Optional: without it shedder still tracks every connection born after attach,
         // and says that older ones are not counted.
         let seed_unavailable = load_seed(&mut ebpf).err();
@@ -166,21 +173,27 @@ impl Shedder {
     /// Instructions the verifier processed for each program (kernel 5.16+; `None` before):
     /// the verification complexity, tracked so a change that blows it up is noticed.
     pub fn verified_insns(&self) -> Vec<(&'static str, Option<u32>)> {
-        [programs::XDP, programs::TC, programs::CLOCK]
-            .into_iter()
-            .chain(programs::TRACEPOINTS.map(|(name, _, _)| name))
-            .chain(self.seed_unavailable.is_none().then_some(programs::SEED))
-            .map(|name| {
-                let count = self.ebpf.program(name).and_then(|p| match p {
-                    aya::programs::Program::Xdp(p) => p.info().ok(),
-                    aya::programs::Program::SchedClassifier(p) => p.info().ok(),
-                    aya::programs::Program::TracePoint(p) => p.info().ok(),
-                    aya::programs::Program::Iter(p) => p.info().ok(),
-                    _ => None,
-                });
-                (name, count.and_then(|i| i.verified_instruction_count()))
-            })
-            .collect()
+        [
+            programs::XDP,
+            programs::TC,
+            programs::XDP_QUIC,
+            programs::TC_QUIC,
+            programs::CLOCK,
+        ]
+        .into_iter()
+        .chain(programs::TRACEPOINTS.map(|(name, _, _)| name))
+        .chain(self.seed_unavailable.is_none().then_some(programs::SEED))
+        .map(|name| {
+            let count = self.ebpf.program(name).and_then(|p| match p {
+                aya::programs::Program::Xdp(p) => p.info().ok(),
+                aya::programs::Program::SchedClassifier(p) => p.info().ok(),
+                aya::programs::Program::TracePoint(p) => p.info().ok(),
+                aya::programs::Program::Iter(p) => p.info().ok(),
+                _ => None,
+            });
+            (name, count.and_then(|i| i.verified_instruction_count()))
+        })
+        .collect()
     }
 
     /// Cumulative run time and run count of each attached program, from the kernel's BPF
@@ -210,4 +223,34 @@ impl Shedder {
     pub(super) fn map(&self, name: &'static str) -> Result<&aya::maps::Map> {
         self.ebpf.map(name).ok_or(Error::MissingMap(name))
     }
+}
+
+/// Point each packet program's tail-call slot at its QUIC half. With pinned maps the slot
+/// of a running program is replaced in place, as the pinned links are.
+fn link_quic_programs(ebpf: &mut Ebpf) -> Result<()> {
+    for (map, program) in [
+        (maps::QUIC_XDP, programs::XDP_QUIC),
+        (maps::QUIC_TC, programs::TC_QUIC),
+    ] {
+        let fd = {
+            let p = ebpf
+                .program(program)
+                .ok_or(Error::MissingProgram(program))?;
+            let fd = match p {
+                aya::programs::Program::Xdp(p) => p.fd(),
+                aya::programs::Program::SchedClassifier(p) => p.fd(),
+                _ => return Err(Error::MissingProgram(program)),
+            };
+            fd.map_err(|source| Error::Program { program, source })?
+                .try_clone()
+                .map_err(|e| Error::Io("duplicating a program descriptor", e))?
+        };
+        let mut slots: aya::maps::ProgramArray<&mut aya::maps::MapData> =
+            aya::maps::ProgramArray::try_from(ebpf.map_mut(map).ok_or(Error::MissingMap(map))?)
+                .map_err(|source| Error::Map { map, source })?;
+        slots
+            .set(0, &fd, 0)
+            .map_err(|source| Error::Map { map, source })?;
+    }
+    Ok(())
 }

@@ -34,8 +34,19 @@ impl Shedder {
         m.set(0, globals, 0).map_err(map_err(maps::GLOBALS))
     }
 
-    /// Protect `port` with service `service` (any destination address); `None` unprotects it.
+    /// Protect TCP `port` with service `service` (any destination address); `None`
+    /// unprotects it.
     pub fn set_port(&mut self, port: u16, service: Option<u32>) -> Result<()> {
+        self.set_port_in(maps::PORTS, port, service)
+    }
+
+    /// Protect UDP `port` as QUIC service `service` (any destination address); `None`
+    /// unprotects it.
+    pub fn set_quic_port(&mut self, port: u16, service: Option<u32>) -> Result<()> {
+        self.set_port_in(maps::QUIC_PORTS, port, service)
+    }
+
+    fn set_port_in(&mut self, map: &'static str, port: u16, service: Option<u32>) -> Result<()> {
         let value = match service {
             Some(id) => {
                 check_service(id)?;
@@ -44,10 +55,10 @@ impl Shedder {
             None => 0,
         };
         let mut m: Array<&mut MapData, u32> =
-            Array::try_from(self.map_mut(maps::PORTS)?).map_err(map_err(maps::PORTS))?;
-        let old = m.get(&(port as u32), 0).map_err(map_err(maps::PORTS))?;
+            Array::try_from(self.map_mut(map)?).map_err(map_err(map))?;
+        let old = m.get(&(port as u32), 0).map_err(map_err(map))?;
         m.set(port as u32, (old & PORT_HAS_ADDR_SERVICES) | value, 0)
-            .map_err(map_err(maps::PORTS))
+            .map_err(map_err(map))
     }
 
     /// Protect `addr:port` with service `service`, taking precedence over the port's
