@@ -32,15 +32,9 @@ const fn add32(sum: u32, v: u32) -> u32 {
     sum + (v >> 16) + (v & 0xffff)
 }
 
-/// Header checksum of the IPv4 header shedder emits: version 4, IHL 5, TOS 0, id 0,
-/// DF set, TTL [`RST_TTL`], protocol TCP, the given total length.
-#[inline(always)]
-pub const fn ipv4_rst_header_checksum(src: u32, dst: u32, total_len: u16) -> u16 {
-    ipv4_reply_header_checksum(src, dst, total_len, IPPROTO_TCP)
-}
-
-/// Header checksum of any IPv4 header shedder emits (as [`ipv4_rst_header_checksum`]
-/// describes) carrying protocol `proto`.
+/// Header checksum of the IPv4 header shedder emits in a reply (a reset, a Version
+/// Negotiation packet): version 4, IHL 5, TOS 0, id 0, DF set, TTL [`RST_TTL`], protocol
+/// `proto`, the given total length.
 #[inline(always)]
 pub const fn ipv4_reply_header_checksum(src: u32, dst: u32, total_len: u16, proto: u8) -> u16 {
     let mut sum: u32 = 0x4500 + total_len as u32 + 0x4000 + ((RST_TTL as u32) << 8 | proto as u32);
@@ -156,8 +150,12 @@ mod tests {
             hdr[12..16].copy_from_slice(&src);
             hdr[16..20].copy_from_slice(&dst);
             let expected = checksum_bytes(&[&hdr]);
-            let got =
-                ipv4_rst_header_checksum(u32::from_be_bytes(src), u32::from_be_bytes(dst), 60);
+            let got = ipv4_reply_header_checksum(
+                u32::from_be_bytes(src),
+                u32::from_be_bytes(dst),
+                60,
+                IPPROTO_TCP,
+            );
             assert_eq!(got, expected);
             hdr[10..12].copy_from_slice(&got.to_be_bytes());
             assert_eq!(checksum_bytes(&[&hdr]), 0, "a correct header sums to zero");

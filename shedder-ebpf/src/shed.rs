@@ -23,9 +23,9 @@ use shedder_common::{
     admit::{Attempt, Decision, decide},
     classmap,
     csum::{
-        IPPROTO_UDP, PSEUDO_UDP_ADJUST, RST_TTL, TCP_ACK, TCP_OPT_NOP, TCP_RST,
-        ipv4_reply_header_checksum, ipv4_rst_header_checksum, pseudo_v4, pseudo_v6, rst_ack_number,
-        tcp_rst_checksum, udp_checksum,
+        IPPROTO_TCP, IPPROTO_UDP, PSEUDO_UDP_ADJUST, RST_TTL, TCP_ACK, TCP_OPT_NOP, TCP_RST,
+        ipv4_reply_header_checksum, pseudo_v4, pseudo_v6, rst_ack_number, tcp_rst_checksum,
+        udp_checksum,
     },
     decision_index, demote,
     fair::{self, ClassEpoch, Fairness, SOURCE_SETS, SOURCE_WAYS, SourceSet},
@@ -1008,52 +1008,14 @@ fn write_rst<F: Frame>(frame: &F, syn: &Syn) -> bool {
         off += 4;
     }
     let ack = rst_ack_number(syn.seq, syn.payload_len);
-    let pseudo = if syn.v6 == 1 {
-        let Some(ip) = ptr_at::<[u8; 40]>(data, data_end, syn.l3_off) else {
-            return false;
-        };
-        let ip = ip.cast::<u8>();
-        unsafe {
-            store(ip, 0, u32::from_ne_bytes([0x60, 0, 0, 0]));
-            store(ip, 4, u32::from_ne_bytes([0, tcp_len as u8, 6, RST_TTL]));
-            let mut i = 0;
-            while i < 4 {
-                store(ip, 8 + 4 * i, syn.dst[i]);
-                store(ip, 24 + 4 * i, syn.src[i]);
-                i += 1;
-            }
-        }
-        pseudo_v6(&as_bytes(syn.dst), &as_bytes(syn.src), tcp_len as u32)
-    } else {
-        let Some(ip) = ptr_at::<[u8; 20]>(data, data_end, syn.l3_off) else {
-            return false;
-        };
-        let ip = ip.cast::<u8>();
-        let (src, dst) = (u32::from_be(syn.dst[0]), u32::from_be(syn.src[0]));
-        let total = (20 + tcp_len) as u16;
-        let [c0, c1] = ipv4_rst_header_checksum(src, dst, total).to_be_bytes();
-        let [t0, t1] = total.to_be_bytes();
-        unsafe {
-            store(ip, 0, u32::from_ne_bytes([0x45, 0, t0, t1]));
-            store(ip, 4, u32::from_ne_bytes([0, 0, 0x40, 0]));
-            store(ip, 8, u32::from_ne_bytes([RST_TTL, 6, c0, c1]));
-            store(ip, 12, syn.dst[0]);
-            store(ip, 16, syn.src[0]);
-        }
-        pseudo_v4(src, dst, tcp_len as u32)
+    let Some(pseudo) = write_reply_ip(data, data_end, syn, tcp_len as u32, IPPROTO_TCP) else {
+        return false;
     };
     let [c0, c1] =
         tcp_rst_checksum(pseudo, syn.dport, syn.sport, 0, ack, tcp_len as u32).to_be_bytes();
-    let eth = eth.cast::<u8>();
     let tcp = tcp.cast::<u8>();
+    swap_macs(eth.cast::<u8>());
     unsafe {
-        // Swap the MAC addresses.
-        let (d0, d1): (u32, u16) = (load(eth, 0), load(eth, 4));
-        let (s0, s1): (u16, u32) = (load(eth, 6), load(eth, 8));
-        store(eth, 0, s0);
-        store(eth, 2, s1);
-        store(eth, 6, d0);
-        store(eth, 10, d1);
         store(tcp, 0, syn.dport.to_be());
         store(tcp, 2, syn.sport.to_be());
         store(tcp, 4, 0u32);
@@ -1066,6 +1028,56 @@ fn write_rst<F: Frame>(frame: &F, syn: &Syn) -> bool {
         store(tcp, 16, u32::from_ne_bytes([c0, c1, 0, 0]));
     }
     true
+}
+
+/// Write the IP header of a reply to `syn` over the attempt's own: addresses swapped, no
+/// IPv4 options or IPv6 extension headers, IPv4 id 0 with DF and TTL [`RST_TTL`] / IPv6 hop
+/// limit [`RST_TTL`], carrying `l4_len` bytes of protocol `proto`. Returns the
+/// pseudo-header sum (with TCP's protocol number, as `pseudo_v4` and `pseudo_v6` count it).
+#[inline(always)]
+fn write_reply_ip(data: usize, data_end: usize, syn: &Syn, l4_len: u32, proto: u8) -> Option<u32> {
+    if syn.v6 == 1 {
+        let ip = ptr_at::<[u8; 40]>(data, data_end, syn.l3_off)?.cast::<u8>();
+        let [l0, l1] = (l4_len as u16).to_be_bytes();
+        unsafe {
+            store(ip, 0, u32::from_ne_bytes([0x60, 0, 0, 0]));
+            store(ip, 4, u32::from_ne_bytes([l0, l1, proto, RST_TTL]));
+            let mut i = 0;
+            while i < 4 {
+                store(ip, 8 + 4 * i, syn.dst[i]);
+                store(ip, 24 + 4 * i, syn.src[i]);
+                i += 1;
+            }
+        }
+        Some(pseudo_v6(&as_bytes(syn.dst), &as_bytes(syn.src), l4_len))
+    } else {
+        let ip = ptr_at::<[u8; 20]>(data, data_end, syn.l3_off)?.cast::<u8>();
+        let (src, dst) = (u32::from_be(syn.dst[0]), u32::from_be(syn.src[0]));
+        let total = (20 + l4_len) as u16;
+        let [c0, c1] = ipv4_reply_header_checksum(src, dst, total, proto).to_be_bytes();
+        let [t0, t1] = total.to_be_bytes();
+        unsafe {
+            store(ip, 0, u32::from_ne_bytes([0x45, 0, t0, t1]));
+            store(ip, 4, u32::from_ne_bytes([0, 0, 0x40, 0]));
+            store(ip, 8, u32::from_ne_bytes([RST_TTL, proto, c0, c1]));
+            store(ip, 12, syn.dst[0]);
+            store(ip, 16, syn.src[0]);
+        }
+        Some(pseudo_v4(src, dst, l4_len))
+    }
+}
+
+/// Swap the destination and source MAC addresses of the Ethernet header at `eth`.
+#[inline(always)]
+fn swap_macs(eth: *const u8) {
+    unsafe {
+        let (d0, d1): (u32, u16) = (load(eth, 0), load(eth, 4));
+        let (s0, s1): (u16, u32) = (load(eth, 6), load(eth, 8));
+        store(eth, 0, s0);
+        store(eth, 2, s1);
+        store(eth, 6, d0);
+        store(eth, 10, d1);
+    }
 }
 
 /// Rewrite a QUIC client's Initial into the Version Negotiation packet refusing it (see
@@ -1138,51 +1150,13 @@ fn write_version_negotiation<F: Frame>(
     let Some(udp) = ptr_at::<[u8; 8]>(data, data_end, q - 8) else {
         return false;
     };
-    let pseudo = if syn.v6 == 1 {
-        let Some(ip) = ptr_at::<[u8; 40]>(data, data_end, syn.l3_off) else {
-            return false;
-        };
-        let ip = ip.cast::<u8>();
-        let [l0, l1] = (udp_len as u16).to_be_bytes();
-        unsafe {
-            store(ip, 0, u32::from_ne_bytes([0x60, 0, 0, 0]));
-            store(ip, 4, u32::from_ne_bytes([l0, l1, IPPROTO_UDP, RST_TTL]));
-            let mut i = 0;
-            while i < 4 {
-                store(ip, 8 + 4 * i, syn.dst[i]);
-                store(ip, 24 + 4 * i, syn.src[i]);
-                i += 1;
-            }
-        }
-        pseudo_v6(&as_bytes(syn.dst), &as_bytes(syn.src), udp_len)
-    } else {
-        let Some(ip) = ptr_at::<[u8; 20]>(data, data_end, syn.l3_off) else {
-            return false;
-        };
-        let ip = ip.cast::<u8>();
-        let (src, dst) = (u32::from_be(syn.dst[0]), u32::from_be(syn.src[0]));
-        let total = (20 + udp_len) as u16;
-        let [c0, c1] = ipv4_reply_header_checksum(src, dst, total, IPPROTO_UDP).to_be_bytes();
-        let [t0, t1] = total.to_be_bytes();
-        unsafe {
-            store(ip, 0, u32::from_ne_bytes([0x45, 0, t0, t1]));
-            store(ip, 4, u32::from_ne_bytes([0, 0, 0x40, 0]));
-            store(ip, 8, u32::from_ne_bytes([RST_TTL, IPPROTO_UDP, c0, c1]));
-            store(ip, 12, syn.dst[0]);
-            store(ip, 16, syn.src[0]);
-        }
-        pseudo_v4(src, dst, udp_len)
+    let Some(pseudo) = write_reply_ip(data, data_end, syn, udp_len, IPPROTO_UDP) else {
+        return false;
     };
     let sum = pseudo + PSEUDO_UDP_ADJUST + syn.dport as u32 + syn.sport as u32 + udp_len + sum;
-    let eth = eth.cast::<u8>();
     let udp = udp.cast::<u8>();
+    swap_macs(eth.cast::<u8>());
     unsafe {
-        let (d0, d1): (u32, u16) = (load(eth, 0), load(eth, 4));
-        let (s0, s1): (u16, u32) = (load(eth, 6), load(eth, 8));
-        store(eth, 0, s0);
-        store(eth, 2, s1);
-        store(eth, 6, d0);
-        store(eth, 10, d1);
         store(udp, 0, syn.dport.to_be());
         store(udp, 2, syn.sport.to_be());
         store(udp, 4, (udp_len as u16).to_be());

@@ -48,6 +48,15 @@ pub(super) fn load_seed(ebpf: &mut Ebpf) -> std::result::Result<(), String> {
     })
 }
 
+/// The programs every load verifies besides the tracking ones (and the optional seed).
+const LOADED: [&str; 5] = [
+    programs::XDP,
+    programs::TC,
+    programs::XDP_QUIC,
+    programs::TC_QUIC,
+    programs::CLOCK,
+];
+
 impl Shedder {
     /// Load and verify both programs with private (unpinned) maps.
     pub fn load() -> Result<Self> {
@@ -89,16 +98,7 @@ impl Shedder {
         }
         let mut ebpf = loader.load(OBJECT)?;
         let tracking = programs::TRACEPOINTS.map(|(name, _, _)| name);
-        for name in [
-            programs::XDP,
-            programs::TC,
-            programs::XDP_QUIC,
-            programs::TC_QUIC,
-            programs::CLOCK,
-        ]
-        .into_iter()
-        .chain(tracking)
-        {
+        for name in LOADED.into_iter().chain(tracking) {
             let program = ebpf.program_mut(name).ok_or(Error::MissingProgram(name))?;
             let result = match program {
                 aya::programs::Program::Xdp(p) => p.load(),
@@ -173,27 +173,21 @@ impl Shedder {
     /// Instructions the verifier processed for each program (kernel 5.16+; `None` before):
     /// the verification complexity, tracked so a change that blows it up is noticed.
     pub fn verified_insns(&self) -> Vec<(&'static str, Option<u32>)> {
-        [
-            programs::XDP,
-            programs::TC,
-            programs::XDP_QUIC,
-            programs::TC_QUIC,
-            programs::CLOCK,
-        ]
-        .into_iter()
-        .chain(programs::TRACEPOINTS.map(|(name, _, _)| name))
-        .chain(self.seed_unavailable.is_none().then_some(programs::SEED))
-        .map(|name| {
-            let count = self.ebpf.program(name).and_then(|p| match p {
-                aya::programs::Program::Xdp(p) => p.info().ok(),
-                aya::programs::Program::SchedClassifier(p) => p.info().ok(),
-                aya::programs::Program::TracePoint(p) => p.info().ok(),
-                aya::programs::Program::Iter(p) => p.info().ok(),
-                _ => None,
-            });
-            (name, count.and_then(|i| i.verified_instruction_count()))
-        })
-        .collect()
+        LOADED
+            .into_iter()
+            .chain(programs::TRACEPOINTS.map(|(name, _, _)| name))
+            .chain(self.seed_unavailable.is_none().then_some(programs::SEED))
+            .map(|name| {
+                let count = self.ebpf.program(name).and_then(|p| match p {
+                    aya::programs::Program::Xdp(p) => p.info().ok(),
+                    aya::programs::Program::SchedClassifier(p) => p.info().ok(),
+                    aya::programs::Program::TracePoint(p) => p.info().ok(),
+                    aya::programs::Program::Iter(p) => p.info().ok(),
+                    _ => None,
+                });
+                (name, count.and_then(|i| i.verified_instruction_count()))
+            })
+            .collect()
     }
 
     /// Cumulative run time and run count of each attached program, from the kernel's BPF
