@@ -24,6 +24,9 @@ pub struct Shedder {
     pub(super) class_l1: Option<Vec<u32>>,
     /// Why the seeding iterator (counting connections open before attach) did not load.
     pub(super) seed_unavailable: Option<String>,
+    /// Why the QUIC packet programs are not loaded (`None`: they are, and the TCP programs
+    /// tail-call them).
+    pub(super) quic_unavailable: Option<String>,
 }
 
 /// Load the seeding iterator (`iter/tcp`, Linux 5.9+; the socket-cookie helper in tracing
@@ -49,13 +52,10 @@ pub(super) fn load_seed(ebpf: &mut Ebpf) -> std::result::Result<(), String> {
 }
 
 /// The programs every load verifies besides the tracking ones (and the optional seed).
-const LOADED: [&str; 5] = [
-    programs::XDP,
-    programs::TC,
-    programs::XDP_QUIC,
-    programs::TC_QUIC,
-    programs::CLOCK,
-];
+const LOADED: [&str; 3] = [programs::XDP, programs::TC, programs::CLOCK];
+
+/// The QUIC halves of the packet programs, loaded apart (see `quic_unavailable`).
+const QUIC: [&str; 2] = [programs::XDP_QUIC, programs::TC_QUIC];
 
 impl Shedder {
     /// Load and verify both programs with private (unpinned) maps.
@@ -99,40 +99,14 @@ impl Shedder {
         let mut ebpf = loader.load(OBJECT)?;
         let tracking = programs::TRACEPOINTS.map(|(name, _, _)| name);
         for name in LOADED.into_iter().chain(tracking) {
-            let program = ebpf.program_mut(name).ok_or(Error::MissingProgram(name))?;
-            let result = match program {
-                aya::programs::Program::Xdp(p) => p.load(),
-                aya::programs::Program::SchedClassifier(p) => p.load(),
-                aya::programs::Program::TracePoint(p) => p.load(),
-                _ => return Err(Error::MissingProgram(name)),
-            };
-            result.map_err(|e| match e {
-                ProgramError::LoadError {
-                    io_error,
-                    verifier_log,
-                } => {
-                    let log = verifier_log.to_string();
-                    let reason = if io_error.raw_os_error() == Some(libc::E2BIG) {
-                        "too complex for this kernel's verifier (it gave up at its limit of \
-                         processed instructions)"
-                            .into()
-                    } else {
-                        verifier_reason(&log)
-                    };
-                    Error::Verifier {
-                        program: name,
-                        source: io_error,
-                        reason,
-                        log,
-                    }
-                }
-                other => Error::Program {
-                    program: name,
-                    source: other,
-                },
-            })?;
+            load_program(&mut ebpf, name)?;
         }
-        link_quic_programs(&mut ebpf)?;
+        // Optional too: a kernel whose verifier refuses the QUIC programs still has every
+        // TCP path; QUIC datagrams then pass, and the reason is logged at once.
+        let quic_unavailable = load_quic(&mut ebpf).err().map(|e| e.to_string());
+        if let Some(why) = &quic_unavailable {
+            tracing::warn!(reason = %why, "QUIC Initials will not be shed: the QUIC packet programs did not load");
+        }
         // Optional: without it shedder still tracks every connection born after attach,
         // and says that older ones are not counted.
         let seed_unavailable = load_seed(&mut ebpf).err();
@@ -141,6 +115,7 @@ impl Shedder {
             pin_dir: pin_dir.map(Path::to_path_buf),
             links: Vec::new(),
             seed_unavailable,
+            quic_unavailable,
             class_l1: pin_dir.is_none().then(|| {
                 vec![classmap::CLASS_CELL_NONE; shedder_common::CLASS_L1_ENTRIES as usize]
             }),
@@ -170,11 +145,17 @@ impl Shedder {
             })
     }
 
+    /// Why the QUIC packet programs did not load on this kernel (`None`: they did).
+    pub fn quic_unavailable(&self) -> Option<&str> {
+        self.quic_unavailable.as_deref()
+    }
+
     /// Instructions the verifier processed for each program (kernel 5.16+; `None` before):
     /// the verification complexity, tracked so a change that blows it up is noticed.
     pub fn verified_insns(&self) -> Vec<(&'static str, Option<u32>)> {
         LOADED
             .into_iter()
+            .chain(QUIC.into_iter().filter(|_| self.quic_unavailable.is_none()))
             .chain(programs::TRACEPOINTS.map(|(name, _, _)| name))
             .chain(self.seed_unavailable.is_none().then_some(programs::SEED))
             .map(|name| {
@@ -217,6 +198,50 @@ impl Shedder {
     pub(super) fn map(&self, name: &'static str) -> Result<&aya::maps::Map> {
         self.ebpf.map(name).ok_or(Error::MissingMap(name))
     }
+}
+
+/// Load (verify) one of the object's programs, with the verifier's reason on refusal.
+fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<()> {
+    let program = ebpf.program_mut(name).ok_or(Error::MissingProgram(name))?;
+    let result = match program {
+        aya::programs::Program::Xdp(p) => p.load(),
+        aya::programs::Program::SchedClassifier(p) => p.load(),
+        aya::programs::Program::TracePoint(p) => p.load(),
+        _ => return Err(Error::MissingProgram(name)),
+    };
+    result.map_err(|e| match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            let reason = if io_error.raw_os_error() == Some(libc::E2BIG) {
+                "too complex for this kernel's verifier (it gave up at its limit of \
+                 processed instructions)"
+                    .into()
+            } else {
+                verifier_reason(&log)
+            };
+            Error::Verifier {
+                program: name,
+                source: io_error,
+                reason,
+                log,
+            }
+        }
+        other => Error::Program {
+            program: name,
+            source: other,
+        },
+    })
+}
+
+/// Load the QUIC programs and point the packet programs' tail-call slots at them.
+fn load_quic(ebpf: &mut Ebpf) -> Result<()> {
+    for name in QUIC {
+        load_program(ebpf, name)?;
+    }
+    link_quic_programs(ebpf)
 }
 
 /// Point each packet program's tail-call slot at its QUIC half. With pinned maps the slot

@@ -57,7 +57,14 @@ fn main() -> ExitCode {
         kernel_log_error: None,
     };
     match Shedder::load() {
-        Ok(s) => report.programs = counts(&s, None),
+        Ok(s) => {
+            report.programs = counts(&s, None);
+            // The daemon runs without them (TCP only), but every supported kernel should
+            // load them: a refusal here is a failure to look into.
+            if let Some(why) = s.quic_unavailable() {
+                report.error = Some(format!("the QUIC programs did not load: {why}"));
+            }
+        }
         Err(e) => report.error = Some(summarise(&e)),
     }
     if report.error.is_none() {
