@@ -1,7 +1,8 @@
-//! shedder's packet path: an XDP program and a TC ingress classifier sharing one decision.
+//! shedder's packet path: an XDP program and a TC ingress classifier sharing one decision,
+//! each with a QUIC half it tail-calls for UDP to a port with a QUIC service.
 //!
 //! For every frame: parse; anything that is not a fully parsed TCP SYN (without ACK, RST or
-//! FIN) to a protected service passes untouched. For a new attempt: look up the service by
+//! FIN) or QUIC client Initial to a protected service passes untouched. For a new attempt: look up the service by
 //! destination port (and optionally address), the class by longest-prefix match of the
 //! source, decide against the limits in the maps (fallback limits when the daemon's heartbeat
 //! is stale), count the decision per CPU, and PASS, DROP, answer RST|ACK, or (dry-run) PASS.
