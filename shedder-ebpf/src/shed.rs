@@ -144,6 +144,9 @@ struct Memo {
     /// A refused QUIC attempt's connection IDs, destination then source, copied here before
     /// its answer overwrites them (the stack has no room for them).
     cids: [CidWords; 2],
+    /// Room past the windows for a copy length masked to 31 bytes (see
+    /// `write_version_negotiation`).
+    _room: [u8; 12],
 }
 /// Holds the [`Memo`] in a map value rather than on the stack: the verifier does not track
 /// what a map value holds, so the keys (whose form differs between the parse paths) and the
@@ -1135,8 +1138,8 @@ fn write_version_negotiation<F: Frame>(
     // destination ID after its length byte. An empty ID is written as one (zero) byte, as
     // the helper copies at least one; the byte written after it (a length, the version)
     // lands on the same place. Every offset is inside the cut frame by construction.
-    let s_copy = if scid_len == 0 { 1 } else { scid_len as u32 };
-    let d_copy = if dcid_len == 0 { 1 } else { dcid_len as u32 };
+    let s_copy = copy_len(scid_len);
+    let d_copy = copy_len(dcid_len);
     if !frame.store_bytes(q + 6, cids[1].as_ptr().cast(), s_copy)
         || !frame.store_bytes(q + 7 + scid_len, cids[0].as_ptr().cast(), d_copy)
     {
@@ -1181,6 +1184,16 @@ fn write_version_negotiation<F: Frame>(
     };
     unsafe { store(v.cast::<u8>(), 0, version.to_be()) };
     true
+}
+
+/// How many bytes of an ID of `len` (at most 20) the store helper copies: at least one,
+/// as it takes no empty copy, and bounded where the verifier sees it (1 to 32): Linux
+/// 6.1's keeps no bound on the length here and checks the copy as if 255 bytes long. The
+/// memo has room past the windows for 32.
+#[inline(always)]
+fn copy_len(len: usize) -> u32 {
+    let at_least_one = if len == 0 { 1 } else { len as u64 };
+    (opaque::mask(at_least_one - 1, 31) + 1) as u32
 }
 
 /// A byte of the frame that is never its last (here: every byte of a Version Negotiation
