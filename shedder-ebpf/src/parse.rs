@@ -10,7 +10,7 @@
 use crate::opaque;
 use shedder_common::{
     MAX_IPV6_EXT_HEADERS,
-    csum::{TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    csum::{IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
     quic::{
         CID_WINDOW, FIXED_BIT, HEADER_FORM_LONG, LongType, MAX_CID_LEN, MIN_INITIAL_DATAGRAM,
         MIN_PACKET_LENGTH, cid_digest_start, cid_digest_step, cid_word_mask, long_type,
@@ -23,8 +23,6 @@ const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
 const IPV6_HOPOPTS: u8 = 0;
 const IPV6_ROUTING: u8 = 43;
 const IPV6_FRAGMENT: u8 = 44;
