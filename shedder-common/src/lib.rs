@@ -15,6 +15,7 @@ extern crate std;
 pub mod admit;
 pub mod csum;
 pub mod fair;
+pub mod flow;
 pub mod gcra;
 pub mod hist;
 pub mod mask;
@@ -319,9 +320,13 @@ pub mod maps {
     /// verifier's budget and leaves the TCP path's cost as it was).
     pub const QUIC_XDP: &str = "SHEDDER_QUIC_XDP";
     pub const QUIC_TC: &str = "SHEDDER_QUIC_TC";
+    /// Admitted QUIC flows ([`crate::flow::Flow`]), an LRU hash.
+    pub const FLOWS: &str = "SHEDDER_FLOWS";
+    /// Per service, the QUIC flows last seen per slot ([`crate::flow::AliveRing`]).
+    pub const ALIVE: &str = "SHEDDER_ALIVE";
     /// Connections to count at attach ([`crate::SeedSock`]); private to one load, not pinned.
     pub const SEED: &str = "SHEDDER_SEED";
-    pub const ALL: [&str; 22] = [
+    pub const ALL: [&str; 24] = [
         GLOBALS,
         PORTS,
         QUIC_PORTS,
@@ -344,6 +349,8 @@ pub mod maps {
         DEMOTED,
         QUIC_XDP,
         QUIC_TC,
+        FLOWS,
+        ALIVE,
     ];
 }
 
@@ -753,6 +760,9 @@ mod pod {
     unsafe impl aya::Pod for table::Set {}
     unsafe impl aya::Pod for fair::SourceSet {}
     unsafe impl aya::Pod for fair::Fairness {}
+    unsafe impl aya::Pod for flow::FlowKey {}
+    unsafe impl aya::Pod for flow::Flow {}
+    unsafe impl aya::Pod for flow::AliveRing {}
 }
 
 #[cfg(test)]

@@ -69,10 +69,19 @@ static SHEDDER_QUIC_XDP: ProgramArray = ProgramArray::with_max_entries(1, 0);
 #[map]
 static SHEDDER_QUIC_TC: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
+/// A datagram of a possible QUIC flow is news for the tracking path; it passes.
+#[inline(always)]
+fn quic_flow(outcome: Outcome) -> Outcome {
+    if let Outcome::Flow(d) = &outcome {
+        track::quic_flow(d);
+    }
+    outcome
+}
+
 #[inline(always)]
 fn xdp_verdict(outcome: Outcome) -> u32 {
     match outcome {
-        Outcome::Pass | Outcome::ToQuic => xdp_action::XDP_PASS,
+        Outcome::Pass | Outcome::ToQuic | Outcome::Flow(_) => xdp_action::XDP_PASS,
         Outcome::Drop => xdp_action::XDP_DROP,
         Outcome::Reply => xdp_action::XDP_TX,
     }
@@ -92,7 +101,7 @@ pub fn shedder_xdp(ctx: XdpContext) -> u32 {
 /// The QUIC half of [`shedder_xdp`]: decides a datagram to a QUIC port.
 #[xdp]
 pub fn shedder_xdp_quic(ctx: XdpContext) -> u32 {
-    xdp_verdict(shed::run::<_, true>(&XdpFrame(&ctx)))
+    xdp_verdict(quic_flow(shed::run::<_, true>(&XdpFrame(&ctx))))
 }
 
 struct TcFrame<'a>(&'a TcContext);
@@ -140,13 +149,13 @@ pub fn shedder_tc(ctx: TcContext) -> i32 {
 /// The QUIC half of [`shedder_tc`] (the skb was pulled there).
 #[classifier]
 pub fn shedder_tc_quic(ctx: TcContext) -> i32 {
-    tc_verdict(&ctx, shed::run::<_, true>(&TcFrame(&ctx)))
+    tc_verdict(&ctx, quic_flow(shed::run::<_, true>(&TcFrame(&ctx))))
 }
 
 #[inline(always)]
 fn tc_verdict(ctx: &TcContext, outcome: Outcome) -> i32 {
     match outcome {
-        Outcome::Pass | Outcome::ToQuic => TC_ACT_OK,
+        Outcome::Pass | Outcome::ToQuic | Outcome::Flow(_) => TC_ACT_OK,
         Outcome::Drop => TC_ACT_SHOT,
         // Send the answer back out of the interface the attempt arrived on.
         Outcome::Reply => unsafe {

@@ -11,6 +11,7 @@ use crate::opaque;
 use shedder_common::{
     MAX_IPV6_EXT_HEADERS,
     csum::{IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    flow::{SEEN_ANSWERED, SEEN_INITIAL, SEEN_LIVENESS},
     quic::{
         CID_WINDOW, FIXED_BIT, HEADER_FORM_LONG, LongType, MAX_CID_LEN, MIN_INITIAL_DATAGRAM,
         MIN_PACKET_LENGTH, cid_digest_start, cid_digest_step, cid_word_mask, long_type,
@@ -45,9 +46,15 @@ pub struct Syn {
     /// Ports, host byte order.
     pub sport: u16,
     pub dport: u16,
-    /// TCP: the initial sequence number, host byte order. QUIC: a digest of the destination
-    /// connection ID (`quic::cid_digest`): what names the attempt besides addresses and ports.
+    /// TCP: the initial sequence number, host byte order. QUIC: a digest of the source
+    /// connection ID (`quic::cid_digest`), what names the attempt besides addresses and
+    /// ports: the client keeps it through the handshake (its later Initials, to the ID the
+    /// server chose, are the same attempt), and a client multiplexing connections over
+    /// one socket gives each its own.
     pub seq: u32,
+    /// QUIC: a digest of the destination connection ID (the client's random choice in its
+    /// first Initial, the server's afterwards).
+    pub dcid: u32,
     /// Bytes of data carried by the SYN (TCP Fast Open).
     pub payload_len: u32,
     /// 1 when the IP header has no options (IPv4) or extension headers (IPv6), so the TCP
@@ -69,8 +76,23 @@ pub enum Parsed {
     /// A UDP datagram to this destination port, seen by the TCP program: the QUIC program
     /// decides whether it opens a connection.
     Udp(u16),
+    /// A datagram to a QUIC port that is not a new attempt, seen by the QUIC program: it
+    /// may belong to an admitted flow.
+    Datagram(Datagram),
     /// Anything else: passes.
     Other,
+}
+
+/// A datagram of a possible QUIC flow: who sent it, and what it says
+/// (`shedder_common::flow::SEEN_*`).
+pub struct Datagram {
+    pub src: [u32; 4],
+    pub v6: u32,
+    pub sport: u16,
+    pub dport: u16,
+    pub kind: u32,
+    /// For an Initial, the digest of its destination connection ID.
+    pub dcid: u32,
 }
 
 /// Bounds-checked pointer to a `T` at `off` bytes into the packet.
@@ -178,15 +200,21 @@ fn parse_v4<const QUIC: bool>(data: usize, data_end: usize, l3_off: usize) -> Op
         if total_len < ihl || l3_off + total_len > data_end - data {
             return None;
         }
-        let (sport, dport, seq, cids) = parse_initial(data, data_end, l4_off, l3_off + total_len)?;
+        let src = [unsafe { load(ipb, 12) }, 0, 0, 0];
+        let Some((sport, dport, seq, dcid, cids)) =
+            parse_initial(data, data_end, l4_off, l3_off + total_len)
+        else {
+            return datagram(data, data_end, l4_off, src, 0);
+        };
         return Some(Parsed::Attempt(Syn {
             l3_off,
             v6: 0,
-            src: [unsafe { load(ipb, 12) }, 0, 0, 0],
+            src,
             dst: [unsafe { load(ipb, 16) }, 0, 0, 0],
             sport,
             dport,
             seq,
+            dcid,
             payload_len: 0,
             plain_ip: (ihl == 20) as u32,
             tcp_len: 20,
@@ -221,6 +249,7 @@ fn parse_v4<const QUIC: bool>(data: usize, data_end: usize, l3_off: usize) -> Op
         tcp_len: doff,
         quic: 0,
         cids: 0,
+        dcid: 0,
     }))
 }
 
@@ -268,15 +297,20 @@ fn parse_v6<const QUIC: bool>(data: usize, data_end: usize, l3_off: usize) -> Op
         if !QUIC {
             return udp_port(data, data_end, l4_off);
         }
-        let (sport, dport, seq, cids) = parse_initial(data, data_end, l4_off, end_off)?;
+        let src = [word(8), word(12), word(16), word(20)];
+        let Some((sport, dport, seq, dcid, cids)) = parse_initial(data, data_end, l4_off, end_off)
+        else {
+            return datagram(data, data_end, l4_off, src, 1);
+        };
         return Some(Parsed::Attempt(Syn {
             l3_off,
             v6: 1,
-            src: [word(8), word(12), word(16), word(20)],
+            src,
             dst: [word(24), word(28), word(32), word(36)],
             sport,
             dport,
             seq,
+            dcid,
             payload_len: 0,
             plain_ip: (l4_off == l3_off + 40) as u32,
             tcp_len: 20,
@@ -306,7 +340,65 @@ fn parse_v6<const QUIC: bool>(data: usize, data_end: usize, l3_off: usize) -> Op
         tcp_len: doff,
         quic: 0,
         cids: 0,
+        dcid: 0,
     }))
+}
+
+/// The UDP datagram at `l4_off`, not a new QUIC attempt, as a possible flow's: its ports,
+/// and whether its first packet shows the client has the server's answer (a Handshake or
+/// 1-RTT packet), is an Initial (a later one of the handshake, whose ID tells), or neither.
+#[inline(always)]
+fn datagram(data: usize, data_end: usize, l4_off: usize, src: [u32; 4], v6: u32) -> Option<Parsed> {
+    let udp = ptr_at::<[u8; 8]>(data, data_end, l4_off)?;
+    let u = udp.cast::<u8>();
+    let (sport, dport) = unsafe { (u16::from_be(load(u, 0)), u16::from_be(load(u, 2))) };
+    let mut d = Datagram {
+        src,
+        v6,
+        sport,
+        dport,
+        kind: SEEN_LIVENESS,
+        dcid: 0,
+    };
+    let Some(head) = ptr_at::<[u8; 6]>(data, data_end, l4_off + 8) else {
+        return Some(Parsed::Datagram(d));
+    };
+    let h = head.cast::<u8>();
+    let (first, version, dcid_len) = unsafe {
+        (
+            load::<u8>(h, 0),
+            u32::from_be(load(h, 1)),
+            load::<u8>(h, 5) as usize,
+        )
+    };
+    if first & HEADER_FORM_LONG == 0 {
+        d.kind = SEEN_ANSWERED;
+    } else if first & FIXED_BIT != 0 {
+        match long_type(version, first) {
+            Some(LongType::Handshake) => d.kind = SEEN_ANSWERED,
+            Some(LongType::Initial) if dcid_len <= MAX_CID_LEN => {
+                if let Some(w) = ptr_at::<[u8; CID_WINDOW]>(data, data_end, l4_off + 14) {
+                    d.kind = SEEN_INITIAL;
+                    d.dcid = digest(w, dcid_len);
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(Parsed::Datagram(d))
+}
+
+/// The digest of a connection ID of `len` bytes at the start of the window `w`.
+#[inline(always)]
+fn digest(w: *const [u8; CID_WINDOW], len: usize) -> u32 {
+    let mut h = cid_digest_start(len as u32);
+    let mut i = 0;
+    while i < CID_WINDOW / 4 {
+        let word: u32 = unsafe { load(w.cast(), 4 * i) };
+        h = cid_digest_step(h, word & cid_word_mask(i as u32, len as u32));
+        i += 1;
+    }
+    h
 }
 
 /// The destination port of the UDP datagram at `l4_off`.
@@ -325,8 +417,8 @@ const OFFSET_MASK: u64 = 0x3fff;
 
 /// A QUIC client's Initial opening the UDP datagram at `l4_off`, which must end by
 /// `ip_end` (see [`shedder_common::quic::parse_initial`], whose checks these are, read from
-/// fixed windows): the ports, the digest of the destination connection ID, and the two IDs'
-/// lengths (destination, source << 8). A token longer than the datagram, a header cut
+/// fixed windows): the ports, the digests of the source and the destination connection
+/// IDs, and the two IDs' lengths (destination, source << 8). A token longer than the datagram, a header cut
 /// short, or (under TC) one that runs past the linear part of the skb: `None`.
 #[inline(always)]
 fn parse_initial(
@@ -334,7 +426,7 @@ fn parse_initial(
     data_end: usize,
     l4_off: usize,
     ip_end: usize,
-) -> Option<(u16, u16, u32, u32)> {
+) -> Option<(u16, u16, u32, u32, u32)> {
     let udp = ptr_at::<[u8; 8]>(data, data_end, l4_off)?;
     let u = udp.cast::<u8>();
     let (sport, dport, ulen) = unsafe {
@@ -369,20 +461,17 @@ fn parse_initial(
     if dcid_len > MAX_CID_LEN {
         return None;
     }
-    // The destination ID's digest, word by word from the packet (the Initial is at least
-    // 1,200 bytes, so the whole window lies inside it).
-    let window = ptr_at::<[u8; CID_WINDOW]>(data, data_end, q + 6)?;
-    let mut digest = cid_digest_start(dcid_len as u32);
-    let mut i = 0;
-    while i < CID_WINDOW / 4 {
-        let w: u32 = unsafe { load(window.cast(), 4 * i) };
-        digest = cid_digest_step(digest, w & cid_word_mask(i as u32, dcid_len as u32));
-        i += 1;
-    }
+    // The IDs' digests, word by word from the packet (the Initial is at least 1,200
+    // bytes, so both windows lie inside it).
+    let dcid = digest(ptr_at::<[u8; CID_WINDOW]>(data, data_end, q + 6)?, dcid_len);
     let scid_len = unsafe { *ptr_at::<u8>(data, data_end, q + 6 + dcid_len)? } as usize;
     if scid_len > MAX_CID_LEN {
         return None;
     }
+    let scid = digest(
+        ptr_at::<[u8; CID_WINDOW]>(data, data_end, q + 7 + dcid_len)?,
+        scid_len,
+    );
     // Offsets past the IDs and the token, masked where the verifier sees it (see
     // `opaque`): it keeps no bound on their sum across the spills between here and the
     // reads, and it checks a read against the packet's end only at offsets below 64 KiB
@@ -400,5 +489,5 @@ fn parse_initial(
     if length_at + n > end || length < MIN_PACKET_LENGTH || length > (end - length_at - n) as u64 {
         return None;
     }
-    Some((sport, dport, digest, (dcid_len | scid_len << 8) as u32))
+    Some((sport, dport, scid, dcid, (dcid_len | scid_len << 8) as u32))
 }

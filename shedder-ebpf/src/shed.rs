@@ -4,7 +4,7 @@
 use aya_ebpf::{
     helpers::generated::{bpf_jiffies64, bpf_ktime_get_ns},
     macros::map,
-    maps::{Array, HashMap, LpmTrie, PerCpuArray, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
 use aya_log_ebpf::{
     debug,
@@ -29,6 +29,7 @@ use shedder_common::{
     },
     decision_index, demote,
     fair::{self, ClassEpoch, Fairness, SOURCE_SETS, SOURCE_WAYS, SourceSet},
+    flow::{ALIVE_RING, AliveRing, FLOW_ENTRIES, FLOW_PENDING, Flow, FlowKey, SEEN_INITIAL},
     gcra, is_pressure, mask,
     quic::{
         CID_WINDOW, CidWords, FIXED_BIT, HEADER_FORM_LONG, mask_cid, reserved_version,
@@ -39,7 +40,7 @@ use shedder_common::{
 
 use crate::{
     atomic, opaque,
-    parse::{Parsed, Syn, load, parse, ptr_at},
+    parse::{Datagram, Parsed, Syn, load, parse, ptr_at},
 };
 
 #[map]
@@ -147,12 +148,23 @@ struct Memo {
     /// Room past the windows for a copy length masked to 31 bytes (see
     /// `write_version_negotiation`).
     _room: [u8; 12],
+    /// A QUIC attempt's flow, and what an admission remembers of it.
+    flow_key: FlowKey,
+    flow: Flow,
 }
 /// Holds the [`Memo`] in a map value rather than on the stack: the verifier does not track
 /// what a map value holds, so the keys (whose form differs between the parse paths) and the
 /// flags do not multiply the states it explores between the lookups before the decision
 /// and the updates after it (on the stack, they cost the XDP program about 40% more
 /// verified instructions).
+/// Admitted QUIC flows (see [`shedder_common::flow`]).
+#[map]
+pub static SHEDDER_FLOWS: LruHashMap<FlowKey, Flow> = LruHashMap::with_max_entries(FLOW_ENTRIES, 0);
+/// Per service, the QUIC flows last seen in each slot.
+#[map]
+pub static SHEDDER_ALIVE: Array<AliveRing> = Array::with_max_entries(MAX_SERVICES, 0);
+const _: () = assert!(ALIVE_RING.is_power_of_two());
+
 #[map]
 static SHEDDER_MEMO: PerCpuArray<Memo> = PerCpuArray::with_max_entries(1, 0);
 /// Per-CPU kernel-log budget (private to one load; only touched with logging enabled).
@@ -196,6 +208,9 @@ pub enum Outcome {
     Reply,
     /// A datagram for the QUIC program (the TCP program's answer only).
     ToQuic,
+    /// A datagram to a QUIC port that is not a new attempt (the QUIC program's answer
+    /// only): it passes, and may be news of an admitted flow (see `track::quic_flow`).
+    Flow(Datagram),
 }
 
 /// The program-type specific parts of a frame.
@@ -268,8 +283,40 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
                 _ => Outcome::Pass,
             };
         }
+        Parsed::Datagram(d) => return Outcome::Flow(d),
         Parsed::Other => return Outcome::Pass,
     };
+    if QUIC {
+        // The flow an admission would remember, kept in the memo (whose contents the
+        // verifier does not track) until the decision's paths have joined.
+        let Some(memo) = SHEDDER_MEMO.get_ptr_mut(0) else {
+            return Outcome::Pass;
+        };
+        unsafe {
+            (*memo).flow_key = flow_key(&syn);
+            (*memo).flow = Flow {
+                dcid: syn.dcid,
+                scid: syn.seq,
+                ..Flow::default()
+            };
+        }
+        // A later Initial of an admitted handshake (same client ID, from the same socket:
+        // a retransmit, or the client's acknowledgement of the server's Initial, sent to
+        // the ID the server chose) is part of that flow, not an attempt.
+        #[allow(clippy::needless_borrows_for_generic_args)] // by value would copy the key
+        let known =
+            unsafe { SHEDDER_FLOWS.get(&(*memo).flow_key) }.is_some_and(|f| f.scid == syn.seq);
+        if known {
+            return Outcome::Flow(Datagram {
+                src: syn.src,
+                v6: syn.v6,
+                sport: syn.sport,
+                dport: syn.dport,
+                kind: SEEN_INITIAL,
+                dcid: syn.dcid,
+            });
+        }
+    }
     let Some(service) = lookup_service(syn.dport, syn.dst, syn.v6, syn.quic) else {
         return Outcome::Pass;
     };
@@ -607,6 +654,20 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             }
         }
     }
+    if QUIC && passed {
+        // Remember the admitted flow: its answer and its datagrams are what the kernel can
+        // measure of the connection (see `shedder_common::flow`). A failed insertion only
+        // leaves it unmeasured.
+        unsafe {
+            let f = &raw mut (*memo).flow;
+            (*f).admitted_ns = bpf_ktime_get_ns();
+            (*f).service = service as u16;
+            (*f).class = class as u8;
+            (*f).state = (admitted as u8) * FLOW_PENDING;
+            #[allow(clippy::needless_borrows_for_generic_args)] // by value would copy them
+            let _ = SHEDDER_FLOWS.insert(&(*memo).flow_key, &*f, 0);
+        }
+    }
     if admitted && class != own_class && syn.quic == 0 {
         // Admitted in a class other than its source's: tell the tracking path, which
         // classifies a new connection by its source, where to count it (a TCP one: QUIC
@@ -709,6 +770,7 @@ impl Answer {
             sport: self.sport as u16,
             dport: self.dport as u16,
             seq: 0,
+            dcid: 0,
             payload_len: 0,
             plain_ip: self.plain_ip,
             tcp_len: 20,
@@ -837,6 +899,17 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
     );
     *s = next;
     unsafe { (*counts).sources = (*counts).sources.wrapping_add(first) };
+}
+
+/// The flow of a QUIC attempt: the client's address and port, the service's port.
+#[inline(always)]
+pub fn flow_key(syn: &Syn) -> FlowKey {
+    FlowKey {
+        addr: syn.src,
+        sport: syn.sport,
+        dport: syn.dport,
+        v6: syn.v6,
+    }
 }
 
 /// Service id of the attempt's destination, `None` if it is not protected.

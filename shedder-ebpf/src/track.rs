@@ -19,15 +19,17 @@ use shedder_common::{
     DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
     POLICY_CONFIGURED, SEED_BATCH, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SEED_UNPROTECTED,
     SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, SeedResult, SeedSock, ServiceHist, SockState,
+    flow::{self, AliveRing, Entry, FLOW_ANSWERED, FLOW_PENDING, FlowKey, ring_index},
     hist, table,
     tp::{length, state},
 };
 
 use crate::{
     atomic,
+    parse::Datagram,
     shed::{
-        SHEDDER_DEMOTED, SHEDDER_GLOBALS, SHEDDER_INFLIGHT, SHEDDER_PENDING, SHEDDER_POLICY,
-        SHEDDER_STATS, bump, classify, lookup_service,
+        SHEDDER_ALIVE, SHEDDER_DEMOTED, SHEDDER_FLOWS, SHEDDER_GLOBALS, SHEDDER_INFLIGHT,
+        SHEDDER_PENDING, SHEDDER_POLICY, SHEDDER_STATS, bump, classify, lookup_service,
     },
 };
 
@@ -333,4 +335,84 @@ pub fn on_send(ctx: &TracePointContext) {
             (*st).read_ns = 0;
         }
     }
+}
+
+/// A datagram to a QUIC port that is not a new attempt: news of an admitted flow, if it is
+/// one (see [`shedder_common::flow`]). The first that shows the server's answer ends the
+/// flow's pending admission, counts it in flight and gives its handshake delay to the
+/// queue-age histogram; every later one keeps it counted as alive.
+#[inline(always)]
+pub fn quic_flow(d: &Datagram) {
+    let key = FlowKey {
+        addr: d.src,
+        sport: d.sport,
+        dport: d.dport,
+        v6: d.v6,
+    };
+    let Some(f) = SHEDDER_FLOWS.get_ptr_mut(key) else {
+        return;
+    };
+    let Some(globals) = SHEDDER_GLOBALS.get(0) else {
+        return;
+    };
+    let now = flow::slot(globals.pending_epoch(unsafe { bpf_jiffies64() }));
+    let f = unsafe { &mut *f };
+    let (service, class) = (f.service as u32, f.class as u32);
+    let Some(ring) = SHEDDER_ALIVE.get_ptr_mut(service) else {
+        return;
+    };
+    if f.state & FLOW_ANSWERED == 0 {
+        if !flow::answers(d.kind, d.dcid, f) {
+            return;
+        }
+        let delay = unsafe { bpf_ktime_get_ns() }.saturating_sub(f.admitted_ns);
+        observe(service, hist::KIND_QUEUE_AGE, delay);
+        if f.state & FLOW_PENDING != 0 {
+            retire_pending(service, class);
+        }
+        if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service) {
+            unsafe {
+                atomic::add32(
+                    &raw mut (*inflight).class[(class as usize) & (NUM_CLASSES - 1)],
+                    1,
+                )
+            };
+        }
+        f.state = FLOW_ANSWERED;
+    } else if f.slot == now {
+        return;
+    } else {
+        alive_add(ring, f.slot, class, u32::MAX);
+    }
+    f.slot = now;
+    alive_add(ring, now, class, 1);
+}
+
+/// Add `by` (1, or -1 as `u32::MAX`) to the flows of `class` last seen in `slot`, shared by
+/// the CPUs (see [`shedder_common::flow::add`], whose rule this is, with atomics).
+#[inline(always)]
+fn alive_add(ring: *mut AliveRing, slot: u32, class: u32, by: u32) {
+    let e = unsafe { &raw mut (*ring).slots[ring_index(slot)] };
+    let held = unsafe { core::ptr::read_volatile(&raw const (*e).slot) };
+    match flow::entry(held, slot) {
+        Entry::Skip => return,
+        Entry::Reset => {
+            // The first CPU to claim the entry for `slot` clears its counts; one that
+            // finds it claimed by another slot meanwhile gives up (a count lost, not a
+            // wrong one).
+            let found = unsafe { atomic::compare_exchange(e.cast(), held as u64, slot as u64) };
+            if found == held as u64 {
+                unsafe { (*e).n = [0; NUM_CLASSES] };
+            } else if found != slot as u64 {
+                return;
+            }
+        }
+        Entry::Add => {}
+    }
+    unsafe {
+        atomic::add32(
+            &raw mut (*e).n[(class as usize) & (NUM_CLASSES - 1)] as *mut u32,
+            by,
+        )
+    };
 }

@@ -16,7 +16,10 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use shedder::{config::Prefix, kernel::Shedder};
+use shedder::{
+    config::{Prefix, Protocol},
+    kernel::Shedder,
+};
 use shedder_common::{
     ACTION_DROP, ACTION_RST, CLASS_CRITICAL, CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE,
     ClassPolicy, Globals, MODE_DRY_RUN, MODE_ENFORCE, POLICY_CONFIGURED, ServicePolicy,
@@ -109,9 +112,9 @@ pub fn install_standard(s: &mut Shedder) {
         s.set_policy(id, &open_policy(action, mode))
             .expect("policy");
         if id == SVC_ADDR {
-            s.set_addr_service(IpAddr::V4(SERVER_V4), port, id)
+            s.set_addr_service(IpAddr::V4(SERVER_V4), port, Protocol::Tcp, id)
                 .expect("addr service v4");
-            s.set_addr_service(IpAddr::V6(SERVER_V6), port, id)
+            s.set_addr_service(IpAddr::V6(SERVER_V6), port, Protocol::Tcp, id)
                 .expect("addr service v6");
         } else {
             s.set_port(port, Some(id)).expect("port");

@@ -37,6 +37,8 @@ mod encapsulation;
 mod fair;
 #[path = "fixtures/fallback.rs"]
 mod fallback;
+#[path = "fixtures/flows.rs"]
+mod flows;
 #[path = "fixtures/lengths.rs"]
 mod lengths;
 #[path = "fixtures/limits.rs"]

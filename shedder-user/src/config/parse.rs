@@ -295,7 +295,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
         let cases: &[(String, &str)] = &[
             (
                 format!("{SVC}action = \"explode\"\n"),
-                "line 4, column 10: service[0] (checkout).action: unknown value `explode`, expected `rst` or `drop`",
+                "line 4, column 10: service[0] (checkout).action: unknown value `explode`, expected one of `refuse`, `rst`, `drop`",
             ),
             (
                 format!("{SVC}mode = \"dryrun\"\n"),
@@ -303,7 +303,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
             ),
             (
                 format!("{SVC}action = 5\n"),
-                "line 4, column 10: service[0] (checkout).action: not a string, expected `rst` or `drop`",
+                "line 4, column 10: service[0] (checkout).action: not a string, expected one of `refuse`, `rst`, `drop`",
             ),
             (
                 "[daemon]\nattach = \"xdp\"\n".into(),
@@ -391,7 +391,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
             ),
             (
                 format!("{SVC}max_limt = 5\n"),
-                "line 4, column 1: service[0] (checkout).max_limt: unknown key, expected one of `name`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`, `retry_window_ms`, `demote_retries`, `fair_share`, `retry_budget`, `retry_budget_min`, `global_limit`",
+                "line 4, column 1: service[0] (checkout).max_limt: unknown key, expected one of `name`, `protocol`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`, `retry_window_ms`, `demote_retries`, `fair_share`, `retry_budget`, `retry_budget_min`, `global_limit`",
             ),
             (
                 "[classes.high]\nflor = 0.5\n".into(),
@@ -536,7 +536,7 @@ min_limit = 50
         assert_eq!(
             e,
             format!(
-                "{}:4:10: service[0] (a).action: unknown value `reject`, expected `rst` or `drop`",
+                "{}:4:10: service[0] (a).action: unknown value `reject`, expected one of `refuse`, `rst`, `drop`",
                 path.display()
             )
         );

@@ -18,11 +18,44 @@ pub enum Controller {
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Action {
-    /// Answer RST|ACK: the client fails at once.
+    /// Refuse explicitly, so the client fails at once: a RST|ACK to a TCP SYN, a Version
+    /// Negotiation packet offering no usable version to a QUIC Initial. `refuse` is the
+    /// same, by a name that reads right for both.
     #[default]
+    #[serde(alias = "refuse")]
     Rst,
-    /// Drop the SYN: the client's kernel retransmits it after about a second.
+    /// Drop the attempt: the client retransmits it (a SYN after about a second, an
+    /// Initial after its probe timeout).
     Drop,
+}
+
+/// What a service's new connections are.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// TCP: the attempts are SYNs to the ports.
+    #[default]
+    Tcp,
+    /// QUIC (HTTP/3) over UDP: the attempts are Initial packets of QUIC v1 or v2 to the
+    /// ports.
+    Quic,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Quic => "quic",
+        }
+    }
+
+    /// The transport the ports are of.
+    pub fn transport(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Quic => "UDP",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
@@ -46,6 +79,9 @@ pub struct Rate {
 #[serde(deny_unknown_fields)]
 pub struct Service {
     pub name: String,
+    /// What the service's connections are: TCP (the default) or QUIC on UDP.
+    #[serde(default)]
+    pub protocol: Protocol,
     pub ports: Vec<u16>,
     /// Destination addresses the service listens on; empty = any address.
     #[serde(default)]

@@ -12,6 +12,7 @@ use super::{
     classes::Prefix,
     document::Config,
     error::{ConfigError, err},
+    service::Protocol,
 };
 
 /// Largest concurrency limit accepted: far above any real service, far below overflow.
@@ -388,8 +389,9 @@ impl Config {
             ));
         }
         let mut names = HashSet::new();
-        // (address or None for any, port) → service name
-        let mut bound: HashMap<(Option<IpAddr>, u16), &str> = HashMap::new();
+        // (protocol, address or None for any, port) → service name: a TCP and a QUIC
+        // service may share an address and port number (one is TCP's, the other UDP's).
+        let mut bound: HashMap<(Protocol, Option<IpAddr>, u16), &str> = HashMap::new();
         let mut addr_entries = 0u32;
         for (i, s) in self.services.iter().enumerate() {
             let field = |f: &str| format!("service[{i}].{f}");
@@ -422,12 +424,13 @@ impl Config {
                     s.addresses.iter().copied().map(Some).collect()
                 };
                 for t in targets {
-                    if let Some(other) = bound.insert((t, port), &s.name) {
+                    if let Some(other) = bound.insert((s.protocol, t, port), &s.name) {
                         let at = t.map_or("any address".to_string(), |a| a.to_string());
                         return Err(err(
                             format!("{}[{j}]", field("ports")),
                             format!(
-                                "port {port} on {at} is already protected by service `{other}`"
+                                "{} port {port} on {at} is already protected by service `{other}`",
+                                s.protocol.transport()
                             ),
                         ));
                     }
@@ -694,7 +697,7 @@ mod tests {
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\n[[service]]\nname = \"b\"\nports = [80]\n",
-                "line 6, column 10: service[1] (b).ports[0]: port 80 on any address is already protected by service `a`",
+                "line 6, column 10: service[1] (b).ports[0]: TCP port 80 on any address is already protected by service `a`",
             ),
             (
                 "[[service]]\nname = \"a\"\nports = [80]\nmin_limit = 10\nmax_limit = 5\n",
@@ -786,5 +789,32 @@ mod tests {
              [[service]]\nname = \"c\"\nports = [80]\n",
         ));
         assert!(c.is_ok(), "{c:?}");
+    }
+
+    #[test]
+    fn a_quic_service_may_share_a_port_number_with_a_tcp_one_but_not_with_a_quic_one() {
+        let tcp = "[[service]]\nname = \"web\"\nports = [443]\n";
+        let quic = "[[service]]\nname = \"h3\"\nprotocol = \"quic\"\nports = [443]\n";
+        let c = Config::parse(&format!("{IFACE}{tcp}{quic}")).expect("TCP and UDP 443");
+        assert_eq!(c.services[1].protocol, Protocol::Quic);
+        assert_eq!(c.services[0].protocol, Protocol::Tcp);
+        let e = Config::parse(&format!(
+            "{IFACE}{quic}[[service]]\nname = \"h3b\"\nprotocol = \"quic\"\nports = [443]\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.ends_with("service[1] (h3b).ports[0]: UDP port 443 on any address is already protected by service `h3`"),
+            "{e}"
+        );
+        let e = Config::parse(&format!(
+            "{IFACE}[[service]]\nname = \"a\"\nprotocol = \"sctp\"\nports = [1]\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("unknown value"), "{e}");
+        // `refuse` names the explicit refusal of either protocol.
+        let c = Config::parse(&format!("{IFACE}{quic}action = \"refuse\"\n")).expect("refuse");
+        assert_eq!(c.services[0].action, crate::config::Action::Rst);
     }
 }

@@ -1,6 +1,7 @@
-//! Accept-queue depth and backlog of listening TCP sockets, from the kernel's sock_diag
-//! netlink interface (what `ss -lnt` shows as Recv-Q / Send-Q), for the calling thread's
-//! network namespace.
+//! Sockets as the kernel's sock_diag netlink interface reports them, for the calling
+//! thread's network namespace: the accept queues of listening TCP sockets (what `ss -lnt`
+//! shows as Recv-Q / Send-Q), open TCP sockets, and the receive queues and drops of UDP
+//! sockets (what `ss -lnum` shows).
 
 use std::{io, net::IpAddr};
 
@@ -9,8 +10,8 @@ use netlink_packet_core::{
 };
 use netlink_packet_sock_diag::{
     SockDiagMessage,
-    constants::{AF_INET, AF_INET6, IPPROTO_TCP},
-    inet::{ExtensionFlags, InetRequest, InetResponseHeader, SocketId, StateFlags},
+    constants::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP},
+    inet::{ExtensionFlags, InetRequest, InetResponse, SocketId, StateFlags, nlas::Nla},
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
 
@@ -28,7 +29,8 @@ pub struct Listener {
 /// Every listening TCP socket (IPv4 and IPv6) of the calling thread's network namespace.
 pub fn listeners() -> io::Result<Vec<Listener>> {
     let mut out = Vec::new();
-    dump(StateFlags::LISTEN, |h| {
+    dump(IPPROTO_TCP, StateFlags::LISTEN, ExtensionFlags::empty(), |r| {
+        let h = &r.header;
         out.push(Listener {
             addr: h.socket_id.source_address,
             port: h.socket_id.source_port,
@@ -61,8 +63,11 @@ pub const TCP_LISTEN: u8 = 10;
 pub fn open_sockets() -> io::Result<Vec<TcpSocket>> {
     let mut out = Vec::new();
     dump(
+        IPPROTO_TCP,
         StateFlags::LISTEN | StateFlags::ESTABLISHED | StateFlags::CLOSE_WAIT,
-        |h| {
+        ExtensionFlags::empty(),
+        |r| {
+            let h = &r.header;
             let id = &h.socket_id;
             // The kernel writes the cookie as two native-endian 32-bit halves, low first.
             let half = |o: usize| {
@@ -83,8 +88,58 @@ pub fn open_sockets() -> io::Result<Vec<TcpSocket>> {
     Ok(out)
 }
 
-/// Dump the TCP sockets in `states` of both families, calling `each` for every one.
-fn dump(states: StateFlags, mut each: impl FnMut(&InetResponseHeader)) -> io::Result<()> {
+/// A UDP socket bound to a local port, as sock_diag reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UdpSocket {
+    pub addr: IpAddr,
+    pub port: u16,
+    /// Bytes queued for the application to read (the datagrams' buffer sizes, as charged
+    /// against the receive buffer).
+    pub receive_queue: u32,
+    /// The receive buffer (`SO_RCVBUF`, what the queue may hold before datagrams drop).
+    pub receive_buffer: u32,
+    /// Datagrams dropped at this socket since it was opened (receive buffer full, and
+    /// the socket's other drops).
+    pub drops: u32,
+    /// Connected to one peer (a per-connection socket), not a listening one.
+    pub connected: bool,
+}
+
+/// Every UDP socket (IPv4 and IPv6) of the calling thread's network namespace, with its
+/// receive queue and drops.
+pub fn udp_sockets() -> io::Result<Vec<UdpSocket>> {
+    let mut out = Vec::new();
+    dump(
+        IPPROTO_UDP,
+        StateFlags::all(),
+        ExtensionFlags::SKMEMINFO,
+        |r| {
+            let h = &r.header;
+            let mem = r.nlas.iter().find_map(|n| match n {
+                Nla::MemInfo(m) => Some(m),
+                _ => None,
+            });
+            out.push(UdpSocket {
+                addr: h.socket_id.source_address,
+                port: h.socket_id.source_port,
+                receive_queue: h.recv_queue,
+                receive_buffer: mem.map_or(0, |m| m.receive_queue_max),
+                drops: mem.map_or(0, |m| m.drops),
+                connected: h.state == TCP_ESTABLISHED,
+            })
+        },
+    )?;
+    Ok(out)
+}
+
+/// Dump the sockets of `protocol` in `states` of both families with the attributes
+/// `extensions` asks for, calling `each` for every one.
+fn dump(
+    protocol: u8,
+    states: StateFlags,
+    extensions: ExtensionFlags,
+    mut each: impl FnMut(&InetResponse),
+) -> io::Result<()> {
     let mut socket = Socket::new(NETLINK_SOCK_DIAG)?;
     socket.bind_auto()?;
     socket.connect(&SocketAddr::new(0, 0))?;
@@ -92,31 +147,26 @@ fn dump(states: StateFlags, mut each: impl FnMut(&InetResponseHeader)) -> io::Re
         (AF_INET, SocketId::new_v4()),
         (AF_INET6, SocketId::new_v6()),
     ] {
-        dump_family(&socket, family, id, states.clone(), &mut each)?;
+        let request = InetRequest {
+            family,
+            protocol,
+            extensions: extensions.clone(),
+            states: states.clone(),
+            socket_id: id,
+        };
+        dump_family(&socket, request, &mut each)?;
     }
     Ok(())
 }
 
 fn dump_family(
     socket: &Socket,
-    family: u8,
-    id: SocketId,
-    states: StateFlags,
-    each: &mut impl FnMut(&InetResponseHeader),
+    request: InetRequest,
+    each: &mut impl FnMut(&InetResponse),
 ) -> io::Result<()> {
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    let request = NetlinkMessage::new(
-        header,
-        SockDiagMessage::InetRequest(InetRequest {
-            family,
-            protocol: IPPROTO_TCP,
-            extensions: ExtensionFlags::empty(),
-            states,
-            socket_id: id,
-        })
-        .into(),
-    );
+    let request = NetlinkMessage::new(header, SockDiagMessage::InetRequest(request).into());
     crate::kernel::netdev::netlink::send(socket, request)?;
 
     let mut rx = Vec::with_capacity(64 * 1024);
@@ -129,7 +179,7 @@ fn dump_family(
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
             let len = msg.header.length as usize;
             match msg.payload {
-                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => each(&r.header),
+                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => each(&r),
                 NetlinkPayload::Done(_) => return Ok(()),
                 NetlinkPayload::Error(e) => {
                     return Err(io::Error::other(format!("sock_diag: {e:?}")));

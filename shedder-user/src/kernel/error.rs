@@ -50,6 +50,11 @@ pub enum Error {
     Pin { path: PathBuf, reason: String },
     #[error("connection tracking: {0}")]
     Tracing(String),
+    #[error(
+        "service `{service}` is a QUIC service, but this kernel did not load shedder's QUIC \
+         programs ({why}); TCP services are protected, QUIC ones cannot be"
+    )]
+    QuicUnavailable { service: String, why: String },
     #[error("{0}: {1}")]
     Io(&'static str, #[source] std::io::Error),
 }

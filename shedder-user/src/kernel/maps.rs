@@ -5,13 +5,14 @@ use std::{net::IpAddr, path::Path};
 
 use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key};
 use shedder_common::{
-    CLASS_L2_BLOCKS, COUNTERS_PER_SERVICE, ClassBlock, ClassRule, Globals, HIST_PER_SERVICE,
+    ADDR_KEY_QUIC, ADDR_KEY_TCP, CLASS_L2_BLOCKS, COUNTERS_PER_SERVICE, ClassBlock, ClassRule, Globals, HIST_PER_SERVICE,
     Inflight, NUM_CLASSES, NUM_REASONS, NUM_STATS, NUM_VERDICTS, PORT_HAS_ADDR_SERVICES,
     PORT_SERVICE_MASK, ServiceAddrKey, ServiceCounters, ServiceHist, ServicePolicy, classmap,
     decision_index, hist, maps,
 };
 
 use super::{Error, Result, Shedder};
+use crate::config::Protocol;
 
 /// A random non-zero 64-bit seed from the kernel's generator.
 pub(super) fn random_seed() -> Result<u64> {
@@ -61,11 +62,21 @@ impl Shedder {
             .map_err(map_err(map))
     }
 
-    /// Protect `addr:port` with service `service`, taking precedence over the port's
-    /// any-address service.
-    pub fn set_addr_service(&mut self, addr: IpAddr, port: u16, service: u32) -> Result<()> {
+    /// Protect `addr:port` of `protocol` with service `service`, taking precedence over
+    /// the port's any-address service.
+    pub fn set_addr_service(
+        &mut self,
+        addr: IpAddr,
+        port: u16,
+        protocol: Protocol,
+        service: u32,
+    ) -> Result<()> {
         check_service(service)?;
-        let key = addr_key(addr, port);
+        let key = addr_key(addr, port, protocol);
+        let ports = match protocol {
+            Protocol::Tcp => maps::PORTS,
+            Protocol::Quic => maps::QUIC_PORTS,
+        };
         {
             let mut m: HashMap<&mut MapData, ServiceAddrKey, u32> =
                 HashMap::try_from(self.map_mut(maps::ADDR_SERVICES)?)
@@ -74,10 +85,10 @@ impl Shedder {
                 .map_err(map_err(maps::ADDR_SERVICES))?;
         }
         let mut m: Array<&mut MapData, u32> =
-            Array::try_from(self.map_mut(maps::PORTS)?).map_err(map_err(maps::PORTS))?;
-        let old = m.get(&(port as u32), 0).map_err(map_err(maps::PORTS))?;
+            Array::try_from(self.map_mut(ports)?).map_err(map_err(ports))?;
+        let old = m.get(&(port as u32), 0).map_err(map_err(ports))?;
         m.set(port as u32, old | PORT_HAS_ADDR_SERVICES, 0)
-            .map_err(map_err(maps::PORTS))
+            .map_err(map_err(ports))
     }
 
     pub fn set_policy(&mut self, service: u32, policy: &ServicePolicy) -> Result<()> {
@@ -215,7 +226,16 @@ pub trait MapReader {
         m.get(&service, 0).map_err(map_err(maps::INFLIGHT))
     }
 
-    /// Admitted attempts not yet established, per epoch slot.
+    /// A QUIC service's flows per class last seen within `window` slots up to slot `now`
+    /// (see [`shedder_common::flow`]).
+    fn alive(&self, service: u32, now: u32, window: u32) -> Result<[u32; NUM_CLASSES]> {
+        check_service(service)?;
+        let m: Array<&MapData, shedder_common::flow::AliveRing> =
+            Array::try_from(self.map_named(maps::ALIVE)?).map_err(map_err(maps::ALIVE))?;
+        let ring = m.get(&service, 0).map_err(map_err(maps::ALIVE))?;
+        Ok(shedder_common::flow::alive(&ring, now, window))
+    }
+
     /// The service's per-class fair-share and retry-budget counts of its last two epochs.
     fn fairness(&self, service: u32) -> Result<shedder_common::fair::Fairness> {
         check_service(service)?;
@@ -224,6 +244,7 @@ pub trait MapReader {
         m.get(&service, 0).map_err(map_err(maps::FAIR))
     }
 
+    /// Admitted attempts not yet established, per epoch slot.
     fn pending(&self, service: u32) -> Result<shedder_common::Pending> {
         check_service(service)?;
         let m: Array<&MapData, shedder_common::Pending> =
@@ -320,16 +341,34 @@ impl Shedder {
     /// Write a compiled policy: service policies and class rules first, then the port and
     /// address maps that switch protection on; entries of a previous policy that are no
     /// longer wanted are removed last. The heartbeat already in the maps is kept.
+    /// A QUIC service on a kernel that refused the QUIC programs is refused before anything
+    /// is written: it would be listed as protected and shed nothing.
     pub fn apply(&mut self, compiled: &crate::kernel::policy::Compiled) -> Result<()> {
+        if let (Some(why), Some(s)) = (
+            self.quic_unavailable(),
+            compiled.services.iter().find(|s| s.protocol == Protocol::Quic),
+        ) {
+            return Err(Error::QuicUnavailable {
+                service: s.name.clone(),
+                why: why.to_string(),
+            });
+        }
         for s in &compiled.services {
             self.set_policy(s.id, &s.policy)?;
         }
         self.replace_class_rules(&compiled.class_rules)?;
 
-        let mut ports = vec![0u32; shedder_common::PORT_MAP_ENTRIES as usize];
+        // A port map per protocol (SYNs read the TCP one, Initials the QUIC one); the
+        // address map tells them apart by the key's protocol.
+        let entries = shedder_common::PORT_MAP_ENTRIES as usize;
+        let (mut tcp, mut quic) = (vec![0u32; entries], vec![0u32; entries]);
         let mut addr = std::collections::HashMap::new();
         for s in &compiled.services {
             check_service(s.id)?;
+            let ports = match s.protocol {
+                Protocol::Tcp => &mut tcp,
+                Protocol::Quic => &mut quic,
+            };
             for &port in &s.ports {
                 if s.addresses.is_empty() {
                     ports[port as usize] =
@@ -337,7 +376,7 @@ impl Shedder {
                 } else {
                     ports[port as usize] |= PORT_HAS_ADDR_SERVICES;
                     for a in &s.addresses {
-                        addr.insert(addr_key(*a, port), s.id + 1);
+                        addr.insert(addr_key(*a, port, s.protocol), s.id + 1);
                     }
                 }
             }
@@ -350,16 +389,8 @@ impl Shedder {
                 m.insert(k, v, 0).map_err(map_err(maps::ADDR_SERVICES))?;
             }
         }
-        {
-            let mut m: Array<&mut MapData, u32> =
-                Array::try_from(self.map_mut(maps::PORTS)?).map_err(map_err(maps::PORTS))?;
-            for (port, want) in ports.iter().enumerate() {
-                let port = port as u32;
-                if m.get(&port, 0).map_err(map_err(maps::PORTS))? != *want {
-                    m.set(port, want, 0).map_err(map_err(maps::PORTS))?;
-                }
-            }
-        }
+        self.write_ports(maps::PORTS, &tcp)?;
+        self.write_ports(maps::QUIC_PORTS, &quic)?;
         {
             let mut m: HashMap<&mut MapData, ServiceAddrKey, u32> =
                 HashMap::try_from(self.map_mut(maps::ADDR_SERVICES)?)
@@ -385,6 +416,19 @@ impl Shedder {
             seed => seed,
         };
         self.set_globals(&globals)
+    }
+
+    /// Make port map `name` hold `want` (indexed by port), writing only what differs.
+    fn write_ports(&mut self, name: &'static str, want: &[u32]) -> Result<()> {
+        let mut m: Array<&mut MapData, u32> =
+            Array::try_from(self.map_mut(name)?).map_err(map_err(name))?;
+        for (port, want) in want.iter().enumerate() {
+            let port = port as u32;
+            if m.get(&port, 0).map_err(map_err(name))? != *want {
+                m.set(port, want, 0).map_err(map_err(name))?;
+            }
+        }
+        Ok(())
     }
 
     /// Make the class tries and the IPv4 direct table hold exactly `rules` (prefixes with
@@ -484,9 +528,13 @@ pub(super) fn check_service(id: u32) -> Result<()> {
 }
 
 /// Key of the address-specific service map for `addr:port`.
-pub fn addr_key(addr: IpAddr, port: u16) -> ServiceAddrKey {
+pub fn addr_key(addr: IpAddr, port: u16, protocol: Protocol) -> ServiceAddrKey {
     let mut key = ServiceAddrKey {
         port,
+        proto: match protocol {
+            Protocol::Tcp => ADDR_KEY_TCP,
+            Protocol::Quic => ADDR_KEY_QUIC,
+        },
         ..Default::default()
     };
     match addr {

@@ -9,7 +9,7 @@ use shedder_common::{
 };
 
 use crate::{
-    config::{Action, Config, Mode, Prefix, Service},
+    config::{Action, Config, Mode, Prefix, Protocol, Service},
     kernel::clock::{epoch_shift_for, ms_to_jiffies},
 };
 
@@ -20,6 +20,7 @@ use crate::control::classes::{Ladder, allocate, allocate_for_demand};
 pub struct CompiledService {
     pub id: u32,
     pub name: String,
+    pub protocol: Protocol,
     pub ports: Vec<u16>,
     pub addresses: Vec<IpAddr>,
     pub policy: ServicePolicy,
@@ -134,6 +135,7 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
         .map(|(i, s)| CompiledService {
             id: i as u32,
             name: s.name.clone(),
+            protocol: s.protocol,
             ports: s.ports.clone(),
             addresses: s.addresses.clone(),
             policy: service_policy(s, &ladder, s.fallback_limit, None, hz),

@@ -1,0 +1,240 @@
+//! QUIC connections the packet path admitted, remembered by the client's address and port,
+//! for what the kernel can measure of a UDP service without sockets to watch:
+//!
+//! - **the handshake delay**: from the admitted Initial to the client's first packet that
+//!   shows the server answered it (a Handshake or 1-RTT packet, or an Initial to another
+//!   destination connection ID: the one the server chose). It is the time the server took
+//!   to take the connection up, plus one round trip, and fills the service's queue-age
+//!   histogram, the delay the controllers compare with the target.
+//! - **a concurrency estimate**: the connections that were answered and sent a datagram
+//!   within the service's idle timeout. Each flow is counted once, in the slot (about a
+//!   second, the pending epoch) it was last seen in ([`AliveSlot`]); a flow seen in a new
+//!   slot moves its count there. The daemon sums the slots within the idle timeout.
+//!
+//! A flow is a client socket: a client that multiplexes several connections over one UDP
+//! socket counts once, and a connection that migrates to another address or port leaves
+//! the estimate (it is not an admitted flow there). Only admitted flows are counted, so
+//! datagrams forged from addresses the service never admitted cannot make it look busy.
+
+use crate::NUM_CLASSES;
+
+/// Flows remembered at once (an LRU hash: the least recently seen are forgotten first).
+pub const FLOW_ENTRIES: u32 = 65536;
+/// Slots of the concurrency estimate's ring: the longest idle timeout in slots (about a
+/// second each).
+pub const ALIVE_RING: u32 = 64;
+
+/// A flow: the client's address and port and the service's port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    /// As the words lie in the packet; IPv4 in word 0.
+    pub addr: [u32; 4],
+    /// Host byte order.
+    pub sport: u16,
+    pub dport: u16,
+    /// 1 for IPv6.
+    pub v6: u32,
+}
+
+/// What is remembered of an admitted flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flow {
+    /// `bpf_ktime_get_ns` when its Initial was admitted.
+    pub admitted_ns: u64,
+    /// The admitted Initial's destination connection ID digest (the client's choice): an
+    /// Initial to another one follows the server's answer.
+    pub dcid: u32,
+    /// Its source connection ID digest: a later Initial with the same one continues this
+    /// handshake, one with another starts a new connection from the same socket.
+    pub scid: u32,
+    /// The slot the flow is counted in ([`slot`]); meaningful once answered.
+    pub slot: u32,
+    pub service: u16,
+    pub class: u8,
+    /// [`FLOW_ANSWERED`], [`FLOW_PENDING`].
+    pub state: u8,
+}
+
+/// [`Flow::state`]: the server's answer was seen.
+pub const FLOW_ANSWERED: u8 = 1;
+/// [`Flow::state`]: the admission is counted as pending until answered (not for a dry-run
+/// shed, which passes uncounted).
+pub const FLOW_PENDING: u8 = 2;
+
+/// What a datagram of a known flow says.
+pub const SEEN_LIVENESS: u32 = 0;
+/// A Handshake or 1-RTT packet: the client has the server's answer.
+pub const SEEN_ANSWERED: u32 = 1;
+/// An Initial (whose destination ID tells whether the server answered).
+pub const SEEN_INITIAL: u32 = 2;
+
+/// The count of the flows last seen in one slot, by class, shared by the CPUs (added to
+/// atomically). Counts are signed: a flow's move is two additions, which a reader may
+/// catch half done.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AliveSlot {
+    /// The slot these counts are of (reused every [`ALIVE_RING`] slots).
+    pub slot: u32,
+    pub _pad: u32,
+    pub n: [i32; NUM_CLASSES],
+}
+
+/// The slots of one service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AliveRing {
+    pub slots: [AliveSlot; ALIVE_RING as usize],
+}
+
+impl Default for AliveRing {
+    fn default() -> Self {
+        Self {
+            slots: [AliveSlot::default(); ALIVE_RING as usize],
+        }
+    }
+}
+
+/// The ring index of `slot`.
+#[inline(always)]
+pub const fn ring_index(slot: u32) -> usize {
+    (slot % ALIVE_RING) as usize
+}
+
+/// The slot of a pending epoch (the flows are counted at the same grain).
+#[inline(always)]
+pub const fn slot(epoch: u64) -> u32 {
+    epoch as u32
+}
+
+/// What to do with the ring entry holding `held` before counting in `slot`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// It holds `slot`: add.
+    Add,
+    /// It holds an older slot: reset it to `slot`, then add.
+    Reset,
+    /// It holds a newer slot (the ring came round): `slot` is outside any window, skip.
+    Skip,
+}
+
+#[inline(always)]
+pub fn entry(held: u32, slot: u32) -> Entry {
+    if held == slot {
+        Entry::Add
+    } else if (held.wrapping_sub(slot) as i32) > 0 {
+        Entry::Skip
+    } else {
+        Entry::Reset
+    }
+}
+
+/// Count a flow of `class` in `slot` (`by` = 1), or take it out (`by` = -1, it was seen
+/// again in a later slot): the packet path does the same with atomic additions.
+pub fn add(ring: &mut AliveRing, slot: u32, class: u32, by: i32) {
+    let e = &mut ring.slots[ring_index(slot)];
+    match entry(e.slot, slot) {
+        Entry::Skip => return,
+        Entry::Reset => {
+            *e = AliveSlot {
+                slot,
+                _pad: 0,
+                n: [0; NUM_CLASSES],
+            }
+        }
+        Entry::Add => {}
+    }
+    let c = (class as usize) & (NUM_CLASSES - 1);
+    e.n[c] = e.n[c].wrapping_add(by);
+}
+
+/// Flows per class last seen within `window` slots up to `now` (the current one
+/// included). A sum below zero (a flow's move caught half done) counts zero.
+pub fn alive(ring: &AliveRing, now: u32, window: u32) -> [u32; NUM_CLASSES] {
+    let window = window.clamp(1, ALIVE_RING);
+    let mut sum = [0i64; NUM_CLASSES];
+    for e in &ring.slots {
+        if now.wrapping_sub(e.slot) < window {
+            for (s, n) in sum.iter_mut().zip(e.n) {
+                *s += n as i64;
+            }
+        }
+    }
+    sum.map(|s| s.clamp(0, u32::MAX as i64) as u32)
+}
+
+/// Whether a datagram of `kind` from an admitted, unanswered flow shows the server's
+/// answer: a Handshake or 1-RTT packet, or an Initial to another destination ID.
+#[inline(always)]
+pub fn answers(kind: u32, dcid: u32, flow: &Flow) -> bool {
+    kind == SEEN_ANSWERED || (kind == SEEN_INITIAL && dcid != flow.dcid)
+}
+
+/// Slots in an idle timeout of `idle_ms` with slots of `2^shift` jiffies at `hz`, rounded
+/// up, within the ring.
+pub fn window_slots(idle_ms: u64, hz: u32, shift: u32) -> u32 {
+    let jiffies = (idle_ms.saturating_mul(hz as u64)).div_ceil(1000);
+    let slot = 1u64 << shift.min(63);
+    jiffies.div_ceil(slot).clamp(1, ALIVE_RING as u64) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flow_is_counted_once_in_the_slot_it_was_last_seen_in() {
+        let mut r = AliveRing::default();
+        // Answered in slot 10, seen again in slot 12.
+        add(&mut r, 10, 2, 1);
+        assert_eq!(alive(&r, 10, 30), [0, 0, 1, 0]);
+        add(&mut r, 10, 2, -1);
+        add(&mut r, 12, 2, 1);
+        assert_eq!(alive(&r, 12, 30), [0, 0, 1, 0]);
+        // Idle past the window: gone.
+        assert_eq!(alive(&r, 12 + 30, 30), [0, 0, 0, 0]);
+        assert_eq!(alive(&r, 12 + 29, 30), [0, 0, 1, 0]);
+    }
+
+    #[test]
+    fn a_reused_ring_entry_forgets_its_old_slot() {
+        let mut r = AliveRing::default();
+        add(&mut r, 5, 1, 1);
+        add(&mut r, 5 + ALIVE_RING, 1, 1);
+        assert_eq!(alive(&r, 5 + ALIVE_RING, 10), [0, 1, 0, 0]);
+        // Leaving an ancient slot whose entry was reused changes nothing.
+        add(&mut r, 5, 1, -1);
+        assert_eq!(alive(&r, 5 + ALIVE_RING, 10), [0, 1, 0, 0]);
+    }
+
+    #[test]
+    fn half_done_moves_never_count_below_zero() {
+        let mut r = AliveRing::default();
+        add(&mut r, 7, 0, -1);
+        assert_eq!(alive(&r, 7, 10), [0; NUM_CLASSES]);
+    }
+
+    #[test]
+    fn answers_need_a_handshake_packet_or_the_servers_id() {
+        let f = Flow {
+            dcid: 42,
+            ..Default::default()
+        };
+        assert!(answers(SEEN_ANSWERED, 0, &f));
+        assert!(answers(SEEN_INITIAL, 43, &f));
+        assert!(!answers(SEEN_INITIAL, 42, &f), "a retransmitted Initial");
+        assert!(!answers(SEEN_LIVENESS, 0, &f), "0-RTT");
+    }
+
+    #[test]
+    fn window_slots_round_up_within_the_ring() {
+        // HZ=1000, slots of 1,024 jiffies.
+        assert_eq!(window_slots(30_000, 1000, 10), 30);
+        assert_eq!(window_slots(1, 1000, 10), 1);
+        assert_eq!(window_slots(10_000_000, 1000, 10), ALIVE_RING);
+        // HZ=250, slots of 256 jiffies (1.024 s).
+        assert_eq!(window_slots(30_000, 250, 8), 30);
+    }
+}
