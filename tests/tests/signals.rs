@@ -67,6 +67,7 @@ impl Lab {
         ServiceSpec {
             id: SVC,
             name: "svc".into(),
+            protocol: shedder::config::Protocol::Tcp,
             ports: vec![self.port],
             addresses: Vec::new(),
             cgroup,

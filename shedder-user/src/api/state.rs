@@ -79,9 +79,16 @@ pub struct ClassState {
     pub reserve: u32,
 }
 
+fn tcp() -> String {
+    "tcp".into()
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ServiceState {
     pub name: String,
+    /// `tcp` or `quic`.
+    #[serde(default = "tcp")]
+    pub protocol: String,
     pub ports: Vec<u16>,
     pub controller: String,
     pub mode: Mode,
@@ -276,8 +283,13 @@ pub fn render(state: &State) -> String {
             .map_or(String::new(), |c| format!("  fleet ceiling {c}"));
         let _ = writeln!(
             out,
-            "{} (ports {})  {}  mode {}  limit {} [{}..{}], fallback {}{fleet}{ov}",
+            "{} ({}ports {})  {}  mode {}  limit {} [{}..{}], fallback {}{fleet}{ov}",
             s.name,
+            if s.protocol == "quic" {
+                "QUIC, UDP "
+            } else {
+                ""
+            },
             s.ports
                 .iter()
                 .map(u16::to_string)
@@ -309,13 +321,28 @@ pub fn render(state: &State) -> String {
                     .map_or(String::new(), |v| format!(" (delay {v:.1} ms)"))
             );
         }
-        let aq = match &sig.accept_queue {
-            Reading::Ok { value } | Reading::Stale { value, .. } => {
-                format!("{}/{}", value.depth, value.backlog)
-            }
-            Reading::Missing { reason } => format!("n/a ({reason})"),
+        let queue = if s.protocol == "quic" {
+            let q = match &sig.udp {
+                Reading::Ok { value } | Reading::Stale { value, .. } => format!(
+                    "{}/{} bytes in {} socket(s), {} dropped",
+                    value.depth,
+                    value.buffer,
+                    value.sockets,
+                    value.drops.map_or("n/a".into(), |d| d.to_string())
+                ),
+                Reading::Missing { reason } => format!("n/a ({reason})"),
+            };
+            format!("receive queue {q}")
+        } else {
+            let aq = match &sig.accept_queue {
+                Reading::Ok { value } | Reading::Stale { value, .. } => {
+                    format!("{}/{}", value.depth, value.backlog)
+                }
+                Reading::Missing { reason } => format!("n/a ({reason})"),
+            };
+            format!("accept queue {aq}")
         };
-        let _ = writeln!(out, "  accept queue {aq}   {}", retry_line(&sig.retry));
+        let _ = writeln!(out, "  {queue}   {}", retry_line(&sig.retry));
         let _ = writeln!(
             out,
             "  {:<10} {:>6} {:>6} {:>7} {:>7} {:>8} {:>7} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}",

@@ -216,6 +216,7 @@ fn specs(cfg: &Config, cgroup_root: Option<&Path>) -> Vec<ServiceSpec> {
         .map(|(i, s)| ServiceSpec {
             id: i as u32,
             name: s.name.clone(),
+            protocol: s.protocol,
             ports: s.ports.clone(),
             addresses: s.addresses.clone(),
             cgroup: s

@@ -271,6 +271,7 @@ impl ServiceControl {
         let written = self.written?;
         Some(ServiceState {
             name: self.cfg.name.clone(),
+            protocol: self.cfg.protocol.as_str().into(),
             ports: self.cfg.ports.clone(),
             controller: self.limiter.name().into(),
             mode: self.decision.map_or(Mode::Normal, |d| d.mode),
@@ -347,15 +348,21 @@ pub fn observation(sig: &Signals, now: Duration) -> Observation {
     let fresh = age.is_some() && latency.is_some() && inflight.is_some();
     let occupancy = inflight.map_or(0, |i| i.iter().sum::<u32>())
         + sig.pending.value().map_or(0, |p| p.iter().sum::<u32>());
-    // Listen overflows are counted per network namespace; charge them to this service when
-    // its accept queue is at least half full (its queue is the one overflowing).
-    let overflows = sig.listen.ok().map(|l| {
-        let ours = sig
-            .accept_queue
-            .value()
-            .is_some_and(|q| q.backlog > 0 && q.depth * 2 >= q.backlog);
-        if ours { l.overflows } else { 0 }
-    });
+    // A QUIC service's overflows are its own sockets' drops (a full receive buffer).
+    // Listen overflows are counted per network namespace; charge them to a TCP service
+    // when its accept queue is at least half full (its queue is the one overflowing).
+    let datagram = sig.udp.value().is_some();
+    let overflows = if datagram {
+        sig.udp.ok().and_then(|u| u.drops)
+    } else {
+        sig.listen.ok().map(|l| {
+            let ours = sig
+                .accept_queue
+                .value()
+                .is_some_and(|q| q.backlog > 0 && q.depth * 2 >= q.backlog);
+            if ours { l.overflows } else { 0 }
+        })
+    };
     Observation {
         now,
         fresh,
@@ -368,6 +375,7 @@ pub fn observation(sig: &Signals, now: Duration) -> Observation {
             .max(latency.map_or(0, |q| q.samples)),
         occupancy,
         overflows,
+        datagram,
         cpu_pressure: sig.pressure.cpu.ok().map(|p| p.some_ratio),
         shed_rate: sig
             .rates
@@ -524,6 +532,7 @@ mod tests {
             samples: 100,
             occupancy: limit,
             overflows: Some(0),
+            datagram: false,
             cpu_pressure: Some(0.0),
             shed_rate: 0.0,
             pressed_rate: 0.0,

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use shedder_common::STAT_NAMES;
+use shedder_common::{Inflight, STAT_NAMES, flow};
 use tracing::{error, warn};
 
 use super::{Daemon, service::Context};
@@ -12,14 +12,16 @@ use crate::{
         metrics,
         state::{Attachment, ProgramCost, State},
     },
+    config::Protocol,
     kernel::MapReader as _,
 };
 
 impl Daemon {
     pub(super) fn tick(&mut self) {
         let now = Instant::now();
-        if let Err(e) = self.shedder.clock(false) {
-            warn!(error = %e, "reading the kernel clock");
+        match self.shedder.clock(false) {
+            Ok(jiffies) => self.count_quic_flows(jiffies),
+            Err(e) => warn!(error = %e, "reading the kernel clock"),
         }
         let signals = self.reader.tick(&self.shedder, now);
         let t = now.duration_since(self.start);
@@ -45,6 +47,41 @@ impl Daemon {
         let snapshot = self.snapshot();
         if let Ok(mut m) = self.metrics.lock() {
             *m = Some(snapshot);
+        }
+    }
+
+    /// Write each QUIC service's open connections (its admitted flows seen within its idle
+    /// timeout) as its in-flight count, what the packet path holds against its limit. The
+    /// packet path adds each flow when the server answers it; this recount takes away the
+    /// ones gone idle.
+    fn count_quic_flows(&mut self, jiffies: u64) {
+        let quic = self
+            .cfg
+            .services
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.protocol == Protocol::Quic);
+        let mut globals = None;
+        for (id, s) in quic {
+            let g = match globals {
+                Some(g) => g,
+                None => match self.shedder.globals() {
+                    Ok(g) => *globals.insert(g),
+                    Err(e) => {
+                        warn!(error = %e, "reading the globals to count QUIC flows");
+                        return;
+                    }
+                },
+            };
+            let slot = flow::slot(g.pending_epoch(jiffies));
+            let window = flow::window_slots(s.idle_timeout_ms(), self.hz, g.epoch_shift());
+            let counted = self
+                .shedder
+                .alive(id as u32, slot, window)
+                .and_then(|class| self.shedder.set_inflight(id as u32, &Inflight { class }));
+            if let Err(e) = counted {
+                warn!(service = %s.name, error = %e, "counting the QUIC service's open flows");
+            }
         }
     }
 

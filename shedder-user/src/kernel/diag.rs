@@ -29,15 +29,20 @@ pub struct Listener {
 /// Every listening TCP socket (IPv4 and IPv6) of the calling thread's network namespace.
 pub fn listeners() -> io::Result<Vec<Listener>> {
     let mut out = Vec::new();
-    dump(IPPROTO_TCP, StateFlags::LISTEN, ExtensionFlags::empty(), |r| {
-        let h = &r.header;
-        out.push(Listener {
-            addr: h.socket_id.source_address,
-            port: h.socket_id.source_port,
-            accept_queue: h.recv_queue,
-            backlog: h.send_queue,
-        })
-    })?;
+    dump(
+        IPPROTO_TCP,
+        StateFlags::LISTEN,
+        ExtensionFlags::empty(),
+        |r| {
+            let h = &r.header;
+            out.push(Listener {
+                addr: h.socket_id.source_address,
+                port: h.socket_id.source_port,
+                accept_queue: h.recv_queue,
+                backlog: h.send_queue,
+            })
+        },
+    )?;
     Ok(out)
 }
 

@@ -5,10 +5,10 @@ use std::{net::IpAddr, path::Path};
 
 use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key};
 use shedder_common::{
-    ADDR_KEY_QUIC, ADDR_KEY_TCP, CLASS_L2_BLOCKS, COUNTERS_PER_SERVICE, ClassBlock, ClassRule, Globals, HIST_PER_SERVICE,
-    Inflight, NUM_CLASSES, NUM_REASONS, NUM_STATS, NUM_VERDICTS, PORT_HAS_ADDR_SERVICES,
-    PORT_SERVICE_MASK, ServiceAddrKey, ServiceCounters, ServiceHist, ServicePolicy, classmap,
-    decision_index, hist, maps,
+    ADDR_KEY_QUIC, ADDR_KEY_TCP, CLASS_L2_BLOCKS, COUNTERS_PER_SERVICE, ClassBlock, ClassRule,
+    Globals, HIST_PER_SERVICE, Inflight, NUM_CLASSES, NUM_REASONS, NUM_STATS, NUM_VERDICTS,
+    PORT_HAS_ADDR_SERVICES, PORT_SERVICE_MASK, ServiceAddrKey, ServiceCounters, ServiceHist,
+    ServicePolicy, classmap, decision_index, hist, maps,
 };
 
 use super::{Error, Result, Shedder};
@@ -346,7 +346,10 @@ impl Shedder {
     pub fn apply(&mut self, compiled: &crate::kernel::policy::Compiled) -> Result<()> {
         if let (Some(why), Some(s)) = (
             self.quic_unavailable(),
-            compiled.services.iter().find(|s| s.protocol == Protocol::Quic),
+            compiled
+                .services
+                .iter()
+                .find(|s| s.protocol == Protocol::Quic),
         ) {
             return Err(Error::QuicUnavailable {
                 service: s.name.clone(),

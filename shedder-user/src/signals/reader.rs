@@ -11,11 +11,15 @@ use shedder_common::{
     VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST, decision_index, hist,
 };
 
-use crate::kernel::{MapReader, diag};
+use crate::{
+    config::Protocol,
+    kernel::{MapReader, diag},
+};
 
 use super::{
     AcceptQueue, ClassRates, ClassSources, Overflows, PressureWindow, Pressures, Quantiles,
-    Reading, RetryWindow, ServiceSpec, Signals, ThrottlingWindow, netstat, psi, retry_ratio,
+    Reading, RetryWindow, ServiceSpec, Signals, ThrottlingWindow, UdpQueue, netstat, psi,
+    retry_ratio,
 };
 
 /// A source whose last good value is remembered for `STALE_FOR` after a failure.
@@ -65,6 +69,19 @@ struct ServiceReader {
     throttle_prev: Option<psi::Throttling>,
     inflight: Remembered<[u32; NUM_CLASSES]>,
     accept_queue: Remembered<AcceptQueue>,
+    udp: Remembered<UdpQueue>,
+    /// A QUIC service's sockets (address, port, drops) at the last tick, for the drops'
+    /// difference.
+    udp_prev: Option<Vec<(std::net::IpAddr, u16, u32)>>,
+    /// The drops counted tick by tick since the reader started.
+    udp_drops: u64,
+}
+
+/// What a tick reads once for every service: the namespace's sockets, the pending epoch.
+struct Shared {
+    listeners: Result<Vec<diag::Listener>, String>,
+    udp: Result<Vec<diag::UdpSocket>, String>,
+    epoch: Result<u64, String>,
 }
 
 /// Turns cumulative kernel state into per-tick [`Signals`].
@@ -94,6 +111,9 @@ impl SignalReader {
                     throttle_prev: None,
                     inflight: Remembered::default(),
                     accept_queue: Remembered::default(),
+                    udp: Remembered::default(),
+                    udp_prev: None,
+                    udp_drops: 0,
                 })
                 .collect(),
             window_ticks: window_ticks.max(1),
@@ -112,24 +132,29 @@ impl SignalReader {
         let elapsed = self.last_tick.map(|t| now.duration_since(t));
         self.last_tick = Some(now);
         let listeners = diag::listeners().map_err(|e| format!("sock_diag: {e}"));
+        // UDP sockets only when some service is QUIC's (a host may hold many).
+        let udp = if self
+            .services
+            .iter()
+            .any(|s| s.spec.protocol == Protocol::Quic)
+        {
+            diag::udp_sockets().map_err(|e| format!("sock_diag (UDP): {e}"))
+        } else {
+            Ok(Vec::new())
+        };
         let listen = self.listen_window(elapsed);
+        let shared = Shared {
+            listeners,
+            udp,
+            epoch: shedder
+                .globals()
+                .map(|g| g.pending_epoch(g.clock_jiffies))
+                .map_err(|e| e.to_string()),
+        };
         let window_ticks = self.window_ticks;
-        let epoch = shedder
-            .globals()
-            .map(|g| g.pending_epoch(g.clock_jiffies))
-            .map_err(|e| e.to_string());
         self.services
             .iter_mut()
-            .map(|s| {
-                s.tick(
-                    shedder,
-                    now,
-                    elapsed,
-                    window_ticks,
-                    (&listeners, &epoch),
-                    listen.clone(),
-                )
-            })
+            .map(|s| s.tick(shedder, now, elapsed, window_ticks, &shared, listen.clone()))
             .collect()
     }
 
@@ -167,6 +192,8 @@ pub struct Cumulative {
     pub retries: Option<[u64; NUM_CLASSES]>,
     pub histograms: Option<Vec<u64>>,
     pub sums_us: Option<[u64; hist::KINDS as usize]>,
+    /// A QUIC service's datagrams dropped at its sockets since the daemon started.
+    pub udp_drops: Option<u64>,
 }
 
 impl SignalReader {
@@ -180,6 +207,7 @@ impl SignalReader {
                 retries: s.counters_prev.map(|c| c.retries),
                 histograms: s.hist_prev.clone(),
                 sums_us: s.hist_sums,
+                udp_drops: (s.spec.protocol == Protocol::Quic).then_some(s.udp_drops),
             })
             .collect()
     }
@@ -197,9 +225,14 @@ impl ServiceReader {
         now: Instant,
         elapsed: Option<Duration>,
         window_ticks: usize,
-        (listeners, epoch): (&Result<Vec<diag::Listener>, String>, &Result<u64, String>),
+        shared: &Shared,
         listen: Reading<Overflows>,
     ) -> Signals {
+        let Shared {
+            listeners,
+            udp,
+            epoch,
+        } = shared;
         let id = self.spec.id;
         let (queue_age, latency, window_ms) = self.histograms(shedder, elapsed, window_ticks);
         let inflight = self.inflight.update(
@@ -233,9 +266,20 @@ impl ServiceReader {
             (Err(e), _) => Reading::missing(e.to_string()),
             (_, Err(e)) => Reading::missing(e.clone()),
         };
-        let accept_queue = self
-            .accept_queue
-            .update(now, listeners.clone().and_then(|l| self.spec.queue(&l)));
+        let (accept_queue, udp) = match self.spec.protocol {
+            Protocol::Tcp => (
+                self.accept_queue
+                    .update(now, listeners.clone().and_then(|l| self.spec.queue(&l))),
+                Reading::missing("a TCP service: see accept_queue"),
+            ),
+            Protocol::Quic => {
+                let found = udp.clone().and_then(|u| self.udp_queue(&u));
+                (
+                    Reading::missing("a QUIC service has no accept queue: see udp"),
+                    self.udp.update(now, found),
+                )
+            }
+        };
         let pressure = self.pressure(elapsed);
         Signals {
             service: self.spec.name.clone(),
@@ -248,9 +292,45 @@ impl ServiceReader {
             retry,
             sources,
             accept_queue,
+            udp,
             listen,
             pressure,
         }
+    }
+
+    /// The receive queues of this QUIC service's sockets, and their drops since the last
+    /// tick (compared socket by socket: a socket that came or went since leaves the drops
+    /// unknown for one tick rather than counting its whole history).
+    fn udp_queue(&mut self, sockets: &[diag::UdpSocket]) -> Result<UdpQueue, String> {
+        let mine: Vec<&diag::UdpSocket> = sockets
+            .iter()
+            .filter(|u| self.spec.serves(u.addr, u.port))
+            .collect();
+        if mine.is_empty() {
+            self.udp_prev = None;
+            return Err(format!(
+                "no UDP socket bound to port(s) {:?} in this network namespace",
+                self.spec.ports
+            ));
+        }
+        let now: Vec<(std::net::IpAddr, u16, u32)> =
+            mine.iter().map(|u| (u.addr, u.port, u.drops)).collect();
+        let drops = self.udp_prev.as_ref().and_then(|prev| {
+            let mut sum = 0u64;
+            for (addr, port, d) in &now {
+                let (_, _, p) = prev.iter().find(|(a, q, _)| a == addr && q == port)?;
+                sum += u64::from(d.saturating_sub(*p));
+            }
+            (prev.len() == now.len()).then_some(sum)
+        });
+        self.udp_prev = Some(now);
+        self.udp_drops += drops.unwrap_or(0);
+        Ok(UdpQueue {
+            depth: mine.iter().map(|u| u64::from(u.receive_queue)).sum(),
+            buffer: mine.iter().map(|u| u64::from(u.receive_buffer)).sum(),
+            sockets: mine.len() as u32,
+            drops,
+        })
     }
 
     fn histograms(
@@ -499,6 +579,15 @@ impl TickCounts {
 }
 
 impl ServiceSpec {
+    /// Whether a socket bound to `addr:port` receives this service's connections: one of
+    /// its ports, and a wildcard address (it serves every one) or one of its addresses.
+    fn serves(&self, addr: std::net::IpAddr, port: u16) -> bool {
+        self.ports.contains(&port)
+            && (self.addresses.is_empty()
+                || addr.is_unspecified()
+                || self.addresses.contains(&addr))
+    }
+
     /// The accept queues of this service's listeners.
     fn queue(&self, listeners: &[diag::Listener]) -> Result<AcceptQueue, String> {
         let mut q = AcceptQueue {
@@ -507,14 +596,7 @@ impl ServiceSpec {
             listeners: 0,
         };
         for l in listeners {
-            if !self.ports.contains(&l.port) {
-                continue;
-            }
-            // A wildcard listener serves every address; a bound one only its own.
-            let serves = self.addresses.is_empty()
-                || l.addr.is_unspecified()
-                || self.addresses.contains(&l.addr);
-            if serves {
+            if self.serves(l.addr, l.port) {
                 q.depth += l.accept_queue;
                 q.backlog += l.backlog;
                 q.listeners += 1;

@@ -6,6 +6,8 @@ use std::{net::IpAddr, path::PathBuf};
 use serde::{Deserialize, Serialize};
 use shedder_common::NUM_CLASSES;
 
+use crate::config::Protocol;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Reading<T> {
@@ -150,6 +152,20 @@ pub struct AcceptQueue {
     pub listeners: u32,
 }
 
+/// The receive queues of a QUIC service's UDP sockets, summed, and their drops in the last
+/// tick (sock_diag: what `ss -lnum` shows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UdpQueue {
+    /// Bytes waiting for the service to read (as charged against the receive buffers).
+    pub depth: u64,
+    /// The receive buffers' sizes (`SO_RCVBUF`), summed.
+    pub buffer: u64,
+    pub sockets: u32,
+    /// Datagrams the sockets dropped during the last tick (a full receive buffer, mostly);
+    /// `None` on the first tick, or when the sockets changed.
+    pub drops: Option<u64>,
+}
+
 /// Listen-queue failures in the network namespace during the last tick.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Overflows {
@@ -202,11 +218,18 @@ pub struct Signals {
     #[serde(default = "retry_missing")]
     pub retry: Reading<RetryWindow>,
     pub accept_queue: Reading<AcceptQueue>,
+    /// A QUIC service's UDP receive queues (missing for a TCP service).
+    #[serde(default = "udp_missing")]
+    pub udp: Reading<UdpQueue>,
     pub listen: Reading<Overflows>,
     pub pressure: Pressures,
     /// Per class: active sources and the retry budget's use.
     #[serde(default = "sources_missing")]
     pub sources: Reading<[ClassSources; NUM_CLASSES]>,
+}
+
+fn udp_missing() -> Reading<UdpQueue> {
+    Reading::missing("not reported by this daemon")
 }
 
 fn sources_missing() -> Reading<[ClassSources; NUM_CLASSES]> {
@@ -218,6 +241,7 @@ fn sources_missing() -> Reading<[ClassSources; NUM_CLASSES]> {
 pub struct ServiceSpec {
     pub id: u32,
     pub name: String,
+    pub protocol: Protocol,
     pub ports: Vec<u16>,
     /// Destination addresses; empty = any.
     pub addresses: Vec<IpAddr>,

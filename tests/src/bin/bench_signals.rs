@@ -190,6 +190,7 @@ fn tick_cost(n: u32, ticks: usize, cgroup: Option<&std::path::Path>) -> Result<(
         specs.push(ServiceSpec {
             id,
             name: format!("svc{id}"),
+            protocol: shedder::config::Protocol::Tcp,
             ports: vec![port],
             addresses: Vec::new(),
             cgroup: cgroup.map(|c| c.to_path_buf()),

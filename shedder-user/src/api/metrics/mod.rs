@@ -281,6 +281,42 @@ impl Collector for ShedderCollector {
             "shedder_accept_queue_backlog",
             &per_service(&|s| s.signals.accept_queue.value().map(|q| q.backlog as f64)),
         )?;
+        gauges(
+            &mut encoder,
+            "shedder_service_protocol",
+            &st.services
+                .iter()
+                .map(|s| {
+                    (
+                        vec![
+                            ("service", s.name.clone()),
+                            ("protocol", s.protocol.clone()),
+                        ],
+                        1.0,
+                    )
+                })
+                .collect::<Vec<_>>(),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_udp_receive_queue_bytes",
+            &per_service(&|s| s.signals.udp.value().map(|q| q.depth as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_udp_receive_buffer_bytes",
+            &per_service(&|s| s.signals.udp.value().map(|q| q.buffer as f64)),
+        )?;
+        counters(
+            &mut encoder,
+            "shedder_udp_receive_drops",
+            &snap
+                .services
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| Some((vec![("service", svc(i))], c.udp_drops? as f64)))
+                .collect::<Vec<_>>(),
+        )?;
         if let Some(l) = snap.listen {
             counters(
                 &mut encoder,

@@ -110,6 +110,30 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "Capacity of the service's accept queues.",
     ),
     (
+        "shedder_service_protocol",
+        "gauge",
+        &["service", "protocol"],
+        "1 for each service, labelled with what its connections are: tcp or quic.",
+    ),
+    (
+        "shedder_udp_receive_queue_bytes",
+        "gauge",
+        &["service"],
+        "A QUIC service's datagrams waiting to be read, in bytes charged to its sockets' receive buffers (sock_diag).",
+    ),
+    (
+        "shedder_udp_receive_buffer_bytes",
+        "gauge",
+        &["service"],
+        "The receive buffers of a QUIC service's sockets (SO_RCVBUF), summed.",
+    ),
+    (
+        "shedder_udp_receive_drops",
+        "counter",
+        &["service"],
+        "Datagrams a QUIC service's sockets dropped (mostly full receive buffers), counted since the daemon started.",
+    ),
+    (
         "shedder_listen_overflows",
         "counter",
         &[],

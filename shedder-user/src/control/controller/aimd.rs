@@ -52,7 +52,11 @@ impl Controller for Aimd {
                 self.cut(obs.now, factor);
                 (
                     Action::Decrease { factor },
-                    Signal::ListenOverflow,
+                    if obs.datagram {
+                        Signal::ReceiveDrops
+                    } else {
+                        Signal::ListenOverflow
+                    },
                     None,
                     true,
                 )

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | accept-queue age | primary pressure signal (time waiting is the earliest sign of overload) | part of the delay compared with the target |
 //! | response latency | health signal | the other part of the delay |
-//! | listen overflows | failure signal | an immediate multiplicative cut |
+//! | listen overflows (QUIC: the sockets' receive drops) | failure signal | an immediate multiplicative cut |
 //! | cgroup CPU pressure | secondary signal | blocks increases while high |
 //!
 //! The *delay* of a window is the p99 accept-queue age plus the p99 response latency (an
@@ -115,8 +115,11 @@ pub struct Observation {
     pub samples: u64,
     /// Connections occupying the service (established + admitted, not yet established).
     pub occupancy: u32,
-    /// Listen-queue overflows during the tick (`None`: unknown).
+    /// Listen-queue overflows during the tick, or for a QUIC service its sockets' receive
+    /// drops (`None`: unknown).
     pub overflows: Option<u64>,
+    /// A QUIC service: `overflows` are receive drops.
+    pub datagram: bool,
     /// Share of the tick some task of the service's cgroup stalled on CPU (`None`: unknown).
     pub cpu_pressure: Option<f64>,
     /// Attempts shed per second (all classes).
@@ -147,6 +150,8 @@ pub enum Signal {
     QueueAge,
     Latency,
     ListenOverflow,
+    /// A QUIC service's sockets dropped datagrams (full receive buffers).
+    ReceiveDrops,
     CpuPressure,
     /// In-flight far below the limit.
     Idle,
@@ -165,6 +170,7 @@ impl Signal {
             Self::QueueAge => "queue_age",
             Self::Latency => "latency",
             Self::ListenOverflow => "listen_overflow",
+            Self::ReceiveDrops => "receive_drops",
             Self::CpuPressure => "cpu_pressure",
             Self::Idle => "idle",
             Self::NoData => "no_data",

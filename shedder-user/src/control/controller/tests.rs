@@ -40,6 +40,7 @@ fn obs(t_ms: u64, delay_ms: f64, occupancy: u32) -> Observation {
         samples: 100,
         occupancy,
         overflows: Some(0),
+        datagram: false,
         cpu_pressure: Some(0.0),
         shed_rate: 0.0,
         pressed_rate: 0.0,
@@ -95,6 +96,17 @@ fn aimd_listen_overflow_cuts_even_without_samples() {
     o.overflows = Some(3);
     let d = c.update(&o);
     assert_eq!(d.signal, Signal::ListenOverflow);
+    assert_eq!(d.limit, 50);
+}
+
+#[test]
+fn aimd_cuts_on_a_quic_services_receive_drops() {
+    let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 100);
+    let mut o = obs(0, 10.0, 100);
+    o.datagram = true;
+    o.overflows = Some(12);
+    let d = c.update(&o);
+    assert_eq!(d.signal, Signal::ReceiveDrops);
     assert_eq!(d.limit, 50);
 }
 
