@@ -7,9 +7,12 @@
 //!   to take the connection up, plus one round trip, and fills the service's queue-age
 //!   histogram, the delay the controllers compare with the target.
 //! - **a concurrency estimate**: the connections that were answered and sent a datagram
-//!   within the service's idle timeout. Each flow is counted once, in the slot (about a
-//!   second, the pending epoch) it was last seen in ([`AliveSlot`]); a flow seen in a new
-//!   slot moves its count there. The daemon sums the slots within the idle timeout.
+//!   within the service's active window. Each flow is counted once, in the slot (about
+//!   250 ms) it was last seen in ([`AliveSlot`]); a flow seen in a new slot moves its count
+//!   there. The daemon sums the slots within the window. The packet path cannot see a
+//!   connection close (CONNECTION_CLOSE is encrypted), so a connection counts until it has
+//!   been quiet for the window: a short window lets closed connections go soon and leaves
+//!   out idle ones, which cost the server little.
 //!
 //! A flow is a client socket: a client that multiplexes several connections over one UDP
 //! socket counts once, and a connection that migrates to another address or port leaves
@@ -20,8 +23,8 @@ use crate::NUM_CLASSES;
 
 /// Flows remembered at once (an LRU hash: the least recently seen are forgotten first).
 pub const FLOW_ENTRIES: u32 = 65536;
-/// Slots of the concurrency estimate's ring: the longest idle timeout in slots (about a
-/// second each).
+/// Slots of the concurrency estimate's ring: the longest window in slots (about 250 ms
+/// each, [`slot`]).
 pub const ALIVE_RING: u32 = 64;
 
 /// A flow: the client's address and port and the service's port.
@@ -103,10 +106,14 @@ pub const fn ring_index(slot: u32) -> usize {
     (slot % ALIVE_RING) as usize
 }
 
-/// The slot of a pending epoch (the flows are counted at the same grain).
+/// Slots per pending epoch, as a power of two: a quarter of an epoch (about 250 ms), so
+/// that a window of a few slots moves on smoothly.
+pub const SLOT_SPLIT: u32 = 2;
+
+/// The slot of `jiffies`, with pending epochs of `2^epoch_shift` jiffies.
 #[inline(always)]
-pub const fn slot(epoch: u64) -> u32 {
-    epoch as u32
+pub const fn slot(jiffies: u64, epoch_shift: u32) -> u32 {
+    (jiffies >> epoch_shift.saturating_sub(SLOT_SPLIT)) as u32
 }
 
 /// What to do with the ring entry holding `held` before counting in `slot`.
@@ -172,11 +179,11 @@ pub fn answers(kind: u32, dcid: u32, flow: &Flow) -> bool {
     kind == SEEN_ANSWERED || (kind == SEEN_INITIAL && dcid != flow.dcid)
 }
 
-/// Slots in an idle timeout of `idle_ms` with slots of `2^shift` jiffies at `hz`, rounded
-/// up, within the ring.
-pub fn window_slots(idle_ms: u64, hz: u32, shift: u32) -> u32 {
-    let jiffies = (idle_ms.saturating_mul(hz as u64)).div_ceil(1000);
-    let slot = 1u64 << shift.min(63);
+/// Slots in a window of `ms` at `hz`, with pending epochs of `2^epoch_shift` jiffies
+/// ([`slot`]), rounded up, within the ring.
+pub fn window_slots(ms: u64, hz: u32, epoch_shift: u32) -> u32 {
+    let jiffies = (ms.saturating_mul(hz as u64)).div_ceil(1000);
+    let slot = 1u64 << epoch_shift.saturating_sub(SLOT_SPLIT).min(63);
     jiffies.div_ceil(slot).clamp(1, ALIVE_RING as u64) as u32
 }
 
@@ -230,11 +237,13 @@ mod tests {
 
     #[test]
     fn window_slots_round_up_within_the_ring() {
-        // HZ=1000, slots of 1,024 jiffies.
-        assert_eq!(window_slots(30_000, 1000, 10), 30);
+        // HZ=1000, epochs of 1,024 jiffies, slots of 256.
+        assert_eq!(window_slots(2_000, 1000, 10), 8);
         assert_eq!(window_slots(1, 1000, 10), 1);
         assert_eq!(window_slots(10_000_000, 1000, 10), ALIVE_RING);
-        // HZ=250, slots of 256 jiffies (1.024 s).
-        assert_eq!(window_slots(30_000, 250, 8), 30);
+        // HZ=250, epochs of 256 jiffies (1.024 s), slots of 64.
+        assert_eq!(window_slots(2_000, 250, 8), 8);
+        assert_eq!(slot(1024, 10), 4);
+        assert_eq!(slot(1023, 10), 3);
     }
 }

@@ -355,7 +355,7 @@ pub fn quic_flow(d: &Datagram) {
     let Some(globals) = SHEDDER_GLOBALS.get(0) else {
         return;
     };
-    let now = flow::slot(globals.pending_epoch(unsafe { bpf_jiffies64() }));
+    let now = flow::slot(unsafe { bpf_jiffies64() }, globals.epoch_shift());
     let f = unsafe { &mut *f };
     let (service, class) = (f.service as u32, f.class as u32);
     let Some(ring) = SHEDDER_ALIVE.get_ptr_mut(service) else {

@@ -12,7 +12,7 @@ use super::{
     classes::Prefix,
     document::Config,
     error::{ConfigError, err},
-    service::{MAX_IDLE_TIMEOUT_MS, Protocol},
+    service::{MAX_ACTIVE_WINDOW_MS, Protocol},
 };
 
 /// Largest concurrency limit accepted: far above any real service, far below overflow.
@@ -439,17 +439,17 @@ impl Config {
                     }
                 }
             }
-            if let Some(ms) = s.idle_timeout_ms {
+            if let Some(ms) = s.active_window_ms {
                 if s.protocol != Protocol::Quic {
                     return Err(err(
-                        field("idle_timeout_ms"),
-                        "only a QUIC service (protocol = \"quic\") has an idle timeout",
+                        field("active_window_ms"),
+                        "only a QUIC service (protocol = \"quic\") has an active window",
                     ));
                 }
-                if !(1000..=MAX_IDLE_TIMEOUT_MS).contains(&ms) {
+                if !(250..=MAX_ACTIVE_WINDOW_MS).contains(&ms) {
                     return Err(err(
-                        field("idle_timeout_ms"),
-                        format!("{ms} is outside 1000..={MAX_IDLE_TIMEOUT_MS}"),
+                        field("active_window_ms"),
+                        format!("{ms} is outside 250..={MAX_ACTIVE_WINDOW_MS}"),
                     ));
                 }
             }
@@ -827,19 +827,19 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("unknown value"), "{e}");
-        let e = Config::parse(&format!("{IFACE}{tcp}idle_timeout_ms = 5000\n"))
+        let e = Config::parse(&format!("{IFACE}{tcp}active_window_ms = 5000\n"))
             .unwrap_err()
             .to_string();
-        assert!(e.ends_with("service[0] (web).idle_timeout_ms: only a QUIC service (protocol = \"quic\") has an idle timeout"), "{e}");
-        let e = Config::parse(&format!("{IFACE}{quic}idle_timeout_ms = 600000\n"))
+        assert!(e.ends_with("service[0] (web).active_window_ms: only a QUIC service (protocol = \"quic\") has an active window"), "{e}");
+        let e = Config::parse(&format!("{IFACE}{quic}active_window_ms = 60000\n"))
             .unwrap_err()
             .to_string();
         assert!(
-            e.ends_with("service[0] (h3).idle_timeout_ms: 600000 is outside 1000..=60000"),
+            e.ends_with("service[0] (h3).active_window_ms: 60000 is outside 250..=15000"),
             "{e}"
         );
-        let c = Config::parse(&format!("{IFACE}{quic}idle_timeout_ms = 10000\n")).expect("10 s");
-        assert_eq!(c.services[0].idle_timeout_ms(), 10_000);
+        let c = Config::parse(&format!("{IFACE}{quic}active_window_ms = 5000\n")).expect("5 s");
+        assert_eq!(c.services[0].active_window_ms(), 5_000);
         // `refuse` names the explicit refusal of either protocol.
         let c = Config::parse(&format!("{IFACE}{quic}action = \"refuse\"\n")).expect("refuse");
         assert_eq!(c.services[0].action, crate::config::Action::Rst);

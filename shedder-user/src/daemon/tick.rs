@@ -50,10 +50,10 @@ impl Daemon {
         }
     }
 
-    /// Write each QUIC service's open connections (its admitted flows seen within its idle
-    /// timeout) as its in-flight count, what the packet path holds against its limit. The
+    /// Write each QUIC service's open connections (its admitted flows seen within its
+    /// active window) as its in-flight count, what the packet path holds against its limit. The
     /// packet path adds each flow when the server answers it; this recount takes away the
-    /// ones gone idle.
+    /// ones gone quiet.
     fn count_quic_flows(&mut self, jiffies: u64) {
         let quic = self
             .cfg
@@ -73,8 +73,8 @@ impl Daemon {
                     }
                 },
             };
-            let slot = flow::slot(g.pending_epoch(jiffies));
-            let window = flow::window_slots(s.idle_timeout_ms(), self.hz, g.epoch_shift());
+            let slot = flow::slot(jiffies, g.epoch_shift());
+            let window = flow::window_slots(s.active_window_ms(), self.hz, g.epoch_shift());
             let counted = self
                 .shedder
                 .alive(id as u32, slot, window)

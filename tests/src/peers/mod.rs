@@ -2,7 +2,8 @@
 //! up today: an nftables SYN rate limit ([`Nft`]), a real haproxy in TCP mode with a
 //! per-server connection limit and a queue timeout ([`Haproxy`]), and Debian's nginx, which
 //! is also the TLS backend and answers 503 from its own `limit_conn` / `limit_req`
-//! ([`Nginx`]). Each runs inside a test network namespace and is removed when its guard
+//! ([`Nginx`]); and a QUIC server and client (quinn) for the QUIC services
+//! ([`QuicServer`], [`QuicClient`]). Each runs inside a test network namespace and is removed when its guard
 //! drops (also while unwinding).
 //!
 //! All are entered with `nsenter --net=...` (not `ip netns exec`, which remounts /sys).
@@ -10,6 +11,7 @@
 mod haproxy;
 mod nft;
 mod nginx;
+mod quic;
 
 use std::{
     io,
@@ -23,6 +25,7 @@ use std::{
 pub use haproxy::{Haproxy, HaproxyConfig};
 pub use nft::Nft;
 pub use nginx::{Nginx, NginxConfig, NginxLimit, TlsFiles};
+pub use quic::{QUIC_SERVER_NAME, QuicClient, QuicOutcome, QuicServer, QuicServerConfig};
 
 use crate::netns::Netns;
 

@@ -1,0 +1,255 @@
+//! A real QUIC server and client (quinn, on rustls): the QUIC services' tests and their
+//! overload run. Debian's packages have no HTTP/3 server or client.
+//!
+//! The server is an event loop, as HTTP/3 servers are (nginx, HAProxy, Envoy's workers): one
+//! thread runs the handshakes and the requests, and a request's work is CPU time on that
+//! thread, so an overloaded server falls behind on everything, its new connections'
+//! handshakes included, and its socket's receive queue grows until it drops datagrams.
+
+use std::{
+    net::{IpAddr, Ipv6Addr, SocketAddr},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use quinn::{
+    ClientConfig, ConnectionError, Endpoint, IdleTimeout, ServerConfig, TransportConfig,
+    crypto::rustls::QuicClientConfig,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+
+use super::TlsFiles;
+use crate::{
+    load::{REQUEST, RESPONSE, burn},
+    netns::Netns,
+};
+
+/// The server's name in its certificate.
+pub const QUIC_SERVER_NAME: &str = "h3.shedder.test";
+
+/// The QUIC server's settings.
+#[derive(Clone, Debug)]
+pub struct QuicServerConfig {
+    pub port: u16,
+    /// CPU time of one request, spent on the event loop.
+    pub service_time: Duration,
+    /// Run the server's thread on this CPU.
+    pub cpu: Option<usize>,
+}
+
+/// A QUIC server in a namespace, listening on `[::]:port` (dual-stack), answering each
+/// bidirectional stream's request with [`RESPONSE`] after its service time. Stops when
+/// dropped.
+pub struct QuicServer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    served: Arc<AtomicU64>,
+    handshakes: Arc<AtomicU64>,
+}
+
+impl QuicServer {
+    pub fn start(ns: &Netns, tls: &TlsFiles, cfg: QuicServerConfig) -> Self {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&tls.cert)
+            .expect("reading the certificate")
+            .collect::<Result<_, _>>()
+            .expect("parsing the certificate");
+        let key = PrivateKeyDer::from_pem_file(&tls.key).expect("reading the key");
+        let mut server = ServerConfig::with_single_cert(certs, key).expect("server config");
+        let mut transport = TransportConfig::default();
+        transport.max_idle_timeout(Some(IdleTimeout::from(quinn::VarInt::from_u32(10_000))));
+        server.transport_config(Arc::new(transport));
+        let stop = Arc::new(AtomicBool::new(false));
+        let served = Arc::new(AtomicU64::new(0));
+        let handshakes = Arc::new(AtomicU64::new(0));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = {
+            let (stop, served, handshakes) = (stop.clone(), served.clone(), handshakes.clone());
+            ns.spawn(move || {
+                if let Some(cpu) = cfg.cpu {
+                    crate::load::pin_current_thread(cpu);
+                }
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async move {
+                    let addr = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), cfg.port);
+                    let endpoint = Endpoint::server(server, addr).expect("binding the server");
+                    ready_tx.send(()).expect("ready");
+                    serve(endpoint, cfg.service_time, stop, served, handshakes).await;
+                });
+            })
+        };
+        ready_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the QUIC server did not start");
+        Self {
+            stop,
+            thread: Some(thread),
+            served,
+            handshakes,
+        }
+    }
+
+    /// Requests answered so far.
+    pub fn served(&self) -> u64 {
+        self.served.load(Ordering::Relaxed)
+    }
+
+    /// Handshakes completed so far.
+    pub fn handshakes(&self) -> u64 {
+        self.handshakes.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for QuicServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn serve(
+    endpoint: Endpoint,
+    service_time: Duration,
+    stop: Arc<AtomicBool>,
+    served: Arc<AtomicU64>,
+    handshakes: Arc<AtomicU64>,
+) {
+    loop {
+        let incoming = tokio::select! {
+            i = endpoint.accept() => i,
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                continue;
+            }
+        };
+        let Some(incoming) = incoming else { break };
+        let (served, handshakes) = (served.clone(), handshakes.clone());
+        tokio::spawn(async move {
+            let Ok(conn) = incoming.await else { return };
+            handshakes.fetch_add(1, Ordering::Relaxed);
+            while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                let served = served.clone();
+                tokio::spawn(async move {
+                    if recv.read_to_end(64).await.is_err() {
+                        return;
+                    }
+                    // The work, on the event loop (see the module's comment).
+                    burn(service_time, || false);
+                    if send.write_all(RESPONSE).await.is_ok() && send.finish().is_ok() {
+                        served.fetch_add(1, Ordering::Relaxed);
+                        let _ = send.stopped().await;
+                    }
+                });
+            }
+        });
+    }
+    endpoint.close(0u32.into(), b"stopping");
+    endpoint.wait_idle().await;
+}
+
+/// How one request over a new QUIC connection ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum QuicOutcome {
+    /// Answered.
+    Ok,
+    /// The server refused the connection with Version Negotiation.
+    Refused,
+    /// Nothing within the deadline.
+    TimedOut,
+    /// Anything else, with quinn's words.
+    Failed(String),
+}
+
+/// A client's settings for one connection: the certificate to trust, how long the
+/// handshake may be silent before quinn gives up.
+#[derive(Clone)]
+pub struct QuicClient {
+    config: ClientConfig,
+}
+
+impl QuicClient {
+    pub fn new(tls: &TlsFiles, idle: Duration) -> Self {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(&tls.cert).expect("reading the certificate") {
+            roots.add(c.expect("parsing")).expect("adding the root");
+        }
+        let crypto = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let mut config = ClientConfig::new(Arc::new(
+            QuicClientConfig::try_from(crypto).expect("QUIC client config"),
+        ));
+        let mut transport = TransportConfig::default();
+        transport.max_idle_timeout(Some(
+            IdleTimeout::try_from(idle).expect("an idle timeout in range"),
+        ));
+        config.transport_config(Arc::new(transport));
+        Self { config }
+    }
+
+    /// One request over a new connection from its own UDP socket on `src`, as a browser
+    /// opens one: (outcome, time to it). Call inside a runtime in the client's namespace.
+    pub async fn request(
+        &self,
+        src: IpAddr,
+        server: SocketAddr,
+        deadline: Duration,
+    ) -> (QuicOutcome, Duration) {
+        let start = Instant::now();
+        let outcome = match tokio::time::timeout(deadline, self.exchange(src, server)).await {
+            Ok(o) => o,
+            Err(_) => QuicOutcome::TimedOut,
+        };
+        (outcome, start.elapsed())
+    }
+
+    async fn exchange(&self, src: IpAddr, server: SocketAddr) -> QuicOutcome {
+        let endpoint = match Endpoint::client(SocketAddr::new(src, 0)) {
+            Ok(e) => e,
+            Err(e) => return QuicOutcome::Failed(format!("client socket: {e}")),
+        };
+        let connecting = match endpoint.connect_with(self.config.clone(), server, QUIC_SERVER_NAME)
+        {
+            Ok(c) => c,
+            Err(e) => return QuicOutcome::Failed(format!("connect: {e}")),
+        };
+        let conn = match connecting.await {
+            Ok(c) => c,
+            Err(ConnectionError::VersionMismatch) => return QuicOutcome::Refused,
+            Err(ConnectionError::TimedOut) => return QuicOutcome::TimedOut,
+            Err(e) => return QuicOutcome::Failed(format!("handshake: {e}")),
+        };
+        let outcome = async {
+            let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+            send.write_all(REQUEST).await.map_err(|e| e.to_string())?;
+            send.finish().map_err(|e| e.to_string())?;
+            let body = recv.read_to_end(64).await.map_err(|e| e.to_string())?;
+            if body == RESPONSE[..] {
+                Ok(())
+            } else {
+                Err(format!("unexpected response {body:?}"))
+            }
+        }
+        .await;
+        // Closed without waiting for the close to drain: the endpoint's driver sends it.
+        conn.close(0u32.into(), b"done");
+        match outcome {
+            Ok(()) => QuicOutcome::Ok,
+            Err(e) => QuicOutcome::Failed(e),
+        }
+    }
+}

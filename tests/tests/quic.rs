@@ -1,0 +1,179 @@
+//! QUIC services with a real QUIC stack (quinn's server and client) over veth, protected by
+//! the daemon as an operator runs it: admitted connections are served and counted, a
+//! refusal (`action = "rst"`: Version Negotiation) makes the client fail at once, a drop
+//! costs it a probe timeout before its resent Initial is decided again.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
+
+use shedder::kernel::{MapReader, PinnedMaps};
+use shedder_common::{CLASS_MEDIUM, NUM_REASONS, VERDICT_DROP, VERDICT_RST, decision_index, hist};
+use shedder_tests::{
+    daemon::{Daemon, pin_dir},
+    netns::{IFACE, Pair},
+    peers::{QuicClient, QuicOutcome, QuicServer, QuicServerConfig, TlsFiles},
+    policy::{CLIENT_V4, SERVER_V4},
+    require_root,
+};
+
+const REFUSE_PORT: u16 = 7700;
+const DROP_PORT: u16 = 7701;
+
+/// Two QUIC services, one refusing and one dropping, each letting MEDIUM open one
+/// connection a second (a token bucket), so the second attempt in a second is refused.
+fn config(pins: &std::path::Path) -> String {
+    let service = |name: &str, port: u16, action: &str| {
+        format!(
+            r#"
+[[service]]
+name = "{name}"
+protocol = "quic"
+ports = [{port}]
+controller = "fixed"
+min_limit = 1
+max_limit = 100
+fixed_limit = 50
+fallback_limit = 50
+action = "{action}"
+retry_window_ms = 0
+rate = {{ medium = {{ per_second = 1, burst = 1 }} }}
+"#
+        )
+    };
+    format!(
+        "[daemon]\ninterfaces = [\"{IFACE}\"]\nattach = \"tc\"\npin_dir = \"{}\"\ntick_ms = 100\n{}{}",
+        pins.display(),
+        service("h3", REFUSE_PORT, "refuse"),
+        service("h3drop", DROP_PORT, "drop"),
+    )
+}
+
+/// Decisions of `service` for MEDIUM with `verdict`, any reason.
+fn decided(maps: &PinnedMaps, service: u32, verdict: u32) -> u64 {
+    let n = maps.counters(service).expect("counters");
+    (0..NUM_REASONS)
+        .map(|r| n[decision_index(CLASS_MEDIUM, verdict, r) as usize])
+        .sum()
+}
+
+#[test]
+fn quic_refusal_fails_the_client_at_once_and_a_drop_leaves_it_to_time_out() {
+    require_root();
+    shedder_tests::ensure_fs();
+    let pair = Pair::new("quic");
+    let dir = std::env::temp_dir().join(format!("shedder-quic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let tls = TlsFiles::self_signed(&dir, shedder_tests::peers::QUIC_SERVER_NAME, 2048);
+    let servers: Vec<QuicServer> = [REFUSE_PORT, DROP_PORT]
+        .into_iter()
+        .map(|port| {
+            QuicServer::start(
+                &pair.server,
+                &tls,
+                QuicServerConfig {
+                    port,
+                    service_time: Duration::from_millis(1),
+                    cpu: None,
+                },
+            )
+        })
+        .collect();
+    let pins = pin_dir("quic");
+    let mut daemon = Daemon::start(&pair.server, "quic", &config(&pins), &pins);
+    daemon.wait_for_log("running", Duration::from_secs(10));
+
+    let client = QuicClient::new(&tls, Duration::from_secs(5));
+    let run = |port: u16, n: usize| -> Vec<(QuicOutcome, Duration)> {
+        let client = client.clone();
+        pair.client.run(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let mut out = Vec::new();
+                for _ in 0..n {
+                    out.push(
+                        client
+                            .request(
+                                IpAddr::V4(CLIENT_V4),
+                                SocketAddr::new(IpAddr::V4(SERVER_V4), port),
+                                Duration::from_secs(3),
+                            )
+                            .await,
+                    );
+                }
+                out
+            })
+        })
+    };
+
+    // Refusing service: the first connection of the second is served, the next ones are
+    // refused with Version Negotiation, and quinn gives up on receiving it.
+    let first = run(REFUSE_PORT, 1);
+    assert_eq!(
+        first[0].0,
+        QuicOutcome::Ok,
+        "the first connection: {first:?}"
+    );
+    let refused = run(REFUSE_PORT, 5);
+    let slowest = refused.iter().map(|(_, t)| *t).max().expect("five");
+    for (o, t) in &refused {
+        assert_eq!(*o, QuicOutcome::Refused, "after {t:?}: {refused:?}");
+    }
+    assert!(
+        slowest < Duration::from_millis(100),
+        "a refused client failed after {slowest:?}: {refused:?}"
+    );
+    eprintln!(
+        "QUIC refusal: quinn failed with VersionMismatch after {:?} (slowest of 5; all: {:?})",
+        slowest,
+        refused.iter().map(|(_, t)| *t).collect::<Vec<_>>()
+    );
+
+    // Dropping service: the second connection's Initial is dropped; quinn resends it after
+    // its probe timeout (about a second, from its initial RTT estimate of 333 ms), when the
+    // bucket has a token again: the resent Initial, a retransmit of the same attempt, is
+    // admitted then.
+    let first = run(DROP_PORT, 1);
+    assert_eq!(
+        first[0].0,
+        QuicOutcome::Ok,
+        "the first connection: {first:?}"
+    );
+    let dropped = run(DROP_PORT, 1);
+    assert_eq!(dropped[0].0, QuicOutcome::Ok, "{dropped:?}");
+    assert!(
+        dropped[0].1 >= Duration::from_millis(900),
+        "served without waiting for a resend: {dropped:?}"
+    );
+    eprintln!(
+        "QUIC drop: quinn's connection was served after {:?} (its resent Initial)",
+        dropped[0].1
+    );
+
+    // The kernel's view: the refusals and the drop counted, the resent Initial as a
+    // retransmit, each served connection's handshake delay measured.
+    let maps = PinnedMaps::open(&pins).expect("pinned maps");
+    assert_eq!(decided(&maps, 0, VERDICT_RST), 5);
+    assert_eq!(decided(&maps, 1, VERDICT_DROP), 1);
+    let c = maps.service_counters(1).expect("counters");
+    assert!(
+        c.retransmits[CLASS_MEDIUM as usize] >= 1,
+        "{:?}",
+        c.retransmits
+    );
+    for (svc, served) in [(0, 1), (1, 2)] {
+        let delays: u64 = maps
+            .histogram(svc, hist::KIND_QUEUE_AGE)
+            .expect("histogram")
+            .iter()
+            .sum();
+        assert_eq!(delays, served, "service {svc}: handshakes answered");
+        assert_eq!(servers[svc as usize].handshakes(), served);
+    }
+    daemon.terminate();
+    let _ = std::fs::remove_dir_all(&dir);
+}
