@@ -6,9 +6,10 @@
 //!   destination connection ID: the one the server chose). It is the time the server took
 //!   to take the connection up, plus one round trip, and fills the service's queue-age
 //!   histogram, the delay the controllers compare with the target.
-//! - **a concurrency estimate**: the connections that were answered and sent a datagram
-//!   within the service's active window. Each flow is counted once, in the slot (about
-//!   250 ms) it was last seen in ([`AliveSlot`]); a flow seen in a new slot moves its count
+//! - **a concurrency estimate**: the connections admitted and not yet answered (counted
+//!   from their admission, for [`WAITING_WINDOW_MS`] after their last Initial), and those
+//!   answered that sent a datagram within the service's active window. Each flow is counted once, in the slot (about
+//!   64 ms) it was last seen in ([`AliveSlot`]); a flow seen in a new slot moves its count
 //!   there. The daemon sums the slots within the window. The packet path cannot see a
 //!   connection close (CONNECTION_CLOSE is encrypted), so a connection counts until it has
 //!   been quiet for the window: a short window lets closed connections go soon and leaves
@@ -23,9 +24,9 @@ use crate::NUM_CLASSES;
 
 /// Flows remembered at once (an LRU hash: the least recently seen are forgotten first).
 pub const FLOW_ENTRIES: u32 = 65536;
-/// Slots of the concurrency estimate's ring: the longest window in slots (about 250 ms
-/// each, [`slot`]).
-pub const ALIVE_RING: u32 = 64;
+/// Slots of the concurrency estimate's ring: the longest window in slots (about 64 ms
+/// each, [`slot`]): 8 s.
+pub const ALIVE_RING: u32 = 128;
 
 /// A flow: the client's address and port and the service's port.
 #[repr(C)]
@@ -52,19 +53,16 @@ pub struct Flow {
     /// Its source connection ID digest: a later Initial with the same one continues this
     /// handshake, one with another starts a new connection from the same socket.
     pub scid: u32,
-    /// The slot the flow is counted in ([`slot`]); meaningful once answered.
+    /// The slot the flow is counted in ([`slot`]).
     pub slot: u32,
     pub service: u16,
     pub class: u8,
-    /// [`FLOW_ANSWERED`], [`FLOW_PENDING`].
+    /// [`FLOW_ANSWERED`] once the server's answer was seen.
     pub state: u8,
 }
 
 /// [`Flow::state`]: the server's answer was seen.
 pub const FLOW_ANSWERED: u8 = 1;
-/// [`Flow::state`]: the admission is counted as pending until answered (not for a dry-run
-/// shed, which passes uncounted).
-pub const FLOW_PENDING: u8 = 2;
 
 /// What a datagram of a known flow says.
 pub const SEEN_LIVENESS: u32 = 0;
@@ -74,7 +72,8 @@ pub const SEEN_ANSWERED: u32 = 1;
 pub const SEEN_INITIAL: u32 = 2;
 
 /// The count of the flows last seen in one slot, by class, shared by the CPUs (added to
-/// atomically). Counts are signed: a flow's move is two additions, which a reader may
+/// atomically): `n[ANSWERED]` the answered ones, `n[WAITING]` those the server has not
+/// answered yet. Counts are signed: a flow's move is two additions, which a reader may
 /// catch half done.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -82,8 +81,13 @@ pub struct AliveSlot {
     /// The slot these counts are of (reused every [`ALIVE_RING`] slots).
     pub slot: u32,
     pub _pad: u32,
-    pub n: [i32; NUM_CLASSES],
+    pub n: [[i32; NUM_CLASSES]; 2],
 }
+
+/// [`AliveSlot::n`] of the flows the server has not answered yet.
+pub const WAITING: usize = 0;
+/// [`AliveSlot::n`] of the answered flows.
+pub const ANSWERED: usize = 1;
 
 /// The slots of one service.
 #[repr(C)]
@@ -106,9 +110,11 @@ pub const fn ring_index(slot: u32) -> usize {
     (slot % ALIVE_RING) as usize
 }
 
-/// Slots per pending epoch, as a power of two: a quarter of an epoch (about 250 ms), so
-/// that a window of a few slots moves on smoothly.
-pub const SLOT_SPLIT: u32 = 2;
+/// Slots per pending epoch, as a power of two: a sixteenth of an epoch (about 64 ms). The
+/// window moves on a slot at a time, and what leaves it is room the packet path admits
+/// into at once: slots of a quarter second let bursts of a quarter second's arrivals in
+/// together, which queued at the server for as long.
+pub const SLOT_SPLIT: u32 = 4;
 
 /// The slot of `jiffies`, with pending epochs of `2^epoch_shift` jiffies.
 #[inline(always)]
@@ -138,39 +144,45 @@ pub fn entry(held: u32, slot: u32) -> Entry {
     }
 }
 
-/// Count a flow of `class` in `slot` (`by` = 1), or take it out (`by` = -1, it was seen
-/// again in a later slot): the packet path does the same with atomic additions.
-pub fn add(ring: &mut AliveRing, slot: u32, class: u32, by: i32) {
+/// Count a flow of `class` (`state`: [`WAITING`] or [`ANSWERED`]) in `slot` (`by` = 1), or
+/// take it out (`by` = -1, it was seen again in a later slot, or answered): the packet path
+/// does the same with atomic additions.
+pub fn add(ring: &mut AliveRing, slot: u32, state: usize, class: u32, by: i32) {
     let e = &mut ring.slots[ring_index(slot)];
     match entry(e.slot, slot) {
         Entry::Skip => return,
         Entry::Reset => {
             *e = AliveSlot {
                 slot,
-                _pad: 0,
-                n: [0; NUM_CLASSES],
+                ..AliveSlot::default()
             }
         }
         Entry::Add => {}
     }
     let c = (class as usize) & (NUM_CLASSES - 1);
-    e.n[c] = e.n[c].wrapping_add(by);
+    e.n[state & 1][c] = e.n[state & 1][c].wrapping_add(by);
 }
 
-/// Flows per class last seen within `window` slots up to `now` (the current one
+/// Flows per class of `state` last seen within `window` slots up to `now` (the current one
 /// included). A sum below zero (a flow's move caught half done) counts zero.
-pub fn alive(ring: &AliveRing, now: u32, window: u32) -> [u32; NUM_CLASSES] {
+pub fn alive(ring: &AliveRing, state: usize, now: u32, window: u32) -> [u32; NUM_CLASSES] {
     let window = window.clamp(1, ALIVE_RING);
     let mut sum = [0i64; NUM_CLASSES];
     for e in &ring.slots {
         if now.wrapping_sub(e.slot) < window {
-            for (s, n) in sum.iter_mut().zip(e.n) {
+            for (s, n) in sum.iter_mut().zip(e.n[state & 1]) {
                 *s += n as i64;
             }
         }
     }
     sum.map(|s| s.clamp(0, u32::MAX as i64) as u32)
 }
+
+/// How long a flow the server has not answered counts after its last Initial: it waits in
+/// the server's queue, which will spend the work of a handshake on it whether or not its
+/// client still waits. Longer than a client's first resends of its Initial (about 1 and 3
+/// s after the first), so that a patient client's flow is counted throughout.
+pub const WAITING_WINDOW_MS: u64 = 5_000;
 
 /// Whether a datagram of `kind` from an admitted, unanswered flow shows the server's
 /// answer: a Handshake or 1-RTT packet, or an Initial to another destination ID.
@@ -194,33 +206,37 @@ mod tests {
     #[test]
     fn a_flow_is_counted_once_in_the_slot_it_was_last_seen_in() {
         let mut r = AliveRing::default();
-        // Answered in slot 10, seen again in slot 12.
-        add(&mut r, 10, 2, 1);
-        assert_eq!(alive(&r, 10, 30), [0, 0, 1, 0]);
-        add(&mut r, 10, 2, -1);
-        add(&mut r, 12, 2, 1);
-        assert_eq!(alive(&r, 12, 30), [0, 0, 1, 0]);
+        // Admitted in slot 9, answered in slot 10, seen again in slot 12.
+        add(&mut r, 9, WAITING, 2, 1);
+        assert_eq!(alive(&r, WAITING, 9, 30), [0, 0, 1, 0]);
+        add(&mut r, 9, WAITING, 2, -1);
+        add(&mut r, 10, ANSWERED, 2, 1);
+        assert_eq!(alive(&r, WAITING, 10, 30), [0; NUM_CLASSES]);
+        assert_eq!(alive(&r, ANSWERED, 10, 30), [0, 0, 1, 0]);
+        add(&mut r, 10, ANSWERED, 2, -1);
+        add(&mut r, 12, ANSWERED, 2, 1);
+        assert_eq!(alive(&r, ANSWERED, 12, 30), [0, 0, 1, 0]);
         // Idle past the window: gone.
-        assert_eq!(alive(&r, 12 + 30, 30), [0, 0, 0, 0]);
-        assert_eq!(alive(&r, 12 + 29, 30), [0, 0, 1, 0]);
+        assert_eq!(alive(&r, ANSWERED, 12 + 30, 30), [0, 0, 0, 0]);
+        assert_eq!(alive(&r, ANSWERED, 12 + 29, 30), [0, 0, 1, 0]);
     }
 
     #[test]
     fn a_reused_ring_entry_forgets_its_old_slot() {
         let mut r = AliveRing::default();
-        add(&mut r, 5, 1, 1);
-        add(&mut r, 5 + ALIVE_RING, 1, 1);
-        assert_eq!(alive(&r, 5 + ALIVE_RING, 10), [0, 1, 0, 0]);
+        add(&mut r, 5, ANSWERED, 1, 1);
+        add(&mut r, 5 + ALIVE_RING, ANSWERED, 1, 1);
+        assert_eq!(alive(&r, ANSWERED, 5 + ALIVE_RING, 10), [0, 1, 0, 0]);
         // Leaving an ancient slot whose entry was reused changes nothing.
-        add(&mut r, 5, 1, -1);
-        assert_eq!(alive(&r, 5 + ALIVE_RING, 10), [0, 1, 0, 0]);
+        add(&mut r, 5, ANSWERED, 1, -1);
+        assert_eq!(alive(&r, ANSWERED, 5 + ALIVE_RING, 10), [0, 1, 0, 0]);
     }
 
     #[test]
     fn half_done_moves_never_count_below_zero() {
         let mut r = AliveRing::default();
-        add(&mut r, 7, 0, -1);
-        assert_eq!(alive(&r, 7, 10), [0; NUM_CLASSES]);
+        add(&mut r, 7, ANSWERED, 0, -1);
+        assert_eq!(alive(&r, ANSWERED, 7, 10), [0; NUM_CLASSES]);
     }
 
     #[test]
@@ -237,13 +253,13 @@ mod tests {
 
     #[test]
     fn window_slots_round_up_within_the_ring() {
-        // HZ=1000, epochs of 1,024 jiffies, slots of 256.
-        assert_eq!(window_slots(2_000, 1000, 10), 8);
+        // HZ=1000, epochs of 1,024 jiffies, slots of 64.
+        assert_eq!(window_slots(2_000, 1000, 10), 32);
         assert_eq!(window_slots(1, 1000, 10), 1);
         assert_eq!(window_slots(10_000_000, 1000, 10), ALIVE_RING);
-        // HZ=250, epochs of 256 jiffies (1.024 s), slots of 64.
-        assert_eq!(window_slots(2_000, 250, 8), 8);
-        assert_eq!(slot(1024, 10), 4);
-        assert_eq!(slot(1023, 10), 3);
+        // HZ=250, epochs of 256 jiffies (1.024 s), slots of 16.
+        assert_eq!(window_slots(2_000, 250, 8), 32);
+        assert_eq!(slot(1024, 10), 16);
+        assert_eq!(slot(1023, 10), 15);
     }
 }

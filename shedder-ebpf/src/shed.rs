@@ -29,7 +29,10 @@ use shedder_common::{
     },
     decision_index, demote,
     fair::{self, ClassEpoch, Fairness, SOURCE_SETS, SOURCE_WAYS, SourceSet},
-    flow::{ALIVE_RING, AliveRing, FLOW_ENTRIES, FLOW_PENDING, Flow, FlowKey, SEEN_INITIAL},
+    flow::{
+        self, ALIVE_RING, AliveRing, Entry, FLOW_ENTRIES, Flow, FlowKey, SEEN_INITIAL, WAITING,
+        ring_index,
+    },
     gcra, is_pressure, mask,
     quic::{
         CID_WINDOW, CidWords, FIXED_BIT, HEADER_FORM_LONG, mask_cid, reserved_version,
@@ -567,7 +570,10 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     let dry_run = policy.mode == MODE_DRY_RUN;
     let outcome = 'act: {
         if admitted {
-            count_pending(pending, class, epoch);
+            // A QUIC admission is counted in flight at once instead (see `flow_admitted`).
+            if !QUIC {
+                count_pending(pending, class, epoch);
+            }
             count_decision(service, class, VERDICT_PASS, decision.reason, unique);
             break 'act Outcome::Pass;
         }
@@ -655,18 +661,19 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         }
     }
     if QUIC && passed {
-        // Remember the admitted flow: its answer and its datagrams are what the kernel can
-        // measure of the connection (see `shedder_common::flow`). A failed insertion only
-        // leaves it unmeasured.
+        // Remember the admitted flow and count it in flight (see `shedder_common::flow`).
+        // A failed insertion only leaves it unmeasured.
+        let slot = flow::slot(now, globals.epoch_shift());
         unsafe {
             let f = &raw mut (*memo).flow;
             (*f).admitted_ns = bpf_ktime_get_ns();
             (*f).service = service as u16;
             (*f).class = class as u8;
-            (*f).state = (admitted as u8) * FLOW_PENDING;
+            (*f).slot = slot;
             #[allow(clippy::needless_borrows_for_generic_args)] // by value would copy them
             let _ = SHEDDER_FLOWS.insert(&(*memo).flow_key, &*f, 0);
         }
+        flow_admitted(service, class, slot);
     }
     if admitted && class != own_class && syn.quic == 0 {
         // Admitted in a class other than its source's: tell the tracking path, which
@@ -899,6 +906,54 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
     );
     *s = next;
     unsafe { (*counts).sources = (*counts).sources.wrapping_add(first) };
+}
+
+/// A QUIC admission: counted in flight at once (the daemon's recount from the ring replaces
+/// the count every tick), and in the ring as waiting for the server's answer. A function of
+/// its own (a BPF subprogram), verified once rather than once per path of the decision.
+#[inline(never)]
+fn flow_admitted(service: u32, class: u32, slot: u32) {
+    if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service) {
+        unsafe {
+            atomic::add32(
+                &raw mut (*inflight).class[(class as usize) & (NUM_CLASSES - 1)],
+                1,
+            )
+        };
+    }
+    if let Some(ring) = SHEDDER_ALIVE.get_ptr_mut(service) {
+        alive_add(ring, slot, WAITING, class, 1);
+    }
+}
+
+/// Add `by` (1, or -1 as `u32::MAX`) to the flows of `class` in `state` last seen in
+/// `slot`, shared by the CPUs (see [`shedder_common::flow::add`], whose rule this is, with
+/// atomics).
+#[inline(always)]
+pub fn alive_add(ring: *mut AliveRing, slot: u32, state: usize, class: u32, by: u32) {
+    let e = unsafe { &raw mut (*ring).slots[ring_index(slot)] };
+    let held = unsafe { core::ptr::read_volatile(&raw const (*e).slot) };
+    match flow::entry(held, slot) {
+        Entry::Skip => return,
+        Entry::Reset => {
+            // The first CPU to claim the entry for `slot` clears its counts; one that
+            // finds it claimed by another slot meanwhile gives up (a count lost, not a
+            // wrong one).
+            let found = unsafe { atomic::compare_exchange(e.cast(), held as u64, slot as u64) };
+            if found == held as u64 {
+                unsafe { (*e).n = [[0; NUM_CLASSES]; 2] };
+            } else if found != slot as u64 {
+                return;
+            }
+        }
+        Entry::Add => {}
+    }
+    unsafe {
+        atomic::add32(
+            (&raw mut (*e).n[state & 1][(class as usize) & (NUM_CLASSES - 1)]).cast::<u32>(),
+            by,
+        )
+    };
 }
 
 /// The flow of a QUIC attempt: the client's address and port, the service's port.

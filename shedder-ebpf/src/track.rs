@@ -19,7 +19,7 @@ use shedder_common::{
     DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
     POLICY_CONFIGURED, SEED_BATCH, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SEED_UNPROTECTED,
     SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, SeedResult, SeedSock, ServiceHist, SockState,
-    flow::{self, AliveRing, Entry, FLOW_ANSWERED, FLOW_PENDING, FlowKey, ring_index},
+    flow::{self, ANSWERED, FLOW_ANSWERED, FlowKey, WAITING},
     hist, table,
     tp::{length, state},
 };
@@ -29,7 +29,7 @@ use crate::{
     parse::Datagram,
     shed::{
         SHEDDER_ALIVE, SHEDDER_DEMOTED, SHEDDER_FLOWS, SHEDDER_GLOBALS, SHEDDER_INFLIGHT,
-        SHEDDER_PENDING, SHEDDER_POLICY, SHEDDER_STATS, bump, classify, lookup_service,
+        SHEDDER_PENDING, SHEDDER_POLICY, SHEDDER_STATS, alive_add, bump, classify, lookup_service,
     },
 };
 
@@ -338,9 +338,9 @@ pub fn on_send(ctx: &TracePointContext) {
 }
 
 /// A datagram to a QUIC port that is not a new attempt: news of an admitted flow, if it is
-/// one (see [`shedder_common::flow`]). The first that shows the server's answer ends the
-/// flow's pending admission, counts it in flight and gives its handshake delay to the
-/// queue-age histogram; every later one keeps it counted as alive.
+/// one (see [`shedder_common::flow`]). The first that shows the server's answer gives the
+/// flow's handshake delay to the queue-age histogram and moves it from waiting to answered;
+/// every datagram keeps it counted in the slot it came in.
 #[inline(always)]
 pub fn quic_flow(d: &Datagram) {
     let key = FlowKey {
@@ -361,58 +361,22 @@ pub fn quic_flow(d: &Datagram) {
     let Some(ring) = SHEDDER_ALIVE.get_ptr_mut(service) else {
         return;
     };
-    if f.state & FLOW_ANSWERED == 0 {
-        if !flow::answers(d.kind, d.dcid, f) {
-            return;
-        }
+    let was = if f.state & FLOW_ANSWERED != 0 {
+        ANSWERED
+    } else {
+        WAITING
+    };
+    let mut is = was;
+    if was == WAITING && flow::answers(d.kind, d.dcid, f) {
         let delay = unsafe { bpf_ktime_get_ns() }.saturating_sub(f.admitted_ns);
         observe(service, hist::KIND_QUEUE_AGE, delay);
-        if f.state & FLOW_PENDING != 0 {
-            retire_pending(service, class);
-        }
-        if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service) {
-            unsafe {
-                atomic::add32(
-                    &raw mut (*inflight).class[(class as usize) & (NUM_CLASSES - 1)],
-                    1,
-                )
-            };
-        }
         f.state = FLOW_ANSWERED;
-    } else if f.slot == now {
+        is = ANSWERED;
+    }
+    if is == was && f.slot == now {
         return;
-    } else {
-        alive_add(ring, f.slot, class, u32::MAX);
     }
+    alive_add(ring, f.slot, was, class, u32::MAX);
+    alive_add(ring, now, is, class, 1);
     f.slot = now;
-    alive_add(ring, now, class, 1);
-}
-
-/// Add `by` (1, or -1 as `u32::MAX`) to the flows of `class` last seen in `slot`, shared by
-/// the CPUs (see [`shedder_common::flow::add`], whose rule this is, with atomics).
-#[inline(always)]
-fn alive_add(ring: *mut AliveRing, slot: u32, class: u32, by: u32) {
-    let e = unsafe { &raw mut (*ring).slots[ring_index(slot)] };
-    let held = unsafe { core::ptr::read_volatile(&raw const (*e).slot) };
-    match flow::entry(held, slot) {
-        Entry::Skip => return,
-        Entry::Reset => {
-            // The first CPU to claim the entry for `slot` clears its counts; one that
-            // finds it claimed by another slot meanwhile gives up (a count lost, not a
-            // wrong one).
-            let found = unsafe { atomic::compare_exchange(e.cast(), held as u64, slot as u64) };
-            if found == held as u64 {
-                unsafe { (*e).n = [0; NUM_CLASSES] };
-            } else if found != slot as u64 {
-                return;
-            }
-        }
-        Entry::Add => {}
-    }
-    unsafe {
-        atomic::add32(
-            &raw mut (*e).n[(class as usize) & (NUM_CLASSES - 1)] as *mut u32,
-            by,
-        )
-    };
 }

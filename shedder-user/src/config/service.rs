@@ -146,13 +146,16 @@ pub struct Service {
     pub active_window_ms: Option<u64>,
 }
 
-/// A QUIC service's active window when the configuration does not set one: 2 s. The
+/// A QUIC service's active window when the configuration does not set one: 250 ms. The
 /// packet path cannot see a QUIC connection close, so a closed connection counts for the
 /// window after its last datagram: a short window keeps that error small, and leaves out
-/// connections idle for longer, which cost the server little.
-pub const DEFAULT_ACTIVE_WINDOW_MS: u64 = 2_000;
-/// The longest window the packet path's ring of quarter-second slots covers.
-pub const MAX_ACTIVE_WINDOW_MS: u64 = 15_000;
+/// connections idle for longer, which cost the server little. (With 2 s, a server of 64
+/// requests a second had hundreds of connections "open" and the limit moved in steps too
+/// coarse to hold it at capacity.)
+pub const DEFAULT_ACTIVE_WINDOW_MS: u64 = 250;
+/// The longest window the packet path's ring of slots covers (see
+/// `shedder_common::flow::ALIVE_RING`).
+pub const MAX_ACTIVE_WINDOW_MS: u64 = 8_000;
 
 impl Service {
     /// A QUIC service's active window, as configured or the default.

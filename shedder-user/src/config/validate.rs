@@ -446,10 +446,10 @@ impl Config {
                         "only a QUIC service (protocol = \"quic\") has an active window",
                     ));
                 }
-                if !(250..=MAX_ACTIVE_WINDOW_MS).contains(&ms) {
+                if !(100..=MAX_ACTIVE_WINDOW_MS).contains(&ms) {
                     return Err(err(
                         field("active_window_ms"),
-                        format!("{ms} is outside 250..={MAX_ACTIVE_WINDOW_MS}"),
+                        format!("{ms} is outside 100..={MAX_ACTIVE_WINDOW_MS}"),
                     ));
                 }
             }
@@ -835,7 +835,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.ends_with("service[0] (h3).active_window_ms: 60000 is outside 250..=15000"),
+            e.ends_with("service[0] (h3).active_window_ms: 60000 is outside 100..=8000"),
             "{e}"
         );
         let c = Config::parse(&format!("{IFACE}{quic}active_window_ms = 5000\n")).expect("5 s");

@@ -50,10 +50,11 @@ impl Daemon {
         }
     }
 
-    /// Write each QUIC service's open connections (its admitted flows seen within its
-    /// active window) as its in-flight count, what the packet path holds against its limit. The
-    /// packet path adds each flow when the server answers it; this recount takes away the
-    /// ones gone quiet.
+    /// Write each QUIC service's open connections as its in-flight count, what the packet
+    /// path holds against its limit: the admitted flows the server has not answered yet
+    /// (seen within `flow::WAITING_WINDOW_MS`) and the answered ones seen within the
+    /// service's active window. The packet path adds each flow when it admits it; this
+    /// recount takes away the ones gone quiet.
     fn count_quic_flows(&mut self, jiffies: u64) {
         let quic = self
             .cfg
@@ -74,11 +75,25 @@ impl Daemon {
                 },
             };
             let slot = flow::slot(jiffies, g.epoch_shift());
-            let window = flow::window_slots(s.active_window_ms(), self.hz, g.epoch_shift());
+            let window = |ms| flow::window_slots(ms, self.hz, g.epoch_shift());
             let counted = self
                 .shedder
-                .alive(id as u32, slot, window)
-                .and_then(|class| self.shedder.set_inflight(id as u32, &Inflight { class }));
+                .alive(
+                    id as u32,
+                    flow::ANSWERED,
+                    slot,
+                    window(s.active_window_ms()),
+                )
+                .and_then(|answered| {
+                    let waiting = self.shedder.alive(
+                        id as u32,
+                        flow::WAITING,
+                        slot,
+                        window(flow::WAITING_WINDOW_MS),
+                    )?;
+                    let class = std::array::from_fn(|c| answered[c].saturating_add(waiting[c]));
+                    self.shedder.set_inflight(id as u32, &Inflight { class })
+                });
             if let Err(e) = counted {
                 warn!(service = %s.name, error = %e, "counting the QUIC service's open flows");
             }

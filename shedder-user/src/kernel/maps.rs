@@ -226,14 +226,20 @@ pub trait MapReader {
         m.get(&service, 0).map_err(map_err(maps::INFLIGHT))
     }
 
-    /// A QUIC service's flows per class last seen within `window` slots up to slot `now`
-    /// (see [`shedder_common::flow`]).
-    fn alive(&self, service: u32, now: u32, window: u32) -> Result<[u32; NUM_CLASSES]> {
+    /// A QUIC service's flows per class in `state` (`flow::WAITING` or `flow::ANSWERED`)
+    /// last seen within `window` slots up to slot `now` (see [`shedder_common::flow`]).
+    fn alive(
+        &self,
+        service: u32,
+        state: usize,
+        now: u32,
+        window: u32,
+    ) -> Result<[u32; NUM_CLASSES]> {
         check_service(service)?;
         let m: Array<&MapData, shedder_common::flow::AliveRing> =
             Array::try_from(self.map_named(maps::ALIVE)?).map_err(map_err(maps::ALIVE))?;
         let ring = m.get(&service, 0).map_err(map_err(maps::ALIVE))?;
-        Ok(shedder_common::flow::alive(&ring, now, window))
+        Ok(shedder_common::flow::alive(&ring, state, now, window))
     }
 
     /// The service's per-class fair-share and retry-budget counts of its last two epochs.

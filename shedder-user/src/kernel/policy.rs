@@ -59,12 +59,22 @@ pub fn service_policy(
         None => allocate(total, s.max_limit, ladder),
     };
     let fallback = allocate(s.fallback_limit, s.max_limit, ladder);
+    let pace = quic_pace(s, total);
     let mut classes = [ClassPolicy::default(); NUM_CLASSES];
     for (id, c) in classes.iter_mut().enumerate() {
-        let bucket = shedder_common::CLASS_NAMES
+        let configured = shedder_common::CLASS_NAMES
             .get(id)
             .and_then(|name| s.rate.get(*name))
             .and_then(|r| BucketParams::new(r.per_second, r.burst));
+        // CRITICAL is bounded by its ceiling, never paced.
+        let paced = pace.filter(|_| id != shedder_common::CLASS_CRITICAL as usize);
+        let bucket = match (configured, paced) {
+            (Some(a), Some(b)) => Some(BucketParams {
+                interval_ns: a.interval_ns.max(b.interval_ns),
+                burst_ns: a.burst_ns.min(b.burst_ns),
+            }),
+            (a, b) => a.or(b),
+        };
         *c = ClassPolicy {
             limit: live[id].share,
             fallback_limit: fallback[id].share,
@@ -106,6 +116,25 @@ pub fn service_policy(
         },
         retry_budget_min: s.retry_budget_min,
     }
+}
+
+/// A QUIC service's pacing of new connections: its limit spread evenly over its active
+/// window, with room for a sixteenth of the limit at once. A QUIC service's in-flight count
+/// is of connections seen within the window (the packet path cannot see one close), so room
+/// under the limit opens when connections go quiet, a window after they were served, and
+/// at three times the capacity any room fills at once: the admissions of a moment would
+/// leave the window together a window later and come back as another burst. Paced, they
+/// reach the server as evenly as they are admitted.
+fn quic_pace(s: &Service, total: u32) -> Option<BucketParams> {
+    if s.protocol != Protocol::Quic {
+        return None;
+    }
+    let window_ns = s.active_window_ms().saturating_mul(1_000_000);
+    let interval_ns = (window_ns / u64::from(total.max(1))).max(1);
+    Some(BucketParams {
+        interval_ns,
+        burst_ns: interval_ns.saturating_mul(u64::from((total / 16).max(1))),
+    })
 }
 
 /// The mask of a prefix of `len` bits (at most `bits`, 32 or 128), as words in network

@@ -25,7 +25,10 @@ use std::{
 pub use haproxy::{Haproxy, HaproxyConfig};
 pub use nft::Nft;
 pub use nginx::{Nginx, NginxConfig, NginxLimit, TlsFiles};
-pub use quic::{QUIC_SERVER_NAME, QuicClient, QuicOutcome, QuicServer, QuicServerConfig};
+pub use quic::{
+    QUIC_SERVER_NAME, QuicClient, QuicOutcome, QuicServer, QuicServerConfig, QuicTally,
+    closed_loop as quic_closed_loop, open_loop as quic_open_loop,
+};
 
 use crate::netns::Netns;
 

@@ -253,3 +253,145 @@ impl QuicClient {
         }
     }
 }
+
+/// What became of the requests from one source.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuicTally {
+    pub sent: u64,
+    pub ok: u64,
+    pub refused: u64,
+    pub timed_out: u64,
+    pub failed: u64,
+}
+
+impl QuicTally {
+    fn count(&mut self, o: &QuicOutcome) {
+        self.sent += 1;
+        match o {
+            QuicOutcome::Ok => self.ok += 1,
+            QuicOutcome::Refused => self.refused += 1,
+            QuicOutcome::TimedOut => self.timed_out += 1,
+            QuicOutcome::Failed(_) => self.failed += 1,
+        }
+    }
+
+    /// Share of the requests answered.
+    pub fn success(&self) -> f64 {
+        if self.sent == 0 {
+            return 0.0;
+        }
+        self.ok as f64 / self.sent as f64
+    }
+}
+
+/// Open-loop load from the client's namespace: `rate` new connections a second for
+/// `duration`, each one request with `deadline`, the sources taking turns by weight
+/// (`mix`: address and weight); one tally per source, for the requests begun after `warmup`.
+/// The client's threads run on `cpu` (not the server's).
+#[allow(clippy::too_many_arguments)]
+pub fn open_loop(
+    ns: &Netns,
+    client: &QuicClient,
+    server: SocketAddr,
+    mix: &[(IpAddr, u32)],
+    rate: f64,
+    duration: Duration,
+    warmup: Duration,
+    deadline: Duration,
+    cpu: Option<usize>,
+) -> Vec<QuicTally> {
+    let pattern: Vec<usize> = mix
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &(_, w))| std::iter::repeat_n(i, w as usize))
+        .collect();
+    let sources: Vec<IpAddr> = mix.iter().map(|&(a, _)| a).collect();
+    let client = client.clone();
+    ns.run(move || {
+        if let Some(cpu) = cpu {
+            crate::load::pin_current_thread(cpu);
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let mut tasks = Vec::new();
+            let start = tokio::time::Instant::now();
+            let interval = Duration::from_secs_f64(1.0 / rate);
+            let mut i = 0usize;
+            loop {
+                let at = start + interval.mul_f64(i as f64);
+                if at.duration_since(start) >= duration {
+                    break;
+                }
+                tokio::time::sleep_until(at).await;
+                let source = pattern[i % pattern.len()];
+                let counted = at.duration_since(start) >= warmup;
+                let (client, src) = (client.clone(), sources[source]);
+                tasks.push(tokio::spawn(async move {
+                    let (o, _) = client.request(src, server, deadline).await;
+                    (source, counted, o)
+                }));
+                i += 1;
+            }
+            let mut tallies = vec![QuicTally::default(); sources.len()];
+            for t in tasks {
+                if let Ok((source, true, o)) = t.await {
+                    tallies[source].count(&o);
+                }
+            }
+            tallies
+        })
+    })
+}
+
+/// The server's capacity in requests a second, one request per connection: `clients`
+/// clients each opening connections back to back for `duration` from `src`, their threads
+/// on `cpu`.
+pub fn closed_loop(
+    ns: &Netns,
+    client: &QuicClient,
+    server: SocketAddr,
+    src: IpAddr,
+    clients: usize,
+    duration: Duration,
+    cpu: Option<usize>,
+) -> f64 {
+    let client = client.clone();
+    let served = ns.run(move || {
+        if let Some(cpu) = cpu {
+            crate::load::pin_current_thread(cpu);
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let end = tokio::time::Instant::now() + duration;
+            let mut tasks = Vec::new();
+            for _ in 0..clients {
+                let client = client.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut ok = 0u64;
+                    while tokio::time::Instant::now() < end {
+                        if client.request(src, server, Duration::from_secs(2)).await.0
+                            == QuicOutcome::Ok
+                        {
+                            ok += 1;
+                        }
+                    }
+                    ok
+                }));
+            }
+            let mut ok = 0;
+            for t in tasks {
+                ok += t.await.unwrap_or(0);
+            }
+            ok
+        })
+    });
+    served as f64 / duration.as_secs_f64()
+}
