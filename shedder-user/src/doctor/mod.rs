@@ -1,6 +1,6 @@
 //! `shedder doctor`: check everything shedder needs on this host — kernel, pseudo-filesystems,
-//! capabilities, BPF settings, the configured interfaces and cgroups, the daemon — each with a
-//! verdict and, when something is wrong, a concrete fix.
+//! capabilities, BPF settings, the configured interfaces, cgroups and services' sockets, the
+//! daemon — each with a verdict and, when something is wrong, a concrete fix.
 //!
 //! Every check is independent and never panics: a check that cannot run reports why.
 //! Interfaces are looked up in the caller's network namespace.
@@ -17,6 +17,7 @@ mod filesystems;
 mod fleet;
 mod interfaces;
 mod kernel;
+mod sockets;
 
 use std::{fmt::Write as _, path::Path};
 
@@ -32,6 +33,7 @@ use self::{
     fleet::check_fleet,
     interfaces::check_interface,
     kernel::{BTF_VMLINUX, check_btf, check_kernel, check_memlock, memlock_limit},
+    sockets::check_sockets,
 };
 pub use self::{
     capabilities::{missing_capabilities, parse_cap_eff},
@@ -167,6 +169,9 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
                 out.extend(check_interface(cfg, iface, &start));
             }
         }
+    }
+    if let Some(cfg) = config {
+        out.extend(check_sockets(cfg));
     }
     if let Some(f) = config.and_then(|c| c.fleet.as_ref()) {
         out.push(check_fleet(f));

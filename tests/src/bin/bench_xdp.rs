@@ -151,8 +151,12 @@ fn next_flood(frame: &mut [u8], n: u64) {
     ]);
     let port = 1024 + (n.wrapping_mul(7919) % 64_000) as u16;
     frame[SPORT_OFFSET..SPORT_OFFSET + 2].copy_from_slice(&port.to_be_bytes());
-    let isn = (n as u32).wrapping_mul(0x9e37_79b9);
-    frame[ISN_OFFSET..ISN_OFFSET + 4].copy_from_slice(&isn.to_be_bytes());
+    // A TCP SYN also gets a new initial sequence number; a QUIC Initial (UDP, protocol
+    // 17) is a new flow by its source address and port alone.
+    if frame[23] != 17 {
+        let isn = (n as u32).wrapping_mul(0x9e37_79b9);
+        frame[ISN_OFFSET..ISN_OFFSET + 4].copy_from_slice(&isn.to_be_bytes());
+    }
     frame[IP_CSUM_OFFSET..IP_CSUM_OFFSET + 2].copy_from_slice(&[0, 0]);
     let sum = checksum(&[&frame[14..34]]);
     frame[IP_CSUM_OFFSET..IP_CSUM_OFFSET + 2].copy_from_slice(&sum.to_be_bytes());
@@ -354,8 +358,11 @@ fn paths() -> Vec<PathSpec> {
             .flood(),
         // QUIC: the TCP program sees UDP to a QUIC port and tail-calls the QUIC one, which
         // parses the Initial and decides it.
+        // Admitted, an Initial becomes a flow, whose later Initials pass as its own: every
+        // call comes from a new source address and port (as the flood rows), so that each
+        // is a new attempt, decided and remembered.
         PathSpec {
-            label: "QUIC Initial admit (limits u32::MAX)",
+            label: "QUIC Initial admit, a new flow each (limits u32::MAX)",
             packet: initial(PORT_QUIC_DROP),
             policy: Some((SVC_QUIC_DROP, unlimited_policy(ACTION_DROP, MODE_ENFORCE))),
             decision: Some(Decision {
@@ -363,7 +370,8 @@ fn paths() -> Vec<PathSpec> {
                 ..admit_decision
             }),
             ..admit_spec.clone()
-        },
+        }
+        .flood(),
         PathSpec {
             label: "QUIC Initial drop (class at its limit)",
             packet: initial(PORT_QUIC_DROP),
