@@ -1067,7 +1067,7 @@ fn in_documentation_range(addr: IpAddr) -> bool {
 fn example_config_validates_and_uses_documentation_addresses() {
     let cfg = Config::parse(&read_repo_file(CONFIG)).unwrap_or_else(|e| panic!("{CONFIG}: {e}"));
     assert!(
-        (2..=3).contains(&cfg.services.len()),
+        (2..=4).contains(&cfg.services.len()),
         "{} services",
         cfg.services.len()
     );
