@@ -53,6 +53,28 @@ rate = {{ medium = {{ per_second = 1, burst = 1 }} }}
     )
 }
 
+/// The server's self-signed certificate, in a directory removed on drop (also while
+/// unwinding).
+struct Certificate {
+    dir: std::path::PathBuf,
+    tls: TlsFiles,
+}
+
+impl Certificate {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("shedder-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let tls = TlsFiles::self_signed(&dir, shedder_tests::peers::QUIC_SERVER_NAME, 2048);
+        Self { dir, tls }
+    }
+}
+
+impl Drop for Certificate {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// Decisions of `service` for MEDIUM with `verdict`, any reason.
 fn decided(maps: &PinnedMaps, service: u32, verdict: u32) -> u64 {
     let n = maps.counters(service).expect("counters");
@@ -62,19 +84,18 @@ fn decided(maps: &PinnedMaps, service: u32, verdict: u32) -> u64 {
 }
 
 #[test]
-fn quic_refusal_fails_the_client_at_once_and_a_drop_leaves_it_to_time_out() {
+fn quic_refusal_fails_the_client_at_once_and_a_drop_costs_it_a_resend() {
     require_root();
     shedder_tests::ensure_fs();
     let pair = Pair::new("quic");
-    let dir = std::env::temp_dir().join(format!("shedder-quic-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let tls = TlsFiles::self_signed(&dir, shedder_tests::peers::QUIC_SERVER_NAME, 2048);
+    let cert = Certificate::new("quic");
+    let tls = &cert.tls;
     let servers: Vec<QuicServer> = [REFUSE_PORT, DROP_PORT]
         .into_iter()
         .map(|port| {
             QuicServer::start(
                 &pair.server,
-                &tls,
+                tls,
                 QuicServerConfig {
                     port,
                     service_time: Duration::from_millis(1),
@@ -87,7 +108,7 @@ fn quic_refusal_fails_the_client_at_once_and_a_drop_leaves_it_to_time_out() {
     let mut daemon = Daemon::start(&pair.server, "quic", &config(&pins), &pins);
     daemon.wait_for_log("running", Duration::from_secs(10));
 
-    let client = QuicClient::new(&tls, Duration::from_secs(5));
+    let client = QuicClient::new(tls, Duration::from_secs(5));
     let run = |port: u16, n: usize| -> Vec<(QuicOutcome, Duration)> {
         let client = client.clone();
         pair.client.run(move || {
@@ -178,7 +199,6 @@ fn quic_refusal_fails_the_client_at_once_and_a_drop_leaves_it_to_time_out() {
         assert_eq!(servers[svc as usize].handshakes(), served);
     }
     daemon.terminate();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 const OVERLOAD_PORT: u16 = 7702;
@@ -217,12 +237,11 @@ fn a_quic_service_at_three_times_its_capacity_keeps_critical_and_its_goodput() {
     require_root();
     shedder_tests::ensure_fs();
     let pair = Pair::new("quico");
-    let dir = std::env::temp_dir().join(format!("shedder-quico-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let tls = TlsFiles::self_signed(&dir, shedder_tests::peers::QUIC_SERVER_NAME, 2048);
+    let cert = Certificate::new("quico");
+    let tls = &cert.tls;
     let server = QuicServer::start(
         &pair.server,
-        &tls,
+        tls,
         QuicServerConfig {
             port: OVERLOAD_PORT,
             service_time: Duration::from_millis(15),
@@ -230,7 +249,7 @@ fn a_quic_service_at_three_times_its_capacity_keeps_critical_and_its_goodput() {
         },
     );
     let target = SocketAddr::new(IpAddr::V4(SERVER_V4), OVERLOAD_PORT);
-    let client = QuicClient::new(&tls, Duration::from_secs(5));
+    let client = QuicClient::new(tls, Duration::from_secs(5));
     let capacity = quic_closed_loop(
         &pair.client,
         &client,
@@ -288,7 +307,6 @@ fn a_quic_service_at_three_times_its_capacity_keeps_critical_and_its_goodput() {
     // The same load without shedder, for comparison, after it (a server left behind by
     // this run would hand the shedding run its backlog).
     run("unprotected");
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         protected[0].success() >= 0.99,
         "CRITICAL {:?}",

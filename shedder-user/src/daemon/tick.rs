@@ -175,6 +175,7 @@ impl Daemon {
             state: self.state(),
             services: self.reader.cumulative(),
             listen: self.reader.listen_counters(),
+            udp_errors: self.reader.udp_errors(),
             heartbeat: self.last_heartbeat,
         }
     }

@@ -69,10 +69,7 @@ pub fn service_policy(
         // CRITICAL is bounded by its ceiling, never paced.
         let paced = pace.filter(|_| id != shedder_common::CLASS_CRITICAL as usize);
         let bucket = match (configured, paced) {
-            (Some(a), Some(b)) => Some(BucketParams {
-                interval_ns: a.interval_ns.max(b.interval_ns),
-                burst_ns: a.burst_ns.min(b.burst_ns),
-            }),
+            (Some(a), Some(b)) => Some(stricter(a, b)),
             (a, b) => a.or(b),
         };
         *c = ClassPolicy {
@@ -137,6 +134,17 @@ fn quic_pace(s: &Service, total: u32) -> Option<BucketParams> {
     })
 }
 
+/// The stricter of two token buckets: the slower rate, and the fewer tokens of room (at
+/// least one) at that rate.
+fn stricter(a: BucketParams, b: BucketParams) -> BucketParams {
+    let tokens = |p: BucketParams| (p.burst_ns / p.interval_ns.max(1)).max(1);
+    let interval_ns = a.interval_ns.max(b.interval_ns);
+    BucketParams {
+        interval_ns,
+        burst_ns: interval_ns.saturating_mul(tokens(a).min(tokens(b))),
+    }
+}
+
 /// The mask of a prefix of `len` bits (at most `bits`, 32 or 128), as words in network
 /// byte order, the order the packet path reads the address in.
 fn prefix_mask(len: u8, bits: u8) -> [u32; 4] {
@@ -198,6 +206,40 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quic_service_is_paced_at_its_limit_per_window_and_a_configured_rate_still_binds() {
+        let cfg = |extra: &str| {
+            Config::parse(&format!(
+                "[daemon]\ninterfaces = [\"eth0\"]\n[[service]]\nname = \"h3\"\nprotocol = \"quic\"\nports = [443]\n{extra}"
+            ))
+            .expect("valid")
+        };
+        let c = cfg("");
+        let ladder = Ladder::from_config(&c);
+        // 64 connections per 250 ms window: one every 3.9 ms, four at once.
+        let p = service_policy(&c.services[0], &ladder, 64, None, 1000);
+        let medium = p.classes[shedder_common::CLASS_MEDIUM as usize];
+        assert_eq!(medium.rate_interval_ns, 3_906_250);
+        assert_eq!(medium.burst_ns, 4 * 3_906_250);
+        assert_eq!(
+            p.classes[shedder_common::CLASS_CRITICAL as usize].rate_interval_ns,
+            0
+        );
+        // A configured 1/s with a burst of 2 is slower: it binds, with its own room.
+        let c = cfg("rate = { medium = { per_second = 1, burst = 2 } }\n");
+        let p = service_policy(&c.services[0], &ladder, 64, None, 1000);
+        let medium = p.classes[shedder_common::CLASS_MEDIUM as usize];
+        assert_eq!(medium.rate_interval_ns, 1_000_000_000);
+        assert_eq!(medium.burst_ns, 2_000_000_000);
+        // A TCP service is not paced.
+        let c = Config::parse(
+            "[daemon]\ninterfaces = [\"eth0\"]\n[[service]]\nname = \"a\"\nports = [80]\n",
+        )
+        .expect("valid");
+        let p = service_policy(&c.services[0], &ladder, 64, None, 1000);
+        assert!(p.classes.iter().all(|c| c.rate_interval_ns == 0));
+    }
 
     #[test]
     fn compile_example() {

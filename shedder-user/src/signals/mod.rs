@@ -1,7 +1,8 @@
 //! What the controller sees of each service, once per tick: kernel-measured accept-queue age
 //! and response latency over the last window, in-flight connections, offered / admitted /
 //! shed rates per class (and the SYN retransmits and retries beside them), the retry ratio
-//! over the window, accept-queue depth, listen overflows and cgroup pressure.
+//! over the window, accept-queue depth, listen overflows and cgroup pressure; for QUIC
+//! services the UDP sockets' receive queues and drops, and the namespace's UDP errors.
 //!
 //! A source that cannot be read is reported as [`Reading::Missing`] with the reason, or as
 //! [`Reading::Stale`] (the last value and its age) for a short while after a failure; a
@@ -9,6 +10,7 @@
 
 pub mod netstat;
 pub mod psi;
+pub mod snmp;
 
 mod reader;
 mod reading;

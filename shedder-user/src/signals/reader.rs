@@ -19,7 +19,7 @@ use crate::{
 use super::{
     AcceptQueue, ClassRates, ClassSources, Overflows, PressureWindow, Pressures, Quantiles,
     Reading, RetryWindow, ServiceSpec, Signals, ThrottlingWindow, UdpQueue, netstat, psi,
-    retry_ratio,
+    retry_ratio, snmp,
 };
 
 /// A source whose last good value is remembered for `STALE_FOR` after a failure.
@@ -90,6 +90,8 @@ pub struct SignalReader {
     /// Ticks the percentile window spans.
     window_ticks: usize,
     netstat_prev: Option<netstat::ListenCounters>,
+    /// The namespace's UDP errors at the last tick (read only with a QUIC service).
+    udp_errors: Option<snmp::UdpCounters>,
     last_tick: Option<Instant>,
 }
 
@@ -118,6 +120,7 @@ impl SignalReader {
                 .collect(),
             window_ticks: window_ticks.max(1),
             netstat_prev: None,
+            udp_errors: None,
             last_tick: None,
         }
     }
@@ -138,6 +141,7 @@ impl SignalReader {
             .iter()
             .any(|s| s.spec.protocol == Protocol::Quic)
         {
+            self.udp_errors = snmp::read().ok();
             diag::udp_sockets().map_err(|e| format!("sock_diag (UDP): {e}"))
         } else {
             Ok(Vec::new())
@@ -215,6 +219,12 @@ impl SignalReader {
     /// The namespace's listen counters (cumulative) at the last tick.
     pub fn listen_counters(&self) -> Option<netstat::ListenCounters> {
         self.netstat_prev
+    }
+
+    /// The namespace's UDP errors (cumulative) at the last tick, if a QUIC service is
+    /// configured.
+    pub fn udp_errors(&self) -> Option<snmp::UdpCounters> {
+        self.udp_errors
     }
 }
 

@@ -254,6 +254,19 @@ impl QuicClient {
     }
 }
 
+/// The clients' runtime: two threads, on `cpu` if given (threads inherit the affinity of the
+/// thread that creates them).
+fn client_runtime(cpu: Option<usize>) -> tokio::runtime::Runtime {
+    if let Some(cpu) = cpu {
+        crate::load::pin_current_thread(cpu);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 /// What became of the requests from one source.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuicTally {
@@ -308,14 +321,7 @@ pub fn open_loop(
     let sources: Vec<IpAddr> = mix.iter().map(|&(a, _)| a).collect();
     let client = client.clone();
     ns.run(move || {
-        if let Some(cpu) = cpu {
-            crate::load::pin_current_thread(cpu);
-        }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let rt = client_runtime(cpu);
         rt.block_on(async move {
             let mut tasks = Vec::new();
             let start = tokio::time::Instant::now();
@@ -361,14 +367,7 @@ pub fn closed_loop(
 ) -> f64 {
     let client = client.clone();
     let served = ns.run(move || {
-        if let Some(cpu) = cpu {
-            crate::load::pin_current_thread(cpu);
-        }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let rt = client_runtime(cpu);
         rt.block_on(async move {
             let end = tokio::time::Instant::now() + duration;
             let mut tasks = Vec::new();

@@ -43,6 +43,8 @@ pub struct Snapshot {
     /// Per service, the cumulative kernel counters and histograms of the last tick.
     pub services: Vec<Cumulative>,
     pub listen: Option<ListenCounters>,
+    /// The namespace's UDP errors, with a QUIC service.
+    pub udp_errors: Option<crate::signals::snmp::UdpCounters>,
     /// When the heartbeat was last stamped.
     pub heartbeat: Instant,
 }
@@ -317,6 +319,18 @@ impl Collector for ShedderCollector {
                 .filter_map(|(i, c)| Some((vec![("service", svc(i))], c.udp_drops? as f64)))
                 .collect::<Vec<_>>(),
         )?;
+        if let Some(u) = snap.udp_errors {
+            counters(
+                &mut encoder,
+                "shedder_udp_receive_buffer_errors",
+                &[(Vec::new(), u.receive_buffer_errors as f64)],
+            )?;
+            counters(
+                &mut encoder,
+                "shedder_udp_errors",
+                &[(Vec::new(), u.errors as f64)],
+            )?;
+        }
         if let Some(l) = snap.listen {
             counters(
                 &mut encoder,
@@ -674,10 +688,17 @@ mod tests {
             state,
             services: vec![web, api],
             listen: None,
+            udp_errors: Some(crate::signals::snmp::UdpCounters {
+                receive_buffer_errors: 3,
+                errors: 5,
+            }),
             heartbeat: Instant::now(),
         })));
         let out = encode(&registry(shared));
         for line in [
+            "shedder_udp_receive_buffer_errors_total{} 3.0",
+            "shedder_udp_errors_total{} 5.0",
+            "shedder_service_protocol{service=\"web\",protocol=\"tcp\"} 1.0",
             "# TYPE shedder_syn_retransmits counter",
             "shedder_syn_retransmits_total{service=\"web\",class=\"medium\"} 4.0",
             "shedder_syn_retransmits_total{service=\"web\",class=\"sheddable\"} 9.0",

@@ -134,6 +134,18 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "Datagrams a QUIC service's sockets dropped (mostly full receive buffers), counted since the daemon started.",
     ),
     (
+        "shedder_udp_receive_buffer_errors",
+        "counter",
+        &[],
+        "UDP datagrams dropped in the namespace because a socket's receive buffer was full (Udp RcvbufErrors and Udp6RcvbufErrors); exported with a QUIC service.",
+    ),
+    (
+        "shedder_udp_errors",
+        "counter",
+        &[],
+        "UDP datagrams the namespace could not deliver, for any reason (Udp InErrors and Udp6InErrors); exported with a QUIC service.",
+    ),
+    (
         "shedder_listen_overflows",
         "counter",
         &[],
