@@ -90,7 +90,7 @@ pub struct SignalReader {
     /// Ticks the percentile window spans.
     window_ticks: usize,
     netstat_prev: Option<netstat::ListenCounters>,
-    /// The namespace's UDP errors at the last tick (read only with a QUIC service).
+    /// The namespace's UDP errors at the last tick.
     udp_errors: Option<snmp::UdpCounters>,
     last_tick: Option<Instant>,
 }
@@ -141,12 +141,12 @@ impl SignalReader {
             .iter()
             .any(|s| s.spec.protocol == Protocol::Quic)
         {
-            self.udp_errors = snmp::read().ok();
             diag::udp_sockets().map_err(|e| format!("sock_diag (UDP): {e}"))
         } else {
             Ok(Vec::new())
         };
         let listen = self.listen_window(elapsed);
+        self.udp_errors = snmp::read().ok();
         let shared = Shared {
             listeners,
             udp,
@@ -221,8 +221,7 @@ impl SignalReader {
         self.netstat_prev
     }
 
-    /// The namespace's UDP errors (cumulative) at the last tick, if a QUIC service is
-    /// configured.
+    /// The namespace's UDP errors (cumulative) at the last tick.
     pub fn udp_errors(&self) -> Option<snmp::UdpCounters> {
         self.udp_errors
     }

@@ -43,7 +43,7 @@ pub struct Snapshot {
     /// Per service, the cumulative kernel counters and histograms of the last tick.
     pub services: Vec<Cumulative>,
     pub listen: Option<ListenCounters>,
-    /// The namespace's UDP errors, with a QUIC service.
+    /// The namespace's UDP errors.
     pub udp_errors: Option<crate::signals::snmp::UdpCounters>,
     /// When the heartbeat was last stamped.
     pub heartbeat: Instant,

@@ -137,13 +137,13 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "shedder_udp_receive_buffer_errors",
         "counter",
         &[],
-        "UDP datagrams dropped in the namespace because a socket's receive buffer was full (Udp RcvbufErrors and Udp6RcvbufErrors); exported with a QUIC service.",
+        "UDP datagrams dropped in the namespace because a socket's receive buffer was full (Udp RcvbufErrors and Udp6RcvbufErrors).",
     ),
     (
         "shedder_udp_errors",
         "counter",
         &[],
-        "UDP datagrams the namespace could not deliver, for any reason (Udp InErrors and Udp6InErrors); exported with a QUIC service.",
+        "UDP datagrams the namespace could not deliver, for any reason (Udp InErrors and Udp6InErrors).",
     ),
     (
         "shedder_listen_overflows",
