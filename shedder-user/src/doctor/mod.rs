@@ -33,7 +33,7 @@ use self::{
     fleet::check_fleet,
     interfaces::check_interface,
     kernel::{BTF_VMLINUX, check_btf, check_kernel, check_memlock, memlock_limit},
-    sockets::check_sockets,
+    sockets::{check_quic_kernel, check_sockets},
 };
 pub use self::{
     capabilities::{missing_capabilities, parse_cap_eff},
@@ -171,6 +171,7 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
         }
     }
     if let Some(cfg) = config {
+        out.extend(check_quic_kernel(cfg, kernel));
         out.extend(check_sockets(cfg));
     }
     if let Some(f) = config.and_then(|c| c.fleet.as_ref()) {

@@ -6,10 +6,38 @@ use std::net::IpAddr;
 use super::Check;
 use crate::{
     config::{Config, Protocol, Service},
-    kernel::diag,
+    kernel::{
+        diag,
+        version::{KernelVersion, QUIC_KERNEL},
+    },
 };
 
 const NAME: &str = "service sockets";
+
+/// With a QUIC service: whether this kernel is one whose verifier accepts the QUIC
+/// programs (the daemon refuses a QUIC service where it did not load them).
+pub fn check_quic_kernel(cfg: &Config, kernel: Option<KernelVersion>) -> Option<Check> {
+    let s = cfg.services.iter().find(|s| s.protocol == Protocol::Quic)?;
+    Some(match kernel {
+        Some(k) if k >= QUIC_KERNEL => Check::ok(
+            "quic",
+            format!("Linux {k}: the QUIC programs load from {QUIC_KERNEL} on"),
+        ),
+        Some(k) => Check::fail(
+            "quic",
+            format!(
+                "service `{}` is a QUIC service, but on Linux {k} the verifier refuses the QUIC                  programs (too complex for it); the daemon will refuse the configuration",
+                s.name
+            ),
+            format!("run Linux {QUIC_KERNEL} or later, or remove the QUIC services"),
+        ),
+        None => Check::warn(
+            "quic",
+            "the kernel's version is unknown: whether the QUIC programs load is not known",
+            format!("the QUIC programs were seen to load from Linux {QUIC_KERNEL} on"),
+        ),
+    })
+}
 
 /// One check per service, in the caller's network namespace.
 pub fn check_sockets(cfg: &Config) -> Vec<Check> {
@@ -89,6 +117,17 @@ mod tests {
 
     fn cfg(text: &str) -> Config {
         Config::parse(&format!("[daemon]\ninterfaces = [\"eth0\"]\n{text}")).expect("valid")
+    }
+
+    #[test]
+    fn quic_services_need_a_kernel_whose_verifier_takes_the_quic_programs() {
+        let quic = cfg("[[service]]\nname = \"h3\"\nprotocol = \"quic\"\nports = [443]\n");
+        let tcp = cfg("[[service]]\nname = \"web\"\nports = [443]\n");
+        assert!(check_quic_kernel(&tcp, Some(KernelVersion::new(6, 1, 0))).is_none());
+        let old = check_quic_kernel(&quic, Some(KernelVersion::new(6, 1, 0))).expect("a check");
+        assert_eq!(old.status, super::super::Status::Fail);
+        let new = check_quic_kernel(&quic, Some(KernelVersion::new(6, 12, 3))).expect("a check");
+        assert_eq!(new.status, super::super::Status::Ok);
     }
 
     #[test]
