@@ -19,28 +19,15 @@ pub fn read() -> io::Result<ListenCounters> {
 
 /// Parse a netstat file: pairs of `TcpExt:` lines, names then values.
 pub fn parse(text: &str) -> io::Result<ListenCounters> {
-    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
-    let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "no TcpExt lines",
-        ));
-    };
     let mut counters = ListenCounters::default();
     let mut found = 0;
-    for (name, value) in names
-        .split_whitespace()
-        .zip(values.split_whitespace())
-        .skip(1)
-    {
+    for (name, value) in named_values(text, "TcpExt:")? {
         let slot = match name {
             "ListenOverflows" => &mut counters.overflows,
             "ListenDrops" => &mut counters.drops,
             _ => continue,
         };
-        *slot = value
-            .parse()
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{name}={value}")))?;
+        *slot = number(name, value)?;
         found += 1;
     }
     if found < 2 {
@@ -50,6 +37,32 @@ pub fn parse(text: &str) -> io::Result<ListenCounters> {
         ));
     }
     Ok(counters)
+}
+
+/// The (name, value) pairs of the first two lines starting with `prefix` in a
+/// `/proc/net/netstat`-style file: a line of names, then a line of values.
+pub(super) fn named_values<'a>(
+    text: &'a str,
+    prefix: &str,
+) -> io::Result<impl Iterator<Item = (&'a str, &'a str)>> {
+    let mut lines = text.lines().filter(|l| l.starts_with(prefix));
+    let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("no {prefix} lines"),
+        ));
+    };
+    Ok(names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .skip(1))
+}
+
+/// A counter's value, or an error naming it.
+pub(super) fn number(name: &str, value: &str) -> io::Result<u64> {
+    value
+        .parse()
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{name}={value}")))
 }
 
 #[cfg(test)]

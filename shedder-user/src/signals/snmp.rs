@@ -4,6 +4,8 @@
 
 use std::io;
 
+use super::netstat::{named_values, number};
+
 /// Cumulative counters since the namespace was created, IPv4 and IPv6 together.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UdpCounters {
@@ -28,29 +30,11 @@ pub fn read() -> io::Result<UdpCounters> {
     })
 }
 
-fn invalid(what: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what)
-}
-
-fn number(name: &str, value: &str) -> io::Result<u64> {
-    value
-        .parse()
-        .map_err(|_| invalid(format!("{name}={value}")))
-}
-
 /// Parse an snmp file: a pair of `Udp:` lines, names then values.
 pub fn parse(text: &str) -> io::Result<UdpCounters> {
-    let mut lines = text.lines().filter(|l| l.starts_with("Udp:"));
-    let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
-        return Err(invalid("no Udp lines".into()));
-    };
     let mut c = UdpCounters::default();
     let mut found = 0;
-    for (name, value) in names
-        .split_whitespace()
-        .zip(values.split_whitespace())
-        .skip(1)
-    {
+    for (name, value) in named_values(text, "Udp:")? {
         let slot = match name {
             "RcvbufErrors" => &mut c.receive_buffer_errors,
             "InErrors" => &mut c.errors,
@@ -60,7 +44,10 @@ pub fn parse(text: &str) -> io::Result<UdpCounters> {
         found += 1;
     }
     if found < 2 {
-        return Err(invalid("Udp lacks RcvbufErrors or InErrors".into()));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "Udp lacks RcvbufErrors or InErrors",
+        ));
     }
     Ok(c)
 }
