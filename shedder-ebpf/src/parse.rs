@@ -11,7 +11,7 @@ use crate::opaque;
 use shedder_common::{
     MAX_IPV6_EXT_HEADERS,
     csum::{IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
-    flow::{SEEN_ANSWERED, SEEN_INITIAL, SEEN_LIVENESS},
+    flow::{FlowKey, SEEN_ANSWERED, SEEN_INITIAL, SEEN_LIVENESS},
     quic::{
         CID_WINDOW, FIXED_BIT, HEADER_FORM_LONG, LongType, MAX_CID_LEN, MIN_INITIAL_DATAGRAM,
         MIN_PACKET_LENGTH, cid_digest_start, cid_digest_step, cid_word_mask, long_type,
@@ -86,10 +86,8 @@ pub enum Parsed {
 /// A datagram of a possible QUIC flow: who sent it, and what it says
 /// (`shedder_common::flow::SEEN_*`).
 pub struct Datagram {
-    pub src: [u32; 4],
-    pub v6: u32,
-    pub sport: u16,
-    pub dport: u16,
+    /// The flow it would belong to: the client's address and port, the service's port.
+    pub key: FlowKey,
     pub kind: u32,
     /// For an Initial, the digest of its destination connection ID.
     pub dcid: u32,
@@ -353,10 +351,12 @@ fn datagram(data: usize, data_end: usize, l4_off: usize, src: [u32; 4], v6: u32)
     let u = udp.cast::<u8>();
     let (sport, dport) = unsafe { (u16::from_be(load(u, 0)), u16::from_be(load(u, 2))) };
     let mut d = Datagram {
-        src,
-        v6,
-        sport,
-        dport,
+        key: FlowKey {
+            addr: src,
+            sport,
+            dport,
+            v6,
+        },
         kind: SEEN_LIVENESS,
         dcid: 0,
     };

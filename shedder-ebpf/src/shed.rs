@@ -155,11 +155,6 @@ struct Memo {
     flow_key: FlowKey,
     flow: Flow,
 }
-/// Holds the [`Memo`] in a map value rather than on the stack: the verifier does not track
-/// what a map value holds, so the keys (whose form differs between the parse paths) and the
-/// flags do not multiply the states it explores between the lookups before the decision
-/// and the updates after it (on the stack, they cost the XDP program about 40% more
-/// verified instructions).
 /// Admitted QUIC flows (see [`shedder_common::flow`]).
 #[map]
 pub static SHEDDER_FLOWS: LruHashMap<FlowKey, Flow> = LruHashMap::with_max_entries(FLOW_ENTRIES, 0);
@@ -168,6 +163,11 @@ pub static SHEDDER_FLOWS: LruHashMap<FlowKey, Flow> = LruHashMap::with_max_entri
 pub static SHEDDER_ALIVE: Array<AliveRing> = Array::with_max_entries(MAX_SERVICES, 0);
 const _: () = assert!(ALIVE_RING.is_power_of_two());
 
+/// Holds the [`Memo`] in a map value rather than on the stack: the verifier does not track
+/// what a map value holds, so the keys (whose form differs between the parse paths) and the
+/// flags do not multiply the states it explores between the lookups before the decision
+/// and the updates after it (on the stack, they cost the XDP program about 40% more
+/// verified instructions).
 #[map]
 static SHEDDER_MEMO: PerCpuArray<Memo> = PerCpuArray::with_max_entries(1, 0);
 /// Per-CPU kernel-log budget (private to one load; only touched with logging enabled).
@@ -311,10 +311,7 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             unsafe { SHEDDER_FLOWS.get(&(*memo).flow_key) }.is_some_and(|f| f.scid == syn.seq);
         if known {
             return Outcome::Flow(Datagram {
-                src: syn.src,
-                v6: syn.v6,
-                sport: syn.sport,
-                dport: syn.dport,
+                key: flow_key(&syn),
                 kind: SEEN_INITIAL,
                 dcid: syn.dcid,
             });

@@ -19,7 +19,7 @@ use shedder_common::{
     DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
     POLICY_CONFIGURED, SEED_BATCH, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SEED_UNPROTECTED,
     SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, SeedResult, SeedSock, ServiceHist, SockState,
-    flow::{self, ANSWERED, FLOW_ANSWERED, FlowKey, WAITING},
+    flow::{self, ANSWERED, FLOW_ANSWERED, WAITING},
     hist, table,
     tp::{length, state},
 };
@@ -343,13 +343,7 @@ pub fn on_send(ctx: &TracePointContext) {
 /// every datagram keeps it counted in the slot it came in.
 #[inline(always)]
 pub fn quic_flow(d: &Datagram) {
-    let key = FlowKey {
-        addr: d.src,
-        sport: d.sport,
-        dport: d.dport,
-        v6: d.v6,
-    };
-    let Some(f) = SHEDDER_FLOWS.get_ptr_mut(key) else {
+    let Some(f) = SHEDDER_FLOWS.get_ptr_mut(d.key) else {
         return;
     };
     let Some(globals) = SHEDDER_GLOBALS.get(0) else {
