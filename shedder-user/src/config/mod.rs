@@ -25,5 +25,5 @@ pub use daemon::{Attach, Daemon};
 pub use document::Config;
 pub use error::ConfigError;
 pub use fleet::Fleet;
-pub use service::{Action, Controller, Mode, Protocol, Rate, Service};
+pub use service::{Action, Controller, Mode, Protocol, Rate, Service, socket_serves};
 pub use validate::{LIMIT_CEILING, MAX_RETRY_WINDOW_MS, MAX_SYN_RETRANSMIT_WINDOW_MS};

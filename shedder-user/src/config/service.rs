@@ -157,6 +157,14 @@ pub const DEFAULT_ACTIVE_WINDOW_MS: u64 = 250;
 /// `shedder_common::flow::ALIVE_RING`).
 pub const MAX_ACTIVE_WINDOW_MS: u64 = 8_000;
 
+/// Whether a socket bound to `addr:port` receives the connections of a service on `ports`
+/// and `addresses`: one of its ports, and a wildcard address (it serves every one) or one
+/// of its addresses (none listed: any).
+pub fn socket_serves(ports: &[u16], addresses: &[IpAddr], addr: IpAddr, port: u16) -> bool {
+    ports.contains(&port)
+        && (addresses.is_empty() || addr.is_unspecified() || addresses.contains(&addr))
+}
+
 impl Service {
     /// A QUIC service's active window, as configured or the default.
     pub fn active_window_ms(&self) -> u64 {

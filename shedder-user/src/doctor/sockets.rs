@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use super::Check;
 use crate::{
-    config::{Config, Protocol, Service},
+    config::{Config, Protocol, Service, socket_serves},
     kernel::{
         diag,
         version::{KernelVersion, QUIC_KERNEL},
@@ -72,10 +72,7 @@ pub fn check_sockets(cfg: &Config) -> Vec<Check> {
 
 /// The verdict for `s` given the sockets (address, port) of its kind found here.
 fn verdict(s: &Service, kind: &str, sockets: &[(IpAddr, u16)]) -> Check {
-    let serves = |&(addr, port): &(IpAddr, u16)| {
-        s.ports.contains(&port)
-            && (s.addresses.is_empty() || addr.is_unspecified() || s.addresses.contains(&addr))
-    };
+    let serves = |&(addr, port): &(IpAddr, u16)| socket_serves(&s.ports, &s.addresses, addr, port);
     let ports = s
         .ports
         .iter()

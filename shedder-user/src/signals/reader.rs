@@ -591,10 +591,7 @@ impl ServiceSpec {
     /// Whether a socket bound to `addr:port` receives this service's connections: one of
     /// its ports, and a wildcard address (it serves every one) or one of its addresses.
     fn serves(&self, addr: std::net::IpAddr, port: u16) -> bool {
-        self.ports.contains(&port)
-            && (self.addresses.is_empty()
-                || addr.is_unspecified()
-                || self.addresses.contains(&addr))
+        crate::config::socket_serves(&self.ports, &self.addresses, addr, port)
     }
 
     /// The accept queues of this service's listeners.
