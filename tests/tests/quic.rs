@@ -232,11 +232,7 @@ action = "refuse"
     )
 }
 
-// Not yet reliable enough to gate CI: 6 of 7 runs gave 96-99% goodput, one 87%, when AIMD
-// cut three times in a row on handshake delays that lag the queue they measure (issue 19
-// stays open for it). Run it with `cargo test -p shedder-tests --test quic -- --ignored`.
 #[test]
-#[ignore = "goodput at 3x not yet reliable (6 of 7 runs ≥ 90%): see the comment"]
 fn a_quic_service_at_three_times_its_capacity_keeps_critical_and_its_goodput() {
     require_root();
     shedder_tests::ensure_fs();

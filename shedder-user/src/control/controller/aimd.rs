@@ -10,10 +10,15 @@ use super::{
 
 /// AIMD: `+1` only when the delay is under the target and
 /// the service is near its limit (in-flight ≥ 0.9 × limit); `× 0.8` when the delay exceeds
-/// twice the target or the listen queue overflowed — `× 0.5` for the first cut after a quiet
+/// twice the target (at most once per cooldown plus the delay itself, so that a cut is judged
+/// by attempts admitted after it) or the listen queue overflowed — `× 0.5` for the first cut after a quiet
 /// period (mode normal), because a limit that grew while calm is likely badly wrong; idle
 /// decay `× 0.99` per second while in-flight < 0.5 × limit and nothing is refused; hard
 /// ceiling from the bounds.
+/// The longest a delay-driven cut waits for the queue the last cut left to drain, beyond
+/// the cooldown: a delay of seconds is itself a reason to cut again.
+const MAX_HOLD: Duration = Duration::from_secs(2);
+
 #[derive(Clone, Debug)]
 pub struct Aimd {
     bounds: Bounds,
@@ -67,9 +72,7 @@ impl Controller for Aimd {
             }
             Gate::Freeze => (Action::Freeze, Signal::NoData, None, false),
             Gate::Go => {
-                let cooled = self
-                    .last_cut
-                    .is_none_or(|t| obs.now.saturating_sub(t) >= self.guard.tuning.cooldown);
+                let cooled = self.cooled(obs.now, delay);
                 let saturated = obs.load(self.limit) >= 0.9 * self.limit;
                 let pressured = obs
                     .cpu_pressure
@@ -135,6 +138,19 @@ impl Aimd {
         } else {
             0.8
         }
+    }
+
+    /// Whether the window can judge the last cut. A sample is taken when an attempt is
+    /// answered (accepted, or its handshake answered), `delay` after it was admitted: for
+    /// that long after a cut the samples still describe the queue the old limit let in,
+    /// which drains at the service's pace. The window (`cooldown`) must first have filled
+    /// with attempts admitted under the new limit, so the wait is the cooldown plus the
+    /// delay the samples carry, at most [`MAX_HOLD`] more (the overflow cut is never held).
+    fn cooled(&self, now: Duration, delay_ms: f64) -> bool {
+        let carried =
+            Duration::from_secs_f64((delay_ms / 1000.0).clamp(0.0, MAX_HOLD.as_secs_f64()));
+        self.last_cut
+            .is_none_or(|t| now.saturating_sub(t) >= self.guard.tuning.cooldown + carried)
     }
 
     fn cut(&mut self, now: Duration, factor: f64) {

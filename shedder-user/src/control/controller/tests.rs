@@ -82,10 +82,24 @@ fn aimd_first_cut_after_quiet_is_half_then_eighty_percent() {
     // Within the cooldown: held, not cut again on the same stale window.
     let d = c.update(&obs(200, 250.0, 100));
     assert_eq!((d.action, d.limit), (Action::Hold, 100));
-    // After the cooldown: × 0.8.
+    // After the cooldown but within the 250 ms the samples carry: they may still be of
+    // attempts admitted before the cut, so held.
     let d = c.update(&obs(800, 250.0, 100));
+    assert_eq!((d.action, d.limit), (Action::Hold, 100));
+    // Cooldown plus delay: × 0.8.
+    let d = c.update(&obs(850, 250.0, 100));
     assert_eq!(d.action, Action::Decrease { factor: 0.8 });
     assert_eq!(d.limit, 80);
+}
+
+#[test]
+fn aimd_waits_out_a_long_delay_for_at_most_two_seconds_past_the_cooldown() {
+    let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 200);
+    assert_eq!(c.update(&obs(0, 9000.0, 200)).limit, 100);
+    let d = c.update(&obs(2500, 9000.0, 100));
+    assert_eq!((d.action, d.limit), (Action::Hold, 100));
+    let d = c.update(&obs(2600, 9000.0, 100));
+    assert_eq!((d.action, d.limit), (Action::Decrease { factor: 0.8 }, 80));
 }
 
 #[test]
