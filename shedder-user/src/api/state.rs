@@ -179,18 +179,34 @@ fn render_fleet(out: &mut String, f: &FleetState) {
     for s in &f.services {
         let _ = writeln!(
             out,
-            "  {}: global {} budget {}  members {}  share {}  ceiling {}  claim {}  others {}  reserved {}  static {}",
+            "  {}: global {} budget {}  members {}  share {} (by {})  ceiling {}  claim {}  others {}  reserved {}  static {}",
             s.service,
             s.global_limit,
             s.budget,
             s.members,
             s.target,
+            s.shares,
             s.ceiling,
             s.claim,
             s.others,
             s.reserved,
             s.static_share
         );
+        for n in &s.nodes {
+            let need: Vec<String> = n.need.iter().map(|v| format!("{v:.1}")).collect();
+            let _ = writeln!(
+                out,
+                "    {:<16} demand {:>7.1}/s  need {:>6.1} ({})  hold {}  weight {:>5.1}%  share {:>4}  claim {:>4}",
+                n.node,
+                n.attempts,
+                n.need.iter().sum::<f64>(),
+                need.join("/"),
+                n.hold_ms.map_or("-".to_string(), |h| format!("{h:.0} ms")),
+                100.0 * n.weight,
+                n.share,
+                n.claim
+            );
+        }
     }
 }
 
@@ -569,6 +585,16 @@ mod tests {
                 others: 22,
                 reserved: 9,
                 static_share: 9,
+                shares: "demand".into(),
+                nodes: vec![crate::fleet::NodeShare {
+                    node: "lb-1".into(),
+                    attempts: 120.5,
+                    need: [2.0, 10.0, 36.2, 0.0],
+                    hold_ms: Some(400.0),
+                    weight: 22.0 / 45.0,
+                    share: 22,
+                    claim: 20,
+                }],
             }],
         });
         let out = render(&s);
@@ -576,7 +602,8 @@ mod tests {
             "fleet: node lb-1 (member) under /shedder  etcd up (last answer 0.4 s ago, 2 errors)  lease 1f ttl 10 s",
             "  members (2): lb-1, lb-2",
             "  departed, static share reserved (1): lb-3",
-            "  api: global 60 budget 54  members 2  share 22  ceiling 18  claim 20  others 22  reserved 9  static 9",
+            "  api: global 60 budget 54  members 2  share 22 (by demand)  ceiling 18  claim 20  others 22  reserved 9  static 9",
+            "    lb-1             demand   120.5/s  need   48.2 (2.0/10.0/36.2/0.0)  hold 400 ms  weight  48.9%  share   22  claim   20",
         ] {
             assert!(out.lines().any(|l| l == line), "{line:?} not in\n{out}");
         }

@@ -27,6 +27,10 @@ pub struct Fleet {
     /// The fleet shares `global_limit × safety` of each downstream.
     #[serde(default = "defaults::safety")]
     pub safety: f64,
+    /// How the budget is divided among the live nodes: `demand` (default), in proportion to
+    /// each node's recent demand, class by class, above a floor for every node; or `equal`.
+    #[serde(default)]
+    pub shares: Shares,
     /// The most nodes this fleet runs: a node cut off from etcd falls back to
     /// `global_limit × safety / max_nodes`, so a fleet that has lost etcd altogether stays
     /// within the global bound.
@@ -51,6 +55,26 @@ pub struct Fleet {
     pub ca_file: Option<PathBuf>,
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
+}
+
+/// `fleet.shares`: how the live nodes divide a budget.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Shares {
+    /// By each node's demand, weighted by class.
+    #[default]
+    Demand,
+    /// `budget / nodes` each.
+    Equal,
+}
+
+impl Shares {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Demand => "demand",
+            Self::Equal => "equal",
+        }
+    }
 }
 
 impl Fleet {
@@ -85,6 +109,7 @@ mod tests {
         assert_eq!(f.safety, 0.9);
         assert_eq!(f.timeout_ms, 2000);
         assert_eq!(f.reserve_departed_s, 3600);
+        assert_eq!(f.shares, super::Shares::Demand);
         assert_eq!(f.fail_static(), std::time::Duration::from_secs(5));
         assert!(!f.tls());
         assert_eq!(cfg.services[0].global_limit, Some(500));
@@ -93,5 +118,28 @@ mod tests {
         ))
         .unwrap();
         assert!(plain.fleet.is_none());
+    }
+
+    #[test]
+    fn fleet_shares_are_demand_or_equal() {
+        let with = |v: &str| {
+            Config::parse(&format!(
+                "{IFACE}{}{SHARED}",
+                FLEET.replace("[fleet]", &format!("[fleet]\nshares = {v}"))
+            ))
+        };
+        assert_eq!(
+            with("\"equal\"").unwrap().fleet.unwrap().shares,
+            super::Shares::Equal
+        );
+        assert_eq!(
+            with("\"demand\"").unwrap().fleet.unwrap().shares,
+            super::Shares::Demand
+        );
+        let e = with("\"by-load\"").unwrap_err().to_string();
+        assert!(
+            e.contains("fleet.shares: unknown value `by-load`, expected `demand` or `equal`"),
+            "{e}"
+        );
     }
 }

@@ -24,6 +24,6 @@ pub use classes::{Class, ClassName, Classes, Prefix};
 pub use daemon::{Attach, Daemon};
 pub use document::Config;
 pub use error::ConfigError;
-pub use fleet::Fleet;
+pub use fleet::{Fleet, Shares};
 pub use service::{Action, Controller, Mode, Protocol, Rate, Service, socket_serves};
 pub use validate::{LIMIT_CEILING, MAX_RETRY_WINDOW_MS, MAX_SYN_RETRANSMIT_WINDOW_MS};

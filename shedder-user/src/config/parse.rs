@@ -407,7 +407,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
             ),
             (
                 format!("{FLEET}lease_ttl = 4\n"),
-                "line 5, column 1: fleet.lease_ttl: unknown key, expected one of `endpoints`, `node`, `prefix`, `lease_ttl_s`, `safety`, `max_nodes`, `fail_static_ms`, `timeout_ms`, `reserve_departed_s`, `username`, `password_file`, `ca_file`, `cert_file`, `key_file`",
+                "line 5, column 1: fleet.lease_ttl: unknown key, expected one of `endpoints`, `node`, `prefix`, `lease_ttl_s`, `safety`, `shares`, `max_nodes`, `fail_static_ms`, `timeout_ms`, `reserve_departed_s`, `username`, `password_file`, `ca_file`, `cert_file`, `key_file`",
             ),
             (
                 "[deamon]\ntick_ms = 100\n".into(),

@@ -259,9 +259,16 @@ impl ServiceControl {
     pub fn report(&self) -> Option<fleet::Report> {
         let written = self.written?;
         self.limiter.cap()?;
+        let rates = self.signals.as_ref().and_then(|s| s.rates.ok()).map(|r| {
+            (
+                r.map(|c| c.offered),
+                r.iter().map(|c| c.admitted).sum::<f64>(),
+            )
+        });
         Some(fleet::Report {
             applied: written.total_limit,
             occupancy: self.occupancy,
+            rates,
         })
     }
 

@@ -12,11 +12,11 @@ use std::{
 use anyhow::{Result, anyhow, bail};
 use tracing::{info, warn};
 
-use crate::config::Fleet;
+use crate::config::{Fleet, Shares};
 
 use super::{
-    Cap, Departed, FleetState, Record, Report, ServiceShare, SharedService, budget, claim,
-    next_ceiling,
+    Cap, DEFAULT_HOLD, Demand, Departed, FleetState, NodeShare, Record, Report, ServiceShare,
+    SharedService, Smoother, Want, budget, by_demand, claim, next_ceiling,
     records::unix_ms,
     settings::{Settings, brief},
     static_share, target,
@@ -25,6 +25,8 @@ use super::{
 struct Shared {
     services: Vec<SharedService>,
     reports: BTreeMap<String, Report>,
+    /// Per service, the moving means of this node's demand and when they last moved.
+    demand: BTreeMap<String, (Smoother, Instant)>,
     ceilings: BTreeMap<String, u32>,
     last_ok: Option<Instant>,
     started: Instant,
@@ -56,6 +58,7 @@ impl Handle {
         let shared = Arc::new(Mutex::new(Shared {
             services,
             reports: BTreeMap::new(),
+            demand: BTreeMap::new(),
             ceilings: BTreeMap::new(),
             last_ok: None,
             started: Instant::now(),
@@ -95,13 +98,24 @@ impl Handle {
         if let Ok(mut sh) = self.shared.lock() {
             sh.ceilings
                 .retain(|name, _| services.iter().any(|s| &s.name == name));
+            sh.demand
+                .retain(|name, _| services.iter().any(|s| &s.name == name));
             sh.services = services;
         }
     }
 
-    /// This tick's limit and occupancy of a shared service.
+    /// This tick's limit, occupancy and demand of a shared service.
     pub fn report(&self, service: &str, report: Report) {
         if let Ok(mut sh) = self.shared.lock() {
+            if let Some((attempts, admitted)) = report.rates {
+                let now = Instant::now();
+                let (smoother, last) = sh
+                    .demand
+                    .entry(service.to_string())
+                    .or_insert_with(|| (Smoother::default(), now));
+                smoother.update(now - *last, attempts, admitted, report.occupancy);
+                *last = now;
+            }
             sh.reports.insert(service.to_string(), report);
         }
     }
@@ -178,6 +192,9 @@ struct View {
     lease: Option<i64>,
     published: Option<Record>,
     last_put: Option<Instant>,
+    /// This node's demand as it publishes it, and when it last changed.
+    demand: BTreeMap<String, Demand>,
+    demand_changed: Option<Instant>,
     /// Services whose global_limit disagreement was logged.
     warned: Vec<String>,
 }
@@ -194,6 +211,10 @@ const STEP: Duration = Duration::from_millis(100);
 /// Claims that change only because occupancy moved (connections draining after a lowering)
 /// are published at most this often; a changed ceiling is published at once.
 const CLAIM_REFRESH: Duration = Duration::from_millis(250);
+/// A node's demand is published again when it has moved (see [`Demand::moved_from`]), at
+/// most this often; any change at all is published after [`DEMAND_STALE`].
+const DEMAND_REFRESH: Duration = Duration::from_millis(500);
+const DEMAND_STALE: Duration = Duration::from_secs(5);
 
 impl Agent {
     async fn run(mut self) {
@@ -590,20 +611,28 @@ impl Agent {
     }
 
     fn record(&self, claims: BTreeMap<String, u32>) -> Record {
-        let global_limits = self
+        let (global_limits, max_limits) = self
             .shared
             .lock()
             .map(|sh| {
-                sh.services
-                    .iter()
-                    .map(|s| (s.name.clone(), s.global_limit))
-                    .collect()
+                (
+                    sh.services
+                        .iter()
+                        .map(|s| (s.name.clone(), s.global_limit))
+                        .collect(),
+                    sh.services
+                        .iter()
+                        .map(|s| (s.name.clone(), s.max_limit))
+                        .collect(),
+                )
             })
             .unwrap_or_default();
         Record {
             node: self.s.node.clone(),
             claims,
             global_limits,
+            demand: self.view.demand.clone(),
+            max_limits,
             leaving: false,
             pid: std::process::id(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -658,6 +687,7 @@ impl Agent {
             )
             .await?;
         }
+        self.refresh_demand(&services);
         let mut raises = BTreeMap::new();
         let mut lowered = false;
         let mut shares = Vec::new();
@@ -700,7 +730,7 @@ impl Agent {
                 .filter(|(n, _)| **n != self.s.node)
                 .filter_map(|(_, r)| r.claims.get(&svc.name))
                 .fold(0u32, |a, c| a.saturating_add(*c));
-            let target = target(live_budget, members, svc.max_limit);
+            let (target, nodes) = self.shares_of(svc, live_budget, members);
             let current = ceilings.get(&svc.name).copied().unwrap_or(0);
             let (next, raise) = next_ceiling(current, target, live_budget.saturating_sub(others));
             if raise {
@@ -715,12 +745,14 @@ impl Agent {
                 global_limit,
                 budget,
                 members: members as u32,
+                shares: self.s.shares.as_str().into(),
                 target,
                 ceiling: 0,
                 claim: 0,
                 others,
                 reserved,
                 static_share: self.s.static_share(svc),
+                nodes,
             });
         }
         if let Ok(mut sh) = self.shared.lock() {
@@ -761,8 +793,8 @@ impl Agent {
                 claims = self.claims();
             }
         }
-        let published = self.view.published.as_ref().map(|r| &r.claims);
-        if published != Some(&claims) {
+        let published = self.view.published.as_ref().map(|r| (&r.claims, &r.demand));
+        if published != Some((&claims, &self.view.demand)) {
             let due = self
                 .view
                 .last_put
@@ -794,5 +826,110 @@ impl Agent {
             sh.state.members = members;
         }
         Ok(())
+    }
+    /// Take this node's demand to publish from the moving means: when it has moved enough
+    /// and [`DEMAND_REFRESH`] has passed, or when it differs at all after [`DEMAND_STALE`].
+    /// A node that has admitted nothing yet computes its need with the median hold the
+    /// other members publish.
+    fn refresh_demand(&mut self, services: &[SharedService]) {
+        let due = |after| {
+            self.view
+                .demand_changed
+                .is_none_or(|t| t.elapsed() >= after)
+        };
+        let (moved_due, stale_due) = (due(DEMAND_REFRESH), due(DEMAND_STALE));
+        let Ok(sh) = self.shared.lock() else { return };
+        let mut changed = false;
+        for svc in services {
+            let Some((smoother, _)) = sh.demand.get(&svc.name) else {
+                continue;
+            };
+            let mut holds: Vec<f64> = self
+                .view
+                .members
+                .iter()
+                .filter(|(n, _)| **n != self.s.node)
+                .filter_map(|(_, r)| r.demand.get(&svc.name)?.hold_ms)
+                .collect();
+            holds.sort_by(f64::total_cmp);
+            let fallback = holds
+                .get(holds.len() / 2)
+                .map_or(DEFAULT_HOLD, |ms| Duration::from_secs_f64(ms / 1000.0));
+            let now = smoother.demand(fallback).rounded();
+            let publish = match self.view.demand.get(&svc.name) {
+                None => true,
+                Some(p) => (moved_due && now.moved_from(p)) || (stale_due && now != *p),
+            };
+            if publish {
+                self.view.demand.insert(svc.name.clone(), now);
+                changed = true;
+            }
+        }
+        drop(sh);
+        self.view
+            .demand
+            .retain(|name, _| services.iter().any(|s| &s.name == name));
+        if changed {
+            self.view.demand_changed = Some(Instant::now());
+        }
+    }
+
+    /// This node's target for a service and every member's share, from the records in
+    /// etcd (this node's as published, so every node computes the same shares).
+    fn shares_of(
+        &self,
+        svc: &SharedService,
+        live_budget: u32,
+        members: usize,
+    ) -> (u32, Vec<NodeShare>) {
+        let live: Vec<(&String, &Record)> = self
+            .view
+            .members
+            .iter()
+            .filter(|(_, r)| r.claims.contains_key(&svc.name))
+            .collect();
+        let wants: Vec<Want> = live
+            .iter()
+            .map(|(_, r)| Want {
+                need: r.demand.get(&svc.name).map_or([0.0; 4], |d| d.need),
+                max_limit: r.max_limits.get(&svc.name).copied().unwrap_or(u32::MAX),
+            })
+            .collect();
+        let shares = match self.s.shares {
+            Shares::Demand => by_demand(live_budget, &wants),
+            Shares::Equal => wants
+                .iter()
+                .map(|w| target(live_budget, live.len(), w.max_limit))
+                .collect(),
+        };
+        let nodes = live
+            .iter()
+            .zip(&shares)
+            .map(|((node, r), share)| {
+                let d = r.demand.get(&svc.name).copied().unwrap_or_default();
+                NodeShare {
+                    node: node.to_string(),
+                    attempts: d.total_attempts(),
+                    need: d.need,
+                    hold_ms: d.hold_ms,
+                    weight: if live_budget > 0 {
+                        *share as f64 / live_budget as f64
+                    } else {
+                        0.0
+                    },
+                    share: *share,
+                    claim: r.claims.get(&svc.name).copied().unwrap_or(0),
+                }
+            })
+            .collect();
+        // Not registered yet (no record of its own in the view): an equal share.
+        let own = live
+            .iter()
+            .position(|(n, _)| **n == self.s.node)
+            .map_or_else(
+                || target(live_budget, members, svc.max_limit),
+                |i| shares[i].min(svc.max_limit),
+            );
+        (own, nodes)
     }
 }

@@ -44,6 +44,7 @@
 //! etcd is down for every node (each holds at most `budget / max_nodes`).
 
 mod agent;
+mod demand;
 mod records;
 mod settings;
 mod shares;
@@ -52,10 +53,13 @@ mod state;
 use crate::config::Config;
 
 pub use agent::Handle;
+pub use demand::{DEFAULT_HOLD, DEMAND_TAU, Demand, Smoother};
 pub use records::{Departed, Record};
 pub use settings::{node_name, probe};
-pub use shares::{budget, claim, next_ceiling, static_share, target};
-pub use state::{Cap, FleetState, Report, ServiceShare};
+pub use shares::{
+    FLOOR_FRACTION, Want, budget, by_demand, claim, next_ceiling, static_share, target,
+};
+pub use state::{Cap, FleetState, NodeShare, Report, ServiceShare};
 
 /// One service shared by the fleet, as this node configures it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,8 +4,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::Demand;
+
 /// The value of a member key.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub node: String,
     /// Service name → claim.
@@ -14,6 +16,13 @@ pub struct Record {
     /// configurations disagree all use the smallest.
     #[serde(default)]
     pub global_limits: BTreeMap<String, u32>,
+    /// Service name → this node's recent demand (shares by demand are computed from it;
+    /// absent from records of versions without it: no demand).
+    #[serde(default)]
+    pub demand: BTreeMap<String, Demand>,
+    /// Service name → this node's `max_limit` (its share never goes above it).
+    #[serde(default)]
+    pub max_limits: BTreeMap<String, u32>,
     /// Set by a node stopping cleanly just before it revokes its lease: it is not serving
     /// any more, so the others reserve nothing for it.
     #[serde(default)]

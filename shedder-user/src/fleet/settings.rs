@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, anyhow, bail};
 
 use super::{SharedService, budget, static_share};
-use crate::config::Fleet;
+use crate::config::{Fleet, Shares};
 
 /// Settings the fleet thread works with.
 #[derive(Clone, Debug)]
@@ -23,6 +23,7 @@ pub(super) struct Settings {
     pub(super) endpoints: Vec<String>,
     pub(super) lease_ttl: Duration,
     pub(super) safety: f64,
+    pub(super) shares: Shares,
     pub(super) max_nodes: u32,
     pub(super) fail_static: Duration,
     pub(super) timeout: Duration,
@@ -123,6 +124,7 @@ impl Settings {
             endpoints: f.endpoints.clone(),
             lease_ttl: f.etcd_lease_ttl(),
             safety: f.safety,
+            shares: f.shares,
             max_nodes: f.max_nodes,
             fail_static: f.fail_static(),
             timeout: Duration::from_millis(f.timeout_ms),

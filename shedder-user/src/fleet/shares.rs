@@ -1,4 +1,5 @@
-//! The share arithmetic: budgets, equal targets, static shares, ceilings and claims (pure).
+//! The share arithmetic: budgets, equal and demand-weighted targets, static shares,
+//! ceilings and claims (pure).
 
 /// What the fleet may hold of a service: `⌊global_limit × safety⌋`.
 pub fn budget(global_limit: u32, safety: f64) -> u32 {
@@ -8,6 +9,100 @@ pub fn budget(global_limit: u32, safety: f64) -> u32 {
 /// An equal share of the budget among `members` nodes, never above the node's own maximum.
 pub fn target(budget: u32, members: usize, max_limit: u32) -> u32 {
     (budget / members.max(1) as u32).min(max_limit)
+}
+
+/// The part of an equal share every live member keeps whatever its demand, so that a node
+/// whose demand rises is admitted at once, while the fleet moves its share.
+pub const FLOOR_FRACTION: f64 = 0.2;
+
+/// One member's claim on the budget, as the shares by demand read it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Want {
+    /// The connections the member's attempts would hold if all were admitted, by class
+    /// (CRITICAL first).
+    pub need: [f64; shedder_common::NUM_CLASSES],
+    /// The member's own hard ceiling.
+    pub max_limit: u32,
+}
+
+/// Shares of `budget` by demand, in the members' order. Every member first keeps its floor
+/// ([`FLOOR_FRACTION`] of an equal share). The rest goes class by class, CRITICAL first:
+/// each member's need in the class is met if the budget allows, and if it does not, the
+/// budget left is split in proportion to the class's need and the classes below get
+/// nothing, fleet-wide as on one node. What no class needs is split in proportion to the
+/// members' total need (equally when none has any), so a node whose demand grows has room
+/// at once. A member never gets more than its `max_limit`, and the shares never sum above
+/// the budget. The same view gives every node the same shares.
+pub fn by_demand(budget: u32, members: &[Want]) -> Vec<u32> {
+    let n = members.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let cap = |m: &Want| m.max_limit as f64;
+    let floor = (budget as f64 / n as f64 * FLOOR_FRACTION).floor();
+    let mut alloc: Vec<f64> = members.iter().map(|m| floor.min(cap(m))).collect();
+    let mut left = budget as f64 - alloc.iter().sum::<f64>();
+    for class in 0..shedder_common::NUM_CLASSES {
+        let wants: Vec<f64> = members
+            .iter()
+            .zip(&alloc)
+            .map(|(m, a)| (m.need[..=class].iter().sum::<f64>().min(cap(m)) - a).max(0.0))
+            .collect();
+        let total: f64 = wants.iter().sum();
+        if total <= 0.0 {
+            continue;
+        }
+        let part = (left / total).min(1.0);
+        for (a, w) in alloc.iter_mut().zip(&wants) {
+            *a += w * part;
+        }
+        left -= total * part;
+        if part < 1.0 {
+            left = 0.0;
+            break;
+        }
+    }
+    // What no class needs: by total need, capped, spread again over the members below
+    // their caps until none is left or all are full.
+    for _ in 0..n {
+        let open: Vec<usize> = (0..n).filter(|&i| alloc[i] < cap(&members[i])).collect();
+        if left < 1e-9 || open.is_empty() {
+            break;
+        }
+        let weight = |i: usize| members[i].need.iter().sum::<f64>();
+        let total: f64 = open.iter().map(|&i| weight(i)).sum();
+        let mut given = 0.0;
+        for &i in &open {
+            let part = if total > 0.0 {
+                weight(i) / total
+            } else {
+                1.0 / open.len() as f64
+            };
+            let add = (left * part).min(cap(&members[i]) - alloc[i]);
+            alloc[i] += add;
+            given += add;
+        }
+        left -= given;
+    }
+    // Whole connections: round down, then hand the units rounding left over to the largest
+    // remainders (ties to the earlier member), never past a cap.
+    let mut shares: Vec<u32> = alloc.iter().map(|a| a.floor() as u32).collect();
+    let mut spare = budget.saturating_sub(shares.iter().sum());
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| {
+        let r = |i: usize| alloc[i] - alloc[i].floor();
+        r(b).total_cmp(&r(a)).then(a.cmp(&b))
+    });
+    for i in order {
+        if spare == 0 {
+            break;
+        }
+        if shares[i] < members[i].max_limit && alloc[i] - (shares[i] as f64) > 1e-9 {
+            shares[i] += 1;
+            spare -= 1;
+        }
+    }
+    shares
 }
 
 /// What a node cut off from etcd holds: the budget split among the most nodes the fleet
@@ -71,6 +166,105 @@ mod tests {
         // Kernel at 100, but 130 connections still open from before: claim 130.
         assert_eq!(claim(100, 100, 130), 130);
         assert_eq!(claim(100, 100, 40), 100);
+    }
+
+    fn want(need: [f64; 4], max_limit: u32) -> Want {
+        Want { need, max_limit }
+    }
+
+    fn medium(n: f64) -> Want {
+        want([0.0, 0.0, n, 0.0], 4096)
+    }
+
+    #[test]
+    fn shares_follow_demand_split_seventy_twenty_ten() {
+        // 54 connections, demand for 81 split 70/20/10: each keeps its floor (⌊18 × 0.2⌋ =
+        // 3), and the budget left goes in proportion to need.
+        let s = by_demand(54, &[medium(56.7), medium(16.2), medium(8.1)]);
+        assert_eq!(s.iter().sum::<u32>(), 54);
+        assert_eq!(s, [37, 11, 6]);
+        // Demand under the budget: every need met, the rest by need (more headroom where
+        // the demand is).
+        let s = by_demand(54, &[medium(28.0), medium(8.0), medium(4.0)]);
+        assert_eq!(s.iter().sum::<u32>(), 54);
+        assert!(s[0] >= 28 && s[1] >= 8 && s[2] >= 4, "{s:?}");
+        assert_eq!(s, [38, 11, 5]);
+        // No demand anywhere: equal shares.
+        assert_eq!(by_demand(54, &[medium(0.0); 3]), [18, 18, 18]);
+        // An idle node keeps only its floor.
+        assert_eq!(by_demand(54, &[medium(100.0), medium(0.0)]), [49, 5]);
+        assert!(by_demand(54, &[]).is_empty());
+    }
+
+    #[test]
+    fn the_fleets_refusals_fall_on_the_lowest_classes_first() {
+        // HIGH on one node needs 40, SHEDDABLE on the other 200: HIGH gets all it needs,
+        // SHEDDABLE the rest (more than its floor).
+        let high = want([0.0, 40.0, 0.0, 0.0], 4096);
+        let sheddable = want([0.0, 0.0, 0.0, 200.0], 4096);
+        assert_eq!(by_demand(54, &[high, sheddable]), [40, 14]);
+        // HIGH needing more than the budget leaves SHEDDABLE its floor only.
+        let high = want([0.0, 100.0, 0.0, 0.0], 4096);
+        assert_eq!(by_demand(54, &[sheddable, high]), [5, 49]);
+        // Two nodes both short in the same class: split by that class's need.
+        let a = want([10.0, 30.0, 0.0, 50.0], 4096);
+        let b = want([10.0, 90.0, 0.0, 0.0], 4096);
+        let s = by_demand(54, &[a, b]);
+        assert_eq!(s.iter().sum::<u32>(), 54);
+        // CRITICAL met on both (10 + 10), HIGH's 34 left split 30 : 90 past the floors.
+        assert_eq!(s, [19, 35]);
+    }
+
+    #[test]
+    fn a_share_never_passes_the_members_max_limit() {
+        let s = by_demand(54, &[want([0.0, 0.0, 100.0, 0.0], 20), medium(10.0)]);
+        assert_eq!(s, [20, 34]);
+        // Everyone capped: the budget is not all handed out.
+        let s = by_demand(54, &[want([0.0, 0.0, 100.0, 0.0], 10); 3]);
+        assert_eq!(s, [10, 10, 10]);
+        // Floors under a tiny cap.
+        assert_eq!(by_demand(54, &[want([0.0; 4], 1), medium(0.0)]), [1, 53]);
+    }
+
+    /// Whatever the demands, the shares are whole, capped, at least the floor where the cap
+    /// allows, and never sum above the budget.
+    #[test]
+    fn shares_by_demand_never_exceed_the_budget() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..2000 {
+            let n = (next() % 6 + 1) as usize;
+            let budget = (next() % 500) as u32;
+            let members: Vec<Want> = (0..n)
+                .map(|_| {
+                    let mut need = [0.0; 4];
+                    for v in &mut need {
+                        if next() % 3 > 0 {
+                            *v = (next() % 4000) as f64 / 10.0;
+                        }
+                    }
+                    want(need, (next() % 300) as u32)
+                })
+                .collect();
+            let s = by_demand(budget, &members);
+            assert!(
+                s.iter().sum::<u32>() <= budget,
+                "{budget} {members:?} {s:?}"
+            );
+            let floor = (budget as f64 / n as f64 * FLOOR_FRACTION).floor() as u32;
+            for (share, m) in s.iter().zip(&members) {
+                assert!(*share <= m.max_limit);
+                assert!(
+                    *share >= floor.min(m.max_limit),
+                    "{budget} {members:?} {s:?}"
+                );
+            }
+        }
     }
 
     /// Three nodes share a budget of 450; each raise is checked against the others' claims

@@ -12,7 +12,11 @@ pub struct ServiceShare {
     pub budget: u32,
     /// Live members protecting a service of this name (this node included once joined).
     pub members: u32,
-    /// This node's share of the budget: `⌊budget / members⌋`, at most its max_limit.
+    /// How the budget is divided: `demand` or `equal` (`fleet.shares`).
+    #[serde(default)]
+    pub shares: String,
+    /// This node's share of the budget (by demand, or `⌊budget / members⌋`), at most its
+    /// max_limit.
     pub target: u32,
     /// The ceiling in force on this node.
     pub ceiling: u32,
@@ -26,6 +30,30 @@ pub struct ServiceShare {
     pub reserved: u32,
     /// What this node holds when cut off from etcd.
     pub static_share: u32,
+    /// Every live member's published demand and the share it gives it (this node's
+    /// included), in node-name order.
+    #[serde(default)]
+    pub nodes: Vec<NodeShare>,
+}
+
+/// One member's demand and share of a service, as this node computed it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeShare {
+    pub node: String,
+    /// Unique attempts per second, refused ones included (all classes).
+    pub attempts: f64,
+    /// The connections those attempts would hold if all were admitted, by class
+    /// (CRITICAL first).
+    pub need: [f64; shedder_common::NUM_CLASSES],
+    /// How long an admitted attempt holds its connection on that node (ms), if it has
+    /// admitted any.
+    pub hold_ms: Option<f64>,
+    /// Its share as a fraction of the budget the live members divide.
+    pub weight: f64,
+    /// Its share (connections).
+    pub share: u32,
+    /// What it published as its claim.
+    pub claim: u32,
 }
 
 /// The fleet as this node sees it.
@@ -57,10 +85,13 @@ pub struct FleetState {
 pub use crate::control::capped::Cap;
 
 /// What the daemon tells the fleet thread about one service each tick.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Report {
     /// The total limit written in the kernel.
     pub applied: u32,
     /// Connections held (established + admitted, not yet established).
     pub occupancy: u32,
+    /// This tick's unique attempts per second by class, refused ones included, and the
+    /// admissions per second (`None`: the counters could not be read).
+    pub rates: Option<([f64; shedder_common::NUM_CLASSES], f64)>,
 }

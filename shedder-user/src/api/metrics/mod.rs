@@ -507,6 +507,30 @@ fn fleet_metrics(
         });
         gauges(encoder, name, &series)?;
     }
+    // Every member's demand and share, as this node computed them.
+    for (name, pick) in [
+        (
+            "shedder_fleet_node_demand",
+            (|n: &crate::fleet::NodeShare| n.attempts) as fn(&crate::fleet::NodeShare) -> f64,
+        ),
+        ("shedder_fleet_node_need", |n| n.need.iter().sum()),
+        ("shedder_fleet_node_weight", |n| n.weight),
+        ("shedder_fleet_node_share", |n| n.share as f64),
+    ] {
+        let series: Vec<(Labels, f64)> = f
+            .services
+            .iter()
+            .flat_map(|s| {
+                s.nodes.iter().map(move |n| {
+                    (
+                        vec![("service", s.service.clone()), ("node", n.node.clone())],
+                        pick(n),
+                    )
+                })
+            })
+            .collect();
+        gauges(encoder, name, &series)?;
+    }
     Ok(())
 }
 

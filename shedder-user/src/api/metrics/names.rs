@@ -264,7 +264,31 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "shedder_fleet_share",
         "gauge",
         &["service"],
-        "Fleet mode: this node's equal share of global_limit × safety among the live members, at most its max_limit.",
+        "Fleet mode: this node's share of global_limit × safety among the live members (by demand, or equal: fleet.shares), at most its max_limit.",
+    ),
+    (
+        "shedder_fleet_node_demand",
+        "gauge",
+        &["service", "node"],
+        "Fleet mode: each live member's published demand: unique attempts per second, refused ones included (moving mean, time constant 1 s).",
+    ),
+    (
+        "shedder_fleet_node_need",
+        "gauge",
+        &["service", "node"],
+        "Fleet mode: the connections each live member's attempts would hold if all were admitted (attempts per second × its measured hold).",
+    ),
+    (
+        "shedder_fleet_node_weight",
+        "gauge",
+        &["service", "node"],
+        "Fleet mode: each live member's share as a fraction of the budget the live members divide.",
+    ),
+    (
+        "shedder_fleet_node_share",
+        "gauge",
+        &["service", "node"],
+        "Fleet mode: each live member's share of the budget, as this node computes it from the members' records.",
     ),
     (
         "shedder_fleet_ceiling",
