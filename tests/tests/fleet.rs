@@ -178,9 +178,35 @@ struct Node {
     load: Option<LoadHandle>,
 }
 
-fn node_config(i: usize, pins: &std::path::Path, socket: &std::path::Path) -> String {
+/// How a node's daemon divides the fleet's budget and classifies its clients.
+#[derive(Clone, Copy)]
+struct Policy {
+    shares: &'static str,
+    /// The class of this node's clients (`None`: the default, MEDIUM).
+    class: Option<&'static str>,
+}
+
+const EQUAL: Policy = Policy {
+    shares: "equal",
+    class: None,
+};
+const DEMAND: Policy = Policy {
+    shares: "demand",
+    class: None,
+};
+
+fn node_config(
+    i: usize,
+    pins: &std::path::Path,
+    socket: &std::path::Path,
+    policy: Policy,
+) -> String {
+    let classes = policy.class.map_or(String::new(), |c| {
+        format!("[classes]\n{c} = {{ sources = [\"198.18.0.0/16\"] }}\n")
+    });
     format!(
         r#"
+{classes}
 [daemon]
 interfaces = ["{IFACE}"]
 attach = "tc"
@@ -198,6 +224,7 @@ fail_static_ms = {fail_static}
 max_nodes = {MAX_NODES}
 safety = {SAFETY}
 timeout_ms = 500
+shares = "{shares}"
 
 [[service]]
 name = "db"
@@ -218,6 +245,7 @@ retry_window_ms = 0
         ttl = LEASE_TTL.as_secs(),
         fail_static = FAIL_STATIC.as_millis(),
         port = PORTS[i],
+        shares = policy.shares,
     )
 }
 
@@ -271,8 +299,8 @@ impl Node {
         }
     }
 
-    fn start_daemon(&mut self) {
-        let cfg = node_config(self.index, &self.pins, &self.socket);
+    fn start_daemon(&mut self, policy: Policy) {
+        let cfg = node_config(self.index, &self.pins, &self.socket, policy);
         let d = Daemon::start(
             &self.pair.server,
             &format!("fleet{}", self.index),
@@ -283,13 +311,32 @@ impl Node {
         self.daemon = Some(d);
     }
 
+    /// Stop the daemon cleanly (it leaves the fleet).
+    fn stop_daemon(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let status = d.terminate();
+            assert!(status.success(), "node-{} exit status {status}", self.index);
+        }
+    }
+
     /// 3× this node's share of the fleet's capacity with three nodes: 18 connections held
     /// 400 ms each admit 45 requests a second; offer 135.
     fn start_load(&mut self, duration: Duration) {
-        let target = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)), PORTS[self.index]);
+        self.start_load_at(duration, 135.0);
+    }
+
+    fn target(&self) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 2)), PORTS[self.index])
+    }
+
+    /// `rate` requests a second for `duration`, replacing any load running.
+    fn start_load_at(&mut self, duration: Duration, rate: f64) {
+        if let Some(l) = self.load.take() {
+            l.stop();
+        }
         self.load = Some(
-            LoadGen::new(target)
-                .phase(duration, 135.0)
+            LoadGen::new(self.target())
+                .phase(duration, rate)
                 .deadline(Duration::from_secs(2))
                 .seed(self.index as u64 + 1)
                 .start_in(&self.pair.client),
@@ -310,6 +357,15 @@ impl Node {
             .policy(0)
             .ok()
             .map(|p| p.total_limit)
+    }
+
+    /// The connections the kernel counts held for `db` (established, admitted by the packet
+    /// path), 0 without a daemon.
+    fn held(&self) -> u32 {
+        PinnedMaps::open(&self.pins)
+            .ok()
+            .and_then(|m| m.inflight(0).ok())
+            .map_or(0, |i| i.class.iter().sum())
     }
 
     fn busy(&self) -> u32 {
@@ -480,7 +536,7 @@ fn fleet_shares_a_global_limit_through_kill_join_etcd_restart_and_partition() {
     let nodes: Arc<Mutex<Vec<Node>>> =
         Arc::new(Mutex::new((0..3).map(|i| Node::new(i, &hub)).collect()));
     for n in nodes.lock().unwrap().iter_mut() {
-        n.start_daemon();
+        n.start_daemon(EQUAL);
     }
     let all = [0usize, 1, 2];
     let third = BUDGET / 3; // 18
@@ -644,7 +700,7 @@ fn fleet_shares_a_global_limit_through_kill_join_etcd_restart_and_partition() {
                 n[2].pair.clone(),
             )
         };
-        let cfg = node_config(index, &pins, &socket);
+        let cfg = node_config(index, &pins, &socket, EQUAL);
         let d = Daemon::start(&pair.server, "fleet2-rejoin", &cfg, &pins);
         // As a node joining a pool does: protected before it takes traffic.
         d.wait_for_log("running", Duration::from_secs(15));
@@ -793,13 +849,309 @@ fn fleet_shares_a_global_limit_through_kill_join_etcd_restart_and_partition() {
         "a clean stop frees the share at once ({left:?})"
     );
 
-    // The bound: the sum of connections in service across the fleet, sampled every 20 ms.
-    // A node's packet path checks and counts an attempt without a lock, so CPUs admitting
-    // at the same instant can each take the last slot: a node may hold its limit plus one
-    // per other CPU (README, "The bound").
+    check_bound(&samples);
+    drop(nodes);
+    drop(etcd);
+}
+
+/// The fleet's budget, 54 connections held 400 ms each, serves 135 requests a second.
+const FLEET_CAPACITY: f64 = BUDGET as f64 / 0.4;
+
+/// What the fleet used of its budget over `period`, sampled every 20 ms: the mean of the
+/// connections its kernels count held (what the budget limits: a downstream's slot is
+/// taken from the handshake to the close), and of the requests its backends were serving.
+struct Used {
+    held: f64,
+    serving: f64,
+}
+
+fn fleet_used(nodes: &Arc<Mutex<Vec<Node>>>, period: Duration) -> Used {
+    let t0 = Instant::now();
+    let (mut held, mut serving, mut n) = (0u64, 0u64, 0u64);
+    while t0.elapsed() < period {
+        for x in nodes.lock().unwrap().iter() {
+            held += x.held() as u64;
+            serving += x.busy() as u64;
+        }
+        n += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mean = |v: u64| v as f64 / n.max(1) as f64;
+    Used {
+        held: mean(held),
+        serving: mean(serving),
+    }
+}
+
+/// Every member's share of `db` as node-0 computes it, for the log.
+fn shares_line(nodes: &[Node]) -> String {
+    let Some(f) = nodes[0].state().and_then(|s| s.fleet) else {
+        return "node-0: no fleet state".into();
+    };
+    f.services[0]
+        .nodes
+        .iter()
+        .map(|n| {
+            format!(
+                "{} demand {:.0}/s need {:.1} weight {:.2} share {}",
+                n.node,
+                n.attempts,
+                n.need.iter().sum::<f64>(),
+                n.weight,
+                n.share
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Shares that follow demand: traffic split 70/20/10 over three nodes at 2.5× the fleet's
+/// budget, first with equal shares, then by demand (the same nodes, clients and load); a
+/// shift of demand; the bound through a kill, a join, a partition and an etcd restart with
+/// shares by demand; and priorities across the fleet (HIGH on one node, SHEDDABLE on another).
+#[test]
+fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
+    require_root();
+    shedder_tests::ensure_fs();
+    raise_nofile_limit();
+    let hub = Arc::new(Netns::new("fdhub"));
+    let mut etcd = Etcd::start(hub.clone());
+    let nodes: Arc<Mutex<Vec<Node>>> =
+        Arc::new(Mutex::new((0..3).map(|i| Node::new(i, &hub)).collect()));
+    let all = [0usize, 1, 2];
+    let split = [0.7, 0.2, 0.1];
+    let offered = 2.5 * FLEET_CAPACITY;
+    let run = Duration::from_secs(300);
+    let start_split = |nodes: &Arc<Mutex<Vec<Node>>>, split: [f64; 3]| {
+        for (n, f) in nodes.lock().unwrap().iter_mut().zip(split) {
+            n.start_load_at(run, offered * f);
+        }
+    };
+
+    // Equal shares: 18 each, but node-1 and node-2 need only ~27 and ~13.5 at 2.5x: node-0
+    // refuses while node-2 leaves some of its share unused. (Arrivals are random, so a node
+    // whose demand only just exceeds its share still leaves some of it unused: Erlang B.)
+    for n in nodes.lock().unwrap().iter_mut() {
+        n.start_daemon(EQUAL);
+    }
+    wait_until(&nodes, Duration::from_secs(15), "three at 18", |n| {
+        enforced_all(n, &all, |c| c == BUDGET / 3)
+    });
+    start_split(&nodes, split);
+    std::thread::sleep(Duration::from_secs(3));
+    let equal = fleet_used(&nodes, Duration::from_secs(6));
+    let pct = |v: f64| 100.0 * v / BUDGET as f64;
+    eprintln!(
+        "equal shares, demand split 70/20/10 at 2.5x: {:.1} of {BUDGET} held ({:.0}%), {:.1} requests in service ({:.0}%)",
+        equal.held,
+        pct(equal.held),
+        equal.serving,
+        pct(equal.serving)
+    );
+
+    // The same nodes and load, shares by demand.
+    for n in nodes.lock().unwrap().iter_mut() {
+        n.stop_daemon();
+    }
+    for n in nodes.lock().unwrap().iter_mut() {
+        n.start_daemon(DEMAND);
+    }
+    let took = wait_until(&nodes, Duration::from_secs(20), "node-0 above 30", |n| {
+        n[0].enforced().is_some_and(|c| c > 30)
+    });
+    eprintln!("shares by demand: node-0 above 30 {took:?} after the daemons started");
+    std::thread::sleep(Duration::from_secs(3));
+    let by_demand = fleet_used(&nodes, Duration::from_secs(6));
+    let line = shares_line(&nodes.lock().unwrap());
+    eprintln!(
+        "shares by demand, the same load: {:.1} of {BUDGET} held ({:.0}%), {:.1} requests in service ({:.0}%); {line}",
+        by_demand.held,
+        pct(by_demand.held),
+        by_demand.serving,
+        pct(by_demand.serving)
+    );
+    assert!(
+        by_demand.held >= 0.95 * BUDGET as f64,
+        "shares by demand: {:.1} held, under 95% of {BUDGET} ({line})",
+        by_demand.held
+    );
+    assert!(
+        by_demand.held > equal.held + 0.05 * BUDGET as f64
+            && by_demand.serving > equal.serving + 0.05 * BUDGET as f64,
+        "shares by demand ({:.1} held, {:.1} serving) not clearly better than equal shares ({:.1}, {:.1})",
+        by_demand.held,
+        by_demand.serving,
+        equal.held,
+        equal.serving
+    );
+    {
+        let n = nodes.lock().unwrap();
+        let f = n[0].state().and_then(|s| s.fleet).expect("fleet state");
+        let svc = &f.services[0];
+        assert_eq!(svc.shares, "demand");
+        let names: Vec<&str> = svc.nodes.iter().map(|x| x.node.as_str()).collect();
+        assert_eq!(names, ["node-0", "node-1", "node-2"]);
+        assert!(svc.nodes.iter().map(|x| x.share).sum::<u32>() <= BUDGET);
+        assert!(
+            svc.nodes[0].attempts > svc.nodes[1].attempts
+                && svc.nodes[1].attempts > svc.nodes[2].attempts,
+            "{svc:?}"
+        );
+        assert!(svc.nodes[0].share > svc.nodes[1].share, "{svc:?}");
+        assert_eq!(svc.target, svc.nodes[0].share);
+        let scrape = n[0].pair.server.run(metrics);
+        for series in [
+            "shedder_fleet_node_demand{service=\"db\",node=\"node-2\"} ",
+            "shedder_fleet_node_need{service=\"db\",node=\"node-1\"} ",
+            "shedder_fleet_node_weight{service=\"db\",node=\"node-0\"} ",
+            "shedder_fleet_node_share{service=\"db\",node=\"node-0\"} ",
+        ] {
+            assert!(scrape.contains(series), "{series} not in\n{scrape}");
+        }
+    }
+
+    // Demand shifts: node-0 and node-2 swap. node-2's share follows within about a lease
+    // TTL (the moving mean, a publish, node-0 lowering and draining, node-2's raise).
+    let shifted = Instant::now();
+    start_split(&nodes, [0.1, 0.2, 0.7]);
+    let took = wait_until(&nodes, Duration::from_secs(10), "node-2 above 30", |n| {
+        n[2].enforced().is_some_and(|c| c > 30)
+    });
+    eprintln!(
+        "demand shifted from node-0 to node-2: node-2 above 30 after {took:?} (lease TTL {LEASE_TTL:?}); {}",
+        shares_line(&nodes.lock().unwrap())
+    );
+    assert!(
+        shifted.elapsed() <= LEASE_TTL + Duration::from_secs(1),
+        "the shares took {:?} to follow the demand",
+        shifted.elapsed()
+    );
+
+    // The bound, with shares by demand, through a kill, a join, a partition and an etcd
+    // restart.
+    let monitor = Monitor::start(nodes.clone());
+    monitor.set(BUDGET, "demand: steady");
+    std::thread::sleep(Duration::from_secs(2));
+    monitor.set(BUDGET, "demand: node-2 killed");
+    nodes.lock().unwrap()[2].die();
+    std::thread::sleep(LEASE_TTL + Duration::from_secs(1));
+    monitor.set(BUDGET, "demand: node-2 joins");
+    {
+        let (index, pins, socket, pair) = {
+            let mut n = nodes.lock().unwrap();
+            let node = &mut n[2];
+            node.backend = Some(Arc::new(Backend::start_in(
+                &node.pair.server,
+                BackendConfig::new(PORTS[2], 80, SERVICE_TIME).backlog(1024),
+            )));
+            (
+                node.index,
+                node.pins.clone(),
+                node.socket.clone(),
+                node.pair.clone(),
+            )
+        };
+        let cfg = node_config(index, &pins, &socket, DEMAND);
+        let d = Daemon::start(&pair.server, "fleet2-rejoin", &cfg, &pins);
+        d.wait_for_log("running", Duration::from_secs(15));
+        let mut n = nodes.lock().unwrap();
+        n[2].daemon = Some(d);
+        n[2].start_load_at(run, offered * 0.7);
+    }
+    wait_until(
+        &nodes,
+        Duration::from_secs(15),
+        "node-2 above 30 again",
+        |n| n[2].enforced().is_some_and(|c| c > 30),
+    );
+    monitor.set(BUDGET, "demand: node-0 cut");
+    nodes.lock().unwrap()[0].partition(true);
+    std::thread::sleep(LEASE_TTL + Duration::from_secs(1));
+    monitor.set(BUDGET, "demand: node-0 heals");
+    nodes.lock().unwrap()[0].partition(false);
+    wait_until(
+        &nodes,
+        Duration::from_secs(15),
+        "node-0 a member again",
+        |n| {
+            n[0].state()
+                .and_then(|s| s.fleet)
+                .is_some_and(|f| f.standing == "member" && f.departed.is_empty())
+        },
+    );
+    monitor.set(BUDGET, "demand: etcd restart");
+    etcd.kill();
+    std::thread::sleep(FAIL_STATIC + Duration::from_millis(600));
+    etcd.spawn();
+    wait_until(&nodes, Duration::from_secs(15), "members again", |n| {
+        n.iter().all(|node| {
+            node.state()
+                .and_then(|s| s.fleet)
+                .is_some_and(|f| f.standing == "member" && f.etcd_up)
+        })
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    check_bound(&monitor.finish());
+
+    // Priorities across the fleet: node-0's clients are HIGH and need about 27 connections
+    // (half the budget's rate), node-1's are SHEDDABLE at twice the budget's rate; node-2
+    // leaves. Equal shares would give HIGH 27, about its mean need: one attempt in seven
+    // refused (Erlang B). By demand HIGH has its need and headroom first.
+    {
+        let mut n = nodes.lock().unwrap();
+        if let Some(l) = n[2].load.take() {
+            l.stop();
+        }
+        n[2].stop_daemon();
+        for (i, class, rate) in [(0, "high", 0.5), (1, "sheddable", 2.0)] {
+            n[i].stop_daemon();
+            n[i].start_daemon(Policy {
+                shares: "demand",
+                class: Some(class),
+            });
+            if i == 1 {
+                n[i].start_load_at(run, rate * FLEET_CAPACITY);
+            } else if let Some(l) = n[i].load.take() {
+                l.stop();
+            }
+        }
+    }
+    let high_load = {
+        let n = nodes.lock().unwrap();
+        LoadGen::new(n[0].target())
+            .phase(Duration::from_secs(16), 0.5 * FLEET_CAPACITY)
+            .deadline(Duration::from_secs(2))
+            .seed(7)
+            .start_in(&n[0].pair.client)
+    };
+    std::thread::sleep(Duration::from_secs(6));
+    let line = shares_line(&nodes.lock().unwrap());
+    let report = high_load.wait();
+    let high = report.range(6..16).all;
+    let served = high.ok as f64 / high.offered.max(1) as f64;
+    eprintln!(
+        "HIGH on node-0, SHEDDABLE on node-1: HIGH served {:.1}% of {} ({high:?}); {line}",
+        100.0 * served,
+        high.offered
+    );
+    assert!(
+        served >= 0.95,
+        "HIGH kept {:.1}% of its attempts ({high:?}); {line}",
+        100.0 * served
+    );
+    drop(nodes);
+    drop(etcd);
+}
+
+/// The bound: the sum of connections in service across the fleet, sampled every 20 ms.
+/// A node's packet path checks and counts an attempt without a lock, so CPUs admitting at
+/// the same instant can each take the last slot: a node may hold its limit plus one per
+/// other CPU (README, "The bound"). Also checks that the load filled the budget at some
+/// point (an overload test).
+fn check_bound(samples: &[Sample]) {
     let race = std::thread::available_parallelism().map_or(1, |n| n.get() as u32) - 1;
     let mut worst: Vec<(&str, u32, u32)> = Vec::new();
-    for s in &samples {
+    for s in samples {
         let total: u32 = s.busy.iter().sum();
         let live = s.enforced.iter().flatten().count() as u32;
         match worst.iter_mut().find(|w| w.0 == s.phase) {
@@ -822,14 +1174,11 @@ fn fleet_shares_a_global_limit_through_kill_join_etcd_restart_and_partition() {
         );
     }
     eprintln!("{} samples", samples.len());
-    // The load really was 3×: the fleet ran at its bound at some point.
     let peak = worst.iter().map(|w| w.1).max().unwrap_or(0);
     assert!(
         peak >= BUDGET * 9 / 10,
         "the load never filled the fleet's budget (peak {peak} of {BUDGET}): not an overload test"
     );
-    drop(nodes);
-    drop(etcd);
 }
 
 /// A CA and a server certificate for 127.0.0.1 (openssl), in `dir`.

@@ -16,7 +16,7 @@ use crate::config::{Fleet, Shares};
 
 use super::{
     Cap, DEFAULT_HOLD, Demand, Departed, FleetState, NodeShare, Record, Report, ServiceShare,
-    SharedService, Smoother, Want, budget, by_demand, claim, next_ceiling,
+    SharedService, Smoother, Want, budget, by_demand, claim, next_ceiling, next_ceiling_by_demand,
     records::unix_ms,
     settings::{Settings, brief},
     static_share, target,
@@ -732,7 +732,11 @@ impl Agent {
                 .fold(0u32, |a, c| a.saturating_add(*c));
             let (target, nodes) = self.shares_of(svc, live_budget, members);
             let current = ceilings.get(&svc.name).copied().unwrap_or(0);
-            let (next, raise) = next_ceiling(current, target, live_budget.saturating_sub(others));
+            let room = live_budget.saturating_sub(others);
+            let (next, raise) = match self.s.shares {
+                Shares::Demand => next_ceiling_by_demand(current, target, room),
+                Shares::Equal => next_ceiling(current, target, room),
+            };
             if raise {
                 raises.insert(svc.name.clone(), next);
             } else if next != current {

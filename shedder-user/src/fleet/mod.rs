@@ -57,7 +57,8 @@ pub use demand::{DEFAULT_HOLD, DEMAND_TAU, Demand, Smoother};
 pub use records::{Departed, Record};
 pub use settings::{node_name, probe};
 pub use shares::{
-    FLOOR_FRACTION, Want, budget, by_demand, claim, next_ceiling, static_share, target,
+    FLOOR_FRACTION, Want, band, budget, by_demand, claim, next_ceiling, next_ceiling_by_demand,
+    staffed, static_share, target,
 };
 pub use state::{Cap, FleetState, NodeShare, Report, ServiceShare};
 

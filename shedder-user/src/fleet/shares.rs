@@ -25,9 +25,22 @@ pub struct Want {
     pub max_limit: u32,
 }
 
+/// The connections that serve a need of `need` (the mean number its attempts would hold):
+/// the square-root staffing rule, `need + 2√need`. Arrivals are random, so a share of just
+/// the mean need refuses about one attempt in ten at 40 connections (Erlang B); two
+/// standard deviations of headroom bring that under 1%.
+pub fn staffed(need: f64) -> f64 {
+    if need > 0.0 {
+        need + 2.0 * need.sqrt()
+    } else {
+        0.0
+    }
+}
+
 /// Shares of `budget` by demand, in the members' order. Every member first keeps its floor
 /// ([`FLOOR_FRACTION`] of an equal share). The rest goes class by class, CRITICAL first:
-/// each member's need in the class is met if the budget allows, and if it does not, the
+/// each member's need in the class and above is met if the budget allows, then its
+/// headroom ([`staffed`]), and if it does not, the
 /// budget left is split in proportion to the class's need and the classes below get
 /// nothing, fleet-wide as on one node. What no class needs is split in proportion to the
 /// members' total need (equally when none has any), so a node whose demand grows has room
@@ -42,11 +55,17 @@ pub fn by_demand(budget: u32, members: &[Want]) -> Vec<u32> {
     let floor = (budget as f64 / n as f64 * FLOOR_FRACTION).floor();
     let mut alloc: Vec<f64> = members.iter().map(|m| floor.min(cap(m))).collect();
     let mut left = budget as f64 - alloc.iter().sum::<f64>();
-    for class in 0..shedder_common::NUM_CLASSES {
+    // Each class's need, then its headroom, before the class below.
+    let steps = (0..shedder_common::NUM_CLASSES).flat_map(|c| [(c, false), (c, true)]);
+    for (class, headroom) in steps {
         let wants: Vec<f64> = members
             .iter()
             .zip(&alloc)
-            .map(|(m, a)| (m.need[..=class].iter().sum::<f64>().min(cap(m)) - a).max(0.0))
+            .map(|(m, a)| {
+                let need: f64 = m.need[..=class].iter().sum();
+                let want = if headroom { staffed(need) } else { need };
+                (want.min(cap(m)) - a).max(0.0)
+            })
             .collect();
         let total: f64 = wants.iter().sum();
         if total <= 0.0 {
@@ -119,6 +138,23 @@ pub fn next_ceiling(current: u32, target: u32, room: u32) -> (u32, bool) {
     (want, want > current)
 }
 
+/// The band within which a ceiling above its target by demand is kept: a connection, or
+/// 5% of the ceiling. Shares by demand move by a connection or two as the estimates
+/// jitter, and lowering for that only drains connections that another node takes a moment
+/// later (a raise waits for the drain): the fleet would hold less than its budget.
+pub fn band(current: u32) -> u32 {
+    (current / 20).max(1)
+}
+
+/// [`next_ceiling`] for shares by demand: a ceiling within [`band`] above its target is
+/// kept, as long as the others' claims leave room for it.
+pub fn next_ceiling_by_demand(current: u32, target: u32, room: u32) -> (u32, bool) {
+    if target < current && current <= room && current - target <= band(current) {
+        return (current, false);
+    }
+    next_ceiling(current, target, room)
+}
+
 /// The claim a node publishes for a service: everything it may hold.
 pub fn claim(ceiling: u32, applied: u32, occupancy: u32) -> u32 {
     ceiling.max(applied).max(occupancy)
@@ -160,6 +196,20 @@ mod tests {
     }
 
     #[test]
+    fn shares_by_demand_are_not_lowered_for_a_jitter() {
+        // 37 → 36 and 12 → 11: kept; 37 → 35 (over 5%): lowered.
+        assert_eq!(next_ceiling_by_demand(37, 36, 54), (37, false));
+        assert_eq!(next_ceiling_by_demand(12, 11, 20), (12, false));
+        assert_eq!(next_ceiling_by_demand(37, 35, 54), (35, false));
+        assert_eq!(next_ceiling_by_demand(100, 95, 200), (100, false));
+        assert_eq!(next_ceiling_by_demand(100, 94, 200), (94, false));
+        // No room for the ceiling kept: lowered to what the others leave.
+        assert_eq!(next_ceiling_by_demand(37, 36, 30), (30, false));
+        // Raises as ever.
+        assert_eq!(next_ceiling_by_demand(11, 12, 54), (12, true));
+    }
+
+    #[test]
     fn claims_cover_what_the_kernel_may_still_hold() {
         // Lowered to 100, kernel still at 150: the claim stays 150 until the kernel moves.
         assert_eq!(claim(100, 150, 90), 150);
@@ -183,12 +233,14 @@ mod tests {
         let s = by_demand(54, &[medium(56.7), medium(16.2), medium(8.1)]);
         assert_eq!(s.iter().sum::<u32>(), 54);
         assert_eq!(s, [37, 11, 6]);
-        // Demand under the budget: every need met, the rest by need (more headroom where
-        // the demand is).
+        // Demand under the budget: every need met, and the 14 left split by the headroom
+        // each would want (10.6, 5.7 and 4).
         let s = by_demand(54, &[medium(28.0), medium(8.0), medium(4.0)]);
-        assert_eq!(s.iter().sum::<u32>(), 54);
-        assert!(s[0] >= 28 && s[1] >= 8 && s[2] >= 4, "{s:?}");
-        assert_eq!(s, [38, 11, 5]);
+        assert_eq!(s, [35, 12, 7]);
+        // Room for all the headroom too: the rest by need.
+        let s = by_demand(90, &[medium(28.0), medium(8.0), medium(4.0)]);
+        assert_eq!(s.iter().sum::<u32>(), 90);
+        assert!(s[0] >= 39 && s[1] >= 14 && s[2] >= 8, "{s:?}");
         // No demand anywhere: equal shares.
         assert_eq!(by_demand(54, &[medium(0.0); 3]), [18, 18, 18]);
         // An idle node keeps only its floor.
@@ -198,11 +250,14 @@ mod tests {
 
     #[test]
     fn the_fleets_refusals_fall_on_the_lowest_classes_first() {
-        // HIGH on one node needs 40, SHEDDABLE on the other 200: HIGH gets all it needs,
-        // SHEDDABLE the rest (more than its floor).
-        let high = want([0.0, 40.0, 0.0, 0.0], 4096);
+        // HIGH on one node needs 30, SHEDDABLE on the other 200: HIGH gets all it needs
+        // and its headroom (30 + 2√30), SHEDDABLE the rest (more than its floor).
+        let high = want([0.0, 30.0, 0.0, 0.0], 4096);
         let sheddable = want([0.0, 0.0, 0.0, 200.0], 4096);
-        assert_eq!(by_demand(54, &[high, sheddable]), [40, 14]);
+        assert_eq!(by_demand(54, &[high, sheddable]), [41, 13]);
+        // Needing 40, HIGH's headroom still comes before SHEDDABLE's need.
+        let high = want([0.0, 40.0, 0.0, 0.0], 4096);
+        assert_eq!(by_demand(54, &[high, sheddable]), [49, 5]);
         // HIGH needing more than the budget leaves SHEDDABLE its floor only.
         let high = want([0.0, 100.0, 0.0, 0.0], 4096);
         assert_eq!(by_demand(54, &[sheddable, high]), [5, 49]);
@@ -211,8 +266,9 @@ mod tests {
         let b = want([10.0, 90.0, 0.0, 0.0], 4096);
         let s = by_demand(54, &[a, b]);
         assert_eq!(s.iter().sum::<u32>(), 54);
-        // CRITICAL met on both (10 + 10), HIGH's 34 left split 30 : 90 past the floors.
-        assert_eq!(s, [19, 35]);
+        // CRITICAL and its headroom met on both (10 + 2√10 each); the 21 left split by
+        // what HIGH still lacks on each (24 and 84).
+        assert_eq!(s, [21, 33]);
     }
 
     #[test]
