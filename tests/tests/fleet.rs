@@ -482,6 +482,48 @@ fn metrics() -> String {
     out
 }
 
+/// The root checks, a hub namespace running etcd, and three nodes (no daemons yet).
+fn fleet_of_three(tag: &str) -> (Arc<Netns>, Etcd, Arc<Mutex<Vec<Node>>>) {
+    require_root();
+    shedder_tests::ensure_fs();
+    raise_nofile_limit();
+    let hub = Arc::new(Netns::new(tag));
+    let etcd = Etcd::start(hub.clone());
+    let nodes = Arc::new(Mutex::new((0..3).map(|i| Node::new(i, &hub)).collect()));
+    (hub, etcd, nodes)
+}
+
+/// Node `i` comes back after [`Node::die`]: a new backend, then a new daemon (running
+/// before its clients, as a node joining a pool is protected before it takes traffic),
+/// then `rate` requests a second for `duration`. The daemon starts with the lock released,
+/// so a monitor goes on sampling through the join.
+fn rejoin(nodes: &Arc<Mutex<Vec<Node>>>, i: usize, policy: Policy, rate: f64, duration: Duration) {
+    let (pins, socket, pair) = {
+        let mut n = nodes.lock().unwrap();
+        let node = &mut n[i];
+        node.backend = Some(Arc::new(Backend::start_in(
+            &node.pair.server,
+            BackendConfig::new(PORTS[i], 80, SERVICE_TIME).backlog(1024),
+        )));
+        (node.pins.clone(), node.socket.clone(), node.pair.clone())
+    };
+    let cfg = node_config(i, &pins, &socket, policy);
+    let d = Daemon::start(&pair.server, &format!("fleet{i}-rejoin"), &cfg, &pins);
+    d.wait_for_log("running", Duration::from_secs(15));
+    let mut n = nodes.lock().unwrap();
+    n[i].daemon = Some(d);
+    n[i].start_load_at(duration, rate);
+}
+
+/// Every node a member in touch with etcd.
+fn all_members(nodes: &[Node]) -> bool {
+    nodes.iter().all(|node| {
+        node.state()
+            .and_then(|s| s.fleet)
+            .is_some_and(|f| f.standing == "member" && f.etcd_up)
+    })
+}
+
 /// Wait until `pred` holds for the nodes (panics after `timeout` with `what`); how long it
 /// took.
 fn wait_until(
@@ -528,13 +570,7 @@ fn enforced_all(nodes: &[Node], live: &[usize], want: impl Fn(u32) -> bool) -> b
 
 #[test]
 fn fleet_shares_a_global_limit_through_kill_join_etcd_restart_and_partition() {
-    require_root();
-    shedder_tests::ensure_fs();
-    raise_nofile_limit();
-    let hub = Arc::new(Netns::new("flhub"));
-    let mut etcd = Etcd::start(hub.clone());
-    let nodes: Arc<Mutex<Vec<Node>>> =
-        Arc::new(Mutex::new((0..3).map(|i| Node::new(i, &hub)).collect()));
+    let (_hub, mut etcd, nodes) = fleet_of_three("flhub");
     for n in nodes.lock().unwrap().iter_mut() {
         n.start_daemon(EQUAL);
     }
@@ -680,33 +716,7 @@ fn fleet_shares_a_global_limit_through_kill_join_etcd_restart_and_partition() {
     // It comes back: a new daemon starts at 0 and gets its share only as the others fall;
     // registering ends the reservation.
     monitor.set(BUDGET, "node-2 joins");
-    {
-        let mut n = nodes.lock().unwrap();
-        let node = &mut n[2];
-        node.backend = Some(Arc::new(Backend::start_in(
-            &node.pair.server,
-            BackendConfig::new(PORTS[2], 80, SERVICE_TIME).backlog(1024),
-        )));
-    }
-    {
-        // The daemon start waits for "running" with the lock released, so the monitor goes
-        // on sampling through the join.
-        let (index, pins, socket, pair) = {
-            let n = nodes.lock().unwrap();
-            (
-                n[2].index,
-                n[2].pins.clone(),
-                n[2].socket.clone(),
-                n[2].pair.clone(),
-            )
-        };
-        let cfg = node_config(index, &pins, &socket, EQUAL);
-        let d = Daemon::start(&pair.server, "fleet2-rejoin", &cfg, &pins);
-        // As a node joining a pool does: protected before it takes traffic.
-        d.wait_for_log("running", Duration::from_secs(15));
-        nodes.lock().unwrap()[2].daemon = Some(d);
-        nodes.lock().unwrap()[2].start_load(Duration::from_secs(40));
-    }
+    rejoin(&nodes, 2, EQUAL, 135.0, Duration::from_secs(40));
     let took = wait_until(
         &nodes,
         Duration::from_secs(10),
@@ -810,13 +820,12 @@ fn fleet_shares_a_global_limit_through_kill_join_etcd_restart_and_partition() {
         |n| enforced_all(n, &all, near(third)),
     );
     // Every node back in touch with etcd (etcd takes a moment to start again).
-    wait_until(&nodes, Duration::from_secs(15), "members again", |n| {
-        n.iter().all(|node| {
-            node.state()
-                .and_then(|s| s.fleet)
-                .is_some_and(|f| f.standing == "member" && f.etcd_up)
-        })
-    });
+    wait_until(
+        &nodes,
+        Duration::from_secs(15),
+        "members again",
+        all_members,
+    );
     std::thread::sleep(Duration::from_secs(1));
 
     let samples = monitor.finish();
@@ -911,13 +920,7 @@ fn shares_line(nodes: &[Node]) -> String {
 /// shares by demand; and priorities across the fleet (HIGH on one node, SHEDDABLE on another).
 #[test]
 fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
-    require_root();
-    shedder_tests::ensure_fs();
-    raise_nofile_limit();
-    let hub = Arc::new(Netns::new("fdhub"));
-    let mut etcd = Etcd::start(hub.clone());
-    let nodes: Arc<Mutex<Vec<Node>>> =
-        Arc::new(Mutex::new((0..3).map(|i| Node::new(i, &hub)).collect()));
+    let (_hub, mut etcd, nodes) = fleet_of_three("fdhub");
     let all = [0usize, 1, 2];
     let split = [0.7, 0.2, 0.1];
     let offered = 2.5 * FLEET_CAPACITY;
@@ -1036,28 +1039,7 @@ fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
     nodes.lock().unwrap()[2].die();
     std::thread::sleep(LEASE_TTL + Duration::from_secs(1));
     monitor.set(BUDGET, "demand: node-2 joins");
-    {
-        let (index, pins, socket, pair) = {
-            let mut n = nodes.lock().unwrap();
-            let node = &mut n[2];
-            node.backend = Some(Arc::new(Backend::start_in(
-                &node.pair.server,
-                BackendConfig::new(PORTS[2], 80, SERVICE_TIME).backlog(1024),
-            )));
-            (
-                node.index,
-                node.pins.clone(),
-                node.socket.clone(),
-                node.pair.clone(),
-            )
-        };
-        let cfg = node_config(index, &pins, &socket, DEMAND);
-        let d = Daemon::start(&pair.server, "fleet2-rejoin", &cfg, &pins);
-        d.wait_for_log("running", Duration::from_secs(15));
-        let mut n = nodes.lock().unwrap();
-        n[2].daemon = Some(d);
-        n[2].start_load_at(run, offered * 0.7);
-    }
+    rejoin(&nodes, 2, DEMAND, offered * 0.7, run);
     wait_until(
         &nodes,
         Duration::from_secs(15),
@@ -1083,13 +1065,12 @@ fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
     etcd.kill();
     std::thread::sleep(FAIL_STATIC + Duration::from_millis(600));
     etcd.spawn();
-    wait_until(&nodes, Duration::from_secs(15), "members again", |n| {
-        n.iter().all(|node| {
-            node.state()
-                .and_then(|s| s.fleet)
-                .is_some_and(|f| f.standing == "member" && f.etcd_up)
-        })
-    });
+    wait_until(
+        &nodes,
+        Duration::from_secs(15),
+        "members again",
+        all_members,
+    );
     std::thread::sleep(Duration::from_secs(2));
     check_bound(&monitor.finish());
 
