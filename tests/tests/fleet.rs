@@ -330,8 +330,11 @@ impl Node {
     }
 
     /// `rate` requests a second for `duration`, replacing any load running.
-    fn start_load_at(&mut self, duration: Duration, rate: f64) {
-        if let Some(l) = self.load.take() {
+    /// The load it replaces is returned stopped, still finishing its requests in flight
+    /// (dropping it waits for them).
+    fn start_load_at(&mut self, duration: Duration, rate: f64) -> Option<LoadHandle> {
+        let old = self.load.take();
+        if let Some(l) = &old {
             l.stop();
         }
         self.load = Some(
@@ -341,6 +344,7 @@ impl Node {
                 .seed(self.index as u64 + 1)
                 .start_in(&self.pair.client),
         );
+        old
     }
 
     fn state(&self) -> Option<State> {
@@ -925,10 +929,16 @@ fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
     let split = [0.7, 0.2, 0.1];
     let offered = 2.5 * FLEET_CAPACITY;
     let run = Duration::from_secs(300);
+    // Every node's new load starts at once; the old ones finish their requests after.
     let start_split = |nodes: &Arc<Mutex<Vec<Node>>>, split: [f64; 3]| {
-        for (n, f) in nodes.lock().unwrap().iter_mut().zip(split) {
-            n.start_load_at(run, offered * f);
-        }
+        let old: Vec<_> = nodes
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .zip(split)
+            .map(|(n, f)| n.start_load_at(run, offered * f))
+            .collect();
+        drop(old);
     };
 
     // Equal shares: 18 each, but node-1 and node-2 need only ~27 and ~13.5 at 2.5x: node-0
@@ -973,10 +983,14 @@ fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
         by_demand.serving,
         pct(by_demand.serving)
     );
+    // The budget limits connections held, so that is what must be used; the requests in
+    // service are a connection or so fewer on this 2-CPU machine (a held connection between
+    // the response written and the client's close).
     assert!(
-        by_demand.held >= 0.95 * BUDGET as f64,
-        "shares by demand: {:.1} held, under 95% of {BUDGET} ({line})",
-        by_demand.held
+        by_demand.held >= 0.95 * BUDGET as f64 && by_demand.serving >= 0.93 * BUDGET as f64,
+        "shares by demand: {:.1} held, {:.1} serving, of {BUDGET} ({line})",
+        by_demand.held,
+        by_demand.serving
     );
     assert!(
         by_demand.held > equal.held + 0.05 * BUDGET as f64
@@ -1017,17 +1031,17 @@ fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
     // TTL (the moving mean, a publish, node-0 lowering and draining, node-2's raise).
     let shifted = Instant::now();
     start_split(&nodes, [0.1, 0.2, 0.7]);
-    let took = wait_until(&nodes, Duration::from_secs(10), "node-2 above 30", |n| {
+    wait_until(&nodes, Duration::from_secs(10), "node-2 above 30", |n| {
         n[2].enforced().is_some_and(|c| c > 30)
     });
+    let took = shifted.elapsed();
     eprintln!(
         "demand shifted from node-0 to node-2: node-2 above 30 after {took:?} (lease TTL {LEASE_TTL:?}); {}",
         shares_line(&nodes.lock().unwrap())
     );
     assert!(
-        shifted.elapsed() <= LEASE_TTL + Duration::from_secs(1),
-        "the shares took {:?} to follow the demand",
-        shifted.elapsed()
+        took <= LEASE_TTL + Duration::from_secs(1),
+        "the shares took {took:?} to follow the demand"
     );
 
     // The bound, with shares by demand, through a kill, a join, a partition and an etcd

@@ -456,11 +456,17 @@ impl Agent {
                             bail!("etcd cancelled the watch: {}", resp.cancel_reason());
                         }
                         self.contact();
+                        // A member gone, or its share reserved: room to raise into.
+                        let mut room = false;
                         for ev in resp.events() {
                             let Some(kv) = ev.kv() else { continue };
                             match ev.event_type() {
-                                etcd_client::EventType::Put => self.apply_put(kv.key(), kv.value()),
+                                etcd_client::EventType::Put => {
+                                    room |= kv.key().starts_with(self.s.departed_prefix.as_bytes());
+                                    self.apply_put(kv.key(), kv.value());
+                                }
                                 etcd_client::EventType::Delete => {
+                                    room = true;
                                     let key = String::from_utf8_lossy(kv.key()).to_string();
                                     if key == self.s.key {
                                         bail!("this node's key was deleted (its lease expired or an operator removed it)");
@@ -477,6 +483,12 @@ impl Agent {
                         }
                         if let Some(h) = resp.header() {
                             self.view.revision = self.view.revision.max(h.revision());
+                        }
+                        // Raise into the room now rather than at the next step: every
+                        // step saved counts against the lease TTL the others' shares must
+                        // rise within.
+                        if room {
+                            self.step(&mut client, lease).await?;
                         }
                     }
                     Ok(None) => bail!("etcd closed the watch stream"),
