@@ -983,11 +983,9 @@ fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
         by_demand.serving,
         pct(by_demand.serving)
     );
-    // The budget limits connections held, so that is what must be used; the requests in
-    // service are a connection or so fewer on this 2-CPU machine (a held connection between
-    // the response written and the client's close).
+    // Both what the budget limits (connections held) and the goodput (requests in service).
     assert!(
-        by_demand.held >= 0.95 * BUDGET as f64 && by_demand.serving >= 0.93 * BUDGET as f64,
+        by_demand.held >= 0.95 * BUDGET as f64 && by_demand.serving >= 0.95 * BUDGET as f64,
         "shares by demand: {:.1} held, {:.1} serving, of {BUDGET} ({line})",
         by_demand.held,
         by_demand.serving

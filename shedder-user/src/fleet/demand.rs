@@ -38,11 +38,6 @@ impl Demand {
         self.attempts.iter().sum()
     }
 
-    /// All classes' need.
-    pub fn total_need(&self) -> f64 {
-        self.need.iter().sum()
-    }
-
     /// Whether `self` differs enough from what was published to publish again: a class's
     /// need moved by more than a tenth and by more than half a connection.
     pub fn moved_from(&self, published: &Demand) -> bool {

@@ -53,12 +53,11 @@ mod state;
 use crate::config::Config;
 
 pub use agent::Handle;
-pub use demand::{DEFAULT_HOLD, DEMAND_TAU, Demand, Smoother};
+pub use demand::{DEFAULT_HOLD, Demand, Smoother};
 pub use records::{Departed, Record};
 pub use settings::{node_name, probe};
 pub use shares::{
-    FLOOR_FRACTION, Want, band, budget, by_demand, claim, next_ceiling, next_ceiling_by_demand,
-    staffed, static_share, target,
+    Want, budget, by_demand, claim, next_ceiling, next_ceiling_by_demand, static_share, target,
 };
 pub use state::{Cap, FleetState, NodeShare, Report, ServiceShare};
 
