@@ -50,7 +50,10 @@ fn overload_at_3x_converges_with_p99_within_twice_the_target() {
     eprintln!("protected:\n{}", protected.table());
     let steady = protected.range(8..16);
     let settled = limits_between(&limits, 8.0, 16.0);
-    eprintln!("limits in the last 8 s: {settled:?}");
+    eprintln!(
+        "limits in the last 8 s: {settled:?}; p99 of admitted requests {:.1} ms",
+        p99_ms(&steady)
+    );
 
     // The same load with the kernel backlog only (after the protected run: an overloaded
     // backlog would leave minutes of abandoned work behind).

@@ -8,7 +8,7 @@ use super::{
     guard::{self, Gate, Guard, delay_signal},
 };
 
-/// AIMD: `+1` only when the delay is under the target and
+/// AIMD: `+1` (at most once per signal window) only when the delay is under the target and
 /// the service is near its limit (in-flight ≥ 0.9 × limit); `× 0.8` when the delay exceeds
 /// twice the target (at most once per cooldown plus the delay itself, so that a cut is judged
 /// by attempts admitted after it) or the listen queue overflowed — `× 0.5` for the first cut after a quiet
@@ -25,6 +25,7 @@ pub struct Aimd {
     guard: Guard,
     limit: f64,
     last_cut: Option<Duration>,
+    last_increase: Option<Duration>,
     last_tick: Option<Duration>,
 }
 
@@ -35,6 +36,7 @@ impl Aimd {
             guard: Guard::new(tuning),
             limit: bounds.clamp(initial as f64),
             last_cut: None,
+            last_increase: None,
             last_tick: None,
         }
     }
@@ -90,9 +92,12 @@ impl Controller for Aimd {
                     (Action::Hold, delay_signal(obs), Some(delay), false)
                 } else if delay < target_ms && saturated && pressured {
                     (Action::Hold, Signal::CpuPressure, Some(delay), false)
-                } else if delay < target_ms && saturated {
+                } else if delay < target_ms && saturated && self.judged(obs.now) {
                     self.limit += 1.0;
+                    self.last_increase = Some(obs.now);
                     (Action::Increase, delay_signal(obs), Some(delay), false)
+                } else if delay < target_ms && saturated {
+                    (Action::Hold, delay_signal(obs), Some(delay), false)
                 } else if (obs.occupancy as f64) < 0.5 * self.limit && obs.shed_rate == 0.0 {
                     // Not while attempts are refused: low occupancy then means the
                     // refusals keep it low (a class split or a budget), not that the
@@ -151,6 +156,15 @@ impl Aimd {
             Duration::from_secs_f64((delay_ms / 1000.0).clamp(0.0, MAX_HOLD.as_secs_f64()));
         self.last_cut
             .is_none_or(|t| now.saturating_sub(t) >= self.guard.tuning.cooldown + carried)
+    }
+
+    /// Whether the window holds samples of the last increase: one step per round trip of
+    /// the feedback loop, as TCP congestion avoidance adds one segment per round trip,
+    /// not per acknowledgement. Steps taken faster are judged by windows of the old limit,
+    /// and a noisy window that dips under the target once would ratchet the limit up.
+    fn judged(&self, now: Duration) -> bool {
+        self.last_increase
+            .is_none_or(|t| now.saturating_sub(t) >= self.guard.tuning.cooldown)
     }
 
     fn cut(&mut self, now: Duration, factor: f64) {

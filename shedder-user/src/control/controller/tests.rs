@@ -73,6 +73,20 @@ fn aimd_increases_by_one_only_when_healthy_and_saturated() {
 }
 
 #[test]
+fn aimd_adds_one_per_window_not_per_tick() {
+    let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 100);
+    assert_eq!(c.update(&obs(0, 50.0, 100)).action, Action::Increase);
+    // Healthy and saturated again 200 and 400 ms later: the window (600 ms) still holds
+    // samples of the old limit, so the step is not judged yet.
+    for t in [200, 400] {
+        let d = c.update(&obs(t, 50.0, 101));
+        assert_eq!((d.action, d.limit), (Action::Hold, 101), "at {t} ms");
+    }
+    let d = c.update(&obs(600, 50.0, 101));
+    assert_eq!((d.action, d.limit), (Action::Increase, 102));
+}
+
+#[test]
 fn aimd_first_cut_after_quiet_is_half_then_eighty_percent() {
     let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 200);
     let d = c.update(&obs(0, 250.0, 200));
