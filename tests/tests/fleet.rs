@@ -876,15 +876,18 @@ const FLEET_CAPACITY: f64 = BUDGET as f64 / 0.4;
 struct Used {
     held: f64,
     serving: f64,
+    /// The mean of the sum of the ceilings the kernels enforce.
+    ceilings: f64,
 }
 
 fn fleet_used(nodes: &Arc<Mutex<Vec<Node>>>, period: Duration) -> Used {
     let t0 = Instant::now();
-    let (mut held, mut serving, mut n) = (0u64, 0u64, 0u64);
+    let (mut held, mut serving, mut ceilings, mut n) = (0u64, 0u64, 0u64, 0u64);
     while t0.elapsed() < period {
         for x in nodes.lock().unwrap().iter() {
             held += x.held() as u64;
             serving += x.busy() as u64;
+            ceilings += x.enforced().unwrap_or(0) as u64;
         }
         n += 1;
         std::thread::sleep(Duration::from_millis(20));
@@ -893,6 +896,7 @@ fn fleet_used(nodes: &Arc<Mutex<Vec<Node>>>, period: Duration) -> Used {
     Used {
         held: mean(held),
         serving: mean(serving),
+        ceilings: mean(ceilings),
     }
 }
 
@@ -959,11 +963,12 @@ fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
     let equal = fleet_used(&nodes, Duration::from_secs(6));
     let pct = |v: f64| 100.0 * v / BUDGET as f64;
     eprintln!(
-        "equal shares, demand split 70/20/10 at 2.5x: {:.1} of {BUDGET} held ({:.0}%), {:.1} requests in service ({:.0}%)",
+        "equal shares, demand split 70/20/10 at 2.5x: {:.1} of {BUDGET} held ({:.0}%), {:.1} requests in service ({:.0}%), ceilings {:.1}",
         equal.held,
         pct(equal.held),
         equal.serving,
-        pct(equal.serving)
+        pct(equal.serving),
+        equal.ceilings
     );
 
     // The same nodes and load, shares by demand.
@@ -981,11 +986,12 @@ fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
     let by_demand = fleet_used(&nodes, Duration::from_secs(6));
     let line = shares_line(&nodes.lock().unwrap());
     eprintln!(
-        "shares by demand, the same load: {:.1} of {BUDGET} held ({:.0}%), {:.1} requests in service ({:.0}%); {line}",
+        "shares by demand, the same load: {:.1} of {BUDGET} held ({:.0}%), {:.1} requests in service ({:.0}%), ceilings {:.1}; {line}",
         by_demand.held,
         pct(by_demand.held),
         by_demand.serving,
-        pct(by_demand.serving)
+        pct(by_demand.serving),
+        by_demand.ceilings
     );
     // What the budget limits (connections held) reaches 95%. Goodput (requests in service)
     // does not reliably: 51.0 of 54 (94.4%) in one full-suite run, a held connection waiting
