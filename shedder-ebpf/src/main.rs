@@ -224,7 +224,12 @@ pub fn shedder_seed(ctx: *mut c_void) -> i32 {
         return 0;
     }
     let cookie = unsafe { bpf_get_socket_cookie(sk as *mut c_void) };
-    if let Some(result) = track::seed(sk, cookie) {
+    // The state now, not at the listing: the iterator also visits TIME_WAIT sockets, which
+    // keep the cookie of the connection they replace and never report an end.
+    let state = unsafe {
+        core::ptr::read_volatile((sk as *const u8).add(shedder_common::SKC_STATE_OFFSET))
+    };
+    if let Some(result) = track::seed(sk, cookie, state) {
         let seq = unsafe { core::ptr::read_volatile(meta as *const u64) };
         unsafe {
             bpf_seq_write(

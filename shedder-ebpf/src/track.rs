@@ -17,8 +17,9 @@ use aya_ebpf::{
 };
 use shedder_common::{
     DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
-    POLICY_CONFIGURED, SEED_BATCH, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SEED_UNPROTECTED,
-    SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, SeedResult, SeedSock, ServiceHist, SockState,
+    POLICY_CONFIGURED, SEED_BATCH, SEED_COUNTED, SEED_ENDED, SEED_KNOWN, SEED_TABLE_FULL,
+    SEED_UNPROTECTED, SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, SeedResult, SeedSock,
+    ServiceHist, SockState, TCP_STATE_CLOSE_WAIT, TCP_STATE_ESTABLISHED,
     flow::{self, ANSWERED, FLOW_ANSWERED, WAITING},
     hist, table,
     tp::{length, state},
@@ -176,19 +177,26 @@ fn count_connection(sk: u64, state: &SockState) -> bool {
     true
 }
 
-/// The seeding iterator's visit of one TCP socket (`sk`, with socket cookie `cookie`): if
-/// the daemon listed it in `SHEDDER_SEED` (an open connection of a protected port, found
-/// by sock_diag), count it as [`child_created`] would have when it was born. The `iter/tcp`
-/// iterator runs with the socket locked and skips unhashed (closed) sockets, so the socket
-/// cannot end between this check and the insertion: its close will find the entry.
+/// The seeding iterator's visit of one TCP socket (`sk` in TCP state `state`, with socket
+/// cookie `cookie`): if the daemon listed it in `SHEDDER_SEED` (an open connection of a
+/// protected port, found by sock_diag) and it is still open, count it as [`child_created`]
+/// would have when it was born. The `iter/tcp` iterator runs with a full socket locked and
+/// skips unhashed (closed) sockets, so an open socket cannot end between this check and the
+/// insertion: its close will find the entry. One that ended since the listing is not
+/// counted: its end has passed (a TIME_WAIT socket, which keeps the cookie, has none to
+/// come), so counting it would hold a slot of its service until the daemon restarts.
 #[inline(always)]
-pub fn seed(sk: u64, cookie: u64) -> Option<SeedResult> {
+pub fn seed(sk: u64, cookie: u64, state: u8) -> Option<SeedResult> {
     let s = unsafe { SHEDDER_SEED.get(cookie) }?;
     let mut result = SeedResult {
         cookie,
         outcome: SEED_UNPROTECTED,
         ..Default::default()
     };
+    if state != TCP_STATE_ESTABLISHED && state != TCP_STATE_CLOSE_WAIT {
+        result.outcome = SEED_ENDED;
+        return Some(result);
+    }
     let v6 = (s.v6 & 1) as u32;
     let Some(service) = lookup_service(s.local_port, s.local, v6, 0) else {
         return Some(result);

@@ -371,3 +371,137 @@ fn cgroup_cpu_pressure_rises_under_a_hog() {
         other => panic!("unexpected throttling reading {other:?}"),
     }
 }
+
+/// A host under churn when the daemon starts: a connection listed open by sock_diag may
+/// close before the seeding iterator reaches it, and its TIME_WAIT socket keeps the cookie.
+/// It must not be counted (its end has passed: the count would hold a slot of the service
+/// until the next restart); the one still open is counted, once.
+#[test]
+fn seeding_skips_a_connection_that_closed_after_the_listing() {
+    use shedder::kernel::{
+        diag,
+        seed::{candidates, parse_seed_results},
+    };
+    use shedder_common::{SEED_COUNTED, SEED_ENDED};
+    let _one = TRACKING.lock().unwrap_or_else(|p| p.into_inner());
+    require_root();
+    let port = 7500;
+    let pair = Pair::new("sgseed");
+    let listener = pair
+        .server
+        .run(|| TcpListener::bind((SERVER_V4, port)))
+        .expect("listen");
+    // Two connections open before tracking begins.
+    let connect = || {
+        pair.client
+            .run(|| {
+                connect_from(
+                    IpAddr::V4(CLIENT_V4),
+                    IpAddr::V4(SERVER_V4),
+                    port,
+                    Duration::from_secs(3),
+                )
+            })
+            .result
+            .expect("connect")
+    };
+    let (open_client, closing_client) = (connect(), connect());
+    let (open_server, _) = listener.accept().expect("accept");
+    let (closing_server, _) = listener.accept().expect("accept");
+
+    let mut shedder = Shedder::load().expect("load");
+    install_standard(&mut shedder);
+    shedder
+        .set_policy(SVC, &open_policy(ACTION_RST, MODE_ENFORCE))
+        .expect("policy");
+    shedder.set_port(port, Some(SVC)).expect("port");
+    shedder.attach_tracking().expect("attach tracking");
+
+    // The daemon's listing: both open.
+    let sockets = pair.server.run(diag::open_sockets).expect("sock_diag");
+    let listed = candidates(&sockets, &[port].into_iter().collect());
+    assert_eq!(listed.len(), 2, "{sockets:?}");
+    let closing_port = closing_client.local_addr().unwrap().port();
+    let closing_cookie = listed
+        .iter()
+        .find(|(_, s)| s.remote_port == closing_port)
+        .map(|(c, _)| *c)
+        .expect("the closing connection listed");
+
+    // Then one ends before the iterator runs: the server closes first, the client after
+    // (the server's side is left in TIME_WAIT).
+    drop(closing_server);
+    let mut rest = Vec::new();
+    let mut closing_client = closing_client;
+    let _ = closing_client.read_to_end(&mut rest);
+    drop(closing_client);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !pair.server.run(|| {
+        let out = Command::new("ss")
+            .args(["-tn", "state", "time-wait", &format!("( sport = :{port} )")])
+            .output()
+            .expect("ss");
+        String::from_utf8_lossy(&out.stdout).lines().count() > 1
+    }) {
+        assert!(Instant::now() < deadline, "no TIME_WAIT on the server side");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let link = shedder.seed_prepare(&listed).expect("seed");
+    let bytes = pair
+        .server
+        .run(move || -> std::io::Result<Vec<u8>> {
+            let mut file = link.into_file().map_err(std::io::Error::other)?;
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes)?;
+            Ok(bytes)
+        })
+        .expect("run the seeding iterator");
+    shedder.seed_clear(&listed).expect("clear");
+    let results = parse_seed_results(&bytes);
+    let outcome = |cookie: u64| {
+        results
+            .iter()
+            .filter(|r| r.cookie == cookie)
+            .map(|r| r.outcome)
+            .collect::<Vec<_>>()
+    };
+    let open_cookie = listed
+        .iter()
+        .map(|(c, _)| *c)
+        .find(|c| *c != closing_cookie)
+        .unwrap();
+    assert_eq!(outcome(open_cookie), [SEED_COUNTED], "{results:?}");
+    assert!(
+        outcome(closing_cookie).iter().all(|o| *o == SEED_ENDED),
+        "the closed connection was counted: {results:?}"
+    );
+    assert_eq!(
+        shedder
+            .inflight(SVC)
+            .expect("inflight")
+            .class
+            .iter()
+            .sum::<u32>(),
+        1,
+        "only the open connection is counted"
+    );
+    // And it ends as any other.
+    drop(open_server);
+    drop(open_client);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while shedder
+        .inflight(SVC)
+        .expect("inflight")
+        .class
+        .iter()
+        .sum::<u32>()
+        != 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the seeded connection's end was not counted"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -20,7 +20,8 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use shedder_common::{
-    SEED_BATCH, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SeedResult, SeedSock, maps, programs,
+    SEED_BATCH, SEED_COUNTED, SEED_ENDED, SEED_KNOWN, SEED_TABLE_FULL, SeedResult, SeedSock, maps,
+    programs,
 };
 
 use crate::{
@@ -39,6 +40,9 @@ pub struct Summary {
     pub known: u32,
     /// Connections not counted because the tracked-connection table is full.
     pub table_full: u32,
+    /// Connections listed open that had ended (closed by the server) by the time the
+    /// iterator reached them: not counted.
+    pub ended: u32,
     /// Namespaces that could not be read, with the reason.
     pub failures: Vec<String>,
     /// Protected ports with listeners in more than one network namespace, and how many:
@@ -176,6 +180,7 @@ fn tally(summary: &mut Summary, results: &[SeedResult]) {
             }
             SEED_KNOWN => summary.known += 1,
             SEED_TABLE_FULL => summary.table_full += 1,
+            SEED_ENDED => summary.ended += 1,
             _ => {}
         }
     }
@@ -271,6 +276,7 @@ pub fn seed_and_report(shedder: &mut Shedder, cfg: &crate::config::Config) -> Op
             tracing::info!(
                 counted = summary.total_counted(),
                 already_tracked = summary.known,
+                ended_meanwhile = summary.ended,
                 namespaces = summary.namespaces,
                 "existing connections seeded"
             );
