@@ -900,6 +900,25 @@ fn fleet_used(nodes: &Arc<Mutex<Vec<Node>>>, period: Duration) -> Used {
     }
 }
 
+/// The connections every member's share would carry on average if its attempts arrived at
+/// random at the published rate and each held its connection for the published hold: the
+/// Erlang loss system, `need × (1 - B(share, need))` per member.
+fn erlang_carried(nodes: &[Node]) -> f64 {
+    let Some(f) = nodes[0].state().and_then(|s| s.fleet) else {
+        return 0.0;
+    };
+    f.services[0]
+        .nodes
+        .iter()
+        .map(|n| {
+            let a: f64 = n.need.iter().sum();
+            // Erlang B by its recursion: B(0) = 1, B(c) = a·B(c-1) / (c + a·B(c-1)).
+            let b = (1..=n.share).fold(1.0, |b, c| a * b / (c as f64 + a * b));
+            a * (1.0 - b)
+        })
+        .sum()
+}
+
 /// Every member's share of `db` as node-0 computes it, for the log.
 fn shares_line(nodes: &[Node]) -> String {
     let Some(f) = nodes[0].state().and_then(|s| s.fleet) else {
@@ -926,11 +945,7 @@ fn shares_line(nodes: &[Node]) -> String {
 /// budget, first with equal shares, then by demand (the same nodes, clients and load); a
 /// shift of demand; the bound through a kill, a join, a partition and an etcd restart with
 /// shares by demand; and priorities across the fleet (HIGH on one node, SHEDDABLE on another).
-// Not yet reliable enough to gate CI (issue 20 stays open): in full-suite runs goodput was
-// 94.4% of the budget once and a shift of demand took 4.6 s once (2.0-3.1 s alone). Run it
-// with `cargo test -p shedder-tests --test fleet -- --ignored --nocapture`.
 #[test]
-#[ignore = "goodput and convergence not yet reliable in the full suite: see the comment"]
 fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
     let (_hub, mut etcd, nodes) = fleet_of_three("fdhub");
     let all = [0usize, 1, 2];
@@ -960,7 +975,7 @@ fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
     });
     start_split(&nodes, split);
     std::thread::sleep(Duration::from_secs(3));
-    let equal = fleet_used(&nodes, Duration::from_secs(6));
+    let equal = fleet_used(&nodes, Duration::from_secs(8));
     let pct = |v: f64| 100.0 * v / BUDGET as f64;
     eprintln!(
         "equal shares, demand split 70/20/10 at 2.5x: {:.1} of {BUDGET} held ({:.0}%), {:.1} requests in service ({:.0}%), ceilings {:.1}",
@@ -983,8 +998,12 @@ fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
     });
     eprintln!("shares by demand: node-0 above 30 {took:?} after the daemons started");
     std::thread::sleep(Duration::from_secs(3));
-    let by_demand = fleet_used(&nodes, Duration::from_secs(6));
+    let by_demand = fleet_used(&nodes, Duration::from_secs(8));
     let line = shares_line(&nodes.lock().unwrap());
+    eprintln!(
+        "at most {:.1} connections carried by these shares at these rates (Erlang loss)",
+        erlang_carried(&nodes.lock().unwrap())
+    );
     eprintln!(
         "shares by demand, the same load: {:.1} of {BUDGET} held ({:.0}%), {:.1} requests in service ({:.0}%), ceilings {:.1}; {line}",
         by_demand.held,
@@ -993,14 +1012,14 @@ fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
         pct(by_demand.serving),
         by_demand.ceilings
     );
-    // What the budget limits (connections held) reaches 95%. Goodput (requests in service)
-    // does not reliably: 51.0 of 54 (94.4%) in one full-suite run, a held connection waiting
-    // for its client's close on this 2-CPU machine. Issue 20 stays open for it; this bound
-    // only keeps a regression from passing.
+    // Goodput is the requests in service (a connection held by a request the backend
+    // works on). A node's share is refilled only by its own next attempt after a close, so
+    // even shares that match demand leave some of each idle between arrivals: with these
+    // shares and rates the most they carry is the Erlang loss figure printed above (96-97%
+    // of the budget): 95% leaves the shares' own movement a point or two.
     assert!(
-        by_demand.held >= 0.95 * BUDGET as f64 && by_demand.serving >= 0.93 * BUDGET as f64,
-        "shares by demand: {:.1} held, {:.1} serving, of {BUDGET} ({line})",
-        by_demand.held,
+        by_demand.serving >= 0.95 * BUDGET as f64,
+        "shares by demand: {:.1} requests in service of {BUDGET} ({line})",
         by_demand.serving
     );
     assert!(
