@@ -270,7 +270,7 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "shedder_fleet_node_demand",
         "gauge",
         &["service", "node"],
-        "Fleet mode: each live member's published demand: unique attempts per second, refused ones included (moving mean, time constant 1 s).",
+        "Fleet mode: each live member's published demand: unique attempts per second, refused ones included (mean over the last 1.5 s).",
     ),
     (
         "shedder_fleet_node_need",
