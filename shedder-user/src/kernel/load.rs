@@ -57,10 +57,50 @@ const LOADED: [&str; 3] = [programs::XDP, programs::TC, programs::CLOCK];
 /// The QUIC halves of the packet programs, loaded apart (see `quic_unavailable`).
 const QUIC: [&str; 2] = [programs::XDP_QUIC, programs::TC_QUIC];
 
+/// One packet hook, for a load of its program alone ([`Shedder::load_hook`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    Xdp,
+    Tc,
+}
+
+impl Hook {
+    /// The hook's packet program and its QUIC half, with the tail-call slot that joins them.
+    fn programs(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Hook::Xdp => (programs::XDP, programs::XDP_QUIC, maps::QUIC_XDP),
+            Hook::Tc => (programs::TC, programs::TC_QUIC, maps::QUIC_TC),
+        }
+    }
+}
+
 impl Shedder {
     /// Load and verify both programs with private (unpinned) maps.
     pub fn load() -> Result<Self> {
         Self::load_with(None, false)
+    }
+
+    /// Load and verify one hook's packet program (with its QUIC half and the clock) and
+    /// nothing else, with private maps: all that BPF_PROG_TEST_RUN of that path needs, for
+    /// under half the verification of [`Shedder::load`]. Nothing can be attached.
+    pub fn load_hook(hook: Hook) -> Result<Self> {
+        let mut ebpf = Self::loader(None, false)?.load(OBJECT)?;
+        let (packet, quic, slot) = hook.programs();
+        for name in [packet, programs::CLOCK, quic] {
+            load_program(&mut ebpf, name)?;
+        }
+        link_quic_programs(&mut ebpf, &[(slot, quic)])?;
+        Ok(Self {
+            ebpf,
+            pin_dir: None,
+            links: Vec::new(),
+            seed_unavailable: Some("not loaded (a packet-path test load)".into()),
+            quic_unavailable: None,
+            class_l1: Some(vec![
+                classmap::CLASS_CELL_NONE;
+                shedder_common::CLASS_L1_ENTRIES as usize
+            ]),
+        })
     }
 
     /// [`Shedder::load`] with the packet path's kernel debug log compiled in (for measuring
@@ -78,25 +118,7 @@ impl Shedder {
     }
 
     pub(super) fn load_with(pin_dir: Option<&Path>, kernel_log: bool) -> Result<Self> {
-        let mut loader = EbpfLoader::new();
-        // aya-log's level: 0 is off, Debug (4) lets the shed path's debug lines through.
-        let level: u8 = if kernel_log {
-            aya_log::Level::Debug as u8
-        } else {
-            0
-        };
-        loader.override_global(aya_log::LEVEL, &level, true);
-        let map_dir = pin_dir.map(|d| d.join("maps"));
-        if let Some(map_dir) = &map_dir {
-            std::fs::create_dir_all(map_dir).map_err(|e| Error::Pin {
-                path: map_dir.clone(),
-                reason: e.to_string(),
-            })?;
-            for name in maps::ALL {
-                loader.map_pin_path(name, map_dir.join(name));
-            }
-        }
-        let mut ebpf = loader.load(OBJECT)?;
+        let mut ebpf = Self::loader(pin_dir, kernel_log)?.load(OBJECT)?;
         let tracking = programs::TRACEPOINTS.map(|(name, _, _)| name);
         for name in LOADED.into_iter().chain(tracking) {
             load_program(&mut ebpf, name)?;
@@ -120,6 +142,26 @@ impl Shedder {
                 vec![classmap::CLASS_CELL_NONE; shedder_common::CLASS_L1_ENTRIES as usize]
             }),
         })
+    }
+
+    /// The loader: the kernel log level set, the maps pinned under `pin_dir/maps/` if given.
+    fn loader(pin_dir: Option<&Path>, kernel_log: bool) -> Result<EbpfLoader<'static>> {
+        let mut loader = EbpfLoader::new();
+        // aya-log's level: 0 is off, Debug (4) lets the shed path's debug lines through.
+        static OFF: u8 = 0;
+        static DEBUG: u8 = aya_log::Level::Debug as u8;
+        loader.override_global(aya_log::LEVEL, if kernel_log { &DEBUG } else { &OFF }, true);
+        let map_dir = pin_dir.map(|d| d.join("maps"));
+        if let Some(map_dir) = &map_dir {
+            std::fs::create_dir_all(map_dir).map_err(|e| Error::Pin {
+                path: map_dir.clone(),
+                reason: e.to_string(),
+            })?;
+            for name in maps::ALL {
+                loader.map_pin_path(name, map_dir.join(name));
+            }
+        }
+        Ok(loader)
     }
 
     pub fn xdp(&mut self) -> Result<&mut Xdp> {
@@ -241,16 +283,19 @@ fn load_quic(ebpf: &mut Ebpf) -> Result<()> {
     for name in QUIC {
         load_program(ebpf, name)?;
     }
-    link_quic_programs(ebpf)
+    link_quic_programs(
+        ebpf,
+        &[
+            (maps::QUIC_XDP, programs::XDP_QUIC),
+            (maps::QUIC_TC, programs::TC_QUIC),
+        ],
+    )
 }
 
 /// Point each packet program's tail-call slot at its QUIC half. With pinned maps the slot
 /// of a running program is replaced in place, as the pinned links are.
-fn link_quic_programs(ebpf: &mut Ebpf) -> Result<()> {
-    for (map, program) in [
-        (maps::QUIC_XDP, programs::XDP_QUIC),
-        (maps::QUIC_TC, programs::TC_QUIC),
-    ] {
+fn link_quic_programs(ebpf: &mut Ebpf, slots: &[(&'static str, &'static str)]) -> Result<()> {
+    for &(map, program) in slots {
         let fd = {
             let p = ebpf
                 .program(program)

@@ -36,7 +36,7 @@ pub mod version;
 pub use attach::{AttachMode, Attached, unpin_all};
 pub use clock::{epoch_shift_for, ms_to_jiffies};
 pub use error::{Error, Result};
-pub use load::Shedder;
+pub use load::{Hook, Shedder};
 pub use maps::{MapReader, MapWriter, PinnedMaps, addr_key};
 pub use seed::parse_seed_results;
 pub use tracepoints::{check_tracepoint_formats, missing_tracepoints_note};
