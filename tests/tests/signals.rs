@@ -42,17 +42,24 @@ struct Lab {
     port: u16,
 }
 
+/// The object loaded with the standard policy, service SVC open on `port`, and tracking
+/// attached.
+fn tracking(port: u16) -> Shedder {
+    let mut shedder = Shedder::load().expect("load");
+    install_standard(&mut shedder);
+    shedder
+        .set_policy(SVC, &open_policy(ACTION_RST, MODE_ENFORCE))
+        .expect("policy");
+    shedder.set_port(port, Some(SVC)).expect("port");
+    shedder.attach_tracking().expect("attach tracking");
+    shedder
+}
+
 impl Lab {
     fn new(tag: &str, port: u16) -> Self {
         require_root();
         let pair = Pair::new(tag);
-        let mut shedder = Shedder::load().expect("load");
-        install_standard(&mut shedder);
-        shedder
-            .set_policy(SVC, &open_policy(ACTION_RST, MODE_ENFORCE))
-            .expect("policy");
-        shedder.set_port(port, Some(SVC)).expect("port");
-        shedder.attach_tracking().expect("attach tracking");
+        let mut shedder = tracking(port);
         pair.server
             .run(|| shedder.attach(IFACE, AttachMode::Tc))
             .expect("attach tc");
@@ -409,13 +416,7 @@ fn seeding_skips_a_connection_that_closed_after_the_listing() {
     let (open_server, _) = listener.accept().expect("accept");
     let (closing_server, _) = listener.accept().expect("accept");
 
-    let mut shedder = Shedder::load().expect("load");
-    install_standard(&mut shedder);
-    shedder
-        .set_policy(SVC, &open_policy(ACTION_RST, MODE_ENFORCE))
-        .expect("policy");
-    shedder.set_port(port, Some(SVC)).expect("port");
-    shedder.attach_tracking().expect("attach tracking");
+    let mut shedder = tracking(port);
 
     // The daemon's listing: both open.
     let sockets = pair.server.run(diag::open_sockets).expect("sock_diag");
