@@ -710,14 +710,6 @@ pub const SEED_TABLE_FULL: u8 = 4;
 /// it, or only its TIME_WAIT remains under the same cookie): not counted.
 pub const SEED_ENDED: u8 = 5;
 
-/// `skc_state`'s byte offset in the kernel's `struct sock_common` (after the address pair,
-/// the hash, the port pair and the family; the layout the socket lookups are built on).
-pub const SKC_STATE_OFFSET: usize = 18;
-/// `TCP_ESTABLISHED` and `TCP_CLOSE_WAIT`: the states in which the tracking counts a
-/// connection (born, and not closed by the server yet).
-pub const TCP_STATE_ESTABLISHED: u8 = 1;
-pub const TCP_STATE_CLOSE_WAIT: u8 = 8;
-
 /// The most connections handed to the seeding iterator at once; more are seeded in batches.
 pub const SEED_BATCH: u32 = 16384;
 

@@ -19,7 +19,7 @@ use shedder_common::{
     DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
     POLICY_CONFIGURED, SEED_BATCH, SEED_COUNTED, SEED_ENDED, SEED_KNOWN, SEED_TABLE_FULL,
     SEED_UNPROTECTED, SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, SeedResult, SeedSock,
-    ServiceHist, SockState, TCP_STATE_CLOSE_WAIT, TCP_STATE_ESTABLISHED,
+    ServiceHist, SockState,
     flow::{self, ANSWERED, FLOW_ANSWERED, WAITING},
     hist, table,
     tp::{length, state},
@@ -46,6 +46,7 @@ static SHEDDER_HIST: PerCpuArray<ServiceHist> = PerCpuArray::with_max_entries(MA
 
 const TCP_ESTABLISHED: i32 = 1;
 const TCP_SYN_RECV: i32 = 3;
+const TCP_CLOSE_WAIT: i32 = 8;
 const TCP_FIN_WAIT1: i32 = 4;
 const TCP_CLOSE: i32 = 7;
 const TCP_LAST_ACK: i32 = 9;
@@ -186,14 +187,15 @@ fn count_connection(sk: u64, state: &SockState) -> bool {
 /// counted: its end has passed (a TIME_WAIT socket, which keeps the cookie, has none to
 /// come), so counting it would hold a slot of its service until the daemon restarts.
 #[inline(always)]
-pub fn seed(sk: u64, cookie: u64, state: u8) -> Option<SeedResult> {
+pub fn seed(sk: u64, cookie: u64, state: i32) -> Option<SeedResult> {
     let s = unsafe { SHEDDER_SEED.get(cookie) }?;
     let mut result = SeedResult {
         cookie,
         outcome: SEED_UNPROTECTED,
         ..Default::default()
     };
-    if state != TCP_STATE_ESTABLISHED && state != TCP_STATE_CLOSE_WAIT {
+    // Counted from birth until the server closes: established or close-wait.
+    if state != TCP_ESTABLISHED && state != TCP_CLOSE_WAIT {
         result.outcome = SEED_ENDED;
         return Some(result);
     }

@@ -90,17 +90,8 @@ impl Shedder {
             load_program(&mut ebpf, name)?;
         }
         link_quic_programs(&mut ebpf, &[(slot, quic)])?;
-        Ok(Self {
-            ebpf,
-            pin_dir: None,
-            links: Vec::new(),
-            seed_unavailable: Some("not loaded (a packet-path test load)".into()),
-            quic_unavailable: None,
-            class_l1: Some(vec![
-                classmap::CLASS_CELL_NONE;
-                shedder_common::CLASS_L1_ENTRIES as usize
-            ]),
-        })
+        let seed_unavailable = Some("not loaded (a packet-path test load)".into());
+        Ok(Self::loaded(ebpf, None, seed_unavailable, None))
     }
 
     /// [`Shedder::load`] with the packet path's kernel debug log compiled in (for measuring
@@ -132,7 +123,22 @@ impl Shedder {
         // Optional: without it shedder still tracks every connection born after attach,
         // and says that older ones are not counted.
         let seed_unavailable = load_seed(&mut ebpf).err();
-        Ok(Self {
+        Ok(Self::loaded(
+            ebpf,
+            pin_dir,
+            seed_unavailable,
+            quic_unavailable,
+        ))
+    }
+
+    /// A loaded object, nothing attached yet.
+    fn loaded(
+        ebpf: Ebpf,
+        pin_dir: Option<&Path>,
+        seed_unavailable: Option<String>,
+        quic_unavailable: Option<String>,
+    ) -> Self {
+        Self {
             ebpf,
             pin_dir: pin_dir.map(Path::to_path_buf),
             links: Vec::new(),
@@ -141,7 +147,7 @@ impl Shedder {
             class_l1: pin_dir.is_none().then(|| {
                 vec![classmap::CLASS_CELL_NONE; shedder_common::CLASS_L1_ENTRIES as usize]
             }),
-        })
+        }
     }
 
     /// The loader: the kernel log level set, the maps pinned under `pin_dir/maps/` if given.
@@ -283,13 +289,11 @@ fn load_quic(ebpf: &mut Ebpf) -> Result<()> {
     for name in QUIC {
         load_program(ebpf, name)?;
     }
-    link_quic_programs(
-        ebpf,
-        &[
-            (maps::QUIC_XDP, programs::XDP_QUIC),
-            (maps::QUIC_TC, programs::TC_QUIC),
-        ],
-    )
+    let slots = [Hook::Xdp, Hook::Tc].map(|h| {
+        let (_, quic, slot) = h.programs();
+        (slot, quic)
+    });
+    link_quic_programs(ebpf, &slots)
 }
 
 /// Point each packet program's tail-call slot at its QUIC half. With pinned maps the slot

@@ -214,15 +214,10 @@ pub fn seed(shedder: &mut Shedder, protected: &BTreeSet<u16>) -> Result<Summary,
         let found = candidates(&sockets, protected);
         for batch in found.chunks(SEED_BATCH as usize) {
             let link = shedder.seed_prepare(batch).map_err(|e| e.to_string())?;
-            let output = in_namespace(&ns, move || {
-                let mut file = link.into_file().map_err(std::io::Error::other)?;
-                let mut bytes = Vec::new();
-                file.read_to_end(&mut bytes)?;
-                Ok(bytes)
-            });
+            let output = in_namespace(&ns, move || read_seed_results(link));
             shedder.seed_clear(batch).map_err(|e| e.to_string())?;
             match output {
-                Ok(bytes) => tally(&mut summary, &parse_seed_results(&bytes)),
+                Ok(results) => tally(&mut summary, &results),
                 Err(e) => summary
                     .failures
                     .push(format!("{}: seeding iterator: {e}", ns.path.display())),
@@ -366,6 +361,15 @@ impl Shedder {
         }
         Ok(())
     }
+}
+
+/// Run the seeding iterator of `link` (from [`Shedder::seed_prepare`]) in the calling
+/// thread's network namespace and read what it found.
+pub fn read_seed_results(link: aya::programs::iter::IterLink) -> std::io::Result<Vec<SeedResult>> {
+    let mut file = link.into_file().map_err(std::io::Error::other)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(parse_seed_results(&bytes))
 }
 
 /// The seeding iterator's output: one [`SeedResult`] per socket it found.

@@ -92,12 +92,15 @@ impl Controller for Aimd {
                     (Action::Hold, delay_signal(obs), Some(delay), false)
                 } else if delay < target_ms && saturated && pressured {
                     (Action::Hold, Signal::CpuPressure, Some(delay), false)
-                } else if delay < target_ms && saturated && self.judged(obs.now) {
-                    self.limit += 1.0;
-                    self.last_increase = Some(obs.now);
-                    (Action::Increase, delay_signal(obs), Some(delay), false)
                 } else if delay < target_ms && saturated {
-                    (Action::Hold, delay_signal(obs), Some(delay), false)
+                    let action = if self.judged(obs.now) {
+                        self.limit += 1.0;
+                        self.last_increase = Some(obs.now);
+                        Action::Increase
+                    } else {
+                        Action::Hold
+                    };
+                    (action, delay_signal(obs), Some(delay), false)
                 } else if (obs.occupancy as f64) < 0.5 * self.limit && obs.shed_rate == 0.0 {
                     // Not while attempts are refused: low occupancy then means the
                     // refusals keep it low (a class split or a budget), not that the
