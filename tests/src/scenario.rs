@@ -186,6 +186,35 @@ impl Lab {
         }
     }
 
+    /// Call `run` (a load run starting now) and return its result with the capacity to
+    /// judge its goodput by over `window` (times from now): the measured
+    /// [`Lab::capacity`], or less if the backend's workers kept a slower pace while busy in
+    /// that window ([`crate::load::BackendStats::busy_rate_since`]). On two cores a
+    /// generator at 10× takes CPU that the workers' wake-ups need: in a CI run, served
+    /// requests fell to 173–176/s for three seconds while their latency rose (p50 47 →
+    /// 55 ms) and the daemon's limit held 9 connections for 4 workers, a slower backend,
+    /// not an idle one. Goodput near this capacity means the shedder kept the workers busy;
+    /// it cannot serve faster than the machine lets the backend work.
+    pub fn judged_capacity<R>(
+        &self,
+        window: std::ops::Range<Duration>,
+        run: impl FnOnce() -> R,
+    ) -> (R, f64) {
+        let start = Instant::now();
+        let servers = self.cfg.workers;
+        let (out, pace) = thread::scope(|s| {
+            let pace = s.spawn(|| {
+                thread::sleep(window.start);
+                let before = self.backend.stats();
+                thread::sleep(window.end.saturating_sub(start.elapsed()));
+                self.backend.stats().busy_rate_since(&before, servers)
+            });
+            let out = run();
+            (out, pace.join().expect("the pace sampler"))
+        });
+        (out, pace.map_or(self.capacity, |p| p.min(self.capacity)))
+    }
+
     /// Sample the daemon's service limit every `every` until the returned guard stops.
     pub fn sample_limits(&self, every: Duration) -> LimitSampler {
         LimitSampler::start(&self.pins, every)

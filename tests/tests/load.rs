@@ -122,6 +122,23 @@ fn open_loop_below_capacity_is_served_within_the_service_time() {
         );
     }
     assert!(backend.served() >= all.ok);
+    // Half busy, the workers' pace while busy is still the capacity: each connection is
+    // held at least its 20 ms (so never above 200/s), and little more than that.
+    let stats = backend.stats();
+    let pace = stats
+        .busy_rate_since(&Default::default(), 4)
+        .expect("connections handled");
+    let busy = stats.busy_time.as_secs_f64() / (4.0 * 5.0);
+    eprintln!(
+        "busy pace {pace:.0}/s, workers busy {:.0}% of the run",
+        100.0 * busy
+    );
+    assert!((150.0..=200.0).contains(&pace), "busy pace {pace:.0}/s");
+    assert!(
+        (0.4..=0.65).contains(&busy),
+        "workers busy {:.0}%",
+        100.0 * busy
+    );
 }
 
 #[test]

@@ -200,6 +200,10 @@ pub struct BackendStats {
     pub failed: u64,
     /// Workers holding a connection right now.
     pub busy: usize,
+    /// Time the workers have held connections, summed over workers (from taking one to
+    /// closing it: reading the request, the service time, writing the answer). A worker's
+    /// other time is spent waiting for a connection.
+    pub busy_time: Duration,
     /// Requests shed in the application: answered [`BUSY`] (or the write of it failed).
     pub rejected: u64,
     /// CPU time the acceptor thread spent on the shed requests (`CLOCK_THREAD_CPUTIME_ID`,
@@ -208,6 +212,21 @@ pub struct BackendStats {
     pub reject_cpu: Duration,
     /// The in-application limit now; None without [`BackendConfig::in_app`].
     pub limit: Option<u32>,
+}
+
+impl BackendStats {
+    /// The connections a second `servers` workers get through when never idle, at the pace
+    /// they kept between `earlier` and this snapshot: servers × connections ÷ busy time.
+    /// Below the nominal capacity when the machine slows the workers (late wake-ups, CPU
+    /// taken by a load generator on the same cores). None when none was handled.
+    pub fn busy_rate_since(&self, earlier: &BackendStats, servers: usize) -> Option<f64> {
+        let handled = (self.served + self.failed).saturating_sub(earlier.served + earlier.failed);
+        let busy = self
+            .busy_time
+            .saturating_sub(earlier.busy_time)
+            .as_secs_f64();
+        (handled > 0 && busy > 0.0).then(|| servers as f64 * handled as f64 / busy)
+    }
 }
 
 /// A TCP request/response server of known capacity: `workers` threads, each accepting one
@@ -235,6 +254,7 @@ struct BackendShared {
     served: AtomicU64,
     failed: AtomicU64,
     busy: AtomicUsize,
+    busy_ns: AtomicU64,
     rejected: AtomicU64,
     reject_cpu_ns: AtomicU64,
     aimd: Option<Aimd>,
@@ -321,6 +341,19 @@ impl BackendShared {
         self.stopping.load(Ordering::Relaxed)
     }
 
+    /// A worker takes a connection: count it busy from now.
+    fn hold(&self) -> std::time::Instant {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        std::time::Instant::now()
+    }
+
+    /// The worker is done with the connection it took at `held`.
+    fn release(&self, held: std::time::Instant) {
+        self.busy_ns
+            .fetch_add(held.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+
     fn stop(&self) {
         self.stopping.store(true, Ordering::Relaxed);
         *self.stop_lock.lock().expect("stop lock") = true;
@@ -368,6 +401,7 @@ impl Backend {
             served: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             busy: AtomicUsize::new(0),
+            busy_ns: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             reject_cpu_ns: AtomicU64::new(0),
             aimd: config.in_app.map(Aimd::new),
@@ -460,6 +494,7 @@ impl Backend {
             served: self.shared.served.load(Ordering::Relaxed),
             failed: self.shared.failed.load(Ordering::Relaxed),
             busy: self.shared.busy.load(Ordering::Relaxed),
+            busy_time: Duration::from_nanos(self.shared.busy_ns.load(Ordering::Relaxed)),
             rejected: self.shared.rejected.load(Ordering::Relaxed),
             reject_cpu: Duration::from_nanos(self.shared.reject_cpu_ns.load(Ordering::Relaxed)),
             limit: self.in_app_limit(),
@@ -510,9 +545,9 @@ fn accept_next(listener: &TcpListener, shared: &BackendShared) -> Option<TcpStre
 
 fn worker(listener: &TcpListener, shared: &BackendShared) {
     while let Some(conn) = accept_next(listener, shared) {
-        shared.busy.fetch_add(1, Ordering::Relaxed);
+        let held = shared.hold();
         let answered = serve(conn, shared);
-        shared.busy.fetch_sub(1, Ordering::Relaxed);
+        shared.release(held);
         if answered {
             shared.served.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -571,11 +606,11 @@ fn pool_worker(queue: &Mutex<mpsc::Receiver<Admitted>>, shared: &BackendShared) 
         else {
             break;
         };
-        shared.busy.fetch_add(1, Ordering::Relaxed);
+        let held = shared.hold();
         let answered = respond(&mut conn, shared);
         let latency = accepted_at.elapsed();
         drop(conn);
-        shared.busy.fetch_sub(1, Ordering::Relaxed);
+        shared.release(held);
         aimd.in_flight.fetch_sub(1, Ordering::Relaxed);
         if answered {
             shared.served.fetch_add(1, Ordering::Relaxed);
