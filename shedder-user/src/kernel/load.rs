@@ -80,18 +80,27 @@ impl Shedder {
         Self::load_with(None, false)
     }
 
-    /// Load and verify one hook's packet program (with its QUIC half and the clock) and
-    /// nothing else, with private maps: all that BPF_PROG_TEST_RUN of that path needs, for
-    /// under half the verification of [`Shedder::load`]. Nothing can be attached.
-    pub fn load_hook(hook: Hook) -> Result<Self> {
+    /// Load and verify one hook's packet program (with the clock, and its QUIC half if
+    /// `quic`) and nothing else, with private maps: all that BPF_PROG_TEST_RUN of that path
+    /// needs, for under half the verification of [`Shedder::load`]. Nothing can be attached.
+    /// Without the QUIC half its tail-call slot stays empty, so a datagram for a QUIC port
+    /// passes undecided ([`Shedder::quic_unavailable`] says so): only for frames that are
+    /// not UDP.
+    pub fn load_hook(hook: Hook, quic: bool) -> Result<Self> {
         let mut ebpf = Self::loader(None, false)?.load(OBJECT)?;
-        let (packet, quic, slot) = hook.programs();
-        for name in [packet, programs::CLOCK, quic] {
+        let (packet, quic_program, slot) = hook.programs();
+        for name in [packet, programs::CLOCK] {
             load_program(&mut ebpf, name)?;
         }
-        link_quic_programs(&mut ebpf, &[(slot, quic)])?;
+        let quic_unavailable = if quic {
+            load_program(&mut ebpf, quic_program)?;
+            link_quic_programs(&mut ebpf, &[(slot, quic_program)])?;
+            None
+        } else {
+            Some("not loaded (a packet-path test load without it)".into())
+        };
         let seed_unavailable = Some("not loaded (a packet-path test load)".into());
-        Ok(Self::loaded(ebpf, None, seed_unavailable, None))
+        Ok(Self::loaded(ebpf, None, seed_unavailable, quic_unavailable))
     }
 
     /// [`Shedder::load`] with the packet path's kernel debug log compiled in (for measuring
