@@ -136,6 +136,7 @@ fn fixture_table() {
 #[test]
 fn table_has_at_least_40_rows() {
     let table = table();
+    eprintln!("{} rows", table.len());
     assert!(table.len() >= 40, "only {} rows", table.len());
     let mut descs: Vec<_> = table.iter().map(|c| c.desc).collect();
     descs.sort();
