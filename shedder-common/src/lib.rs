@@ -710,6 +710,12 @@ pub const SEED_TABLE_FULL: u8 = 4;
 /// it, or only its TIME_WAIT remains under the same cookie): not counted.
 pub const SEED_ENDED: u8 = 5;
 
+/// Where `skc_state` sits in the kernel's `struct sock_common`: after the address pair (8
+/// bytes), the hash (4), the port pair (4) and the family (2). The seeding iterator reads
+/// it there (Rust eBPF has no CO-RE field relocations); the daemon checks this kernel's
+/// BTF agrees before loading the iterator.
+pub const SKC_STATE_OFFSET: usize = 18;
+
 /// The most connections handed to the seeding iterator at once; more are seeded in batches.
 pub const SEED_BATCH: u32 = 16384;
 

@@ -226,9 +226,9 @@ pub fn shedder_seed(ctx: *mut c_void) -> i32 {
     let cookie = unsafe { bpf_get_socket_cookie(sk as *mut c_void) };
     // The state now, not at the listing: the iterator also visits TIME_WAIT sockets, which
     // keep the cookie of the connection they replace and never report an end.
-    // `skc_state` is byte 18 of `struct sock_common` (after the address pair, the hash, the
-    // port pair and the family: the layout the socket lookups are built on).
-    let state = i32::from(unsafe { core::ptr::read_volatile((sk as *const u8).add(18)) });
+    // `skc_state` of `struct sock_common`, at the offset the daemon checked in BTF.
+    let at = shedder_common::SKC_STATE_OFFSET;
+    let state = i32::from(unsafe { core::ptr::read_volatile((sk as *const u8).add(at)) });
     if let Some(result) = track::seed(sk, cookie, state) {
         let seq = unsafe { core::ptr::read_volatile(meta as *const u64) };
         unsafe {

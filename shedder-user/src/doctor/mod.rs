@@ -118,7 +118,11 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
 
     let mut out = vec![
         check_kernel(release.as_deref().map_err(|e| e.to_string())),
-        check_btf(Path::new(BTF_VMLINUX).exists()),
+        check_btf(match std::fs::read(BTF_VMLINUX) {
+            Ok(raw) => Some(crate::kernel::btf::check_sock_layout(&raw)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => Some(Err(format!("cannot be read: {e}"))),
+        }),
         check_capabilities(caps),
     ];
     let tracefs_mounted = match &mounts {

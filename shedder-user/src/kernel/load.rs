@@ -33,6 +33,9 @@ pub struct Shedder {
 /// programs, 5.12+), or say why it cannot be.
 pub(super) fn load_seed(ebpf: &mut Ebpf) -> std::result::Result<(), String> {
     let btf = aya::Btf::from_sys_fs().map_err(|e| format!("kernel BTF: {e}"))?;
+    let raw = std::fs::read(super::btf::VMLINUX)
+        .map_err(|e| format!("kernel BTF: {}: {e}", super::btf::VMLINUX))?;
+    super::btf::check_sock_layout(&raw)?;
     let prog: &mut aya::programs::Iter = ebpf
         .program_mut(programs::SEED)
         .ok_or_else(|| format!("the eBPF object has no program `{}`", programs::SEED))?

@@ -3,7 +3,8 @@
 //! One file per concern: [`load`], [`attach`], [`maps`], the [`clock`], the tracking
 //! [`tracepoints`], the [`pins`], [`seed`]ing connections open before attach, the kernel
 //! debug log ([`klog`]), the sockets by sock_diag ([`diag`]), the interfaces ([`netdev`]), the policy's map values
-//! ([`policy`], [`classmap`]), [`version`]s, and the pseudo-filesystems ([`sysfs`]).
+//! ([`policy`], [`classmap`]), [`version`]s, the pseudo-filesystems ([`sysfs`]), and the
+//! one kernel struct layout the object relies on ([`btf`]).
 
 /// The eBPF object built by build.rs.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shedder"));
@@ -18,6 +19,7 @@ pub static BASELINE_OBJECT: &[u8] =
 pub use crate::config::defaults::PIN_DIR as DEFAULT_PIN_DIR;
 
 pub mod attach;
+pub mod btf;
 pub mod classmap;
 pub mod clock;
 pub mod diag;
