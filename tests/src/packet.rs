@@ -412,21 +412,37 @@ fn udp_field(sum: u16) -> u16 {
     if sum == 0 { 0xffff } else { sum }
 }
 
+/// The network layer of an Ethernet frame: the ethertype after any 802.1Q / 802.1ad tags
+/// and the offset where that layer starts; None when the frame ends first.
+pub fn network_layer(frame: &[u8]) -> Option<(u16, usize)> {
+    let mut off = 12;
+    loop {
+        let ethertype = u16::from_be_bytes([*frame.get(off)?, *frame.get(off + 1)?]);
+        off += 2;
+        if ethertype != ETH_P_8021Q && ethertype != ETH_P_8021AD {
+            return Some((ethertype, off));
+        }
+        off += 2;
+    }
+}
+
+/// The protocol an IPv4 or IPv6 frame's IP header names (for IPv6 the first next header,
+/// which an extension header would be); None for other frames or ones too short to say.
+pub fn ip_protocol(frame: &[u8]) -> Option<u8> {
+    let (ethertype, l3) = network_layer(frame)?;
+    let byte = |i: usize| frame.get(l3 + i).copied();
+    match (ethertype, byte(0)? >> 4) {
+        (0x0800, 4) => byte(9),
+        (0x86dd, 6) => byte(6),
+        _ => None,
+    }
+}
+
 /// Check every checksum of a TCP or UDP frame without IPv6 extension headers (what shedder
 /// sends): IPv4 header checksum, and the TCP or UDP checksum over the pseudo-header.
 /// Returns a description of the first problem.
 pub fn verify_checksums(frame: &[u8]) -> Result<(), String> {
-    let mut off = 12;
-    let mut proto;
-    loop {
-        proto = u16::from_be_bytes([frame[off], frame[off + 1]]);
-        off += 2;
-        if proto == ETH_P_8021Q || proto == ETH_P_8021AD {
-            off += 2;
-            continue;
-        }
-        break;
-    }
+    let (proto, off) = network_layer(frame).ok_or("the frame ends before its network layer")?;
     match proto {
         0x0800 => {
             let ihl = (frame[off] & 0x0f) as usize * 4;
@@ -623,6 +639,36 @@ mod tests {
         let rst = v6.expected_rst();
         assert_eq!(rst.len(), 14 + 8 + 40 + 20);
         verify_checksums(&rst).unwrap();
+    }
+
+    #[test]
+    fn the_ip_protocol_is_read_behind_vlan_tags_and_never_past_the_end() {
+        let v4 = Packet::syn_v4(
+            Ipv4Addr::new(198, 18, 0, 1),
+            Ipv4Addr::new(198, 18, 0, 2),
+            80,
+        );
+        assert_eq!(ip_protocol(&v4.bytes()), Some(6));
+        assert_eq!(
+            ip_protocol(&v4.clone().with_udp(443, &[0; 8]).bytes()),
+            Some(17)
+        );
+        let mut v6 = Packet::syn_v6(
+            "2001:db8::1".parse().unwrap(),
+            "2001:db8::2".parse().unwrap(),
+            80,
+        );
+        v6.vlans = vec![(ETH_P_8021AD, 10), (ETH_P_8021Q, 20)];
+        let b = v6.bytes();
+        assert_eq!(network_layer(&b), Some((0x86dd, 22)));
+        assert_eq!(ip_protocol(&b), Some(6));
+        // An extension header is what the IPv6 header names.
+        v6.v6_mut().ext = vec![Ext::opts(EXT_DSTOPTS, 0)];
+        assert_eq!(ip_protocol(&v6.bytes()), Some(EXT_DSTOPTS));
+        for n in 0..=22 + 6 {
+            assert_eq!(ip_protocol(&b[..n]), None, "{n} bytes");
+        }
+        assert_eq!(network_layer(&b[..13]), None);
     }
 
     #[test]

@@ -473,28 +473,13 @@ fn seeding_skips_a_connection_that_closed_after_the_listing() {
         [SEED_ENDED],
         "the closed connection: {results:?}"
     );
-    assert_eq!(
-        shedder
-            .inflight(SVC)
-            .expect("inflight")
-            .class
-            .iter()
-            .sum::<u32>(),
-        1,
-        "only the open connection is counted"
-    );
+    let counted = |s: &Shedder| s.inflight(SVC).expect("inflight").class.iter().sum::<u32>();
+    assert_eq!(counted(&shedder), 1, "only the open connection is counted");
     // And it ends as any other.
     drop(open_server);
     drop(open_client);
     let deadline = Instant::now() + Duration::from_secs(3);
-    while shedder
-        .inflight(SVC)
-        .expect("inflight")
-        .class
-        .iter()
-        .sum::<u32>()
-        != 0
-    {
+    while counted(&shedder) != 0 {
         assert!(
             Instant::now() < deadline,
             "the seeded connection's end was not counted"

@@ -71,10 +71,8 @@ struct Sample {
 /// One service's means over the last [`DEMAND_WINDOW`] on this node.
 #[derive(Clone, Debug, Default)]
 pub struct Smoother {
+    /// The readings inside the window, oldest first; the oldest weighed by its part inside.
     samples: VecDeque<Sample>,
-    attempts: [f64; NUM_CLASSES],
-    admitted: f64,
-    occupancy: f64,
 }
 
 impl Smoother {
@@ -113,25 +111,31 @@ impl Smoother {
             } else {
                 if span > window {
                     first.dt -= span - window;
-                    span = window;
                 }
                 break;
             }
         }
-        let mean = |f: &dyn Fn(&Sample) -> f64| {
-            self.samples.iter().map(|s| f(s) * s.dt).sum::<f64>() / span
-        };
-        for (c, a) in self.attempts.iter_mut().enumerate() {
-            *a = mean(&|s| s.attempts[c]);
+    }
+
+    /// The time-weighted mean of `f` over the window (0 before any reading).
+    fn mean(&self, f: impl Fn(&Sample) -> f64) -> f64 {
+        let span: f64 = self.samples.iter().map(|s| s.dt).sum();
+        if span <= 0.0 {
+            return 0.0;
         }
-        self.admitted = mean(&|s| s.admitted);
-        self.occupancy = mean(&|s| s.occupancy);
+        self.samples.iter().map(|s| f(s) * s.dt).sum::<f64>() / span
+    }
+
+    /// Attempts per second by class over the window.
+    fn attempts(&self) -> [f64; NUM_CLASSES] {
+        std::array::from_fn(|c| self.mean(|s| s.attempts[c]))
     }
 
     /// The hold measured here: `occupancy / admissions per second` (`None` while too little
     /// is admitted to say, under one attempt every ten seconds).
     pub fn hold(&self) -> Option<Duration> {
-        (self.admitted >= 0.1).then(|| Duration::from_secs_f64(self.occupancy / self.admitted))
+        let admitted = self.mean(|s| s.admitted);
+        (admitted >= 0.1).then(|| Duration::from_secs_f64(self.mean(|s| s.occupancy) / admitted))
     }
 
     /// The demand to publish, with `fallback_hold` (another node's, or [`DEFAULT_HOLD`]) when
@@ -139,9 +143,10 @@ impl Smoother {
     pub fn demand(&self, fallback_hold: Duration) -> Demand {
         let own = self.hold();
         let hold = own.unwrap_or(fallback_hold).as_secs_f64();
+        let attempts = self.attempts();
         Demand {
-            attempts: self.attempts,
-            need: self.attempts.map(|a| a * hold),
+            attempts,
+            need: attempts.map(|a| a * hold),
             hold_ms: own.map(|h| h.as_secs_f64() * 1000.0),
         }
     }
@@ -185,20 +190,28 @@ mod tests {
         // One tick of 1,000 attempts a second in a window of fifteen ticks moves the mean
         // by a fifteenth of the jump; it leaves the window fifteen ticks later.
         s.update(TICK, [0.0, 0.0, 1000.0, 0.0], 100.0, 40);
-        assert!((s.attempts[2] - 160.0).abs() < 1e-6, "{}", s.attempts[2]);
+        assert!(
+            (s.attempts()[2] - 160.0).abs() < 1e-6,
+            "{}",
+            s.attempts()[2]
+        );
         for _ in 0..15 {
             s.update(TICK, [0.0, 0.0, 100.0, 0.0], 100.0, 40);
         }
-        assert!((s.attempts[2] - 100.0).abs() < 1e-6, "{}", s.attempts[2]);
+        assert!(
+            (s.attempts()[2] - 100.0).abs() < 1e-6,
+            "{}",
+            s.attempts()[2]
+        );
         // Demand that halves for good: half of the way in half a window, all of it in one.
         for _ in 0..7 {
             s.update(TICK, [0.0, 0.0, 50.0, 0.0], 50.0, 20);
         }
-        assert!((s.attempts[2] - (50.0 + 50.0 * 8.0 / 15.0)).abs() < 1e-6);
+        assert!((s.attempts()[2] - (50.0 + 50.0 * 8.0 / 15.0)).abs() < 1e-6);
         for _ in 0..8 {
             s.update(TICK, [0.0, 0.0, 50.0, 0.0], 50.0, 20);
         }
-        assert!((s.attempts[2] - 50.0).abs() < 1e-6, "{}", s.attempts[2]);
+        assert!((s.attempts()[2] - 50.0).abs() < 1e-6, "{}", s.attempts()[2]);
         assert!((s.hold().unwrap().as_secs_f64() - 0.4).abs() < 1e-9);
     }
 
@@ -211,10 +224,10 @@ mod tests {
         s.update(Duration::from_secs(1), [0.0, 0.0, 20.0, 0.0], 10.0, 4);
         s.update(Duration::from_millis(900), [0.0, 0.0, 40.0, 0.0], 10.0, 4);
         let want = (20.0 * 0.6 + 40.0 * 0.9) / 1.5;
-        assert!((s.attempts[2] - want).abs() < 1e-9, "{}", s.attempts[2]);
+        assert!((s.attempts()[2] - want).abs() < 1e-9, "{}", s.attempts()[2]);
         // A zero-length tick changes nothing.
         s.update(Duration::ZERO, [0.0, 0.0, 1e6, 0.0], 10.0, 4);
-        assert!((s.attempts[2] - want).abs() < 1e-9);
+        assert!((s.attempts()[2] - want).abs() < 1e-9);
     }
 
     #[test]

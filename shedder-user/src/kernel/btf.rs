@@ -210,7 +210,7 @@ mod tests {
             }
         }
 
-        /// An unsigned char (id as given by the caller's order).
+        /// An integer type of `size` bytes (type ids follow the order of the calls).
         fn int(&mut self, name: &str, size: u32) {
             let n = self.string(name);
             self.push(&[n, KIND_INT << 24, size, size * 8]);

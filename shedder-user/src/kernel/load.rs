@@ -32,10 +32,12 @@ pub struct Shedder {
 /// Load the seeding iterator (`iter/tcp`, Linux 5.9+; the socket-cookie helper in tracing
 /// programs, 5.12+), or say why it cannot be.
 pub(super) fn load_seed(ebpf: &mut Ebpf) -> std::result::Result<(), String> {
-    let btf = aya::Btf::from_sys_fs().map_err(|e| format!("kernel BTF: {e}"))?;
+    // Read once: checked for the one layout the iterator relies on, then parsed for aya.
     let raw = std::fs::read(super::btf::VMLINUX)
         .map_err(|e| format!("kernel BTF: {}: {e}", super::btf::VMLINUX))?;
     super::btf::check_sock_layout(&raw)?;
+    let btf = aya::Btf::parse(&raw, aya::Endianness::default())
+        .map_err(|e| format!("kernel BTF: {e}"))?;
     let prog: &mut aya::programs::Iter = ebpf
         .program_mut(programs::SEED)
         .ok_or_else(|| format!("the eBPF object has no program `{}`", programs::SEED))?
