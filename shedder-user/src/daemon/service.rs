@@ -585,7 +585,8 @@ mod tests {
         let d = sc
             .tick(&mut k, CTX, &healthy(ms(0), 10), None, None)
             .unwrap();
-        assert_eq!((d.limit, k.limit()), (11, Some(11)));
+        // Healthy (12 ms against 100) and busy: up by 10 × 0.25 × 0.88.
+        assert_eq!((d.limit, k.limit()), (12, Some(12)));
     }
 
     #[test]
@@ -616,11 +617,12 @@ mod tests {
         assert_eq!((d.limit, k.limit()), (40, Some(40)));
         assert!(sc.override_in_force().is_none());
         assert_eq!(sc.limiter.inner().inner().limit(), 40);
-        // And resumes from it: healthy and busy, one up.
+        // And resumes from it: healthy and busy (12 ms against 100), up by AIMD's step
+        // (40 × 0.25 × 0.88 ≈ 9).
         let d = sc
             .tick(&mut k, CTX, &healthy(ms(1200), 40), None, None)
             .unwrap();
-        assert_eq!((d.limit, k.limit()), (41, Some(41)));
+        assert_eq!((d.limit, k.limit()), (49, Some(49)));
     }
 
     #[test]
@@ -759,11 +761,11 @@ mod tests {
                 .is_err()
         );
         k.fail = false;
-        // The controller stepped to 11 on the failed tick and holds on this one (one step
-        // per signal window): the 11 that was not written is.
+        // The controller stepped to 12 on the failed tick and holds on this one (one step
+        // per signal window): the 12 that was not written is.
         sc.tick(&mut k, CTX, &healthy(ms(200), 10), None, None)
             .unwrap();
-        assert_eq!(k.limit(), Some(11));
+        assert_eq!(k.limit(), Some(12));
     }
 
     #[test]

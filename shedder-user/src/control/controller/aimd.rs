@@ -8,8 +8,9 @@ use super::{
     guard::{self, Gate, Guard, delay_signal},
 };
 
-/// AIMD: `+1` (at most once per signal window) only when the delay is under the target and
-/// the service is near its limit (in-flight ≥ 0.9 × limit); `× 0.8` when the delay exceeds
+/// AIMD: a step up (at most once per signal window) only when the delay is under the target
+/// and the service is near its limit (in-flight ≥ 0.9 × limit): `+1`, or more while the
+/// delay is far under the target (see [`step_up`]); `× 0.8` when the delay exceeds
 /// twice the target (at most once per cooldown plus the delay itself, so that a cut is judged
 /// by attempts admitted after it) or the listen queue overflowed — `× 0.5` for the first cut after a quiet
 /// period (mode normal), because a limit that grew while calm is likely badly wrong; idle
@@ -18,6 +19,10 @@ use super::{
 /// The longest a delay-driven cut waits for the queue the last cut left to drain, beyond
 /// the cooldown: a delay of seconds is itself a reason to cut again.
 const MAX_HOLD: Duration = Duration::from_secs(2);
+
+/// The share of the limit a step up may add when the delay is nothing: the step is this
+/// share of the limit times the headroom left under the target, never less than one.
+const STEP_GAIN: f64 = 0.25;
 
 #[derive(Clone, Debug)]
 pub struct Aimd {
@@ -94,7 +99,7 @@ impl Controller for Aimd {
                     (Action::Hold, Signal::CpuPressure, Some(delay), false)
                 } else if delay < target_ms && saturated {
                     let action = if self.judged(obs.now) {
-                        self.limit += 1.0;
+                        self.limit += step_up(self.limit, delay, target_ms);
                         self.last_increase = Some(obs.now);
                         Action::Increase
                     } else {
@@ -174,4 +179,18 @@ impl Aimd {
         self.limit *= factor;
         self.last_cut = Some(now);
     }
+}
+
+/// The size of a step up: `max(1, limit × STEP_GAIN × (target − delay) / target)`.
+/// A window at the target adds one, as TCP congestion avoidance adds one segment per
+/// round trip; a window far under it adds a share of the limit, as TCP Vegas and FAST TCP
+/// move the window in proportion to its distance from the queue they aim for. Where the
+/// delay grows with the limit (a queue), the steps shrink as the limit nears the one the
+/// target allows and the climb does not overshoot it; where +1 a window was the only step,
+/// a limit cut by a passing stall (two cuts: × 0.64) took ten seconds and more to climb
+/// back to a limit of 30–40 while the service sat under the target, refusing work it could
+/// do.
+fn step_up(limit: f64, delay_ms: f64, target_ms: f64) -> f64 {
+    let headroom = ((target_ms - delay_ms) / target_ms).clamp(0.0, 1.0);
+    (limit * STEP_GAIN * headroom).max(1.0)
 }

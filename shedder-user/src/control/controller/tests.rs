@@ -50,39 +50,83 @@ fn obs(t_ms: u64, delay_ms: f64, occupancy: u32) -> Observation {
 #[test]
 fn aimd_increases_by_one_only_when_healthy_and_saturated() {
     let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 100);
-    // Healthy and saturated (90 of 100): +1.
-    let d = c.update(&obs(0, 50.0, 90));
+    // Just under the target (96 of 100 ms) and saturated (90 of 100): +1.
+    let d = c.update(&obs(0, 96.0, 90));
     assert_eq!(
         (d.previous, d.limit, d.action),
         (100, 101, Action::Increase)
     );
     assert_eq!(d.signal, Signal::QueueAge);
     // Healthy but not saturated (89 < 0.9 × 101): no growth (the near-the-limit guard).
-    let d = c.update(&obs(200, 50.0, 89));
+    let d = c.update(&obs(600, 50.0, 89));
     assert_eq!(d.action, Action::Hold);
     assert_eq!(d.limit, 101);
     // Between target and 2× target: hold.
-    let d = c.update(&obs(400, 150.0, 101));
+    let d = c.update(&obs(800, 150.0, 101));
     assert_eq!((d.action, d.limit), (Action::Hold, 101));
     // Healthy, occupancy low, but attempts refused for pressure: the limit is what holds
     // them back, so it grows.
-    let mut o = obs(600, 50.0, 40);
+    let mut o = obs(1000, 99.0, 40);
     o.pressed_rate = 20.0;
     let d = c.update(&o);
     assert_eq!((d.action, d.limit), (Action::Increase, 102));
 }
 
 #[test]
-fn aimd_adds_one_per_window_not_per_tick() {
+fn aimd_steps_in_proportion_to_the_headroom_under_the_target() {
+    // limit × 0.25 × (target − delay) / target, at least one.
+    for (delay, limit, expected) in [
+        (0.0, 100, 125),
+        (50.0, 100, 113),
+        (80.0, 100, 105),
+        (99.0, 100, 101),
+        (0.0, 8, 10),
+        (50.0, 8, 9),
+    ] {
+        let mut c = Aimd::new(bounds(), Tuning::new(TARGET), limit);
+        let d = c.update(&obs(0, delay, limit));
+        assert_eq!(
+            (d.action, d.limit),
+            (Action::Increase, expected),
+            "{delay} ms at {limit}"
+        );
+    }
+}
+
+#[test]
+fn aimd_climbs_back_to_a_queues_target_fast_and_without_overshoot() {
+    // A service whose delay is its queue: 2.5 ms per connection admitted, so the target
+    // (100 ms) allows 40. From a limit cut to 20 by a passing stall, the climb reaches 36
+    // within ten windows (+1 a window takes sixteen) and never passes 40.
+    let mut c = Aimd::new(
+        Bounds::new(4, 1000, 20, None, TARGET),
+        Tuning::new(TARGET),
+        20,
+    );
+    let mut reached = None;
+    for w in 0..40u64 {
+        let limit = c.limit();
+        let d = c.update(&obs(w * 600, 2.5 * limit as f64, limit));
+        assert!(d.limit <= 40, "window {w}: {} overshoots 40", d.limit);
+        if d.limit >= 36 && reached.is_none() {
+            reached = Some(w + 1);
+        }
+    }
+    let windows = reached.expect("never reached 36");
+    assert!(windows <= 10, "36 after {windows} windows");
+}
+
+#[test]
+fn aimd_adds_one_step_per_window_not_per_tick() {
     let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 100);
-    assert_eq!(c.update(&obs(0, 50.0, 100)).action, Action::Increase);
+    assert_eq!(c.update(&obs(0, 96.0, 100)).action, Action::Increase);
     // Healthy and saturated again 200 and 400 ms later: the window (600 ms) still holds
     // samples of the old limit, so the step is not judged yet.
     for t in [200, 400] {
         let d = c.update(&obs(t, 50.0, 101));
         assert_eq!((d.action, d.limit), (Action::Hold, 101), "at {t} ms");
     }
-    let d = c.update(&obs(600, 50.0, 101));
+    let d = c.update(&obs(600, 96.0, 101));
     assert_eq!((d.action, d.limit), (Action::Increase, 102));
 }
 
