@@ -250,6 +250,7 @@ fn a_quic_service_at_three_times_its_capacity_keeps_critical_and_its_goodput() {
     );
     let target = SocketAddr::new(IpAddr::V4(SERVER_V4), OVERLOAD_PORT);
     let client = QuicClient::new(tls, Duration::from_secs(5));
+    let calm = server.work();
     let capacity = quic_closed_loop(
         &pair.client,
         &client,
@@ -259,32 +260,55 @@ fn a_quic_service_at_three_times_its_capacity_keeps_critical_and_its_goodput() {
         Duration::from_secs(4),
         Some(0),
     );
-    eprintln!("capacity: {capacity:.0} requests/s");
+    let calm_pace = server
+        .work()
+        .pace_since(&calm)
+        .expect("the server worked while its capacity was measured");
+    eprintln!("capacity: {capacity:.0} requests/s (working pace {calm_pace:.0}/s)");
 
     let mix = [(IpAddr::V4(CRITICAL_V4), 1), (IpAddr::V4(CLIENT_V4), 9)];
+    // Attempts are counted from the 8th second of 20. Goodput is judged against the
+    // capacity, lowered in proportion if the server worked at a slower pace in those
+    // seconds than while the capacity was measured (its requests' work timed by the wall
+    // clock): the machine's two cores are shared with the clients, and a second in which
+    // the server's CPU is taken from it is lost to any shedder. Time the server sits idle
+    // (too little admitted) is not working time, so it still counts against the shedder.
+    let (warmup, duration) = (Duration::from_secs(8), Duration::from_secs(20));
     let run = |label: &str| {
         let served0 = server.served();
-        let t = quic_open_loop(
-            &pair.client,
-            &client,
-            target,
-            &mix,
-            3.0 * capacity,
-            Duration::from_secs(20),
-            Duration::from_secs(8),
-            Duration::from_secs(1),
-            Some(0),
-        );
+        let (t, pace) = std::thread::scope(|s| {
+            let pace = s.spawn(|| {
+                std::thread::sleep(warmup);
+                let before = server.work();
+                std::thread::sleep(duration - warmup);
+                server.work().pace_since(&before)
+            });
+            let t = quic_open_loop(
+                &pair.client,
+                &client,
+                target,
+                &mix,
+                3.0 * capacity,
+                duration,
+                warmup,
+                Duration::from_secs(1),
+                Some(0),
+            );
+            (t, pace.join().expect("the pace sampler"))
+        });
+        let judged = pace.map_or(capacity, |p| capacity * (p / calm_pace).min(1.0));
         let ok: u64 = t.iter().map(|x| x.ok).sum();
-        let goodput = ok as f64 / 12.0 / capacity;
+        let goodput = ok as f64 / (duration - warmup).as_secs_f64() / judged;
         eprintln!(
-            "{label}: CRITICAL {:.1}% of {}, MEDIUM {:.1}% of {} ({:?}), goodput {:.0}% of capacity, served {}",
+            "{label}: CRITICAL {:.1}% of {}, MEDIUM {:.1}% of {} ({:?}), goodput {:.0}% of \
+             {judged:.0}/s (working pace {:.0}/s), served {}",
             100.0 * t[0].success(),
             t[0].sent,
             100.0 * t[1].success(),
             t[1].sent,
             t[1],
             100.0 * goodput,
+            pace.unwrap_or(0.0),
             server.served() - served0
         );
         (t, goodput)
@@ -318,5 +342,8 @@ fn a_quic_service_at_three_times_its_capacity_keeps_critical_and_its_goodput() {
         "CRITICAL {:?}",
         protected[0]
     );
-    assert!(goodput >= 0.9, "goodput {goodput:.2} of capacity");
+    assert!(
+        goodput >= 0.9,
+        "goodput {goodput:.2} of the capacity judged"
+    );
 }

@@ -221,12 +221,19 @@ impl BackendStats {
     /// taken by a load generator on the same cores). None when none was handled.
     pub fn busy_rate_since(&self, earlier: &BackendStats, servers: usize) -> Option<f64> {
         let handled = (self.served + self.failed).saturating_sub(earlier.served + earlier.failed);
-        let busy = self
-            .busy_time
-            .saturating_sub(earlier.busy_time)
-            .as_secs_f64();
-        (handled > 0 && busy > 0.0).then(|| servers as f64 * handled as f64 / busy)
+        busy_pace(
+            handled,
+            self.busy_time.saturating_sub(earlier.busy_time),
+            servers,
+        )
     }
+}
+
+/// The requests a second `servers` servers get through when never idle, having handled
+/// `handled` in `busy` of busy time summed over them. None when none was handled.
+pub fn busy_pace(handled: u64, busy: Duration, servers: usize) -> Option<f64> {
+    let busy = busy.as_secs_f64();
+    (handled > 0 && busy > 0.0).then(|| servers as f64 * handled as f64 / busy)
 }
 
 /// A TCP request/response server of known capacity: `workers` threads, each accepting one

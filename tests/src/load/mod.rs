@@ -56,7 +56,7 @@ mod protocol;
 mod schedule;
 mod stats;
 
-pub use backend::{Backend, BackendConfig, BackendStats, InAppAimd, Work};
+pub use backend::{Backend, BackendConfig, BackendStats, InAppAimd, Work, busy_pace};
 pub use capacity::{Capacity, measure_capacity, measure_capacity_speaking};
 pub use client::{Outcome, Protocol, prepare_client_namespace, raise_nofile_limit};
 pub use cpu::{CpuTimes, burn, online_cpus, pin_current_thread, pin_process, pin_task, read_clock};

@@ -26,7 +26,7 @@ pub use haproxy::{Haproxy, HaproxyConfig};
 pub use nft::Nft;
 pub use nginx::{Nginx, NginxConfig, NginxLimit, TlsFiles};
 pub use quic::{
-    QUIC_SERVER_NAME, QuicClient, QuicOutcome, QuicServer, QuicServerConfig, QuicTally,
+    QUIC_SERVER_NAME, QuicClient, QuicOutcome, QuicServer, QuicServerConfig, QuicTally, QuicWork,
     closed_loop as quic_closed_loop, open_loop as quic_open_loop,
 };
 

@@ -17,8 +17,8 @@ use std::{
 };
 
 use quinn::{
-    ClientConfig, ConnectionError, Endpoint, IdleTimeout, ServerConfig, TransportConfig,
-    crypto::rustls::QuicClientConfig,
+    ClientConfig, ConnectionError, Endpoint, EndpointConfig, IdleTimeout, ServerConfig,
+    TransportConfig, crypto::rustls::QuicClientConfig,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 
@@ -47,8 +47,38 @@ pub struct QuicServerConfig {
 pub struct QuicServer {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
-    served: Arc<AtomicU64>,
-    handshakes: Arc<AtomicU64>,
+    counts: Arc<Counts>,
+}
+
+/// What the server's event loop counts as it goes.
+#[derive(Default)]
+struct Counts {
+    served: AtomicU64,
+    handshakes: AtomicU64,
+    /// Requests whose work is done (answered or not).
+    worked: AtomicU64,
+    /// Wall-clock time spent in requests' work, in ns: their CPU time, and more when the
+    /// machine takes the server's CPU from it.
+    busy_ns: AtomicU64,
+}
+
+/// The server's work so far: requests worked and the wall-clock time their work took.
+#[derive(Clone, Copy, Debug)]
+pub struct QuicWork {
+    pub requests: u64,
+    pub busy: Duration,
+}
+
+impl QuicWork {
+    /// The requests a second the server gets through when never idle, at the pace it kept
+    /// between `earlier` and this snapshot: below its capacity when the machine slows it.
+    pub fn pace_since(&self, earlier: &QuicWork) -> Option<f64> {
+        crate::load::busy_pace(
+            self.requests.saturating_sub(earlier.requests),
+            self.busy.saturating_sub(earlier.busy),
+            1,
+        )
+    }
 }
 
 impl QuicServer {
@@ -63,11 +93,10 @@ impl QuicServer {
         transport.max_idle_timeout(Some(IdleTimeout::from(quinn::VarInt::from_u32(10_000))));
         server.transport_config(Arc::new(transport));
         let stop = Arc::new(AtomicBool::new(false));
-        let served = Arc::new(AtomicU64::new(0));
-        let handshakes = Arc::new(AtomicU64::new(0));
+        let counts = Arc::new(Counts::default());
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = {
-            let (stop, served, handshakes) = (stop.clone(), served.clone(), handshakes.clone());
+            let (stop, counts) = (stop.clone(), counts.clone());
             ns.spawn(move || {
                 if let Some(cpu) = cfg.cpu {
                     crate::load::pin_current_thread(cpu);
@@ -80,7 +109,7 @@ impl QuicServer {
                     let addr = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), cfg.port);
                     let endpoint = Endpoint::server(server, addr).expect("binding the server");
                     ready_tx.send(()).expect("ready");
-                    serve(endpoint, cfg.service_time, stop, served, handshakes).await;
+                    serve(endpoint, cfg.service_time, stop, counts).await;
                 });
             })
         };
@@ -90,19 +119,26 @@ impl QuicServer {
         Self {
             stop,
             thread: Some(thread),
-            served,
-            handshakes,
+            counts,
         }
     }
 
     /// Requests answered so far.
     pub fn served(&self) -> u64 {
-        self.served.load(Ordering::Relaxed)
+        self.counts.served.load(Ordering::Relaxed)
     }
 
     /// Handshakes completed so far.
     pub fn handshakes(&self) -> u64 {
-        self.handshakes.load(Ordering::Relaxed)
+        self.counts.handshakes.load(Ordering::Relaxed)
+    }
+
+    /// The requests worked so far and the time their work took.
+    pub fn work(&self) -> QuicWork {
+        QuicWork {
+            requests: self.counts.worked.load(Ordering::Relaxed),
+            busy: Duration::from_nanos(self.counts.busy_ns.load(Ordering::Relaxed)),
+        }
     }
 }
 
@@ -119,8 +155,7 @@ async fn serve(
     endpoint: Endpoint,
     service_time: Duration,
     stop: Arc<AtomicBool>,
-    served: Arc<AtomicU64>,
-    handshakes: Arc<AtomicU64>,
+    counts: Arc<Counts>,
 ) {
     loop {
         let incoming = tokio::select! {
@@ -133,20 +168,25 @@ async fn serve(
             }
         };
         let Some(incoming) = incoming else { break };
-        let (served, handshakes) = (served.clone(), handshakes.clone());
+        let counts = counts.clone();
         tokio::spawn(async move {
             let Ok(conn) = incoming.await else { return };
-            handshakes.fetch_add(1, Ordering::Relaxed);
+            counts.handshakes.fetch_add(1, Ordering::Relaxed);
             while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-                let served = served.clone();
+                let counts = counts.clone();
                 tokio::spawn(async move {
                     if recv.read_to_end(64).await.is_err() {
                         return;
                     }
                     // The work, on the event loop (see the module's comment).
+                    let started = Instant::now();
                     burn(service_time, || false);
+                    counts
+                        .busy_ns
+                        .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    counts.worked.fetch_add(1, Ordering::Relaxed);
                     if send.write_all(RESPONSE).await.is_ok() && send.finish().is_ok() {
-                        served.fetch_add(1, Ordering::Relaxed);
+                        counts.served.fetch_add(1, Ordering::Relaxed);
                         let _ = send.stopped().await;
                     }
                 });
@@ -218,7 +258,7 @@ impl QuicClient {
     }
 
     async fn exchange(&self, src: IpAddr, server: SocketAddr) -> QuicOutcome {
-        let endpoint = match Endpoint::client(SocketAddr::new(src, 0)) {
+        let endpoint = match client_endpoint(SocketAddr::new(src, 0)) {
             Ok(e) => e,
             Err(e) => return QuicOutcome::Failed(format!("client socket: {e}")),
         };
@@ -254,11 +294,37 @@ impl QuicClient {
     }
 }
 
+/// A client's endpoint on its own UDP socket, with datagrams of at most 1,500 bytes. quinn
+/// sizes an endpoint's receive buffer by its largest datagram (64 KiB by default) times the
+/// segments and datagrams it may take in at once: 128 MiB for each endpoint, 3 MiB so. With
+/// an endpoint for every connection at the overload run's 190 a second, zeroing those
+/// buffers (see client_runtime) kept the clients' CPU busy for seconds, the test process grew
+/// to 2 GiB, and the clients answered the server late by up to a second, which the shedder
+/// rightly read as slow handshakes and cut the limit for (goodput 64–86% in such runs).
+fn client_endpoint(addr: SocketAddr) -> std::io::Result<Endpoint> {
+    let mut config = EndpointConfig::default();
+    config
+        .max_udp_payload_size(1500)
+        .expect("1,500 bytes is a valid datagram size");
+    let runtime =
+        quinn::default_runtime().ok_or_else(|| std::io::Error::other("no async runtime"))?;
+    Endpoint::new(config, None, std::net::UdpSocket::bind(addr)?, runtime)
+}
+
 /// The clients' runtime: two threads, on `cpu` if given (threads inherit the affinity of the
 /// thread that creates them).
 fn client_runtime(cpu: Option<usize>) -> tokio::runtime::Runtime {
     if let Some(cpu) = cpu {
         crate::load::pin_current_thread(cpu);
+    }
+    // Allocations from 256 KiB up are mapped afresh and unmapped when freed, whatever was
+    // freed before: each client endpoint's receive buffer (see client_endpoint) then costs
+    // a mapping, and its zeroed pages are touched only as datagrams arrive. Left to adjust
+    // itself, glibc raises the threshold past the buffer's size after the first is freed,
+    // and every later one is carved from the heap and zeroed byte by byte.
+    // SAFETY: mallopt only sets an allocator parameter.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
     }
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
