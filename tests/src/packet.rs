@@ -611,13 +611,18 @@ impl Packet {
 mod tests {
     use super::*;
 
-    #[test]
-    fn built_frames_verify() {
-        let p = Packet::syn_v4(
+    /// A SYN from 198.18.0.1 to 198.18.0.2:80.
+    fn syn_v4() -> Packet {
+        Packet::syn_v4(
             Ipv4Addr::new(198, 18, 0, 1),
             Ipv4Addr::new(198, 18, 0, 2),
             80,
-        );
+        )
+    }
+
+    #[test]
+    fn built_frames_verify() {
+        let p = syn_v4();
         let b = p.bytes();
         assert_eq!(b.len(), 14 + 20 + 40);
         verify_checksums(&b).unwrap();
@@ -643,11 +648,7 @@ mod tests {
 
     #[test]
     fn the_ip_protocol_is_read_behind_vlan_tags_and_never_past_the_end() {
-        let v4 = Packet::syn_v4(
-            Ipv4Addr::new(198, 18, 0, 1),
-            Ipv4Addr::new(198, 18, 0, 2),
-            80,
-        );
+        let v4 = syn_v4();
         assert_eq!(ip_protocol(&v4.bytes()), Some(6));
         assert_eq!(
             ip_protocol(&v4.clone().with_udp(443, &[0; 8]).bytes()),

@@ -200,18 +200,9 @@ impl Lab {
         window: std::ops::Range<Duration>,
         run: impl FnOnce() -> R,
     ) -> (R, f64) {
-        let start = Instant::now();
         let servers = self.cfg.workers;
-        let (out, pace) = thread::scope(|s| {
-            let pace = s.spawn(|| {
-                thread::sleep(window.start);
-                let before = self.backend.stats();
-                thread::sleep(window.end.saturating_sub(start.elapsed()));
-                self.backend.stats().busy_rate_since(&before, servers)
-            });
-            let out = run();
-            (out, pace.join().expect("the pace sampler"))
-        });
+        let (out, (before, after)) = around_window(window, || self.backend.stats(), run);
+        let pace = after.busy_rate_since(&before, servers);
         (out, pace.map_or(self.capacity, |p| p.min(self.capacity)))
     }
 
@@ -296,4 +287,25 @@ pub fn limits_between(samples: &[(Duration, u32)], from: f64, to: f64) -> Vec<u3
 pub fn median(mut v: Vec<u32>) -> u32 {
     v.sort_unstable();
     v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
+/// Call `run` (starting now) and, beside it, take `snapshot` at the start and at the end
+/// of `window` (times from now): what the run did in those seconds, counted by whatever
+/// `snapshot` reads (a backend's or a server's counters).
+pub fn around_window<S: Send, R>(
+    window: std::ops::Range<Duration>,
+    snapshot: impl Fn() -> S + Sync,
+    run: impl FnOnce() -> R,
+) -> (R, (S, S)) {
+    let start = Instant::now();
+    thread::scope(|s| {
+        let sampled = s.spawn(|| {
+            thread::sleep(window.start);
+            let before = snapshot();
+            thread::sleep(window.end.saturating_sub(start.elapsed()));
+            (before, snapshot())
+        });
+        let out = run();
+        (out, sampled.join().expect("the window's sampler"))
+    })
 }

@@ -19,6 +19,7 @@ use shedder_tests::{
     },
     policy::{CLIENT_V4, CRITICAL_V4, SERVER_V4},
     require_root,
+    scenario::around_window,
 };
 
 const REFUSE_PORT: u16 = 7700;
@@ -276,26 +277,24 @@ fn a_quic_service_at_three_times_its_capacity_keeps_critical_and_its_goodput() {
     let (warmup, duration) = (Duration::from_secs(8), Duration::from_secs(20));
     let run = |label: &str| {
         let served0 = server.served();
-        let (t, pace) = std::thread::scope(|s| {
-            let pace = s.spawn(|| {
-                std::thread::sleep(warmup);
-                let before = server.work();
-                std::thread::sleep(duration - warmup);
-                server.work().pace_since(&before)
-            });
-            let t = quic_open_loop(
-                &pair.client,
-                &client,
-                target,
-                &mix,
-                3.0 * capacity,
-                duration,
-                warmup,
-                Duration::from_secs(1),
-                Some(0),
-            );
-            (t, pace.join().expect("the pace sampler"))
-        });
+        let (t, (before, after)) = around_window(
+            warmup..duration,
+            || server.work(),
+            || {
+                quic_open_loop(
+                    &pair.client,
+                    &client,
+                    target,
+                    &mix,
+                    3.0 * capacity,
+                    duration,
+                    warmup,
+                    Duration::from_secs(1),
+                    Some(0),
+                )
+            },
+        );
+        let pace = after.pace_since(&before);
         let judged = pace.map_or(capacity, |p| capacity * (p / calm_pace).min(1.0));
         let ok: u64 = t.iter().map(|x| x.ok).sum();
         let goodput = ok as f64 / (duration - warmup).as_secs_f64() / judged;
