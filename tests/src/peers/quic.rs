@@ -297,10 +297,11 @@ impl QuicClient {
 /// A client's endpoint on its own UDP socket, with datagrams of at most 1,500 bytes. quinn
 /// sizes an endpoint's receive buffer by its largest datagram (64 KiB by default) times the
 /// segments and datagrams it may take in at once: 128 MiB for each endpoint, 3 MiB so. With
-/// an endpoint for every connection at the overload run's 190 a second, zeroing those
-/// buffers (see client_runtime) kept the clients' CPU busy for seconds, the test process grew
-/// to 2 GiB, and the clients answered the server late by up to a second, which the shedder
-/// rightly read as slow handshakes and cut the limit for (goodput 64–86% in such runs).
+/// an endpoint for every connection at the overload run's 190 a second, the clients' CPU
+/// sat at 100% for seconds, the test process grew to 2 GiB, and the clients answered the
+/// server late by up to a second, which the shedder rightly read as slow handshakes
+/// (goodput 64–86% in such runs). The smaller buffer alone did not cure it (still 1.9 GiB,
+/// 41% of the time clearing pages): the allocator setting in client_runtime did.
 fn client_endpoint(addr: SocketAddr) -> std::io::Result<Endpoint> {
     let mut config = EndpointConfig::default();
     config
