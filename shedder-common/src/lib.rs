@@ -230,7 +230,7 @@ impl Default for ServiceHist {
 }
 
 /// Node-wide per-CPU statistics (exceptional paths only; the hot non-SYN path counts nothing).
-pub const NUM_STATS: u32 = 8;
+pub const NUM_STATS: u32 = 32;
 /// Decisions taken with the fallback limits because the heartbeat was stale.
 pub const STAT_FALLBACK: u32 = 0;
 /// A RST could not be built (tail adjust failed); the attempt was passed (fail-open).
@@ -257,6 +257,30 @@ pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
     "pending_miss",
     "log_suppressed",
     "reserved7",
+    "reserved8",
+    "reserved9",
+    "reserved10",
+    "reserved11",
+    "reserved12",
+    "reserved13",
+    "reserved14",
+    "reserved15",
+    "reserved16",
+    "reserved17",
+    "reserved18",
+    "reserved19",
+    "reserved20",
+    "reserved21",
+    "reserved22",
+    "reserved23",
+    "reserved24",
+    "reserved25",
+    "reserved26",
+    "reserved27",
+    "reserved28",
+    "reserved29",
+    "reserved30",
+    "reserved31",
 ];
 
 /// With `daemon.kernel_debug_log`, each CPU writes at most this many kernel log lines a
