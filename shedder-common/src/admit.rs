@@ -45,8 +45,8 @@
 
 use crate::{
     CLASS_CRITICAL, NUM_CLASSES, REASON_CEILING, REASON_CRITICAL, REASON_FLOOR,
-    REASON_FLOORS_BELOW, REASON_PRIORITY, REASON_SERVICE_LIMIT, REASON_UNDER_LIMIT, ServicePolicy,
-    mask,
+    REASON_FLOORS_BELOW, REASON_PRIORITY, REASON_SERVICE_LIMIT, REASON_UNDER_LIMIT,
+    REASON_UNPROVEN, ServicePolicy, mask,
 };
 
 /// The outcome of the concurrency check.
@@ -176,6 +176,73 @@ pub fn decide(
         return Decision::over(REASON_PRIORITY, ahead + held + reserve, total_limit as u64);
     }
     Decision::admit(REASON_UNDER_LIMIT)
+}
+
+/// The occupancy an attempt is decided against: every class's established connections
+/// (`inflight`) and attempts in handshake (`held`, `[proven, unproven]` as
+/// [`crate::Pending::count`] gives them). A proven attempt (`proven` 1) does not see the
+/// unproven ones: they hold capacity only within their class's cap ([`cap_unproven`]), so
+/// a flood of spoofed SYNs takes nothing from sources with standing. An unproven attempt
+/// (`proven` 0) sees everything. Without a branch (one path for the verifier).
+#[inline(always)]
+pub fn occupancy(
+    inflight: &[u32; NUM_CLASSES],
+    held: &[[u64; NUM_CLASSES]; 2],
+    proven: u32,
+) -> [u64; NUM_CLASSES] {
+    let unproven = 0u64.wrapping_sub(1 - (proven & 1) as u64);
+    let mut occ = [0u64; NUM_CLASSES];
+    let mut k = 0;
+    while k < NUM_CLASSES {
+        occ[k] = inflight[k] as u64 + held[0][k] + (held[1][k] & unproven);
+        k += 1;
+    }
+    occ
+}
+
+/// An unproven attempt's decision (`proven` 0) within its class's cap: admitted by
+/// [`decide`], it is still refused for [`REASON_UNPROVEN`] while the class holds
+/// `unproven_cap` unproven attempts (`held[1]`). This bounds what attempts from sources
+/// without standing hold, CRITICAL's included; a proven attempt's decision is unchanged.
+#[inline(always)]
+pub fn cap_unproven(
+    d: Decision,
+    policy: &ServicePolicy,
+    class: u32,
+    held: &[[u64; NUM_CLASSES]; 2],
+    proven: u32,
+) -> Decision {
+    let c = (class as usize) & (NUM_CLASSES - 1);
+    let full = (held[1][c] >= policy.classes[c].unproven_cap as u64) as u32;
+    // With masks, not a branch: the decision's value is carried on into the packet path's
+    // updates, where two shapes of it would double what the verifier walks.
+    let cut = d.admit & full & (1 - (proven & 1));
+    let m = 0u32.wrapping_sub(cut);
+    Decision {
+        admit: d.admit & !m,
+        reason: (d.reason & !m) | (REASON_UNPROVEN & m),
+        excess: d.excess & !m,
+    }
+}
+
+/// An unproven attempt's whole decision: [`decide`] (a first attempt of its own class)
+/// against [`occupancy`], within [`cap_unproven`].
+#[inline(always)]
+pub fn unproven(
+    policy: &ServicePolicy,
+    class: u32,
+    held: &[[u64; NUM_CLASSES]; 2],
+    inflight: &[u32; NUM_CLASSES],
+    stale: bool,
+) -> Decision {
+    let class = class & (NUM_CLASSES as u32 - 1);
+    let attempt = Attempt {
+        class,
+        origin: class,
+        ..Default::default()
+    };
+    let d = decide(policy, &attempt, &occupancy(inflight, held, 0), stale);
+    cap_unproven(d, policy, class, held, 0)
 }
 
 #[cfg(test)]

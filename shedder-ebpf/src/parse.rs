@@ -79,6 +79,9 @@ pub enum Parsed {
     /// A datagram to a QUIC port that is not a new attempt, seen by the QUIC program: it
     /// may belong to an admitted flow.
     Datagram(Datagram),
+    /// A TCP reset, seen by the TCP program: it may disown an attempt made in its
+    /// sender's name ([`shedder_common::proof`]).
+    Reset(Reset),
     /// Anything else: passes.
     Other,
 }
@@ -91,6 +94,17 @@ pub struct Datagram {
     pub kind: u32,
     /// For an Initial, the digest of its destination connection ID.
     pub dcid: u32,
+}
+
+/// A TCP reset's addresses, ports and sequence number (host byte order), laid out as in
+/// [`Syn`].
+pub struct Reset {
+    pub v6: u32,
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub seq: u32,
 }
 
 /// Bounds-checked pointer to a `T` at `off` bytes into the packet.
@@ -148,14 +162,16 @@ fn l3<const QUIC: bool>(data: usize, data_end: usize) -> Option<Parsed> {
     }
 }
 
-/// `Some` if the fixed TCP header at `tcp` is a new connection attempt.
+/// What the flags of the fixed TCP header at `tcp` make it: a new connection attempt
+/// (`Some(true)`), a reset (`Some(false)`), or neither.
 #[inline(always)]
-fn syn_flags(tcp: *const [u8; 20]) -> Option<()> {
+fn syn_flags(tcp: *const [u8; 20]) -> Option<bool> {
     let flags: u8 = unsafe { load(tcp.cast(), 13) };
-    if flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) != TCP_SYN {
+    let attempt = flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) == TCP_SYN;
+    if !attempt && flags & (TCP_SYN | TCP_RST) != TCP_RST {
         return None;
     }
-    Some(())
+    Some(attempt)
 }
 
 /// Ports, sequence number and data offset (bytes) of a fixed TCP header.
@@ -224,8 +240,18 @@ fn parse_v4<const QUIC: bool>(data: usize, data_end: usize, l3_off: usize) -> Op
         return None;
     }
     let tcp = ptr_at::<[u8; 20]>(data, data_end, l4_off)?;
-    syn_flags(tcp)?;
+    let attempt = syn_flags(tcp)?;
     let (sport, dport, seq, doff) = tcp_fields(tcp);
+    if !attempt {
+        return Some(Parsed::Reset(Reset {
+            v6: 0,
+            src: [unsafe { load(ipb, 12) }, 0, 0, 0],
+            dst: [unsafe { load(ipb, 16) }, 0, 0, 0],
+            sport,
+            dport,
+            seq,
+        }));
+    }
     if doff < 20 {
         return None;
     }
@@ -320,8 +346,18 @@ fn parse_v6<const QUIC: bool>(data: usize, data_end: usize, l3_off: usize) -> Op
         return None;
     }
     let tcp = ptr_at::<[u8; 20]>(data, data_end, l4_off)?;
-    syn_flags(tcp)?;
+    let attempt = syn_flags(tcp)?;
     let (sport, dport, seq, doff) = tcp_fields(tcp);
+    if !attempt {
+        return Some(Parsed::Reset(Reset {
+            v6: 1,
+            src: [word(8), word(12), word(16), word(20)],
+            dst: [word(24), word(28), word(32), word(36)],
+            sport,
+            dport,
+            seq,
+        }));
+    }
     if doff < 20 || l4_off + doff > end_off {
         return None;
     }

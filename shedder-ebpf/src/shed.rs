@@ -17,10 +17,11 @@ use shedder_common::{
     KLOG_LINES_PER_SECOND, LogBudget, MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES,
     MODE_DRY_RUN, NUM_CLASSES, NUM_STATS, POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES,
     PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, REASON_FAIR_SHARE, REASON_RETRY_BUDGET,
-    STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_RST_ERROR,
-    SYN_SETS, ServiceAddrKey, ServiceCounters, ServicePolicy, VERDICT_DROP, VERDICT_DRY_RUN,
-    VERDICT_PASS, VERDICT_RST,
-    admit::{Attempt, Decision, decide},
+    STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED,
+    STAT_REPLY_LIMITED_PROVEN, STAT_REPLY_LIMITED_UNPROVEN, STAT_RST_ERROR, SYN_SETS,
+    ServiceAddrKey, ServiceCounters, ServicePolicy, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS,
+    VERDICT_RST,
+    admit::{self, Attempt, Decision, decide},
     classmap,
     csum::{
         IPPROTO_TCP, IPPROTO_UDP, PSEUDO_UDP_ADJUST, RST_TTL, TCP_ACK, TCP_OPT_NOP, TCP_RST,
@@ -34,6 +35,7 @@ use shedder_common::{
         ring_index,
     },
     gcra, is_pressure, mask,
+    proof::{self, STANDING_SETS, STANDING_WAYS, StandingSet},
     quic::{
         CID_WINDOW, CidWords, FIXED_BIT, HEADER_FORM_LONG, mask_cid, reserved_version,
         version_negotiation_len, version_negotiation_sum,
@@ -43,7 +45,7 @@ use shedder_common::{
 
 use crate::{
     atomic, opaque,
-    parse::{Datagram, Parsed, Syn, load, parse, ptr_at},
+    parse::{Datagram, Parsed, Reset, Syn, load, parse, ptr_at},
 };
 
 #[map]
@@ -76,7 +78,7 @@ static SHEDDER_CLASS_L1: Array<u32> = Array::with_max_entries(CLASS_L1_ENTRIES, 
 #[map]
 static SHEDDER_CLASS_L2: Array<ClassBlock> = Array::with_max_entries(CLASS_L2_BLOCKS, 0);
 #[map]
-static SHEDDER_COUNTERS: PerCpuArray<ServiceCounters> =
+pub static SHEDDER_COUNTERS: PerCpuArray<ServiceCounters> =
     PerCpuArray::with_max_entries(MAX_SERVICES, 0);
 #[map]
 pub static SHEDDER_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NUM_STATS, 0);
@@ -99,6 +101,13 @@ pub static SHEDDER_FAIR: Array<Fairness> = Array::with_max_entries(MAX_SERVICES,
 /// was admitted in (the one its limits were checked against), not its source's own.
 #[map]
 pub static SHEDDER_DEMOTED: Array<Set> = Array::with_max_entries(DEMOTED_SETS, 0);
+/// Addresses that completed a handshake recently, and their tokens (see
+/// [`shedder_common::proof`]): the packet path spends tokens, the tracking path earns them.
+#[map]
+pub static SHEDDER_STANDING: Array<StandingSet> = Array::with_max_entries(STANDING_SETS, 0);
+/// The node's reply budgets, `[proven, unproven]` (see `Globals::reply_interval_ns`).
+#[map]
+static SHEDDER_REPLIES: Array<Bucket> = Array::with_max_entries(2, 0);
 /// What the packet path remembers about the SYN being decided, between the lookups before
 /// the decision and the writes after it (per CPU, private to one run, rewritten for every
 /// SYN to a protected service).
@@ -236,14 +245,21 @@ fn source_way(way: usize) -> usize {
     opaque::mask(way as u64, SOURCE_WAYS as u64 - 1) as usize & (SOURCE_WAYS - 1)
 }
 
-/// Count a decision in the service's per-CPU counters: `unique` is 1 for a new attempt,
-/// 0 for a retransmit (decided again, but not another attempt).
+/// Count a proven attempt's decision in the service's per-CPU counters: `unique` is 1 for
+/// a new attempt, 0 for a retransmit (decided again, but not another attempt).
 #[inline(always)]
 fn count_decision(service: u32, class: u32, verdict: u32, reason: u32, unique: u64) {
+    count_in(service, 0, class, verdict, reason, unique);
+}
+
+/// Count a decision in `n` (`unproven` 0) or in `unproven`, which follows it.
+#[inline(always)]
+fn count_in(service: u32, unproven: u32, class: u32, verdict: u32, reason: u32, unique: u64) {
     if let Some(c) = SHEDDER_COUNTERS.get_ptr_mut(service) {
         let i = opaque::mask(
-            decision_index(class, verdict, reason) as u64,
-            COUNTERS_PER_SERVICE as u64 - 1,
+            (unproven * COUNTERS_PER_SERVICE as u32 + decision_index(class, verdict, reason))
+                as u64,
+            2 * COUNTERS_PER_SERVICE as u64 - 1,
         ) as usize;
         // Indexed by pointer: the mask bounds `i`, which LLVM cannot see through, and a
         // checked index would add a panic path, which BPF cannot have.
@@ -287,6 +303,12 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             };
         }
         Parsed::Datagram(d) => return Outcome::Flow(d),
+        Parsed::Reset(r) => {
+            if !QUIC {
+                disown(&r);
+            }
+            return Outcome::Pass;
+        }
         Parsed::Other => return Outcome::Pass,
     };
     if QUIC {
@@ -340,14 +362,20 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     let own_class = classify(syn.src, syn.v6, policy);
     let mut class = own_class;
     let now = unsafe { bpf_jiffies64() };
-    let epoch = globals.pending_epoch(now);
-    // The service's per-class counts of its last two epochs (quotas, floors in admissions,
-    // preemption, the retry budget).
-    let counts = SHEDDER_FAIR.get(service);
-
+    let epoch = globals.epoch(now);
+    let hold = globals.hold_slot(now);
+    // A TCP attempt from a source without standing is decided apart (see `unproven`);
+    // QUIC attempts are all decided as proven (their proof is the flow's answer, which the
+    // QUIC path does not yet wait for).
+    if !QUIC && standing(&syn, globals, now) == 0 {
+        return unproven(frame, &syn, service, policy, globals, own_class, hold);
+    }
     let Some(memo) = SHEDDER_MEMO.get_ptr_mut(0) else {
         return Outcome::Pass;
     };
+    // The service's per-class counts of its last two epochs (quotas, floors in admissions,
+    // preemption, the retry budget).
+    let counts = SHEDDER_FAIR.get(service);
     // What the attempt memory says. A note on its shape: a flag the verifier knows to be a
     // constant on some paths, tested again after the decision, is tracked precisely through
     // the whole decision, which is then verified once per combination of flags (six times
@@ -439,8 +467,8 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         let shift = globals.epoch_shift();
         let (paid, absent, credits) = if way < SOURCE_WAYS {
             let slot = &set.slot[source_way(way)];
-            m.unrefused = (globals.pending_epoch(slot.refused_jiffies as u64)
-                != globals.pending_epoch(now as u32 as u64)) as u32;
+            m.unrefused = (globals.epoch(slot.refused_jiffies as u64)
+                != globals.epoch(now as u32 as u64)) as u32;
             (slot.paid, 0, fair::credits_now(slot, now, retry_window))
         } else {
             (0, u32::MAX, 0)
@@ -485,7 +513,9 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) else {
         return Outcome::Pass;
     };
-    let mut occ = unsafe { (*pending).count(epoch) };
+    // Proven attempts see the connections and the proven attempts in handshake only
+    // (`admit::occupancy`); the stack cannot hold the unproven counts as well.
+    let mut occ = unsafe { (*pending).count(hold)[0] };
     if let Some(inflight) = SHEDDER_INFLIGHT.get(service) {
         let mut c = 0;
         while c < NUM_CLASSES {
@@ -569,7 +599,7 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         if admitted {
             // A QUIC admission is counted in flight at once instead (see `flow_admitted`).
             if !QUIC {
-                count_pending(pending, class, epoch);
+                count_pending(pending, 0, class, hold);
             }
             count_decision(service, class, VERDICT_PASS, decision.reason, unique);
             break 'act Outcome::Pass;
@@ -601,6 +631,11 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         if dry_run {
             count_decision(service, class, VERDICT_DRY_RUN, decision.reason, unique);
             break 'act Outcome::Pass;
+        }
+        if policy.action == ACTION_RST && !reply_allowed(globals, syn.quic) {
+            // Over the node's budget for replies: dropped instead (see `reply_allowed`).
+            count_decision(service, class, VERDICT_DROP, decision.reason, unique);
+            break 'act Outcome::Drop;
         }
         if policy.action == ACTION_RST {
             if syn.quic == 1 {
@@ -644,7 +679,7 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             table::insert(
                 set,
                 m.syn_tag,
-                table::pack(now, class, passed, m.syn_tag),
+                table::pack(now, class, passed, 1, m.syn_tag),
                 now,
             );
         } else if passed {
@@ -685,7 +720,7 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             table::insert(
                 unsafe { &mut *set },
                 tag,
-                table::pack(now, class, false, tag),
+                table::pack(now, class, false, 1, tag),
                 now,
             );
         }
@@ -1066,21 +1101,197 @@ fn take_token(service: u32, class: u32, policy: &ServicePolicy) -> bool {
     true
 }
 
-/// Count an admitted attempt in the current epoch's slot.
+/// Count an admitted attempt in the current hold slot: `pool` 0 for a proven attempt, 1
+/// for an unproven one.
 #[inline(always)]
-fn count_pending(pending: *mut Pending, class: u32, epoch: u64) {
+fn count_pending(pending: *mut Pending, pool: usize, class: u32, hold: u64) {
     unsafe {
-        let slot = &raw mut (*pending).slots[(epoch & 1) as usize];
-        if (*slot).epoch != epoch {
-            // A new epoch reuses the slot two epochs old. Racing CPUs may both reset it;
-            // at worst an attempt admitted in the same instant is forgotten one epoch early.
-            (*slot).class = [0; NUM_CLASSES];
-            (*slot).epoch = epoch;
+        let slot = &raw mut (*pending).slots[(hold & 1) as usize];
+        if (*slot).slot != hold {
+            // A new slot reuses the one two slots old. Racing CPUs may both reset it; at
+            // worst an attempt admitted in the same instant is forgotten one slot early.
+            (*slot).class = [[0; NUM_CLASSES]; 2];
+            (*slot).slot = hold;
         }
         atomic::add(
-            &raw mut (*slot).class[(class as usize) & (NUM_CLASSES - 1)],
+            &raw mut (*slot).class[pool & 1][(class as usize) & (NUM_CLASSES - 1)],
             1,
         );
+    }
+}
+
+/// Whether a refusal may be answered (a RST, or a QUIC Version Negotiation): the node's
+/// budget for replies to proven sources (`unproven` 0), or to unproven ones and QUIC
+/// (`unproven` 1), has a token. A reply goes to the attempt's source address, which for an
+/// unproven attempt may be anyone's: unbounded, refusals would turn the node into a
+/// reflector of spoofed floods, as the kernel bounds its own resets and ICMP errors for
+/// the same reason. An interval of 0: no bound.
+#[inline(always)]
+fn reply_allowed(globals: &Globals, unproven: u32) -> bool {
+    let kind = unproven & 1;
+    let interval = globals.reply_interval_ns[kind as usize];
+    if interval == 0 {
+        return true;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(bucket) = SHEDDER_REPLIES.get_ptr_mut(kind) else {
+        return true;
+    };
+    let tat = unsafe { &raw mut (*bucket).tat_ns };
+    let seen = unsafe { core::ptr::read_volatile(tat) };
+    let allowed = match gcra::conform(seen, now, interval, globals.reply_burst_ns[kind as usize]) {
+        // One attempt: under contention another CPU's reply took the token.
+        Some(next) => (unsafe { atomic::compare_exchange(tat, seen, next) }) == seen,
+        None => false,
+    };
+    if !allowed {
+        bump(
+            &SHEDDER_STATS,
+            if kind == 0 {
+                STAT_REPLY_LIMITED_PROVEN
+            } else {
+                STAT_REPLY_LIMITED_UNPROVEN
+            },
+        );
+    }
+    allowed
+}
+
+/// Whether the source of `syn` has standing (`shedder_common::proof`): 1 if its address
+/// proved itself within the standing window and holds a token, which this attempt spends.
+#[inline(always)]
+fn standing(syn: &Syn, globals: &Globals, now: u64) -> u32 {
+    let h = table::hash(globals.table_seed, &proof::key_words(syn.src, syn.v6));
+    let Some(set) = SHEDDER_STANDING.get_ptr_mut(table::set_index(h, STANDING_SETS)) else {
+        return 0;
+    };
+    let set = unsafe { &mut *set };
+    let way = proof::find(set, proof::tag(h));
+    if way >= STANDING_WAYS {
+        return 0;
+    }
+    let slot = &mut set.slot[way & (STANDING_WAYS - 1)];
+    let (proven, tokens) = proof::spend(slot, proof::seen_now(now), globals.standing_window as u16);
+    slot.tokens = tokens;
+    proven
+}
+
+/// Decide an attempt from a source without standing (`shedder_common::proof`) with
+/// `admit::unproven`: against every connection and every attempt in handshake, proven or
+/// not, and within the class's cap of unproven attempts. Nothing of it is remembered but
+/// its count in the hold slot (no source memory, no attempt table, no class counts, no
+/// token bucket: none of what it says is proven), and it counts in the service's
+/// `unproven` counters, not in the offered load. A path of its own: merged into the proven
+/// attempts' (with the proof as data), the verifier walked twice as much.
+#[inline(always)]
+fn unproven<F: Frame>(
+    frame: &F,
+    syn: &Syn,
+    service: u32,
+    policy: &ServicePolicy,
+    globals: &Globals,
+    class: u32,
+    hold: u64,
+) -> Outcome {
+    let now = unsafe { bpf_jiffies64() };
+    let stale = globals.heartbeat_jiffies == 0
+        || now.saturating_sub(globals.heartbeat_jiffies) > globals.heartbeat_timeout_jiffies;
+    if stale {
+        bump(&SHEDDER_STATS, STAT_FALLBACK);
+    }
+    let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) else {
+        return Outcome::Pass;
+    };
+    let held = unsafe { (*pending).count(hold) };
+    let inflight = SHEDDER_INFLIGHT
+        .get(service)
+        .map_or([0; NUM_CLASSES], |i| i.class);
+    let decision = admit::unproven(policy, class, &held, &inflight, stale);
+    if decision.admit == 1 {
+        count_pending(pending, 1, class, hold);
+        count_in(service, 1, class, VERDICT_PASS, decision.reason, 1);
+        return Outcome::Pass;
+    }
+    if policy.mode == MODE_DRY_RUN {
+        count_in(service, 1, class, VERDICT_DRY_RUN, decision.reason, 1);
+        return Outcome::Pass;
+    }
+    if policy.action == ACTION_RST && reply_allowed(globals, 1) {
+        if write_rst(frame, syn) {
+            count_in(service, 1, class, VERDICT_RST, decision.reason, 1);
+            return Outcome::Reply;
+        }
+        bump(&SHEDDER_STATS, STAT_RST_ERROR);
+        count_in(service, 1, class, VERDICT_PASS, decision.reason, 1);
+        return Outcome::Pass;
+    }
+    count_in(service, 1, class, VERDICT_DROP, decision.reason, 1);
+    Outcome::Drop
+}
+
+/// A reset to a protected service: if it answers the server's SYN-ACK for a proven attempt
+/// still in handshake (its sequence number is that attempt's initial one plus one), the
+/// source disowns the attempt, which was spoofed in its name. The attempt stops holding
+/// capacity at once and the token it spent goes back to the source
+/// (`shedder_common::proof`). Resets pass whatever they say.
+#[inline(always)]
+fn disown(r: &Reset) {
+    let Some(globals) = SHEDDER_GLOBALS.get(0) else {
+        return;
+    };
+    if globals.retransmit_window_jiffies == 0 {
+        return;
+    }
+    let Some(service) = lookup_service(r.dport, r.dst, r.v6, 0) else {
+        return;
+    };
+    let h = table::hash(
+        globals.table_seed,
+        &table::syn_words(r.src, r.dst, r.sport, r.dport, r.seq.wrapping_sub(1), r.v6),
+    );
+    let tag = table::tag(h);
+    let Some(set) = SHEDDER_SYNS.get_ptr_mut(table::set_index(h, SYN_SETS)) else {
+        return;
+    };
+    let set = unsafe { &mut *set };
+    let way = table::find(set, tag);
+    if way >= WAYS {
+        return;
+    }
+    let slot = &mut set.slot[way & (WAYS - 1)];
+    let word = slot.word;
+    let now = unsafe { bpf_jiffies64() };
+    let born = globals.hold_slot(now.wrapping_sub(table::age(now, word)));
+    // Admitted, proven, and still held (its hold slot is this one or the last).
+    if !table::flag_of(word)
+        || table::proven_of(word) == 0
+        || globals.hold_slot(now).wrapping_sub(born) > 1
+    {
+        return;
+    }
+    slot.word = table::without_flag(word);
+    let class = table::class_of(word);
+    if let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) {
+        let s = unsafe { &raw mut (*pending).slots[(born & 1) as usize] };
+        if unsafe { (*s).slot } == born {
+            unsafe {
+                atomic::decrement_if_positive(
+                    &raw mut (*s).class[0][(class as usize) & (NUM_CLASSES - 1)],
+                )
+            };
+        }
+    }
+    if let Some(c) = SHEDDER_COUNTERS.get_ptr_mut(service) {
+        unsafe { (*c).disowned[(class as usize) & (NUM_CLASSES - 1)] += 1 };
+    }
+    let h = table::hash(globals.table_seed, &proof::key_words(r.src, r.v6));
+    if let Some(set) = SHEDDER_STANDING.get_ptr_mut(table::set_index(h, STANDING_SETS)) {
+        let set = unsafe { &mut *set };
+        let way = proof::find(set, proof::tag(h));
+        if way < STANDING_WAYS {
+            let s = &mut set.slot[way & (STANDING_WAYS - 1)];
+            s.tokens = proof::refund(s);
+        }
     }
 }
 

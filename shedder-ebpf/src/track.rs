@@ -21,7 +21,9 @@ use shedder_common::{
     SEED_UNPROTECTED, SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, SeedResult, SeedSock,
     ServiceHist, SockState,
     flow::{self, ANSWERED, FLOW_ANSWERED, WAITING},
-    hist, table,
+    hist,
+    proof::{self, STANDING_SETS, STANDING_WAYS},
+    table,
     tp::{length, state},
 };
 
@@ -29,8 +31,9 @@ use crate::{
     atomic,
     parse::Datagram,
     shed::{
-        SHEDDER_ALIVE, SHEDDER_DEMOTED, SHEDDER_FLOWS, SHEDDER_GLOBALS, SHEDDER_INFLIGHT,
-        SHEDDER_PENDING, SHEDDER_POLICY, SHEDDER_STATS, alive_add, bump, classify, lookup_service,
+        SHEDDER_ALIVE, SHEDDER_COUNTERS, SHEDDER_DEMOTED, SHEDDER_FLOWS, SHEDDER_GLOBALS,
+        SHEDDER_INFLIGHT, SHEDDER_PENDING, SHEDDER_POLICY, SHEDDER_STANDING, SHEDDER_STATS,
+        alive_add, bump, classify, lookup_service,
     },
 };
 
@@ -153,11 +156,48 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
         class: class as u8,
         ..Default::default()
     };
+    // The handshake is complete: the address has proved itself. Whether its attempt was
+    // a proven one is read from its standing before this proof (an address with standing
+    // made it as proven, unless it had spent every token: then it is retired from the
+    // proven attempts, and its unproven count lapses with its hold slot).
+    let pool = 1 - prove(remote, v6);
     if !count_connection(sk, &state) {
         bump(&SHEDDER_STATS, STAT_UNTRACKED);
         return;
     }
-    retire_pending(service, class);
+    retire_pending(service, class, pool);
+    if pool == 1
+        && let Some(c) = SHEDDER_COUNTERS.get_ptr_mut(service)
+    {
+        unsafe { (*c).completed_unproven[(class as usize) & (NUM_CLASSES - 1)] += 1 };
+    }
+}
+
+/// `remote` completed a handshake (or holds a connection found at start): it earns
+/// standing (see [`shedder_common::proof`]). Returns 1 if it had standing before.
+#[inline(always)]
+fn prove(remote: [u32; 4], v6: u32) -> u32 {
+    let Some(globals) = SHEDDER_GLOBALS.get(0) else {
+        return 0;
+    };
+    let h = table::hash(globals.table_seed, &proof::key_words(remote, v6));
+    let Some(set) = SHEDDER_STANDING.get_ptr_mut(table::set_index(h, STANDING_SETS)) else {
+        return 0;
+    };
+    let set = unsafe { &mut *set };
+    let tag = proof::tag(h);
+    let now = proof::seen_now(unsafe { bpf_jiffies64() });
+    let window = globals.standing_window as u16;
+    let found = proof::find(set, tag);
+    let (way, had) = if found < STANDING_WAYS {
+        let slot = &set.slot[found & (STANDING_WAYS - 1)];
+        (found, proof::stands(slot, now, window) as u32)
+    } else {
+        (proof::victim(set, now), 0)
+    };
+    let slot = &mut set.slot[way & (STANDING_WAYS - 1)];
+    *slot = proof::earn(slot, found < STANDING_WAYS, tag, now, window);
+    had
 }
 
 /// Track `sk` and count it in its service's and class's in-flight connections; false if it
@@ -210,6 +250,8 @@ pub fn seed(sk: u64, cookie: u64, state: i32) -> Option<SeedResult> {
     let class = classify(s.remote, v6, policy);
     result.service = service as u16;
     result.class = class as u8;
+    // A connection open at start proves its address as a completed handshake would.
+    prove(s.remote, v6);
     // Its accept-queue wait is long over: no queue-age sample from its next read.
     let state = SockState {
         service: service as u16,
@@ -229,22 +271,24 @@ pub fn seed(sk: u64, cookie: u64, state: i32) -> Option<SeedResult> {
 }
 
 /// The attempt admitted for this connection is no longer pending: take one off the older
-/// live epoch of its class first (attempts complete roughly in order), else the current.
+/// live hold slot of its class and pool (0 proven, 1 unproven) first (attempts complete
+/// roughly in order), else the current.
 #[inline(always)]
-fn retire_pending(service: u32, class: u32) {
+fn retire_pending(service: u32, class: u32, pool: u32) {
     let (Some(globals), Some(pending)) =
         (SHEDDER_GLOBALS.get(0), SHEDDER_PENDING.get_ptr_mut(service))
     else {
         return;
     };
-    let epoch = globals.pending_epoch(unsafe { bpf_jiffies64() });
+    let now = globals.hold_slot(unsafe { bpf_jiffies64() });
     let c = (class as usize) & (NUM_CLASSES - 1);
+    let p = (pool & 1) as usize;
     let mut i = 0;
     while i < 2 {
-        let e = if i == 0 { epoch.wrapping_sub(1) } else { epoch };
+        let e = if i == 0 { now.wrapping_sub(1) } else { now };
         let slot = unsafe { &raw mut (*pending).slots[(e & 1) as usize] };
-        if unsafe { (*slot).epoch } == e
-            && unsafe { atomic::decrement_if_positive(&raw mut (*slot).class[c]) }
+        if unsafe { (*slot).slot } == e
+            && unsafe { atomic::decrement_if_positive(&raw mut (*slot).class[p][c]) }
         {
             return;
         }
@@ -376,6 +420,8 @@ pub fn quic_flow(d: &Datagram) {
         observe(service, hist::KIND_QUEUE_AGE, delay);
         f.state = FLOW_ANSWERED;
         is = ANSWERED;
+        // The client reached the connection ID the server chose: its address is real.
+        prove(d.key.addr, d.key.v6);
     }
     if is == was && f.slot == now {
         return;

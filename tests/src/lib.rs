@@ -3,6 +3,7 @@
 //! after themselves (also on panic).
 
 pub mod daemon;
+pub mod flood;
 pub mod interrupt;
 pub mod load;
 pub mod machine;

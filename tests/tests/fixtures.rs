@@ -45,6 +45,8 @@ mod lengths;
 mod limits;
 #[path = "fixtures/pending.rs"]
 mod pending;
+#[path = "fixtures/proof.rs"]
+mod proof;
 #[path = "fixtures/quic.rs"]
 mod quic;
 #[path = "fixtures/rate.rs"]
@@ -81,6 +83,7 @@ fn table() -> Vec<Case> {
         retransmits::rows(),
         retries::rows(),
         fair::rows(),
+        proof::rows(),
         quic::rows(),
     ]
     .into_iter()

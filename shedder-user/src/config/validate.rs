@@ -18,6 +18,12 @@ use super::{
 /// Largest concurrency limit accepted: far above any real service, far below overflow.
 pub const LIMIT_CEILING: u32 = 1 << 24;
 
+/// Longest `daemon.standing_window_s`: a day. Standing is the proof that an address
+/// receives what is sent to it; a day-old proof says little about who holds it now.
+pub const MAX_STANDING_WINDOW_S: u64 = 86_400;
+/// Longest `daemon.handshake_hold_ms`: about what the packet path can hold (two hold slots
+/// of 2^8 jiffies at HZ 250).
+pub const MAX_HANDSHAKE_HOLD_MS: u64 = 1_000;
 /// Longest `daemon.syn_retransmit_window_ms`: ten minutes, well past the last SYN a Linux
 /// client retransmits (63 s after the first with the default `tcp_syn_retries` of 6).
 pub const MAX_SYN_RETRANSMIT_WINDOW_MS: u64 = 600_000;
@@ -95,6 +101,41 @@ impl Config {
                     d.syn_retransmit_window_ms
                 ),
             ));
+        }
+        if !(1..=MAX_STANDING_WINDOW_S).contains(&d.standing_window_s) {
+            return Err(err(
+                "daemon.standing_window_s",
+                format!(
+                    "{} is outside 1..={MAX_STANDING_WINDOW_S}",
+                    d.standing_window_s
+                ),
+            ));
+        }
+        if d.handshake_hold_ms > MAX_HANDSHAKE_HOLD_MS {
+            return Err(err(
+                "daemon.handshake_hold_ms",
+                format!(
+                    "{} is outside 0..={MAX_HANDSHAKE_HOLD_MS} (0 measures it)",
+                    d.handshake_hold_ms
+                ),
+            ));
+        }
+        for (key, v) in [
+            (
+                "daemon.max_replies_proven_per_s",
+                d.max_replies_proven_per_s,
+            ),
+            (
+                "daemon.max_replies_unproven_per_s",
+                d.max_replies_unproven_per_s,
+            ),
+        ] {
+            if v > 1_000_000_000 {
+                return Err(err(
+                    key,
+                    format!("{v} is outside 0..=1000000000 (0: no bound)"),
+                ));
+            }
         }
         for (i, iface) in d.interfaces.iter().enumerate() {
             if iface.is_empty() || iface.len() > 15 || iface.contains('/') {
@@ -535,6 +576,16 @@ impl Config {
                     format!(
                         "{} is outside [0, 1] (a fraction of first attempts; 0 turns the budget off)",
                         s.retry_budget
+                    ),
+                ));
+            }
+            if !(s.unproven_share > 0.0 && s.unproven_share <= 1.0) {
+                return Err(err(
+                    field("unproven_share"),
+                    format!(
+                        "{} is outside (0, 1] (a part of each class's share; attempts from sources \
+                         without standing need some of it to become clients)",
+                        s.unproven_share
                     ),
                 ));
             }

@@ -18,6 +18,7 @@ use crate::{
             Aimd, Bounds, Controller, Decision, Fixed, Gradient2, Mode, Observation, Tuning,
         },
         overridden::{self, Overridable, Override, Refusal},
+        proof::{self, FloodWatch},
     },
     fleet,
     kernel::{self, MapWriter, policy::service_policy},
@@ -33,6 +34,8 @@ pub struct Context<'a> {
     pub ladder: &'a Ladder,
     /// The kernel's HZ (converts the retry window to jiffies).
     pub hz: u32,
+    /// How long the packet path holds an admitted attempt at least (the hold slot).
+    pub hold: Duration,
 }
 
 /// An override that could not be put in force.
@@ -56,6 +59,11 @@ pub struct ServiceControl {
     last_log: Option<Duration>,
     decision: Option<Decision>,
     signals: Option<Signals>,
+    /// What each class's new clients need of its unproven part (see [`proof::need`]).
+    unproven_need: [f64; NUM_CLASSES],
+    flood: FloodWatch,
+    /// Which classes were flooded at the last tick.
+    flooded: [bool; NUM_CLASSES],
 }
 
 fn tuning(s: &Service) -> Tuning {
@@ -100,6 +108,9 @@ impl ServiceControl {
             last_log: None,
             decision: None,
             signals: None,
+            unproven_need: [0.0; NUM_CLASSES],
+            flood: FloodWatch::default(),
+            flooded: [false; NUM_CLASSES],
         }
     }
 
@@ -130,6 +141,9 @@ impl ServiceControl {
                     sc.limiter.inner_mut().carry(ov);
                     sc.signals = o.signals.clone();
                     sc.demand = o.demand;
+                    sc.unproven_need = o.unproven_need;
+                    sc.flood = o.flood.clone();
+                    sc.flooded = o.flooded;
                 }
                 sc
             })
@@ -140,7 +154,14 @@ impl ServiceControl {
     /// cap, split among the classes by the last demand.
     fn policy(&self, ctx: Context<'_>, limit: u32) -> ServicePolicy {
         let s = self.limiter.service(&self.cfg);
-        service_policy(&s, ctx.ladder, limit, self.demand.as_ref(), ctx.hz)
+        service_policy(
+            &s,
+            ctx.ladder,
+            limit,
+            self.demand.as_ref(),
+            &self.unproven_need,
+            ctx.hz,
+        )
     }
 
     /// The policy in force now, as a start or a reload writes it with everything else; it
@@ -177,9 +198,20 @@ impl ServiceControl {
         now: Duration,
         cap: Option<Cap>,
     ) -> kernel::Result<Decision> {
+        if let Some(u) = sig.unproven.ok() {
+            self.unproven_need = proof::need(self.unproven_need, u, ctx.hold);
+            self.flooded = self.flood.observe(u, now);
+        } else {
+            self.flooded = self.flood.state(now);
+        }
         let result = self.tick(w, ctx, &observation(sig, now), demand(sig), cap);
         self.signals = Some(sig.clone());
         result
+    }
+
+    /// Which classes are under a flood of unproven attempts (see [`proof::flooded`]).
+    pub fn flooded(&self) -> [bool; NUM_CLASSES] {
+        self.flooded
     }
 
     /// One tick: take the fleet's cap, decide, write the limits (split by `demand`), log.
@@ -305,7 +337,14 @@ impl ServiceControl {
                     floor: c.floor,
                     ceiling: c.ceiling,
                     reserve: c.reserve,
+                    unproven_cap: c.unproven_cap,
                 })
+                .collect(),
+            flooded: CLASS_NAMES
+                .iter()
+                .zip(self.flooded)
+                .filter(|(_, f)| *f)
+                .map(|(n, _)| n.to_string())
                 .collect(),
             signals,
         })
@@ -509,6 +548,7 @@ mod tests {
     const CTX: Context<'static> = Context {
         ladder: &LADDER,
         hz: 250,
+        hold: Duration::from_millis(4),
     };
 
     fn config(services: &str) -> Config {

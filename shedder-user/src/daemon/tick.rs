@@ -23,11 +23,13 @@ impl Daemon {
             Ok(jiffies) => self.count_quic_flows(jiffies),
             Err(e) => warn!(error = %e, "reading the kernel clock"),
         }
+        self.measure_hold(now);
         let signals = self.reader.tick(&self.shedder, now);
         let t = now.duration_since(self.start);
         let ctx = Context {
             ladder: &self.ladder,
             hz: self.hz,
+            hold: self.hold.duration(self.hz),
         };
         for (sc, sig) in self.services.iter_mut().zip(&signals) {
             let cap = self.fleet.as_ref().and_then(|f| f.cap(&sc.cfg.name));
@@ -155,6 +157,13 @@ impl Daemon {
                 .collect(),
             programs: self.programs.clone(),
             kernel_events,
+            handshake_hold_ms: Some(self.hold.duration(self.hz).as_secs_f64() * 1000.0),
+            handshake_hold_measured: self.hold.measured.map(|(us, n)| {
+                crate::api::state::HoldMeasured {
+                    wanted_ms: us as f64 / 1000.0,
+                    connections: n,
+                }
+            }),
             services: self
                 .services
                 .iter()

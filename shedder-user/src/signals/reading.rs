@@ -98,6 +98,40 @@ impl ClassRates {
     }
 }
 
+/// What attempts from sources without standing ([`shedder_common::proof`]) of one class
+/// did over the last tick, per second. They are not in [`ClassRates`]: nothing counts them
+/// as demand until they complete.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct UnprovenRates {
+    /// Every unproven attempt that reached a decision.
+    pub offered: f64,
+    pub admitted: f64,
+    /// Dropped or reset (or, dry-run, that would have been).
+    pub refused: f64,
+    /// Refused because the class held its cap of unproven attempts (`unproven`).
+    pub capped: f64,
+    /// Connections born of unproven attempts: new clients proving themselves.
+    pub completed: f64,
+    /// Proven attempts whose source disowned them (its reset answered the SYN-ACK of an
+    /// attempt made in its name).
+    pub disowned: f64,
+}
+
+/// The unproven attempts of a service: their rates by class, and those held now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Unproven {
+    pub rates: [UnprovenRates; NUM_CLASSES],
+    /// Admitted unproven attempts still in handshake, by class.
+    pub held: [u32; NUM_CLASSES],
+}
+
+impl Unproven {
+    /// Unproven attempts per second, every class.
+    pub fn offered(&self) -> f64 {
+        self.rates.iter().map(|r| r.offered).sum()
+    }
+}
+
 /// One class's sources and budget as the packet path's fair-share memory holds them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClassSources {
@@ -211,8 +245,11 @@ pub struct Signals {
     pub latency: Reading<Quantiles>,
     /// Established connections per class (kernel count).
     pub inflight: Reading<[u32; NUM_CLASSES]>,
-    /// Admitted attempts not yet established, per class.
+    /// Admitted proven attempts not yet established, per class.
     pub pending: Reading<[u32; NUM_CLASSES]>,
+    /// Attempts from sources without standing: what they did and what they hold.
+    #[serde(default = "unproven_missing")]
+    pub unproven: Reading<Unproven>,
     pub rates: Reading<[ClassRates; NUM_CLASSES]>,
     /// Retries and shed attempts over the window, and their ratio.
     #[serde(default = "retry_missing")]
@@ -226,6 +263,10 @@ pub struct Signals {
     /// Per class: active sources and the retry budget's use.
     #[serde(default = "sources_missing")]
     pub sources: Reading<[ClassSources; NUM_CLASSES]>,
+}
+
+fn unproven_missing() -> Reading<Unproven> {
+    Reading::missing("not reported by this daemon")
 }
 
 fn udp_missing() -> Reading<UdpQueue> {

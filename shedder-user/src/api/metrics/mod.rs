@@ -162,12 +162,39 @@ impl Collector for ShedderCollector {
             }
         }
         counters(&mut encoder, "shedder_connection_attempts", &attempts)?;
+        let mut unproven = Vec::new();
+        for (i, c) in snap.services.iter().enumerate() {
+            let Some(c) = &c.unproven else { continue };
+            for class in 0..CLASS_NAMES.len() as u32 {
+                for verdict in 0..NUM_VERDICTS {
+                    for reason in 0..NUM_REASONS {
+                        let n = c[decision_index(class, verdict, reason) as usize];
+                        if n > 0 || possible(verdict, reason) {
+                            unproven.push((
+                                vec![
+                                    ("service", svc(i)),
+                                    ("class", CLASS_NAMES[class as usize].to_string()),
+                                    ("verdict", VERDICT_NAMES[verdict as usize].to_string()),
+                                    ("reason", REASON_NAMES[reason as usize].to_string()),
+                                ],
+                                n as f64,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        counters(&mut encoder, "shedder_unproven_attempts", &unproven)?;
         for (name, pick) in [
             (
                 "shedder_syn_retransmits",
                 (|c: &Cumulative| c.retransmits) as fn(&Cumulative) -> Option<[u64; NUM_CLASSES]>,
             ),
             ("shedder_retries", |c: &Cumulative| c.retries),
+            ("shedder_unproven_completed", |c: &Cumulative| {
+                c.completed_unproven
+            }),
+            ("shedder_disowned_attempts", |c: &Cumulative| c.disowned),
         ] {
             let series = per_class_counts(&snap.services, &svc, pick);
             counters(&mut encoder, name, &series)?;
@@ -225,6 +252,27 @@ impl Collector for ShedderCollector {
             &mut encoder,
             "shedder_pending",
             &per_class(&|s, c| s.signals.pending.value().map(|v| v[c] as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_unproven_held",
+            &per_class(&|s, c| s.signals.unproven.value().map(|v| v.held[c] as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_class_unproven_cap",
+            &per_class(&|s, c| s.classes.get(c).map(|x| x.unproven_cap as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_syn_flood",
+            &per_class(&|s, c| {
+                Some(if s.flooded.iter().any(|f| f == CLASS_NAMES[c]) {
+                    1.0
+                } else {
+                    0.0
+                })
+            }),
         )?;
         gauges(
             &mut encoder,
@@ -341,6 +389,20 @@ impl Collector for ShedderCollector {
                 &mut encoder,
                 "shedder_listen_drops",
                 &[(Vec::new(), l.drops as f64)],
+            )?;
+            for (name, v) in [
+                ("shedder_syncookies_sent", l.syncookies_sent),
+                ("shedder_syncookies_received", l.syncookies_received),
+                ("shedder_syncookies_failed", l.syncookies_failed),
+            ] {
+                counters(&mut encoder, name, &[(Vec::new(), v as f64)])?;
+            }
+        }
+        if let Some(hold) = st.handshake_hold_ms {
+            gauges(
+                &mut encoder,
+                "shedder_handshake_hold_seconds",
+                &[(Vec::new(), hold / 1000.0)],
             )?;
         }
 
