@@ -14,12 +14,13 @@
 //!   attempts. Proven attempts do not see them at all, so a flood of spoofed SYNs takes no
 //!   capacity from sources with standing, and at most the cap from new clients.
 //!
-//! **Tokens.** Standing is spent, not just held: each proven attempt spends one of the
-//! address's tokens, each handshake it completes earns [`EARN`] (up to [`MAX_TOKENS`]).
-//! A client's attempts complete, so it keeps its standing however many it makes; a flood
-//! that happens to spoof an address with standing spends its tokens and then falls to the
-//! unproven path, so the damage a spoofer can do through a known address is bounded by
-//! [`MAX_TOKENS`] attempts held for one handshake time. Where the owner of that address is
+//! **Tokens.** Standing is spent, not just held: each proven attempt *admitted* spends one
+//! of the address's tokens (a refused one holds nothing, and spends nothing), each
+//! handshake it completes earns [`EARN`] (up to [`MAX_TOKENS`]). A client's attempts
+//! complete, so it keeps its standing however many it makes, and however many of them an
+//! overload refuses; a flood that happens to spoof an address with standing spends its
+//! tokens and then falls to the unproven path, so the damage a spoofer can do through a
+//! known address is bounded by [`MAX_TOKENS`] attempts held for one handshake time. Where the owner of that address is
 //! alive it answers the server's SYN-ACK for an attempt it never made with a reset; the
 //! packet path sees that reset, retires the attempt at once and gives the token back
 //! ([`refund`]): a spoofer then cannot even spend the standing of a live client.
@@ -108,13 +109,17 @@ pub fn stands(slot: &Standing, now: u16, window: u16) -> bool {
     now.wrapping_sub(slot.seen) <= window
 }
 
-/// An attempt from the address in `slot` (found in its set) at `now`: proven if the address
-/// stands and holds a token, which the attempt spends. Returns (1 if proven, the slot's
-/// tokens after).
+/// Whether an attempt from the address in `slot` (found in its set) at `now` is proven: 1
+/// if the address stands and holds a token.
 #[inline(always)]
-pub fn spend(slot: &Standing, now: u16, window: u16) -> (u32, u16) {
-    let proven = (stands(slot, now, window) && slot.tokens > 0) as u32;
-    (proven, slot.tokens - proven as u16)
+pub fn proven(slot: &Standing, now: u16, window: u16) -> u32 {
+    (stands(slot, now, window) && slot.tokens > 0) as u32
+}
+
+/// The slot's tokens after a proven attempt of its address was admitted: one spent.
+#[inline(always)]
+pub fn spend(slot: &Standing) -> u16 {
+    slot.tokens.saturating_sub(1)
 }
 
 /// The slot after a completed handshake at `now`: `slot` found for `tag` (absent: a new
@@ -177,15 +182,17 @@ mod tests {
     }
 
     #[test]
-    fn an_address_with_standing_spends_a_token_per_attempt() {
+    fn an_address_with_standing_and_a_token_is_proven_and_an_admission_spends_one() {
         let s = slot(7, 2, 100);
-        assert_eq!(spend(&s, 100, 10), (1, 1));
-        assert_eq!(spend(&slot(7, 1, 100), 105, 10), (1, 0));
-        // No token left, or standing lapsed: unproven, nothing spent.
-        assert_eq!(spend(&slot(7, 0, 100), 100, 10), (0, 0));
-        assert_eq!(spend(&s, 111, 10), (0, 2));
+        assert_eq!(proven(&s, 100, 10), 1);
+        assert_eq!(spend(&s), 1);
+        assert_eq!(proven(&slot(7, 1, 100), 105, 10), 1);
+        // No token left, or standing lapsed: unproven.
+        assert_eq!(proven(&slot(7, 0, 100), 100, 10), 0);
+        assert_eq!(spend(&slot(7, 0, 100)), 0);
+        assert_eq!(proven(&s, 111, 10), 0);
         // Across the wrap of the 16-bit clock.
-        assert_eq!(spend(&slot(7, 3, u16::MAX - 2), 4, 10), (1, 2));
+        assert_eq!(proven(&slot(7, 3, u16::MAX - 2), 4, 10), 1);
     }
 
     #[test]
@@ -195,9 +202,8 @@ mod tests {
         // A client whose attempts complete: spends one, earns two, up to the cap.
         let mut s = new;
         for _ in 0..40 {
-            let (p, t) = spend(&s, 50, 10);
-            assert_eq!(p, 1);
-            s.tokens = t;
+            assert_eq!(proven(&s, 50, 10), 1);
+            s.tokens = spend(&s);
             s = earn(&s, true, 9, 50, 10);
         }
         assert_eq!(s.tokens as u32, MAX_TOKENS);
@@ -209,16 +215,19 @@ mod tests {
 
     #[test]
     fn a_spoofer_drains_a_dead_address_and_is_then_unproven() {
-        // Proven once: two tokens. A flood in its name spends them, then is unproven.
+        // Proven once: two tokens. A flood in its name, admitted, spends them, then is
+        // unproven.
         let mut s = earn(&Standing::default(), false, 5, 0, 100);
-        let proven: u32 = (0..1000)
+        let admitted: u32 = (0..1000)
             .map(|_| {
-                let (p, t) = spend(&s, 0, 100);
-                s.tokens = t;
+                let p = proven(&s, 0, 100);
+                if p == 1 {
+                    s.tokens = spend(&s);
+                }
                 p
             })
             .sum();
-        assert_eq!(proven, EARN);
+        assert_eq!(admitted, EARN);
     }
 
     #[test]

@@ -16,12 +16,11 @@ use shedder_common::{
     COUNTERS_PER_SERVICE, ClassBlock, ClassRule, DEMOTED_SETS, Globals, Inflight,
     KLOG_LINES_PER_SECOND, LogBudget, MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES,
     MODE_DRY_RUN, NUM_CLASSES, NUM_STATS, POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES,
-    PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, REASON_FAIR_SHARE, REASON_RETRY_BUDGET,
-    STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED,
-    STAT_REPLY_LIMITED_PROVEN, STAT_REPLY_LIMITED_UNPROVEN, STAT_RST_ERROR, SYN_SETS,
-    ServiceAddrKey, ServiceCounters, ServicePolicy, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS,
-    VERDICT_RST,
-    admit::{self, Attempt, Decision, decide},
+    PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, STAT_FALLBACK, STAT_LOG_SUPPRESSED,
+    STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_REPLY_LIMITED_PROVEN, STAT_REPLY_LIMITED_UNPROVEN,
+    STAT_RST_ERROR, SYN_SETS, ServiceAddrKey, ServiceCounters, ServicePolicy, VERDICT_DROP,
+    VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
+    admit::{self, Attempt, decide},
     classmap,
     csum::{
         IPPROTO_TCP, IPPROTO_UDP, PSEUDO_UDP_ADJUST, RST_TTL, TCP_ACK, TCP_OPT_NOP, TCP_RST,
@@ -152,6 +151,8 @@ struct Memo {
     counted: u32,
     /// The reason a QUIC attempt answered with Version Negotiation was refused for.
     reason: u32,
+    /// Where the source's standing is (see `standing`), for an admission to spend a token.
+    standing: u32,
     /// What that answer needs of the attempt.
     answer: Answer,
     /// A refused QUIC attempt's connection IDs, destination then source, copied here before
@@ -367,12 +368,20 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     // A TCP attempt from a source without standing is decided apart (see `unproven`);
     // QUIC attempts are all decided as proven (their proof is the flow's answer, which the
     // QUIC path does not yet wait for).
-    if !QUIC && standing(&syn, globals, now) == 0 {
+    let at = if QUIC {
+        0
+    } else {
+        standing(&syn, globals, now)
+    };
+    if !QUIC && at >> 31 == 0 {
         return unproven(frame, &syn, service, policy, globals, own_class, hold);
     }
     let Some(memo) = SHEDDER_MEMO.get_ptr_mut(0) else {
         return Outcome::Pass;
     };
+    // Kept in the memo: carried in a register through the decision, the verifier walked
+    // it once per value it could tell apart.
+    unsafe { core::ptr::write_volatile(&raw mut (*memo).standing, at) };
     // The service's per-class counts of its last two epochs (quotas, floors in admissions,
     // preemption, the retry budget).
     let counts = SHEDDER_FAIR.get(service);
@@ -549,45 +558,23 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     if m.sources != 0
         && let Some(f) = counts
     {
-        // The class's window is read only where it decides (a refusal, a retry), off the
-        // path of a plain admission.
-        if decision.admit == 0 && is_pressure(decision.reason) == 1 && policy.fair_share == 1 {
-            // Over its share, the source is the one to refuse; within it, it takes the place
-            // of an over-share admission if the class has made one it has not yet given up.
-            if m.over != 0 {
-                decision.reason = REASON_FAIR_SHARE;
-            } else if fair::may_preempt(
-                &f.window(class as usize, epoch),
-                occ[(class as usize) & (NUM_CLASSES - 1)],
-                decision.excess as u64,
-            ) {
-                decision = Decision::admit(REASON_FAIR_SHARE);
-                m.preempt = 1;
-            }
-        }
-        // A retry over the budget is refused only where it takes room from first attempts:
-        // over a full service (it ranks below every class; see `Attempt::retry`) or in
-        // place of an over-share admission. So the budget bounds what retries take from
-        // first attempts without leaving a service refusing with idle connections.
-        let total = occ[0] + occ[1] + occ[2] + occ[3];
         let limit = if stale {
             policy.fallback_total
         } else {
             policy.total_limit
         } as u64;
-        if decision.admit == 1
-            && m.retry != 0
-            && policy.retry_budget != 0
-            && (m.preempt != 0 || total >= limit)
-            && !fair::within_budget(
-                &f.window(class as usize, epoch),
-                policy.retry_budget,
-                policy.retry_budget_min,
-            )
-        {
-            decision = Decision::shed(REASON_RETRY_BUDGET);
-            m.preempt = 0;
-        }
+        let sharing = admit::Sharing {
+            fair: policy.fair_share == 1,
+            over: m.over != 0,
+            retry: m.retry != 0,
+            retry_budget: policy.retry_budget,
+            retry_budget_min: policy.retry_budget_min,
+        };
+        let (settled, preempt) = admit::share(decision, &sharing, class, &occ, limit, || {
+            f.window(class as usize, epoch)
+        });
+        decision = settled;
+        m.preempt = preempt as u32;
     }
     if decision.admit == 1 && !take_token(service, class, policy) {
         decision.admit = 0;
@@ -706,6 +693,9 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             let _ = SHEDDER_FLOWS.insert(&(*memo).flow_key, &*f, 0);
         }
         flow_admitted(service, class, slot);
+    }
+    if admitted {
+        spend_token(unsafe { core::ptr::read_volatile(&raw const (*memo).standing) });
     }
     if admitted && class != own_class && syn.quic == 0 {
         // Admitted in a class other than its source's: tell the tracking path, which
@@ -884,30 +874,18 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
     }
     let counts = unsafe { &raw mut (*slot).class[class] };
     let a = admitted & 1;
-    // Plain adds, not atomic ones: these counts rank and budget attempts (quotas, floors in
-    // admissions, the retry budget), where an increment lost to another CPU's at the same
-    // instant changes nothing that matters, and five locked adds on every admission cost
-    // the packet path more than all of the fair-share decision.
-    unsafe {
-        let c = &mut *counts;
-        c.pressed = c
-            .pressed
-            .wrapping_add(core::ptr::read_volatile(&raw const (*memo).pressed) & 1);
-        c.admitted = c.admitted.wrapping_add(a);
-        c.surplus = c.surplus.wrapping_add(a & m.over);
-        c.preempted = c.preempted.wrapping_add(a & m.preempt);
-        c.retries = c.retries.wrapping_add(a & unique & m.retry);
-        c.firsts = c.firsts.wrapping_add(a & unique & (1 - m.retry));
-        // A first attempt refused for pressure within its source's share, the source's
-        // first such refusal in the epoch.
-        c.denied = c.denied.wrapping_add(
-            core::ptr::read_volatile(&raw const (*memo).pressed)
-                & unique
-                & (1 - m.retry)
-                & (1 - m.over)
-                & m.unrefused,
-        );
-    }
+    fair::record(
+        unsafe { &mut *counts },
+        &fair::Decided {
+            admitted: a,
+            pressed: unsafe { core::ptr::read_volatile(&raw const (*memo).pressed) },
+            unique,
+            over: m.over,
+            preempt: m.preempt,
+            retry: m.retry,
+            unrefused: m.unrefused,
+        },
+    );
     if unsafe { core::ptr::read_volatile(&raw const (*memo).sources) } == 0 {
         return;
     }
@@ -1162,18 +1140,32 @@ fn reply_allowed(globals: &Globals, unproven: u32) -> bool {
 #[inline(always)]
 fn standing(syn: &Syn, globals: &Globals, now: u64) -> u32 {
     let h = table::hash(globals.table_seed, &proof::key_words(syn.src, syn.v6));
-    let Some(set) = SHEDDER_STANDING.get_ptr_mut(table::set_index(h, STANDING_SETS)) else {
+    let index = table::set_index(h, STANDING_SETS);
+    let Some(set) = SHEDDER_STANDING.get(index) else {
         return 0;
     };
-    let set = unsafe { &mut *set };
     let way = proof::find(set, proof::tag(h));
     if way >= STANDING_WAYS {
         return 0;
     }
-    let slot = &mut set.slot[way & (STANDING_WAYS - 1)];
-    let (proven, tokens) = proof::spend(slot, proof::seen_now(now), globals.standing_window as u16);
-    slot.tokens = tokens;
-    proven
+    let slot = &set.slot[way & (STANDING_WAYS - 1)];
+    let proven = proof::proven(slot, proof::seen_now(now), globals.standing_window as u16);
+    // Where the slot is, for the admission to spend its token (`spend_token`): the set
+    // below 2^13, the way in the low 3 bits, bit 31 set.
+    (proven << 31) | (index << 3) | way as u32
+}
+
+/// An admitted proven attempt spends a token of its source's standing (`standing`'s
+/// answer, `at`).
+#[inline(always)]
+fn spend_token(at: u32) {
+    if at >> 31 == 0 {
+        return;
+    }
+    if let Some(set) = SHEDDER_STANDING.get_ptr_mut((at >> 3) & (STANDING_SETS - 1)) {
+        let slot = unsafe { &mut (*set).slot[(at & 7) as usize & (STANDING_WAYS - 1)] };
+        slot.tokens = proof::spend(slot);
+    }
 }
 
 /// Decide an attempt from a source without standing (`shedder_common::proof`) with
@@ -1206,7 +1198,17 @@ fn unproven<F: Frame>(
     let inflight = SHEDDER_INFLIGHT
         .get(service)
         .map_or([0; NUM_CLASSES], |i| i.class);
-    let decision = admit::unproven(policy, class, &held, &inflight, stale);
+    let counts = SHEDDER_FAIR.get(service);
+    let epoch = globals.epoch(now);
+    let decision = admit::unproven(
+        policy,
+        class,
+        &held,
+        &inflight,
+        stale,
+        policy.fair_share == 1 && counts.is_some(),
+        || counts.map_or(ClassEpoch::default(), |f| f.window(class as usize, epoch)),
+    );
     if decision.admit == 1 {
         count_pending(pending, 1, class, hold);
         count_in(service, 1, class, VERDICT_PASS, decision.reason, 1);

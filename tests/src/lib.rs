@@ -4,6 +4,7 @@
 
 pub mod daemon;
 pub mod flood;
+pub mod flood_lab;
 pub mod interrupt;
 pub mod load;
 pub mod machine;

@@ -159,7 +159,7 @@ impl ServiceControl {
             ctx.ladder,
             limit,
             self.demand.as_ref(),
-            &self.unproven_need,
+            &std::array::from_fn(|c| self.flooded[c].then_some(self.unproven_need[c])),
             ctx.hz,
         )
     }

@@ -42,19 +42,27 @@ pub fn retry_window_jiffies(s: &Service, hz: u32) -> u32 {
 }
 
 /// The most a class lets attempts from sources without standing hold (its bounded
-/// unproven part, see `shedder_common::proof`): `unproven_share` of what the class may hold
-/// (`base`: its share, or CRITICAL's ceiling), plus twice `need`, the unproven handshakes
-/// that complete in a hold (their completions per second times the hold: what new clients
-/// need, which spoofed SYNs cannot raise); at least one, at most `base`.
-pub fn unproven_cap(base: u32, unproven_share: f64, need: f64) -> u32 {
+/// unproven part, see `shedder_common::proof`), out of `base`, what the class may hold (its
+/// share, or CRITICAL's ceiling). Without a flood (`flood` `None`) all of it: unproven
+/// attempts are decided against every connection and attempt in handshake, and new clients
+/// (a browser's six parallel connections, a crowd after a launch) are not refused for
+/// being new. In a flood (`Some(need)`), `unproven_share` of it plus twice `need`, the
+/// unproven handshakes that do complete in a hold (their completions per second times the
+/// hold: what new clients need, which forged SYNs cannot raise); at least one, at most
+/// `base`. Sources with standing never see either.
+pub fn unproven_cap(base: u32, unproven_share: f64, flood: Option<f64>) -> u32 {
+    let Some(need) = flood else {
+        return base.max(1);
+    };
     let part = (base as f64 * unproven_share).ceil() + (2.0 * need.max(0.0)).ceil();
     (part.min(u32::MAX as f64) as u32).clamp(1, base.max(1))
 }
 
 /// Build the service policy for `total` (the adaptive limit), split by `demand` when known
 /// (see [`allocate_for_demand`]), else statically (see [`allocate`]); the fallback limits
-/// are always split statically. `unproven_need` is what each class's new clients need of
-/// its unproven part ([`unproven_cap`]). `hz` converts the retry window to jiffies. The
+/// are always split statically. `flood` says, per class, whether it is under a flood of
+/// unproven attempts and then what its new clients need of its unproven part
+/// ([`unproven_cap`]). `hz` converts the retry window to jiffies. The
 /// daemon rebuilds every service's policy with this function each tick, so everything
 /// configured (retry window and demotion included) is written with every limit change.
 pub fn service_policy(
@@ -62,7 +70,7 @@ pub fn service_policy(
     ladder: &Ladder,
     total: u32,
     demand: Option<&[f64; NUM_CLASSES]>,
-    unproven_need: &[f64; NUM_CLASSES],
+    flood: &[Option<f64>; NUM_CLASSES],
     hz: u32,
 ) -> ServicePolicy {
     let total = total.clamp(s.min_limit, s.max_limit);
@@ -105,7 +113,7 @@ pub fn service_policy(
                     live[id].share
                 },
                 s.unproven_share,
-                unproven_need[id],
+                flood[id],
             ),
         };
     }
@@ -208,7 +216,7 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
             protocol: s.protocol,
             ports: s.ports.clone(),
             addresses: s.addresses.clone(),
-            policy: service_policy(s, &ladder, s.fallback_limit, None, &[0.0; NUM_CLASSES], hz),
+            policy: service_policy(s, &ladder, s.fallback_limit, None, &[None; NUM_CLASSES], hz),
         })
         .collect();
     let mut class_rules = Vec::new();
@@ -271,7 +279,14 @@ mod tests {
         let c = cfg("");
         let ladder = Ladder::from_config(&c);
         // 64 connections per 250 ms window: one every 3.9 ms, four at once.
-        let p = service_policy(&c.services[0], &ladder, 64, None, &[0.0; NUM_CLASSES], 1000);
+        let p = service_policy(
+            &c.services[0],
+            &ladder,
+            64,
+            None,
+            &[None; NUM_CLASSES],
+            1000,
+        );
         let medium = p.classes[shedder_common::CLASS_MEDIUM as usize];
         assert_eq!(medium.rate_interval_ns, 3_906_250);
         assert_eq!(medium.burst_ns, 4 * 3_906_250);
@@ -281,7 +296,14 @@ mod tests {
         );
         // A configured 1/s with a burst of 2 is slower: it binds, with its own room.
         let c = cfg("rate = { medium = { per_second = 1, burst = 2 } }\n");
-        let p = service_policy(&c.services[0], &ladder, 64, None, &[0.0; NUM_CLASSES], 1000);
+        let p = service_policy(
+            &c.services[0],
+            &ladder,
+            64,
+            None,
+            &[None; NUM_CLASSES],
+            1000,
+        );
         let medium = p.classes[shedder_common::CLASS_MEDIUM as usize];
         assert_eq!(medium.rate_interval_ns, 1_000_000_000);
         assert_eq!(medium.burst_ns, 2_000_000_000);
@@ -290,7 +312,14 @@ mod tests {
             "[daemon]\ninterfaces = [\"eth0\"]\n[[service]]\nname = \"a\"\nports = [80]\n",
         )
         .expect("valid");
-        let p = service_policy(&c.services[0], &ladder, 64, None, &[0.0; NUM_CLASSES], 1000);
+        let p = service_policy(
+            &c.services[0],
+            &ladder,
+            64,
+            None,
+            &[None; NUM_CLASSES],
+            1000,
+        );
         assert!(p.classes.iter().all(|c| c.rate_interval_ns == 0));
     }
 
@@ -337,11 +366,8 @@ mod tests {
         );
         assert_eq!(p.classes[1].source_mask_v4, prefix_mask(24, 32)[0]);
         assert_eq!(p.classes[1].source_mask_v6, prefix_mask(64, 128));
-        // Unproven attempts hold a tenth of each class's share at most (at least one).
-        assert_eq!(
-            p.classes[1].unproven_cap,
-            (p.classes[1].limit as f64 / 10.0).ceil() as u32
-        );
+        // Without a flood, unproven attempts may hold the class's whole share.
+        assert_eq!(p.classes[1].unproven_cap, p.classes[1].limit.max(1));
     }
 
     #[test]
@@ -447,7 +473,14 @@ mod tests {
             (1000, Some([0.0, 10.0, inf, inf])),
             (50, Some([1.0, 2.0, 3.0, 4.0])),
         ] {
-            let p = service_policy(s, &ladder, limit, demand.as_ref(), &[0.0; NUM_CLASSES], 250);
+            let p = service_policy(
+                s,
+                &ladder,
+                limit,
+                demand.as_ref(),
+                &[None; NUM_CLASSES],
+                250,
+            );
             assert_eq!(p.total_limit, limit);
             assert_eq!(
                 (p.retry_window_jiffies, p.demote_retries),
@@ -463,15 +496,18 @@ mod tests {
 
     #[test]
     fn the_unproven_part_is_a_share_plus_what_new_clients_need_within_the_class() {
-        // A tenth of a share of 40, nothing measured: 4.
-        assert_eq!(unproven_cap(40, 0.1, 0.0), 4);
+        // No flood: the class's whole share.
+        assert_eq!(unproven_cap(40, 0.1, None), 40);
+        assert_eq!(unproven_cap(0, 0.1, None), 1);
+        // In a flood, a tenth of a share of 40, nothing measured: 4.
+        assert_eq!(unproven_cap(40, 0.1, Some(0.0)), 4);
         // New clients completing 300 handshakes a second held 10 ms each: 3 in handshake
         // on average, twice that reserved for them.
-        assert_eq!(unproven_cap(40, 0.1, 3.0), 10);
+        assert_eq!(unproven_cap(40, 0.1, Some(3.0)), 10);
         // Never below one, never above the class's share.
-        assert_eq!(unproven_cap(0, 0.1, 0.0), 1);
-        assert_eq!(unproven_cap(3, 0.1, 0.0), 1);
-        assert_eq!(unproven_cap(40, 0.1, 1e9), 40);
-        assert_eq!(unproven_cap(40, 1.0, 0.0), 40);
+        assert_eq!(unproven_cap(0, 0.1, Some(0.0)), 1);
+        assert_eq!(unproven_cap(3, 0.1, Some(0.0)), 1);
+        assert_eq!(unproven_cap(40, 0.1, Some(1e9)), 40);
+        assert_eq!(unproven_cap(40, 1.0, Some(0.0)), 40);
     }
 }

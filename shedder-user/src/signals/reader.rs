@@ -635,16 +635,23 @@ impl TickCounts {
     }
 
     /// Per-class rates over `elapsed`. Offered, admitted, shed and dry-run are sums of the
-    /// decision counters only: retransmits never enter the offered load.
+    /// decision counters of proven attempts only, less those their source disowned
+    /// (forged in a known client's name and admitted), plus the unproven attempts that
+    /// became connections (proven since): retransmits never enter the offered load, and
+    /// neither do attempts from forged addresses.
     fn rates(&self, elapsed: Duration) -> [ClassRates; NUM_CLASSES] {
         let secs = elapsed.as_secs_f64().max(1e-6);
         std::array::from_fn(|class| {
             let per_second = |verdict| self.verdict(class, verdict) as f64 / secs;
+            let completed = self.0.completed_unproven[class] as f64 / secs;
+            let disowned = self.0.disowned[class] as f64 / secs;
+            let admitted = (per_second(VERDICT_PASS) - disowned).max(0.0);
+            let offered = ((0..NUM_VERDICTS).map(per_second).sum::<f64>() - disowned).max(0.0);
             ClassRates {
-                admitted: per_second(VERDICT_PASS),
+                admitted: admitted + completed,
                 shed: per_second(VERDICT_DROP) + per_second(VERDICT_RST),
                 dry_run: per_second(VERDICT_DRY_RUN),
-                offered: (0..NUM_VERDICTS).map(per_second).sum(),
+                offered: offered + completed,
                 retransmits: self.0.retransmits[class] as f64 / secs,
                 retries: self.0.retries[class] as f64 / secs,
                 refused_by_reason: std::array::from_fn(|r| {

@@ -63,8 +63,11 @@ pub struct Quantiles {
 /// `offered`, `admitted`, `shed` and `dry_run` come from the decision counters, which count
 /// *unique* attempts: a retransmitted SYN is not in them (the packet path counts it in
 /// `retransmits` only), so a client whose SYN was dropped and who retransmits it is one
-/// attempt, not one a second. This is the offered load the controller and the class
-/// allocation see ([`crate::daemon::service::demand`]).
+/// attempt, not one a second. They count proven attempts only (a source with standing, see
+/// `shedder_common::proof`), and the unproven ones that became connections (in `offered`
+/// and `admitted`): attempts from forged addresses never complete, so they are never
+/// demand. This is the offered load the controller and the class allocation see
+/// ([`crate::daemon::service::demand`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClassRates {
     /// Every new attempt that reached a decision (retransmits excluded).
