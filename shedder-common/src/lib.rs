@@ -279,6 +279,13 @@ pub const STAT_REPLY_LIMITED_PROVEN: u32 = 16;
 /// The same for unproven attempts (spoofed sources, mostly: the budget that keeps the
 /// node from being used as a reflector).
 pub const STAT_REPLY_LIMITED_UNPROVEN: u32 = 17;
+/// The egress program saw a QUIC server's Initial to an admitted flow and learned the
+/// connection ID the server chose (`flow::learn_server`).
+pub const STAT_QUIC_SERVER_IDS: u32 = 18;
+/// A datagram of an unproven QUIC flow looked like the client's answer (a Handshake packet,
+/// an Initial to another ID) but did not prove it (`flow::proves`): forged, or the server's
+/// Initial left by a way the egress program does not watch.
+pub const STAT_QUIC_ANSWERS_NOT_PROVEN: u32 = 19;
 pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
     "fallback_decisions",
     "rst_errors",
@@ -298,8 +305,8 @@ pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
     "reserved15",
     "replies_limited_proven",
     "replies_limited_unproven",
-    "reserved18",
-    "reserved19",
+    "quic_server_ids_learned",
+    "quic_answers_not_proven",
     "reserved20",
     "reserved21",
     "reserved22",
@@ -423,6 +430,10 @@ pub mod programs {
     /// [`super::maps::QUIC_XDP`]).
     pub const XDP_QUIC: &str = "shedder_xdp_quic";
     pub const TC_QUIC: &str = "shedder_tc_quic";
+    /// TC egress: learns the connection ID a QUIC server chose, which proves the client
+    /// that answers to it (see `flow::learn_server`). Loaded with the QUIC halves,
+    /// attached beside either packet hook.
+    pub const EGRESS: &str = "shedder_egress";
     /// The empty XDP program of the baseline object (returns XDP_PASS): what benchmarks
     /// measure shedder's programs against.
     pub const BASELINE_XDP: &str = "baseline_xdp";
@@ -616,11 +627,16 @@ pub struct ServicePolicy {
 }
 
 /// Established connections per class of one service. Written by the tracepoint programs
-/// (or, before those exist, by the daemon or a test).
+/// (or, before those exist, by the daemon or a test); a QUIC service's, by the daemon from
+/// its flows (see [`flow`]) and by the packet path as it admits them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Inflight {
     pub class: [u32; NUM_CLASSES],
+    /// Of `class`, the unproven QUIC flows ([`flow::UNPROVEN`]), which their class's
+    /// unproven cap bounds. 0 for TCP: an unproven SYN is held in [`PendingSlot`] until its
+    /// connection is born, and then it is proven.
+    pub unproven: [u32; NUM_CLASSES],
 }
 
 /// One hold slot's count of admitted-but-not-yet-established attempts of one service, by
@@ -823,7 +839,7 @@ const _: () = {
     assert!(size_of::<ClassPolicy>() == 72);
     assert!(size_of::<ServicePolicy>() == 320);
     assert!(size_of::<table::Set>() == 64);
-    assert!(size_of::<Inflight>() == 16);
+    assert!(size_of::<Inflight>() == 32);
     assert!(size_of::<PendingSlot>() == 72);
     assert!(size_of::<Pending>() == 144);
     assert!(size_of::<Bucket>() == 8);

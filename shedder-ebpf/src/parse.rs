@@ -11,19 +11,19 @@ use crate::opaque;
 use shedder_common::{
     MAX_IPV6_EXT_HEADERS,
     csum::{IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
-    flow::{FlowKey, SEEN_ANSWERED, SEEN_INITIAL, SEEN_LIVENESS},
+    flow::{FlowKey, SEEN_ANSWERED, SEEN_HANDSHAKE, SEEN_INITIAL, SEEN_LIVENESS},
     quic::{
-        CID_WINDOW, FIXED_BIT, HEADER_FORM_LONG, LongType, MAX_CID_LEN, MIN_INITIAL_DATAGRAM,
+        CID_WINDOW, HEADER_FORM_LONG, LongType, MAX_CID_LEN, MIN_INITIAL_DATAGRAM,
         MIN_PACKET_LENGTH, cid_digest_start, cid_digest_step, cid_word_mask, long_type,
         varint_from_word,
     },
 };
 
-const ETH_HLEN: usize = 14;
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86dd;
-const ETH_P_8021Q: u16 = 0x8100;
-const ETH_P_8021AD: u16 = 0x88a8;
+pub(crate) const ETH_HLEN: usize = 14;
+pub(crate) const ETH_P_IP: u16 = 0x0800;
+pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
+pub(crate) const ETH_P_8021Q: u16 = 0x8100;
+pub(crate) const ETH_P_8021AD: u16 = 0x88a8;
 const IPV6_HOPOPTS: u8 = 0;
 const IPV6_ROUTING: u8 = 43;
 const IPV6_FRAGMENT: u8 = 44;
@@ -407,18 +407,26 @@ fn datagram(data: usize, data_end: usize, l4_off: usize, src: [u32; 4], v6: u32)
             load::<u8>(h, 5) as usize,
         )
     };
+    // The fixed bit is not looked at (it may be greased, RFC 9287).
     if first & HEADER_FORM_LONG == 0 {
         d.kind = SEEN_ANSWERED;
-    } else if first & FIXED_BIT != 0 {
-        match long_type(version, first) {
-            Some(LongType::Handshake) => d.kind = SEEN_ANSWERED,
-            Some(LongType::Initial) if dcid_len <= MAX_CID_LEN => {
-                if let Some(w) = ptr_at::<[u8; CID_WINDOW]>(data, data_end, l4_off + 14) {
-                    d.kind = SEEN_INITIAL;
-                    d.dcid = digest(w, dcid_len);
-                }
+    } else {
+        // The destination ID of an Initial or a Handshake packet: the server's, once the
+        // client has its answer (which proves the client real, see `flow::proves`).
+        let kind = match long_type(version, first) {
+            Some(LongType::Handshake) => {
+                d.kind = SEEN_ANSWERED;
+                SEEN_HANDSHAKE
             }
-            _ => {}
+            Some(LongType::Initial) => SEEN_INITIAL,
+            _ => SEEN_LIVENESS,
+        };
+        if kind != SEEN_LIVENESS
+            && dcid_len <= MAX_CID_LEN
+            && let Some(w) = ptr_at::<[u8; CID_WINDOW]>(data, data_end, l4_off + 14)
+        {
+            d.kind = kind;
+            d.dcid = digest(w, dcid_len);
         }
     }
     Some(Parsed::Datagram(d))
@@ -426,7 +434,7 @@ fn datagram(data: usize, data_end: usize, l4_off: usize, src: [u32; 4], v6: u32)
 
 /// The digest of a connection ID of `len` bytes at the start of the window `w`.
 #[inline(always)]
-fn digest(w: *const [u8; CID_WINDOW], len: usize) -> u32 {
+pub(crate) fn digest(w: *const [u8; CID_WINDOW], len: usize) -> u32 {
     let mut h = cid_digest_start(len as u32);
     let mut i = 0;
     while i < CID_WINDOW / 4 {
@@ -488,7 +496,8 @@ fn parse_initial(
             load::<u8>(h, 5) as usize,
         )
     };
-    if first & (HEADER_FORM_LONG | FIXED_BIT) != HEADER_FORM_LONG | FIXED_BIT {
+    // A client may grease the fixed bit of its Initial (RFC 9287 §3.1): not looked at.
+    if first & HEADER_FORM_LONG == 0 {
         return None;
     }
     if !matches!(long_type(version, first), Some(LongType::Initial)) {

@@ -30,8 +30,8 @@ use shedder_common::{
     decision_index, demote,
     fair::{self, ClassEpoch, Fairness, SOURCE_SETS, SOURCE_WAYS, SourceSet},
     flow::{
-        self, ALIVE_RING, AliveRing, Entry, FLOW_ENTRIES, Flow, FlowKey, SEEN_INITIAL, WAITING,
-        ring_index,
+        self, ALIVE_RING, AliveRing, Entry, FLOW_ENTRIES, FLOW_UNPROVEN, Flow, FlowKey,
+        SEEN_INITIAL, UNPROVEN, WAITING, ring_index,
     },
     gcra, is_pressure, mask,
     proof::{self, STANDING_SETS, STANDING_WAYS, StandingSet},
@@ -151,6 +151,13 @@ struct Memo {
     counted: u32,
     /// The reason a QUIC attempt answered with Version Negotiation was refused for.
     reason: u32,
+    /// Whose counters that refusal counts in: 0 the proven attempts', 1 the unproven ones'.
+    pool: u32,
+    /// An unproven attempt's view of the service (see `unproven`): its attempts in
+    /// handshake and its connections, here rather than on the stack, which the QUIC
+    /// program's Version Negotiation needs.
+    held: [[u64; NUM_CLASSES]; 2],
+    inflight: [u32; NUM_CLASSES],
     /// Where the source's standing is (see `standing`), for an admission to spend a token.
     standing: u32,
     /// What that answer needs of the attempt.
@@ -224,6 +231,9 @@ pub enum Outcome {
     /// A datagram to a QUIC port that is not a new attempt (the QUIC program's answer
     /// only): it passes, and may be news of an admitted flow (see `track::quic_flow`).
     Flow(Datagram),
+    /// A refused QUIC Initial to answer with Version Negotiation ([`run`] does, and never
+    /// returns this).
+    Negotiate,
 }
 
 /// The program-type specific parts of a frame.
@@ -292,15 +302,30 @@ pub fn bump(map: &PerCpuArray<u64>, index: u32) {
 
 /// Decide one frame. `QUIC` picks the program: the TCP one decides SYNs and answers
 /// [`Outcome::ToQuic`] for a datagram to a UDP port with a QUIC service, for its caller to
-/// tail-call the QUIC one, which decides Initials.
+/// tail-call the QUIC one, which decides Initials. A refused Initial is answered here, in
+/// one place for the proven and the unproven paths (see `answer_quic`).
 #[inline(always)]
 pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
+    match decide_frame::<F, QUIC>(frame) {
+        Outcome::Negotiate => match SHEDDER_MEMO.get_ptr_mut(0) {
+            Some(memo) => answer_quic(frame, memo),
+            None => Outcome::Pass,
+        },
+        other => other,
+    }
+}
+
+/// [`run`]'s decision, a refused QUIC Initial left as [`Outcome::Negotiate`] with what its
+/// answer needs in the memo.
+#[inline(always)]
+fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     let syn = match parse::<QUIC>(frame.data(), frame.data_end()) {
         Parsed::Attempt(syn) => syn,
         Parsed::Udp(port) => {
-            return match SHEDDER_QUIC_PORTS.get(port as u32) {
-                Some(&entry) if entry != 0 => Outcome::ToQuic,
-                _ => Outcome::Pass,
+            return if is_quic_port(port) {
+                Outcome::ToQuic
+            } else {
+                Outcome::Pass
             };
         }
         Parsed::Datagram(d) => return Outcome::Flow(d),
@@ -365,16 +390,10 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     let now = unsafe { bpf_jiffies64() };
     let epoch = globals.epoch(now);
     let hold = globals.hold_slot(now);
-    // A TCP attempt from a source without standing is decided apart (see `unproven`);
-    // QUIC attempts are all decided as proven (their proof is the flow's answer, which the
-    // QUIC path does not yet wait for).
-    let at = if QUIC {
-        0
-    } else {
-        standing(&syn, globals, now)
-    };
-    if !QUIC && at >> 31 == 0 {
-        return unproven(frame, &syn, service, policy, globals, own_class, hold);
+    // An attempt from a source without standing is decided apart (see `unproven`).
+    let at = standing(&syn, globals, now);
+    if at >> 31 == 0 {
+        return unproven::<F, QUIC>(frame, &syn, service, policy, globals, own_class, hold);
     }
     let Some(memo) = SHEDDER_MEMO.get_ptr_mut(0) else {
         return Outcome::Pass;
@@ -619,7 +638,7 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             count_decision(service, class, VERDICT_DRY_RUN, decision.reason, unique);
             break 'act Outcome::Pass;
         }
-        if policy.action == ACTION_RST && !reply_allowed(globals, syn.quic) {
+        if policy.action == ACTION_RST && !reply_allowed(globals, 0) {
             // Over the node's budget for replies: dropped instead (see `reply_allowed`).
             count_decision(service, class, VERDICT_DROP, decision.reason, unique);
             break 'act Outcome::Drop;
@@ -628,7 +647,10 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             if syn.quic == 1 {
                 // Answered last, once nothing of the decision is left to tell its paths
                 // apart (see `answer_quic`).
-                unsafe { core::ptr::write_volatile(&raw mut (*memo).reason, decision.reason) };
+                unsafe {
+                    core::ptr::write_volatile(&raw mut (*memo).reason, decision.reason);
+                    core::ptr::write_volatile(&raw mut (*memo).pool, 0);
+                }
                 break 'act Outcome::Reply;
             }
             if write_rst(frame, &syn) {
@@ -692,7 +714,7 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             #[allow(clippy::needless_borrows_for_generic_args)] // by value would copy them
             let _ = SHEDDER_FLOWS.insert(&(*memo).flow_key, &*f, 0);
         }
-        flow_admitted(service, class, slot);
+        flow_admitted(service, class, slot, WAITING);
     }
     if admitted {
         spend_token(unsafe { core::ptr::read_volatile(&raw const (*memo).standing) });
@@ -749,7 +771,7 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
                 Answer::of(&syn, service, (globals.table_seed as u32) ^ now as u32),
             );
         }
-        return answer_quic(frame, memo);
+        return Outcome::Negotiate;
     }
     outcome
 }
@@ -813,21 +835,24 @@ impl Answer {
 /// counted) if the answer cannot be built. Called at the very end of the decision: the
 /// writer is long (each ID byte by byte), and every distinct path the verifier walks into
 /// it walks it again, so it is entered where the decision's registers are dead and the
-/// class, reason and attempt kind come back from the memo.
+/// class, reason and attempt kind come back from the memo. Inlined once, at the end of
+/// [`run`], where it reuses the decision's stack: as a BPF subprogram its stack would add
+/// to the caller's, past the 512 bytes a program may have.
 #[inline(always)]
 fn answer_quic<F: Frame>(frame: &F, memo: *mut Memo) -> Outcome {
-    let (class, reason, unique, answer) = unsafe {
+    let (class, reason, unique, answer, pool) = unsafe {
         (
             core::ptr::read_volatile(&raw const (*memo).class),
             core::ptr::read_volatile(&raw const (*memo).reason),
             core::ptr::read_volatile(&raw const (*memo).unique),
             core::ptr::read_volatile(&raw const (*memo).answer),
+            core::ptr::read_volatile(&raw const (*memo).pool) & 1,
         )
     };
     let syn = &answer.syn();
     let service = answer.service;
     if write_version_negotiation(frame, syn, answer.seed, unsafe { &mut (*memo).cids }) {
-        count_decision(service, class, VERDICT_RST, reason, unique as u64);
+        count_in(service, pool, class, VERDICT_RST, reason, unique as u64);
         return Outcome::Reply;
     }
     bump(&SHEDDER_STATS, STAT_RST_ERROR);
@@ -839,7 +864,7 @@ fn answer_quic<F: Frame>(frame: &F, memo: *mut Memo) -> Outcome {
             service
         );
     }
-    count_decision(service, class, VERDICT_PASS, reason, unique as u64);
+    count_in(service, pool, class, VERDICT_PASS, reason, unique as u64);
     Outcome::Pass
 }
 
@@ -919,20 +944,22 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
 }
 
 /// A QUIC admission: counted in flight at once (the daemon's recount from the ring replaces
-/// the count every tick), and in the ring as waiting for the server's answer. A function of
-/// its own (a BPF subprogram), verified once rather than once per path of the decision.
+/// the count every tick), and in the ring in `state`: waiting for the server's answer, or
+/// unproven (then also in flight's unproven part). A function of its own (a BPF
+/// subprogram), verified once rather than once per path of the decision.
 #[inline(never)]
-fn flow_admitted(service: u32, class: u32, slot: u32) {
+fn flow_admitted(service: u32, class: u32, slot: u32, state: usize) {
+    let c = (class as usize) & (NUM_CLASSES - 1);
     if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service) {
         unsafe {
-            atomic::add32(
-                &raw mut (*inflight).class[(class as usize) & (NUM_CLASSES - 1)],
-                1,
-            )
+            atomic::add32(&raw mut (*inflight).class[c], 1);
+            if state == UNPROVEN {
+                atomic::add32(&raw mut (*inflight).unproven[c], 1);
+            }
         };
     }
     if let Some(ring) = SHEDDER_ALIVE.get_ptr_mut(service) {
-        alive_add(ring, slot, WAITING, class, 1);
+        alive_add(ring, slot, state, class, 1);
     }
 }
 
@@ -951,16 +978,19 @@ pub fn alive_add(ring: *mut AliveRing, slot: u32, state: usize, class: u32, by: 
             // wrong one).
             let found = unsafe { atomic::compare_exchange(e.cast(), held as u64, slot as u64) };
             if found == held as u64 {
-                unsafe { (*e).n = [[0; NUM_CLASSES]; 2] };
+                unsafe { (*e).n = [[0; NUM_CLASSES]; flow::STATES] };
             } else if found != slot as u64 {
                 return;
             }
         }
         Entry::Add => {}
     }
+    if state >= flow::STATES {
+        return;
+    }
     unsafe {
         atomic::add32(
-            (&raw mut (*e).n[state & 1][(class as usize) & (NUM_CLASSES - 1)]).cast::<u32>(),
+            (&raw mut (*e).n[state][(class as usize) & (NUM_CLASSES - 1)]).cast::<u32>(),
             by,
         )
     };
@@ -975,6 +1005,12 @@ pub fn flow_key(syn: &Syn) -> FlowKey {
         dport: syn.dport,
         v6: syn.v6,
     }
+}
+
+/// Whether some QUIC service listens on UDP `port` (on some address).
+#[inline(always)]
+pub fn is_quic_port(port: u16) -> bool {
+    matches!(SHEDDER_QUIC_PORTS.get(port as u32), Some(&e) if e != 0)
 }
 
 /// Service id of the attempt's destination, `None` if it is not protected.
@@ -1172,11 +1208,13 @@ fn spend_token(at: u32) {
 /// `admit::unproven`: against every connection and every attempt in handshake, proven or
 /// not, and within the class's cap of unproven attempts. Nothing of it is remembered but
 /// its count in the hold slot (no source memory, no attempt table, no class counts, no
-/// token bucket: none of what it says is proven), and it counts in the service's
-/// `unproven` counters, not in the offered load. A path of its own: merged into the proven
-/// attempts' (with the proof as data), the verifier walked twice as much.
+/// token bucket: none of what it says is proven), and, for a QUIC Initial, its flow marked
+/// unproven (not counted in flight until the server's answer shows the client is real); it
+/// counts in the service's `unproven` counters, not in the offered load. A path of its
+/// own: merged into the proven attempts' (with the proof as data), the verifier walked
+/// twice as much.
 #[inline(always)]
-fn unproven<F: Frame>(
+fn unproven<F: Frame, const QUIC: bool>(
     frame: &F,
     syn: &Syn,
     service: u32,
@@ -1194,31 +1232,79 @@ fn unproven<F: Frame>(
     let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) else {
         return Outcome::Pass;
     };
-    let held = unsafe { (*pending).count(hold) };
-    let inflight = SHEDDER_INFLIGHT
-        .get(service)
-        .map_or([0; NUM_CLASSES], |i| i.class);
+    let Some(memo) = SHEDDER_MEMO.get_ptr_mut(0) else {
+        return Outcome::Pass;
+    };
+    // Unproven QUIC flows are in flight (see `flow::UNPROVEN`): within the cap they are
+    // counted with the unproven attempts held, and apart from the other connections.
+    unsafe {
+        (*memo).held = (*pending).count(hold);
+        (*memo).inflight = [0; NUM_CLASSES];
+        if let Some(i) = SHEDDER_INFLIGHT.get(service) {
+            let mut c = 0;
+            while c < NUM_CLASSES {
+                let u = if i.unproven[c] < i.class[c] {
+                    i.unproven[c]
+                } else {
+                    i.class[c]
+                };
+                (*memo).inflight[c] = i.class[c] - u;
+                (*memo).held[1][c] += u as u64;
+                c += 1;
+            }
+        }
+    }
     let counts = SHEDDER_FAIR.get(service);
     let epoch = globals.epoch(now);
     let decision = admit::unproven(
         policy,
         class,
-        &held,
-        &inflight,
+        unsafe { &(*memo).held },
+        unsafe { &(*memo).inflight },
         stale,
         policy.fair_share == 1 && counts.is_some(),
         || counts.map_or(ClassEpoch::default(), |f| f.window(class as usize, epoch)),
     );
     if decision.admit == 1 {
-        count_pending(pending, 1, class, hold);
         count_in(service, 1, class, VERDICT_PASS, decision.reason, 1);
+        if !QUIC {
+            count_pending(pending, 1, class, hold);
+            return Outcome::Pass;
+        }
+        // The flow, to recognise the client's answer (the flow key and IDs were put in the
+        // memo as the program began), counted in flight as unproven from now.
+        let slot = flow::slot(now, globals.epoch_shift());
+        unsafe {
+            let f = &raw mut (*memo).flow;
+            (*f).admitted_ns = bpf_ktime_get_ns();
+            (*f).service = service as u16;
+            (*f).class = class as u8;
+            (*f).slot = slot;
+            (*f).state = FLOW_UNPROVEN;
+            #[allow(clippy::needless_borrows_for_generic_args)] // by value would copy them
+            let _ = SHEDDER_FLOWS.insert(&(*memo).flow_key, &*f, 0);
+        }
+        flow_admitted(service, class, slot, UNPROVEN);
         return Outcome::Pass;
     }
     if policy.mode == MODE_DRY_RUN {
         count_in(service, 1, class, VERDICT_DRY_RUN, decision.reason, 1);
         return Outcome::Pass;
     }
-    if policy.action == ACTION_RST && reply_allowed(globals, 1) {
+    if QUIC && policy.action == ACTION_RST && reply_allowed(globals, 1) {
+        unsafe {
+            core::ptr::write_volatile(&raw mut (*memo).class, class);
+            core::ptr::write_volatile(&raw mut (*memo).reason, decision.reason);
+            core::ptr::write_volatile(&raw mut (*memo).unique, 1);
+            core::ptr::write_volatile(&raw mut (*memo).pool, 1);
+            core::ptr::write_volatile(
+                &raw mut (*memo).answer,
+                Answer::of(syn, service, (globals.table_seed as u32) ^ now as u32),
+            );
+        }
+        return Outcome::Negotiate;
+    }
+    if !QUIC && policy.action == ACTION_RST && reply_allowed(globals, 1) {
         if write_rst(frame, syn) {
             count_in(service, 1, class, VERDICT_RST, decision.reason, 1);
             return Outcome::Reply;

@@ -66,6 +66,17 @@ pub struct ServiceControl {
     flooded: [bool; NUM_CLASSES],
 }
 
+impl ServiceControl {
+    /// The 99th percentile of the handshake delay the last tick measured (for a QUIC
+    /// service, its queue age: only proven flows are measured), if there was one.
+    pub fn handshake_p99_ms(&self) -> Option<f64> {
+        self.signals
+            .as_ref()
+            .and_then(|s| s.queue_age.value())
+            .and_then(|q| q.p99_ms)
+    }
+}
+
 fn tuning(s: &Service) -> Tuning {
     Tuning::new(Duration::from_millis(s.target_latency_ms))
 }

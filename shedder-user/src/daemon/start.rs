@@ -187,6 +187,7 @@ impl Daemon {
                 xdp_tx_errors: None,
             });
         }
+        warnings.extend(shedder.egress_problems().iter().cloned());
         if kernel_log {
             match shedder.kernel_logger() {
                 Ok(logger) => {
