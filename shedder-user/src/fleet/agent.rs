@@ -136,6 +136,7 @@ impl Handle {
         Some(Cap {
             ceiling,
             static_share,
+            budget: budget(svc.global_limit, self.settings.safety),
         })
     }
 

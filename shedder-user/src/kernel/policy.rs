@@ -13,7 +13,7 @@ use crate::{
     kernel::clock::{epoch_shift_for, ms_to_jiffies},
 };
 
-use crate::control::classes::{Ladder, allocate, allocate_for_demand};
+use crate::control::classes::{Ladder, Maxima, allocate_for_demand_in, allocate_in};
 
 /// The kernel's view of one configured service.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,23 +42,30 @@ pub fn retry_window_jiffies(s: &Service, hz: u32) -> u32 {
 }
 
 /// Build the service policy for `total` (the adaptive limit), split by `demand` when known
-/// (see [`allocate_for_demand`]), else statically (see [`allocate`]); the fallback limits
-/// are always split statically. `hz` converts the retry window to jiffies. The daemon
-/// rebuilds every service's policy with this function each tick, so everything configured
-/// (retry window and demotion included) is written with every limit change.
+/// (see [`allocate_for_demand_in`]), else statically (see [`allocate_in`]); the fallback
+/// limits are always split statically. CRITICAL's ceiling is a fraction of `critical_max`
+/// (the node's own bound, which a fleet's ceiling, written into `s.max_limit`, never
+/// lowers). `hz` converts the retry window to jiffies. The daemon rebuilds every service's
+/// policy with this function each tick, so everything configured (retry window and
+/// demotion included) is written with every limit change.
 pub fn service_policy(
     s: &Service,
     ladder: &Ladder,
     total: u32,
     demand: Option<&[f64; NUM_CLASSES]>,
+    critical_max: u32,
     hz: u32,
 ) -> ServicePolicy {
     let total = total.clamp(s.min_limit, s.max_limit);
-    let live = match demand {
-        Some(d) => allocate_for_demand(total, s.max_limit, ladder, d),
-        None => allocate(total, s.max_limit, ladder),
+    let max = Maxima {
+        service: s.max_limit,
+        critical: critical_max,
     };
-    let fallback = allocate(s.fallback_limit, s.max_limit, ladder);
+    let live = match demand {
+        Some(d) => allocate_for_demand_in(total, max, ladder, d),
+        None => allocate_in(total, max, ladder),
+    };
+    let fallback = allocate_in(s.fallback_limit, max, ladder);
     let pace = quic_pace(s, total);
     let mut classes = [ClassPolicy::default(); NUM_CLASSES];
     for (id, c) in classes.iter_mut().enumerate() {
@@ -175,7 +182,7 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
             protocol: s.protocol,
             ports: s.ports.clone(),
             addresses: s.addresses.clone(),
-            policy: service_policy(s, &ladder, s.fallback_limit, None, hz),
+            policy: service_policy(s, &ladder, s.fallback_limit, None, s.max_limit, hz),
         })
         .collect();
     let mut class_rules = Vec::new();
@@ -218,7 +225,14 @@ mod tests {
         let c = cfg("");
         let ladder = Ladder::from_config(&c);
         // 64 connections per 250 ms window: one every 3.9 ms, four at once.
-        let p = service_policy(&c.services[0], &ladder, 64, None, 1000);
+        let p = service_policy(
+            &c.services[0],
+            &ladder,
+            64,
+            None,
+            c.services[0].max_limit,
+            1000,
+        );
         let medium = p.classes[shedder_common::CLASS_MEDIUM as usize];
         assert_eq!(medium.rate_interval_ns, 3_906_250);
         assert_eq!(medium.burst_ns, 4 * 3_906_250);
@@ -228,7 +242,14 @@ mod tests {
         );
         // A configured 1/s with a burst of 2 is slower: it binds, with its own room.
         let c = cfg("rate = { medium = { per_second = 1, burst = 2 } }\n");
-        let p = service_policy(&c.services[0], &ladder, 64, None, 1000);
+        let p = service_policy(
+            &c.services[0],
+            &ladder,
+            64,
+            None,
+            c.services[0].max_limit,
+            1000,
+        );
         let medium = p.classes[shedder_common::CLASS_MEDIUM as usize];
         assert_eq!(medium.rate_interval_ns, 1_000_000_000);
         assert_eq!(medium.burst_ns, 2_000_000_000);
@@ -237,7 +258,14 @@ mod tests {
             "[daemon]\ninterfaces = [\"eth0\"]\n[[service]]\nname = \"a\"\nports = [80]\n",
         )
         .expect("valid");
-        let p = service_policy(&c.services[0], &ladder, 64, None, 1000);
+        let p = service_policy(
+            &c.services[0],
+            &ladder,
+            64,
+            None,
+            c.services[0].max_limit,
+            1000,
+        );
         assert!(p.classes.iter().all(|c| c.rate_interval_ns == 0));
     }
 
@@ -383,7 +411,7 @@ mod tests {
             (1000, Some([0.0, 10.0, inf, inf])),
             (50, Some([1.0, 2.0, 3.0, 4.0])),
         ] {
-            let p = service_policy(s, &ladder, limit, demand.as_ref(), 250);
+            let p = service_policy(s, &ladder, limit, demand.as_ref(), s.max_limit, 250);
             assert_eq!(p.total_limit, limit);
             assert_eq!(
                 (p.retry_window_jiffies, p.demote_retries),
