@@ -52,7 +52,6 @@ pub struct ServiceControl {
     written: Option<ServicePolicy>,
     /// The per-class demand of the last tick (what a write between ticks splits by).
     demand: Option<[f64; NUM_CLASSES]>,
-    occupancy: u32,
     last_log: Option<Duration>,
     decision: Option<Decision>,
     signals: Option<Signals>,
@@ -96,7 +95,6 @@ impl ServiceControl {
             limiter,
             written: None,
             demand: None,
-            occupancy: 0,
             last_log: None,
             decision: None,
             signals: None,
@@ -203,7 +201,6 @@ impl ServiceControl {
         self.limiter.set(cap);
         let decision = self.limiter.update(obs);
         self.demand = demand.map(|d| held_demand(self.demand, d));
-        self.occupancy = obs.occupancy;
         let written = self.write(w, ctx, decision.limit);
         // Mode changes are logged always; limit changes only when the controller's limit
         // is the one in force.
@@ -263,19 +260,26 @@ impl ServiceControl {
         Ok(cleared)
     }
 
-    /// What this node tells the fleet about the service, if the fleet shares it.
+    /// What this node tells the fleet about the service, if the fleet shares it: the
+    /// limit written, the established connections (not the attempts admitted and not yet
+    /// established, which a flood of spoofed SYNs fills without holding a connection), and
+    /// the attempts and admissions the packet path counted.
     pub fn report(&self) -> Option<fleet::Report> {
         let written = self.written?;
         self.limiter.cap()?;
-        let rates = self.signals.as_ref().and_then(|s| s.rates.ok()).map(|r| {
+        let signals = self.signals.as_ref();
+        let rates = signals.and_then(|s| s.rates.ok()).map(|r| {
             (
                 r.map(|c| c.offered),
                 r.iter().map(|c| c.admitted).sum::<f64>(),
             )
         });
+        let established = signals
+            .and_then(|s| s.inflight.ok())
+            .map_or(0, |i| i.iter().sum::<u32>());
         Some(fleet::Report {
             applied: written.total_limit,
-            occupancy: self.occupancy,
+            established,
             rates,
         })
     }

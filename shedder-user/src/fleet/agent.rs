@@ -113,7 +113,7 @@ impl Handle {
                     .demand
                     .entry(service.to_string())
                     .or_insert_with(|| (Smoother::default(), now));
-                smoother.update(now - *last, attempts, admitted, report.occupancy);
+                smoother.update(now - *last, attempts, admitted, report.established);
                 *last = now;
             }
             sh.reports.insert(service.to_string(), report);
@@ -662,7 +662,7 @@ impl Agent {
             .map(|s| {
                 let r = sh.reports.get(&s.name).copied().unwrap_or_default();
                 let c = sh.ceilings.get(&s.name).copied().unwrap_or(0);
-                (s.name.clone(), claim(c, r.applied, r.occupancy))
+                (s.name.clone(), claim(c, r.applied, r.established))
             })
             .collect()
     }

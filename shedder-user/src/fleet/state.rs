@@ -89,8 +89,11 @@ pub use crate::control::capped::Cap;
 pub struct Report {
     /// The total limit written in the kernel.
     pub applied: u32,
-    /// Connections held (established + admitted, not yet established).
-    pub occupancy: u32,
+    /// Established connections: what the node has proved it holds. Its claim and its
+    /// hold count these, not attempts admitted that may never complete (a spoofed SYN's
+    /// slot on the packet path holds no connection; the attempts admitted under the
+    /// kernel's limit are in `applied` anyway).
+    pub established: u32,
     /// This tick's unique attempts per second by class, refused ones included, and the
     /// admissions per second (`None`: the counters could not be read).
     pub rates: Option<([f64; shedder_common::NUM_CLASSES], f64)>,
