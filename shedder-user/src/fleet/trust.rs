@@ -1,0 +1,441 @@
+//! What this node believes of the records other members publish (pure).
+//!
+//! Everything under the fleet's prefix comes from etcd, which anyone holding a node's
+//! credentials (or etcd's root) can write: a misconfigured node, an older version, a
+//! buggy tool or an attacker. A record never changes this node's own configuration (its
+//! `global_limit` is its own, see `view`), and every number in one is checked before it
+//! weighs on a share:
+//!
+//! - a record that does not parse, or whose `node` is not the name in its key (or not a
+//!   valid node name), is rejected whole;
+//! - a number out of its absolute range (attempts and admissions above [`MAX_RATE`], a
+//!   hold above [`MAX_HOLD`], a claim or a limit above the largest limit a configuration
+//!   accepts, anything negative) is clamped into it;
+//! - a member's need is capped by what it has proved ([`proven_need`]), a departed
+//!   member's reserve by the static share, and their total by the nodes that may be
+//!   missing (`view`); a claim counts only as far as this node's view granted it
+//!   ([`counted_claim`]).
+//!
+//! Each value clamped is named by a [`Field`] (the `field` label of
+//! `shedder_fleet_record_values_clamped_total`).
+
+use std::fmt;
+
+use shedder_common::NUM_CLASSES;
+
+use super::{Demand, Departed, Record, demand::MIN_ADMITTED};
+use crate::config::{LIMIT_CEILING, valid_name};
+
+/// The most attempts or admissions per second a record may state for one service: far
+/// above what one node's packet path decides (a few million a second per core).
+pub const MAX_RATE: f64 = 1e8;
+
+/// The longest hold a record may state: a day (pooled database connections live for
+/// hours; nothing the budget counts holds a connection for days without being idle).
+pub const MAX_HOLD: f64 = 86_400.0;
+
+/// How many times what it holds a member's need may be ([`proven_need`]).
+///
+/// A node's need over what it holds is `attempts / admissions`, the load it refuses: a
+/// node that refuses three attempts in four is weighed in full, one more overloaded than
+/// that is weighed at four times what it holds, and as its larger share fills, at four
+/// times that: a share by demand grows at most fourfold each time the node publishes (at
+/// most every 500 ms). What a record cannot claim this way is weight it has never shown
+/// it can hold: a record of a need of millions from a node that holds nothing weighs one
+/// connection.
+pub const PROOF_FACTOR: f64 = 4.0;
+
+/// A value out of bounds in a record (the `field` label of the clamping metric).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Field {
+    /// A claim above the budget, or above what this node's view granted the member.
+    Claim,
+    MaxLimit,
+    Attempts,
+    Admitted,
+    Established,
+    Hold,
+    /// A need that is not negative, finite and within what the member proved.
+    Need,
+    /// A departed member's reserve above the static share.
+    Reserve,
+    /// A departed record dated in the future.
+    Since,
+    /// Departed reserves above what the missing nodes can hold in all.
+    Reserved,
+}
+
+impl Field {
+    pub const ALL: [Field; 10] = [
+        Field::Claim,
+        Field::MaxLimit,
+        Field::Attempts,
+        Field::Admitted,
+        Field::Established,
+        Field::Hold,
+        Field::Need,
+        Field::Reserve,
+        Field::Since,
+        Field::Reserved,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Field::Claim => "claim",
+            Field::MaxLimit => "max_limit",
+            Field::Attempts => "attempts",
+            Field::Admitted => "admitted",
+            Field::Established => "established",
+            Field::Hold => "hold",
+            Field::Need => "need",
+            Field::Reserve => "reserve",
+            Field::Since => "since",
+            Field::Reserved => "reserved",
+        }
+    }
+}
+
+impl fmt::Display for Field {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a record was ignored whole.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    #[error("does not parse: {0}")]
+    Malformed(String),
+    #[error("the key's node name is not a valid node name (1 to 64 of [A-Za-z0-9._-])")]
+    BadName,
+    #[error("names node `{0}` under another node's key")]
+    Misnamed(String),
+}
+
+/// The kind of record (the `record` label of the rejection metric).
+pub const RECORDS: [&str; 2] = ["member", "departed"];
+
+/// A number clamped into `[0, max]`; NaN is 0. Whether it moved.
+fn clamp(v: &mut f64, max: f64) -> bool {
+    let c = if v.is_nan() { 0.0 } else { v.clamp(0.0, max) };
+    let moved = c != *v;
+    *v = c;
+    moved
+}
+
+/// A member record from its key's node name and its value: rejected, or with every number
+/// in its absolute range (and the fields that were not).
+pub fn member(key_node: &str, value: &[u8]) -> Result<(Record, Vec<Field>), Rejected> {
+    if !valid_name(key_node) {
+        return Err(Rejected::BadName);
+    }
+    let mut r: Record =
+        serde_json::from_slice(value).map_err(|e| Rejected::Malformed(e.to_string()))?;
+    if r.node != key_node {
+        return Err(Rejected::Misnamed(r.node));
+    }
+    let mut found = Vec::new();
+    let mut note = |moved: bool, f: Field| {
+        if moved && !found.contains(&f) {
+            found.push(f);
+        }
+    };
+    for c in r.claims.values_mut() {
+        note(*c > LIMIT_CEILING, Field::Claim);
+        *c = (*c).min(LIMIT_CEILING);
+    }
+    for m in r.max_limits.values_mut() {
+        note(*m > LIMIT_CEILING, Field::MaxLimit);
+        *m = (*m).min(LIMIT_CEILING);
+    }
+    for d in r.demand.values_mut() {
+        for a in &mut d.attempts {
+            note(clamp(a, MAX_RATE), Field::Attempts);
+        }
+        for n in &mut d.need {
+            note(clamp(n, f64::MAX), Field::Need);
+        }
+        note(clamp(&mut d.admitted, MAX_RATE), Field::Admitted);
+        note(
+            clamp(&mut d.established, LIMIT_CEILING as f64),
+            Field::Established,
+        );
+        if let Some(h) = d.hold_ms
+            && !(h > 0.0 && h <= MAX_HOLD * 1000.0)
+        {
+            note(true, Field::Hold);
+            d.hold_ms = None;
+        }
+    }
+    Ok((r, found))
+}
+
+/// A departed record from its key's node name and its value (see [`member`]).
+pub fn departed(key_node: &str, value: &[u8]) -> Result<(Departed, Vec<Field>), Rejected> {
+    if !valid_name(key_node) {
+        return Err(Rejected::BadName);
+    }
+    let mut d: Departed =
+        serde_json::from_slice(value).map_err(|e| Rejected::Malformed(e.to_string()))?;
+    if d.node != key_node {
+        return Err(Rejected::Misnamed(d.node));
+    }
+    let mut found = Vec::new();
+    for r in d.reserves.values_mut() {
+        if *r > LIMIT_CEILING {
+            *r = LIMIT_CEILING;
+            if found.is_empty() {
+                found.push(Field::Reserve);
+            }
+        }
+    }
+    Ok((d, found))
+}
+
+/// The hold a member has proved, in seconds: its established connections (at most its
+/// claim, which has to cover them) per admission per second; `None` when it admits too
+/// little to say.
+pub fn proven_hold(d: &Demand, claim: u32) -> Option<f64> {
+    let established = d.established.min(claim as f64);
+    (d.admitted >= MIN_ADMITTED)
+        .then(|| (established / d.admitted).min(MAX_HOLD))
+        .filter(|h| *h > 0.0)
+}
+
+/// The need of a member as the shares count it: what it published, at most
+///
+/// - per class, its attempts per second × the hold it proved ([`proven_hold`]: its
+///   established connections per admission per second), or `fallback_hold` (seconds: the
+///   fleet's median) when it admits too little to measure one; and
+/// - in all, [`PROOF_FACTOR`] × its established connections (at most its claim) + 1,
+///   scaled down over the classes alike, so the classes keep their order.
+///
+/// A need is the connections its attempts would hold if all were admitted; by Little's
+/// law a node holding `established` connections after `admitted` admissions a second
+/// would hold `attempts × established / admitted`. Both figures are the member's own,
+/// so the first rule catches a record that contradicts itself, and the second one that
+/// asks for far more than the node holds. Whether it tells the truth about what it holds
+/// no record can show: that is what the etcd credentials are for (docs/fleet.md).
+pub fn proven_need(d: &Demand, claim: u32, fallback_hold: f64) -> ([f64; NUM_CLASSES], bool) {
+    let hold = proven_hold(d, claim).unwrap_or(fallback_hold);
+    let mut need: [f64; NUM_CLASSES] =
+        std::array::from_fn(|c| d.need[c].min(d.attempts[c] * hold).max(0.0));
+    let mut capped = need.iter().zip(&d.need).any(|(a, b)| a < b);
+    let total: f64 = need.iter().sum();
+    let most = PROOF_FACTOR * d.established.min(claim as f64) + 1.0;
+    if total > most {
+        let scale = most / total;
+        for n in &mut need {
+            *n *= scale;
+        }
+        capped = true;
+    }
+    (need, capped)
+}
+
+/// How much of another member's claim counts against the room this node raises into,
+/// from the claim, the member's share in this node's view and what counted before:
+/// `(counted, allowance)`, the allowance to carry to the next view.
+///
+/// A member may always claim its share. Above it, a claim is what a node holds while it
+/// drains to a lowered share (connections cannot be taken back), so it counts only as it
+/// falls: the allowance is the share, or the lowest claim since the share fell below the
+/// claim, whichever is higher. A claim that grows past what this node's views granted the
+/// member, or that appears above the member's share once this node has a view of the fleet
+/// (`settled`), counts only up to that share. Before this node's first view (`settled`
+/// false) it cannot tell, and takes every claim as published, so that a node that starts
+/// waits for the others to drain as the bound needs.
+///
+/// What this leaves out: a member that holds connections above its share (admitted just
+/// before it lowered, CRITICAL admitted past a full service, connections it adopted at a
+/// restart) and whose claim rose after this node's last view is not made room for here; its
+/// own ceiling is its share, so it refuses until they close, and the fleet holds them on
+/// top of its budget until then, as it would hold the connections of the others that make
+/// room.
+pub fn counted_claim(prev: Option<u32>, claim: u32, share: u32, settled: bool) -> (u32, u32) {
+    let allowance = match prev {
+        Some(p) => share.max(p.min(claim)),
+        None if settled => share,
+        None => share.max(claim),
+    };
+    (claim.min(allowance), allowance)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(node: &str) -> Record {
+        Record {
+            node: node.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn records_that_do_not_parse_or_name_another_node_are_rejected() {
+        let ok = serde_json::to_vec(&record("lb-2")).unwrap();
+        assert!(member("lb-2", &ok).is_ok());
+        assert_eq!(
+            member("lb-3", &ok).unwrap_err(),
+            Rejected::Misnamed("lb-2".into())
+        );
+        assert_eq!(member("lb 2", &ok).unwrap_err(), Rejected::BadName);
+        assert_eq!(member(&"x".repeat(65), &ok).unwrap_err(), Rejected::BadName);
+        for bad in [
+            &b"{"[..],
+            b"null",
+            b"{\"node\":\"lb-2\",\"claims\":{\"db\":-1},\"pid\":1,\"version\":\"x\"}",
+            b"{\"node\":\"lb-2\",\"claims\":{\"db\":1e400},\"pid\":1,\"version\":\"x\"}",
+            b"{\"node\":\"lb-2\",\"claims\":{\"db\":99999999999},\"pid\":1,\"version\":\"x\"}",
+        ] {
+            assert!(
+                matches!(member("lb-2", bad), Err(Rejected::Malformed(_))),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let d = serde_json::to_vec(&Departed {
+            node: "lb-2".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(departed("lb-2", &d).is_ok());
+        assert_eq!(
+            departed("lb-4", &d).unwrap_err(),
+            Rejected::Misnamed("lb-2".into())
+        );
+        assert!(matches!(
+            departed("lb-2", b"[]"),
+            Err(Rejected::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn numbers_out_of_range_are_clamped_and_named() {
+        let mut r = record("lb-2");
+        r.claims.insert("db".into(), u32::MAX);
+        r.max_limits.insert("db".into(), u32::MAX);
+        r.demand.insert(
+            "db".into(),
+            Demand {
+                attempts: [-5.0, 1e300, 10.0, 0.0],
+                need: [-1.0, 1e300, 4.0, 0.0],
+                hold_ms: Some(1e12),
+                admitted: -3.0,
+                established: 1e300,
+            },
+        );
+        let (r, found) = member("lb-2", &serde_json::to_vec(&r).unwrap()).unwrap();
+        assert_eq!(r.claims["db"], LIMIT_CEILING);
+        assert_eq!(r.max_limits["db"], LIMIT_CEILING);
+        let d = r.demand["db"];
+        assert_eq!(d.attempts, [0.0, MAX_RATE, 10.0, 0.0]);
+        assert_eq!(d.need, [0.0, 1e300, 4.0, 0.0]);
+        assert_eq!((d.hold_ms, d.admitted), (None, 0.0));
+        assert_eq!(d.established, LIMIT_CEILING as f64);
+        let mut found = found;
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                Field::Claim,
+                Field::MaxLimit,
+                Field::Attempts,
+                Field::Admitted,
+                Field::Established,
+                Field::Hold,
+                Field::Need
+            ]
+        );
+        // A record within range: nothing named.
+        let mut fine = record("lb-2");
+        fine.claims.insert("db".into(), 18);
+        let (_, found) = member("lb-2", &serde_json::to_vec(&fine).unwrap()).unwrap();
+        assert!(found.is_empty());
+    }
+
+    fn demand(attempts: f64, admitted: f64, established: f64, need: f64) -> Demand {
+        Demand {
+            attempts: [0.0, 0.0, attempts, 0.0],
+            need: [0.0, 0.0, need, 0.0],
+            hold_ms: None,
+            admitted,
+            established,
+        }
+    }
+
+    #[test]
+    fn a_need_is_capped_by_what_the_member_proved() {
+        // An honest node: 135 attempts a second, 45 admitted, 18 established (400 ms):
+        // need 54, three times what it holds: counted as published.
+        let (n, capped) = proven_need(&demand(135.0, 45.0, 18.0, 54.0), 18, 1.0);
+        assert!((n[2] - 54.0).abs() < 1e-9 && !capped, "{n:?}");
+        // A need its own figures do not support (135 × 0.4 = 54, not 5,000).
+        let (n, capped) = proven_need(&demand(135.0, 45.0, 18.0, 5000.0), 18, 1.0);
+        assert!((n[2] - 54.0).abs() < 1e-9 && capped, "{n:?}");
+        // Established connections its claim does not cover count only up to the claim: 2
+        // connections for 45 admissions a second, a hold of 44 ms, a need of 6.
+        let (n, capped) = proven_need(&demand(135.0, 45.0, 18.0, 54.0), 2, 1.0);
+        assert!((n[2] - 6.0).abs() < 1e-9 && capped, "{n:?}");
+        // Long-lived connections (the hold of a connection pool): 4 × 2 + 1.
+        let (n, _) = proven_need(&demand(135.0, 0.5, 18.0, 54.0), 2, 1.0);
+        assert!((n[2] - 9.0).abs() < 1e-9, "{n:?}");
+        // Ten times overloaded: weighed at four times what it holds, plus one.
+        let (n, _) = proven_need(&demand(450.0, 45.0, 18.0, 180.0), 18, 1.0);
+        assert!((n[2] - 73.0).abs() < 1e-9, "{n:?}");
+        // The absurd record: a million attempts, a need of a billion, nothing held.
+        let (n, capped) = proven_need(&demand(1e6, 0.0, 0.0, 1e9), 0, 1.0);
+        assert!(
+            (n.iter().sum::<f64>() - 1.0).abs() < 1e-9 && capped,
+            "{n:?}"
+        );
+        // Scaled over the classes alike: their order is kept.
+        let d = Demand {
+            attempts: [10.0, 100.0, 0.0, 0.0],
+            need: [4.0, 40.0, 0.0, 0.0],
+            admitted: 10.0,
+            established: 4.0,
+            hold_ms: Some(400.0),
+        };
+        let (n, _) = proven_need(&d, 4, 1.0);
+        assert!((n[0] - 17.0 / 11.0).abs() < 1e-9, "{n:?}");
+        assert!((n[1] - 170.0 / 11.0).abs() < 1e-9, "{n:?}");
+        // Admitting nothing: the fleet's hold, and still the cap.
+        let (n, _) = proven_need(&demand(10.0, 0.0, 0.0, 10.0), 0, 0.4);
+        assert!((n[2] - 1.0).abs() < 1e-9, "{n:?}");
+    }
+
+    #[test]
+    fn a_claim_above_the_members_share_counts_only_as_it_falls() {
+        // Within its share: all of it.
+        assert_eq!(counted_claim(Some(18), 18, 18, true), (18, 18));
+        assert_eq!(counted_claim(Some(18), 12, 18, true), (12, 18));
+        // Its share falls from 37 to 7: its claim counts while it drains...
+        assert_eq!(counted_claim(Some(37), 37, 7, true), (37, 37));
+        assert_eq!(counted_claim(Some(37), 25, 7, true), (25, 25));
+        // ...and cannot grow back above what it drained to.
+        assert_eq!(counted_claim(Some(25), 54, 7, true), (25, 25));
+        assert_eq!(counted_claim(Some(25), 7, 7, true), (7, 7));
+        // A raise to a share this node's view gives it counts at once.
+        assert_eq!(counted_claim(Some(7), 30, 30, true), (30, 30));
+        // A claim growing past its share: up to the share.
+        assert_eq!(counted_claim(Some(18), 54, 18, true), (18, 18));
+        // A new member above its share: up to its share; before this node's first view,
+        // as published.
+        assert_eq!(counted_claim(None, 54, 2, true), (2, 2));
+        assert_eq!(counted_claim(None, 9, 18, true), (9, 18));
+        assert_eq!(counted_claim(None, 20, 18, false), (20, 20));
+    }
+
+    #[test]
+    fn the_proven_hold_needs_admissions_and_a_claim() {
+        assert_eq!(proven_hold(&demand(10.0, 45.0, 18.0, 4.0), 18), Some(0.4));
+        assert_eq!(proven_hold(&demand(10.0, 0.05, 18.0, 4.0), 18), None);
+        assert_eq!(proven_hold(&demand(10.0, 45.0, 18.0, 4.0), 0), None);
+        assert_eq!(
+            proven_hold(&demand(10.0, 0.1, 1e6, 4.0), u32::MAX),
+            Some(MAX_HOLD)
+        );
+    }
+}
