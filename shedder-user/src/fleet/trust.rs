@@ -16,8 +16,12 @@
 //!   missing (`view`); a claim counts only as far as this node's view granted it
 //!   ([`counted_claim`]).
 //!
-//! Each value clamped is named by a [`Field`] (the `field` label of
-//! `shedder_fleet_record_values_clamped_total`).
+//! Each value that no honest record holds (out of range, above the budget, a need its own
+//! figures contradict, a reserve above the static share, a date in the future) is named by
+//! a [`Field`] (the `field` label of `shedder_fleet_record_values_clamped_total`). The caps
+//! that honest records meet too (a need over four times what the node holds, a claim
+//! above its share while connections drain) are applied without a report; the per-member
+//! metrics show them.
 
 use std::fmt;
 
@@ -48,14 +52,14 @@ pub const PROOF_FACTOR: f64 = 4.0;
 /// A value out of bounds in a record (the `field` label of the clamping metric).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Field {
-    /// A claim above the budget, or above what this node's view granted the member.
+    /// A claim above the budget.
     Claim,
     MaxLimit,
     Attempts,
     Admitted,
     Established,
     Hold,
-    /// A need that is not negative, finite and within what the member proved.
+    /// A need that is negative, or that the member's own figures contradict.
     Need,
     /// A departed member's reserve above the static share.
     Reserve,
@@ -216,11 +220,17 @@ pub fn proven_hold(d: &Demand, claim: u32) -> Option<f64> {
 /// so the first rule catches a record that contradicts itself, and the second one that
 /// asks for far more than the node holds. Whether it tells the truth about what it holds
 /// no record can show: that is what the etcd credentials are for (docs/fleet.md).
+///
+/// Also whether the record contradicts itself: a need more than a tenth (and a
+/// connection) above its attempts × its established connections per admission, or, for a
+/// member that admits too little to have a hold (its need uses the fleet's), more than
+/// twice its attempts × `fallback_hold` (the fleet's hold may have moved since it
+/// published). The other caps are routine (a node overloaded more than fourfold, a mean
+/// of connections above a claim that has just fallen) and not reported.
 pub fn proven_need(d: &Demand, claim: u32, fallback_hold: f64) -> ([f64; NUM_CLASSES], bool) {
     let hold = proven_hold(d, claim).unwrap_or(fallback_hold);
     let mut need: [f64; NUM_CLASSES] =
         std::array::from_fn(|c| d.need[c].min(d.attempts[c] * hold).max(0.0));
-    let mut capped = need.iter().zip(&d.need).any(|(a, b)| a < b);
     let total: f64 = need.iter().sum();
     let most = PROOF_FACTOR * d.established.min(claim as f64) + 1.0;
     if total > most {
@@ -228,9 +238,18 @@ pub fn proven_need(d: &Demand, claim: u32, fallback_hold: f64) -> ([f64; NUM_CLA
         for n in &mut need {
             *n *= scale;
         }
-        capped = true;
     }
-    (need, capped)
+    let (hold, slack) = if d.admitted >= MIN_ADMITTED {
+        (d.established / d.admitted, 1.1)
+    } else {
+        (fallback_hold, 2.0)
+    };
+    let contradicts = d
+        .need
+        .iter()
+        .zip(&d.attempts)
+        .any(|(n, a)| *n > slack * a * hold + 1.0);
+    (need, contradicts)
 }
 
 /// How much of another member's claim counts against the room this node raises into,
@@ -369,15 +388,19 @@ mod tests {
     fn a_need_is_capped_by_what_the_member_proved() {
         // An honest node: 135 attempts a second, 45 admitted, 18 established (400 ms):
         // need 54, three times what it holds: counted as published.
-        let (n, capped) = proven_need(&demand(135.0, 45.0, 18.0, 54.0), 18, 1.0);
-        assert!((n[2] - 54.0).abs() < 1e-9 && !capped, "{n:?}");
+        let (n, contradicts) = proven_need(&demand(135.0, 45.0, 18.0, 54.0), 18, 1.0);
+        assert!((n[2] - 54.0).abs() < 1e-9 && !contradicts, "{n:?}");
+        // Rounded figures (a tenth) do not contradict.
+        let (_, contradicts) = proven_need(&demand(133.4, 44.7, 17.9, 53.5), 18, 1.0);
+        assert!(!contradicts);
         // A need its own figures do not support (135 × 0.4 = 54, not 5,000).
-        let (n, capped) = proven_need(&demand(135.0, 45.0, 18.0, 5000.0), 18, 1.0);
-        assert!((n[2] - 54.0).abs() < 1e-9 && capped, "{n:?}");
+        let (n, contradicts) = proven_need(&demand(135.0, 45.0, 18.0, 5000.0), 18, 1.0);
+        assert!((n[2] - 54.0).abs() < 1e-9 && contradicts, "{n:?}");
         // Established connections its claim does not cover count only up to the claim: 2
-        // connections for 45 admissions a second, a hold of 44 ms, a need of 6.
-        let (n, capped) = proven_need(&demand(135.0, 45.0, 18.0, 54.0), 2, 1.0);
-        assert!((n[2] - 6.0).abs() < 1e-9 && capped, "{n:?}");
+        // connections for 45 admissions a second, a hold of 44 ms, a need of 6. A claim
+        // can have fallen below a mean of connections: not reported.
+        let (n, contradicts) = proven_need(&demand(135.0, 45.0, 18.0, 54.0), 2, 1.0);
+        assert!((n[2] - 6.0).abs() < 1e-9 && !contradicts, "{n:?}");
         // Long-lived connections (the hold of a connection pool): 4 × 2 + 1.
         let (n, _) = proven_need(&demand(135.0, 0.5, 18.0, 54.0), 2, 1.0);
         assert!((n[2] - 9.0).abs() < 1e-9, "{n:?}");
