@@ -200,9 +200,9 @@ struct View {
     /// This node's demand as it publishes it, and when it last changed.
     demand: BTreeMap<String, Demand>,
     demand_changed: Option<Instant>,
-    /// Per service, how far each other member's claim may count (`trust::counted_claim`).
+    /// Per service, what each other member's claim counts and holds (`view::Standing`).
     /// Kept across sessions: a member seen before is not new after a reconnect.
-    allowances: BTreeMap<String, BTreeMap<String, u32>>,
+    standings: BTreeMap<String, BTreeMap<String, view::Standing>>,
     /// Whether this node has had a view of the fleet (claims are taken as published
     /// before: see `trust::counted_claim`).
     settled: bool,
@@ -429,7 +429,7 @@ impl Agent {
             self.apply_put(kv.key(), kv.value());
         }
         let members: Vec<String> = self.view.members.keys().cloned().collect();
-        for a in self.view.allowances.values_mut() {
+        for a in self.view.standings.values_mut() {
             a.retain(|node, _| members.contains(node));
         }
         self.view.revision = got.header().map_or(0, |h| h.revision());
@@ -508,7 +508,7 @@ impl Agent {
                                         && let Some(last) = self.view.members.remove(node)
                                     {
                                         self.forget_findings(node);
-                                        for a in self.view.allowances.values_mut() {
+                                        for a in self.view.standings.values_mut() {
                                             a.remove(node);
                                         }
                                         self.member_left(&mut client, node, &last).await?;
@@ -822,7 +822,7 @@ impl Agent {
                 svc,
                 &self.view.members,
                 &self.view.departed,
-                self.view.allowances.get(&svc.name).unwrap_or(&empty),
+                self.view.standings.get(&svc.name).unwrap_or(&empty),
                 self.view.settled,
                 now_ms,
             );
@@ -843,7 +843,7 @@ impl Agent {
                 }
             }
             findings.extend(o.findings.iter().cloned());
-            self.view.allowances.insert(svc.name.clone(), o.allowances);
+            self.view.standings.insert(svc.name.clone(), o.standings);
             let current = ceilings.get(&svc.name).copied().unwrap_or(0);
             let (next, raise) = match self.s.shares {
                 Shares::Demand => next_ceiling_by_demand(current, o.target, o.room),
@@ -953,10 +953,12 @@ impl Agent {
             };
             // The median of the holds the others proved (a hold a record merely states
             // could be anything).
+            let empty = BTreeMap::new();
             let fallback = Duration::from_secs_f64(view::fleet_hold(
                 &self.view.members,
                 &svc.name,
                 &self.s.node,
+                self.view.standings.get(&svc.name).unwrap_or(&empty),
             ));
             let now = smoother.demand(fallback).rounded();
             let publish = match self.view.demand.get(&svc.name) {

@@ -38,15 +38,14 @@ pub const MAX_RATE: f64 = 1e8;
 /// hours; nothing the budget counts holds a connection for days without being idle).
 pub const MAX_HOLD: f64 = 86_400.0;
 
-/// How many times what it holds a member's need may be ([`proven_need`]).
+/// How many times what it was granted a member's need may be ([`proven_need`]).
 ///
 /// A node's need over what it holds is `attempts / admissions`, the load it refuses: a
-/// node that refuses three attempts in four is weighed in full, one more overloaded than
-/// that is weighed at four times what it holds, and as its larger share fills, at four
-/// times that: a share by demand grows at most fourfold each time the node publishes (at
-/// most every 500 ms). What a record cannot claim this way is weight it has never shown
-/// it can hold: a record of a need of millions from a node that holds nothing weighs one
-/// connection.
+/// node that refuses three attempts in four is weighed in full; one more overloaded than
+/// that is weighed at four times its share, and once it has raised to the larger share,
+/// at four times that: a share by demand grows at most fourfold with each raise. What a
+/// record cannot claim this way is weight it was never granted: a record of a need of
+/// millions from a node that holds nothing weighs one connection.
 pub const PROOF_FACTOR: f64 = 4.0;
 
 /// A value out of bounds in a record (the `field` label of the clamping metric).
@@ -164,8 +163,9 @@ pub fn member(key_node: &str, value: &[u8]) -> Result<(Record, Vec<Field>), Reje
             clamp(&mut d.established, LIMIT_CEILING as f64),
             Field::Established,
         );
+        // 0 is a hold: connections admitted and none established (a node under a flood).
         if let Some(h) = d.hold_ms
-            && !(h > 0.0 && h <= MAX_HOLD * 1000.0)
+            && !(0.0..=MAX_HOLD * 1000.0).contains(&h)
         {
             note(true, Field::Hold);
             d.hold_ms = None;
@@ -196,11 +196,11 @@ pub fn departed(key_node: &str, value: &[u8]) -> Result<(Departed, Vec<Field>), 
     Ok((d, found))
 }
 
-/// The hold a member has proved, in seconds: its established connections (at most its
-/// claim, which has to cover them) per admission per second; `None` when it admits too
-/// little to say.
-pub fn proven_hold(d: &Demand, claim: u32) -> Option<f64> {
-    let established = d.established.min(claim as f64);
+/// The hold a member has proved, in seconds: its established connections (at most what
+/// it holds by this node's views, [`held_claim`]) per admission per second; `None` when it
+/// admits too little to say.
+pub fn proven_hold(d: &Demand, held: u32) -> Option<f64> {
+    let established = d.established.min(held as f64);
     (d.admitted >= MIN_ADMITTED)
         .then(|| (established / d.admitted).min(MAX_HOLD))
         .filter(|h| *h > 0.0)
@@ -209,17 +209,22 @@ pub fn proven_hold(d: &Demand, claim: u32) -> Option<f64> {
 /// The need of a member as the shares count it: what it published, at most
 ///
 /// - per class, its attempts per second × the hold it proved ([`proven_hold`]: its
-///   established connections per admission per second), or `fallback_hold` (seconds: the
-///   fleet's median) when it admits too little to measure one; and
-/// - in all, [`PROOF_FACTOR`] × its established connections (at most its claim) + 1,
-///   scaled down over the classes alike, so the classes keep their order.
+///   established connections, at most what it holds by this node's views, per admission
+///   per second), or `fallback_hold` (seconds: the fleet's median) when it admits too
+///   little to measure one; and
+/// - in all, [`PROOF_FACTOR`] × what it holds by this node's views ([`held_claim`]: its
+///   claim, as far as the protocol can have granted it) + 1, scaled down over the classes
+///   alike, so the classes keep their order.
 ///
 /// A need is the connections its attempts would hold if all were admitted; by Little's
 /// law a node holding `established` connections after `admitted` admissions a second
-/// would hold `attempts × established / admitted`. Both figures are the member's own,
-/// so the first rule catches a record that contradicts itself, and the second one that
-/// asks for far more than the node holds. Whether it tells the truth about what it holds
-/// no record can show: that is what the etcd credentials are for (docs/fleet.md).
+/// would hold `attempts × established / admitted`: the first rule holds a record to that,
+/// so a record that contradicts itself, or states connections it was never granted,
+/// gains nothing by it. The second bounds what a node may ask for by what it was granted:
+/// a record that appears out of nowhere (nothing granted) weighs one connection whatever it
+/// says, and an honest node grows its weight fourfold with each share it raises to (a
+/// raise is a transaction: each is seen at once). What a member's established connections
+/// are, no record can show; what it was granted, every node saw.
 ///
 /// Also whether the record contradicts itself: a need more than a tenth (and a
 /// connection) above its attempts × its established connections per admission, or, for a
@@ -227,20 +232,21 @@ pub fn proven_hold(d: &Demand, claim: u32) -> Option<f64> {
 /// twice its attempts × `fallback_hold` (the fleet's hold may have moved since it
 /// published). The other caps are routine (a node overloaded more than fourfold, a mean
 /// of connections above a claim that has just fallen) and not reported.
-pub fn proven_need(d: &Demand, claim: u32, fallback_hold: f64) -> ([f64; NUM_CLASSES], bool) {
-    let hold = proven_hold(d, claim).unwrap_or(fallback_hold);
+pub fn proven_need(d: &Demand, held: u32, fallback_hold: f64) -> ([f64; NUM_CLASSES], bool) {
+    let hold = proven_hold(d, held).unwrap_or(fallback_hold);
     let mut need: [f64; NUM_CLASSES] =
         std::array::from_fn(|c| d.need[c].min(d.attempts[c] * hold).max(0.0));
     let total: f64 = need.iter().sum();
-    let most = PROOF_FACTOR * d.established.min(claim as f64) + 1.0;
+    let most = PROOF_FACTOR * held as f64 + 1.0;
     if total > most {
         let scale = most / total;
         for n in &mut need {
             *n *= scale;
         }
     }
+    // Figures are published to a tenth: the most they can stand for.
     let (hold, slack) = if d.admitted >= MIN_ADMITTED {
-        (d.established / d.admitted, 1.1)
+        ((d.established + 0.05) / (d.admitted - 0.05), 1.1)
     } else {
         (fallback_hold, 2.0)
     };
@@ -248,8 +254,37 @@ pub fn proven_need(d: &Demand, claim: u32, fallback_hold: f64) -> ([f64; NUM_CLA
         .need
         .iter()
         .zip(&d.attempts)
-        .any(|(n, a)| *n > slack * a * hold + 1.0);
+        .any(|(n, a)| *n > slack * (a + 0.05) * hold + 1.0);
     (need, contradicts)
+}
+
+/// What another member holds by this node's views: the claim it publishes, if it came by
+/// it as the protocol lets a node, else what it held before. `prev` is `(held, share)` of
+/// the previous view; `static_share` the fleet's static share.
+///
+/// A node's claim rises only through a raise to its share (a transaction against the view
+/// every node reads), falls as its connections close, and starts at 0, or at the static
+/// share when it comes back from a cut-off (what it held meanwhile, reserved for it by
+/// the others). So a claim within the member's last share, within what it held, or within
+/// the static share is taken as held; a claim above all three is not, and what it held
+/// stays. Before this node's first view (`settled` false) every claim is taken.
+///
+/// This is what a member's need is proved against ([`proven_need`]): a record that
+/// appears claiming the budget and saying it holds it, which no node can have come by,
+/// weighs what it held: nothing. The limit: a record that claims no more than the static
+/// share, and then each share it is given, is weighed as a node that does; the etcd
+/// credentials (one user per node, docs/fleet.md) are what keeps others from writing one.
+pub fn held_claim(prev: Option<(u32, u32)>, claim: u32, static_share: u32, settled: bool) -> u32 {
+    let (held, within) = match prev {
+        Some((held, share)) => (held, share.max(held)),
+        None if settled => (0, 0),
+        None => return claim,
+    };
+    if claim <= within.max(static_share) {
+        claim
+    } else {
+        held
+    }
 }
 
 /// How much of another member's claim counts against the room this node raises into,
@@ -390,20 +425,27 @@ mod tests {
         // need 54, three times what it holds: counted as published.
         let (n, contradicts) = proven_need(&demand(135.0, 45.0, 18.0, 54.0), 18, 1.0);
         assert!((n[2] - 54.0).abs() < 1e-9 && !contradicts, "{n:?}");
-        // Rounded figures (a tenth) do not contradict.
+        // Rounded figures (a tenth) do not contradict, small ones included: 0.04
+        // connections published as 0.0.
         let (_, contradicts) = proven_need(&demand(133.4, 44.7, 17.9, 53.5), 18, 1.0);
+        assert!(!contradicts);
+        let (_, contradicts) = proven_need(&demand(3139.0, 10.0, 0.0, 12.6), 18, 1.0);
         assert!(!contradicts);
         // A need its own figures do not support (135 × 0.4 = 54, not 5,000).
         let (n, contradicts) = proven_need(&demand(135.0, 45.0, 18.0, 5000.0), 18, 1.0);
         assert!((n[2] - 54.0).abs() < 1e-9 && contradicts, "{n:?}");
-        // Established connections its claim does not cover count only up to the claim: 2
-        // connections for 45 admissions a second, a hold of 44 ms, a need of 6. A claim
-        // can have fallen below a mean of connections: not reported.
+        // Established connections count only up to what it holds: 2 connections for 45
+        // admissions a second, a hold of 44 ms, a need of 6. A claim can have fallen below
+        // a mean of connections: not reported.
         let (n, contradicts) = proven_need(&demand(135.0, 45.0, 18.0, 54.0), 2, 1.0);
         assert!((n[2] - 6.0).abs() < 1e-9 && !contradicts, "{n:?}");
-        // Long-lived connections (the hold of a connection pool): 4 × 2 + 1.
+        // Long-lived connections (the hold of a connection pool), 2 held: 4 × 2 + 1.
         let (n, _) = proven_need(&demand(135.0, 0.5, 18.0, 54.0), 2, 1.0);
         assert!((n[2] - 9.0).abs() < 1e-9, "{n:?}");
+        // Established connections below what it holds weigh in the hold, not in the cap:
+        // a node granted 18 and holding 9 (its hold 200 ms) may ask for 4 × 18 + 1.
+        let (n, _) = proven_need(&demand(900.0, 45.0, 9.0, 180.0), 18, 1.0);
+        assert!((n[2] - 73.0).abs() < 1e-9, "{n:?}");
         // Ten times overloaded: weighed at four times what it holds, plus one.
         let (n, _) = proven_need(&demand(450.0, 45.0, 18.0, 180.0), 18, 1.0);
         assert!((n[2] - 73.0).abs() < 1e-9, "{n:?}");
@@ -449,6 +491,26 @@ mod tests {
         assert_eq!(counted_claim(None, 54, 2, true), (2, 2));
         assert_eq!(counted_claim(None, 9, 18, true), (9, 18));
         assert_eq!(counted_claim(None, 20, 18, false), (20, 20));
+    }
+
+    #[test]
+    fn a_claim_is_held_as_far_as_the_protocol_gives_it() {
+        // Within its share, within what it held (draining), within the static share.
+        assert_eq!(held_claim(Some((18, 18)), 18, 9, true), 18);
+        assert_eq!(held_claim(Some((37, 7)), 30, 9, true), 30);
+        assert_eq!(held_claim(Some((7, 30)), 30, 9, true), 30);
+        assert_eq!(held_claim(None, 9, 9, true), 9, "back from a cut-off");
+        assert_eq!(held_claim(None, 0, 9, true), 0, "a joining node");
+        // Above all three: what it held.
+        assert_eq!(held_claim(Some((18, 18)), 54, 9, true), 18);
+        assert_eq!(
+            held_claim(None, 54, 9, true),
+            0,
+            "a record claiming the budget"
+        );
+        assert_eq!(held_claim(Some((0, 2)), 54, 9, true), 0);
+        // Before this node's first view, as published.
+        assert_eq!(held_claim(None, 54, 9, false), 54);
     }
 
     #[test]

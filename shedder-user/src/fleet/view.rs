@@ -60,6 +60,17 @@ impl Seen {
     }
 }
 
+/// What this node carries from one view of a service to the next about another member.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Standing {
+    /// How far its claim may count against the room ([`trust::counted_claim`]).
+    pub allowance: u32,
+    /// What it holds by this node's views ([`trust::held_claim`]).
+    pub held: u32,
+    /// Its share in the view.
+    pub share: u32,
+}
+
 /// One service as this node sees it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outcome {
@@ -70,9 +81,8 @@ pub struct Outcome {
     pub target: u32,
     /// What the budget less reservations and the others' counted claims leaves.
     pub room: u32,
-    /// Per other member, what its claim may count up to in the next view
-    /// ([`trust::counted_claim`]).
-    pub allowances: BTreeMap<String, u32>,
+    /// Per other member, what the next view carries over.
+    pub standings: BTreeMap<String, Standing>,
     /// Values no honest record holds: (member, field). (A claim counted below what was
     /// published is in `share.nodes`, not here: a drain's connections can do that.)
     pub findings: Vec<(String, Field)>,
@@ -81,14 +91,24 @@ pub struct Outcome {
 }
 
 /// The hold the fleet's members proved (seconds): the median of theirs, leaving out
-/// `except` (a node computing its own need); [`DEFAULT_HOLD`] when none has one.
-pub fn fleet_hold(members: &BTreeMap<String, Record>, service: &str, except: &str) -> f64 {
+/// `except` (a node computing its own need); [`DEFAULT_HOLD`] when none has one. A
+/// member's connections count as far as it holds them by `standings` (this node's own
+/// claim, and a member's without a standing, as published).
+pub fn fleet_hold(
+    members: &BTreeMap<String, Record>,
+    service: &str,
+    except: &str,
+    standings: &BTreeMap<String, Standing>,
+) -> f64 {
     let mut holds: Vec<f64> = members
         .iter()
         .filter(|(n, _)| n.as_str() != except)
-        .filter_map(|(_, r)| {
+        .filter_map(|(n, r)| {
             let d = r.demand.get(service)?;
-            trust::proven_hold(d, r.claims.get(service).copied().unwrap_or(0))
+            let held = standings
+                .get(n)
+                .map_or_else(|| r.claims.get(service).copied().unwrap_or(0), |s| s.held);
+            trust::proven_hold(d, held)
         })
         .collect();
     holds.sort_by(f64::total_cmp);
@@ -142,14 +162,14 @@ pub fn reserved(
 
 /// The view of one shared service: budget, reservations, every live member's share (the
 /// same on every node that reads the same records, whatever it believed of their claims)
-/// and this node's target and room. `allowances` are those the last view returned for the
+/// and this node's target and room. `standings` are those the last view returned for the
 /// service; `settled`, whether this node has had a view of the fleet before.
 pub fn service(
     s: &Settings<'_>,
     svc: &SharedService,
     members: &BTreeMap<String, Record>,
     departed: &BTreeMap<String, Seen>,
-    allowances: &BTreeMap<String, u32>,
+    standings: &BTreeMap<String, Standing>,
     settled: bool,
     now_unix_ms: u64,
 ) -> Outcome {
@@ -180,14 +200,40 @@ pub fn service(
             c.min(budget)
         })
         .collect();
-    let hold = fleet_hold(members, &svc.name, "");
-    let needs: Vec<[f64; shedder_common::NUM_CLASSES]> = live
+    // What each holds by this node's views: its needs are proved against that.
+    let statics = static_share(budget, s.max_nodes, u32::MAX);
+    let held: Vec<u32> = live
         .iter()
         .zip(&claims)
-        .map(|((n, r), claim)| match r.demand.get(&svc.name) {
+        .map(|((n, _), claim)| {
+            if n.as_str() == s.node {
+                return *claim;
+            }
+            let prev = standings.get(n.as_str()).map(|p| (p.held, p.share));
+            trust::held_claim(prev, *claim, statics, settled)
+        })
+        .collect();
+    let held_by: BTreeMap<String, Standing> = live
+        .iter()
+        .zip(&held)
+        .map(|((n, _), h)| {
+            (
+                n.to_string(),
+                Standing {
+                    held: *h,
+                    ..Default::default()
+                },
+            )
+        })
+        .collect();
+    let hold = fleet_hold(members, &svc.name, "", &held_by);
+    let needs: Vec<[f64; shedder_common::NUM_CLASSES]> = live
+        .iter()
+        .zip(&held)
+        .map(|((n, r), held)| match r.demand.get(&svc.name) {
             None => [0.0; shedder_common::NUM_CLASSES],
             Some(d) => {
-                let (need, contradicts) = trust::proven_need(d, *claim, hold);
+                let (need, contradicts) = trust::proven_need(d, *held, hold);
                 if contradicts {
                     findings.push((n.to_string(), Field::Need));
                 }
@@ -213,15 +259,22 @@ pub fn service(
     // The others' claims, each as far as this node's views granted it.
     let mut others = 0u32;
     let mut counted = Vec::with_capacity(live.len());
-    let mut next_allowances = BTreeMap::new();
-    for (((n, _), claim), share) in live.iter().zip(&claims).zip(&shares) {
+    let mut next = BTreeMap::new();
+    for ((((n, _), claim), share), held) in live.iter().zip(&claims).zip(&shares).zip(&held) {
         if n.as_str() == s.node {
             counted.push(*claim);
             continue;
         }
-        let (c, allowance) =
-            trust::counted_claim(allowances.get(n.as_str()).copied(), *claim, *share, settled);
-        next_allowances.insert(n.to_string(), allowance);
+        let prev = standings.get(n.as_str()).map(|p| p.allowance);
+        let (c, allowance) = trust::counted_claim(prev, *claim, *share, settled);
+        next.insert(
+            n.to_string(),
+            Standing {
+                allowance,
+                held: *held,
+                share: *share,
+            },
+        );
         others = others.saturating_add(c);
         counted.push(c);
     }
@@ -276,7 +329,7 @@ pub fn service(
         },
         target: own,
         room: live_budget.saturating_sub(others),
-        allowances: next_allowances,
+        standings: next,
         findings,
         disagreeing,
     }
@@ -343,15 +396,17 @@ mod tests {
             .collect()
     }
 
-    /// The view of node-0 after `steps` views of the same records (allowances carried).
+    /// The view of node-0, standings carried from the last (the first one, as the agent's
+    /// first, not settled).
     fn settle(
         s: &Settings<'_>,
         members: &BTreeMap<String, Record>,
         departed: &BTreeMap<String, Seen>,
-        allowances: &mut BTreeMap<String, u32>,
+        standings: &mut BTreeMap<String, Standing>,
     ) -> Outcome {
-        let o = service(s, &db(), members, departed, allowances, true, NOW);
-        *allowances = o.allowances.clone();
+        let settled = !standings.is_empty();
+        let o = service(s, &db(), members, departed, standings, settled, NOW);
+        *standings = o.standings.clone();
         o
     }
 
@@ -407,11 +462,11 @@ mod tests {
     #[test]
     fn a_rogue_record_does_not_drain_the_others() {
         let s = settings(Shares::Demand);
-        let mut allowances = BTreeMap::new();
-        let before = settle(&s, &three(), &BTreeMap::new(), &mut allowances);
+        let mut standings = BTreeMap::new();
+        let before = settle(&s, &three(), &BTreeMap::new(), &mut standings);
         let mut members = three();
         members.insert("rogue".into(), rogue());
-        let o = settle(&s, &members, &BTreeMap::new(), &mut allowances);
+        let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
         assert_eq!(
             o.share.budget, 54,
             "its own global_limit, not the rogue's 0"
@@ -439,23 +494,17 @@ mod tests {
                     .insert("db".into(), n.share);
             }
         }
-        let o = settle(&s, &members, &BTreeMap::new(), &mut allowances);
+        let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
         assert!(o.room >= o.target, "{o:?}");
-        // It claims a million connections (and holds as little as before): above the
-        // budget, counted up to its share.
+        // It claims a million connections, and still says it holds a million: above the
+        // budget, counted up to its share, and held as before (nothing), so its need still
+        // weighs one connection.
         members
             .get_mut("rogue")
             .unwrap()
             .claims
             .insert("db".into(), 1_000_000);
-        members
-            .get_mut("rogue")
-            .unwrap()
-            .demand
-            .get_mut("db")
-            .unwrap()
-            .established = 0.0;
-        let again = settle(&s, &members, &BTreeMap::new(), &mut allowances);
+        let again = settle(&s, &members, &BTreeMap::new(), &mut standings);
         let rogue_share = again
             .share
             .nodes
@@ -466,6 +515,8 @@ mod tests {
             (rogue_share.claim, rogue_share.counted),
             (54, rogue_share.share)
         );
+        assert!(rogue_share.need.iter().sum::<f64>() <= 1.0 + 1e-9);
+        assert_eq!(again.standings["rogue"].held, 0);
         assert_eq!(again.target, o.target);
         assert_eq!(
             again.room,
@@ -488,16 +539,9 @@ mod tests {
     #[test]
     fn a_flooded_member_claims_no_more_than_it_proved() {
         let s = settings(Shares::Demand);
+        let mut standings = BTreeMap::new();
         let mut members = three();
-        let o = service(
-            &s,
-            &db(),
-            &members,
-            &BTreeMap::new(),
-            &BTreeMap::new(),
-            true,
-            NOW,
-        );
+        let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
         let baseline = o.target;
         let mut flooded = member("node-2", 18, 54.0, 18.0);
         let d = flooded.demand.get_mut("db").unwrap();
@@ -506,15 +550,7 @@ mod tests {
         d.admitted += 1000.0 / 3.0;
         d.need[2] = d.attempts[2] * d.established / d.admitted;
         members.insert("node-2".into(), flooded.clone());
-        let o = service(
-            &s,
-            &db(),
-            &members,
-            &BTreeMap::new(),
-            &BTreeMap::new(),
-            true,
-            NOW,
-        );
+        let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
         assert_eq!(o.target, baseline, "{o:?}");
         // Ten times its clients' need: 4 × 18 + 1 counted.
         let d = flooded.demand.get_mut("db").unwrap();
@@ -522,15 +558,7 @@ mod tests {
         d.attempts[2] = 1350.0;
         d.admitted = 45.0;
         members.insert("node-2".into(), flooded);
-        let o = service(
-            &s,
-            &db(),
-            &members,
-            &BTreeMap::new(),
-            &BTreeMap::new(),
-            true,
-            NOW,
-        );
+        let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
         let n2 = o.share.nodes.iter().find(|n| n.node == "node-2").unwrap();
         assert!((n2.need.iter().sum::<f64>() - 73.0).abs() < 1e-9, "{n2:?}");
         assert!(
@@ -592,18 +620,18 @@ mod tests {
         assert_eq!((o.share.reserved, o.target), (27, 9));
     }
 
-    /// Joins, deaths and drains through the allowances: a joining member is made room for
+    /// Joins, deaths and drains through the standings: a joining member is made room for
     /// as the others drain; a member lowered keeps its claim counted while it drains.
     #[test]
     fn claims_count_while_members_drain_and_join() {
         let s = settings(Shares::Equal);
-        let mut allowances = BTreeMap::new();
+        let mut standings = BTreeMap::new();
         let mut members = three();
         members.remove("node-2");
         for m in members.values_mut() {
             m.claims.insert("db".into(), 27);
         }
-        let o = settle(&s, &members, &BTreeMap::new(), &mut allowances);
+        let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
         assert_eq!((o.target, o.room), (27, 27));
         // node-2 joins at 0: the shares fall to 18, node-1 still claims 27 while it
         // drains, so node-0 has room for 27 and node-2 (at 0) for none yet.
@@ -613,7 +641,7 @@ mod tests {
             .unwrap()
             .claims
             .insert("db".into(), 18);
-        let o = settle(&s, &members, &BTreeMap::new(), &mut allowances);
+        let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
         assert_eq!((o.target, o.share.others), (18, 27));
         // node-1 drains to 20 and then claims 27 again: only 20 counts.
         members
@@ -621,13 +649,13 @@ mod tests {
             .unwrap()
             .claims
             .insert("db".into(), 20);
-        settle(&s, &members, &BTreeMap::new(), &mut allowances);
+        settle(&s, &members, &BTreeMap::new(), &mut standings);
         members
             .get_mut("node-1")
             .unwrap()
             .claims
             .insert("db".into(), 27);
-        let o = settle(&s, &members, &BTreeMap::new(), &mut allowances);
+        let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
         assert_eq!(o.share.others, 20);
         // A node that starts sees every claim as published, whatever its share.
         let fresh = service(
@@ -645,12 +673,12 @@ mod tests {
     #[test]
     fn the_fleets_hold_is_the_median_of_the_proven_holds() {
         let mut members = three();
-        assert!((fleet_hold(&members, "db", "node-0") - 0.4).abs() < 1e-9);
+        assert!((fleet_hold(&members, "db", "node-0", &BTreeMap::new()) - 0.4).abs() < 1e-9);
         members.insert("rogue".into(), rogue());
         // The rogue admits nothing: no hold of its own.
-        assert!((fleet_hold(&members, "db", "node-0") - 0.4).abs() < 1e-9);
+        assert!((fleet_hold(&members, "db", "node-0", &BTreeMap::new()) - 0.4).abs() < 1e-9);
         assert_eq!(
-            fleet_hold(&BTreeMap::new(), "db", ""),
+            fleet_hold(&BTreeMap::new(), "db", "", &BTreeMap::new()),
             DEFAULT_HOLD.as_secs_f64()
         );
     }
