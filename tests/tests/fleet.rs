@@ -32,7 +32,8 @@ use shedder::{
 use shedder_tests::{
     daemon::{Daemon, pin_dir},
     load::{
-        Backend, BackendConfig, LoadGen, LoadHandle, prepare_client_namespace, raise_nofile_limit,
+        Arrivals, Backend, BackendConfig, LoadGen, LoadHandle, prepare_client_namespace,
+        raise_nofile_limit,
     },
     netns::{IFACE, Netns, Pair, sh},
     require_root,
@@ -1204,6 +1205,398 @@ fn check_bound(samples: &[Sample]) {
         peak >= BUDGET * 9 / 10,
         "the load never filled the fleet's budget (peak {peak} of {BUDGET}): not an overload test"
     );
+}
+
+/// `etcdctl` against the test's plain etcd, from the hub namespace.
+fn etcdctl(hub: &Netns, args: &[&str]) -> String {
+    let mut full = vec![
+        "nsenter".to_string(),
+        format!("--net=/var/run/netns/{}", hub.name),
+        "etcdctl".into(),
+        "--endpoints".into(),
+        format!("http://127.0.0.1:{ETCD_PORT}"),
+    ];
+    full.extend(args.iter().map(|a| a.to_string()));
+    let refs: Vec<&str> = full.iter().map(String::as_str).collect();
+    sh(&refs)
+}
+
+/// SYNs from spoofed sources (198.19.128.0/17, a new random address, port and sequence
+/// number each) to `dst:port`, sent from a raw socket in `ns` at about `rate` a second until
+/// stopped: attempts whose handshake never completes. The node's namespace routes the
+/// replies to the client namespace, which drops them (it does not forward), so nothing
+/// leaves the test's namespaces.
+struct Flood {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Flood {
+    fn start(ns: &Netns, dst: Ipv4Addr, port: u16, rate: f64) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            ns.spawn(move || {
+                // SAFETY: plain socket calls on a descriptor this thread owns.
+                let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+                assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+                let to = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: 0,
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from(dst).to_be(),
+                    },
+                    sin_zero: [0; 8],
+                };
+                let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+                let mut next = move || {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed
+                };
+                let (t0, mut sent) = (Instant::now(), 0u64);
+                while !stop.load(Ordering::Relaxed) {
+                    let due = (t0.elapsed().as_secs_f64() * rate) as u64;
+                    while sent < due {
+                        let r = next();
+                        let src = Ipv4Addr::from(0xc613_8000 | (r as u32 & 0x7fff));
+                        let mut p = shedder_tests::packet::Packet::syn_v4(src, dst, port);
+                        p.tcp.sport = 1024 + (r >> 16) as u16 % 64_000;
+                        p.tcp.seq = (r >> 32) as u32;
+                        // The IP packet without its Ethernet header; checksums filled in.
+                        let ip = &p.bytes()[14..];
+                        // SAFETY: `ip` and `to` outlive the call.
+                        unsafe {
+                            libc::sendto(
+                                fd,
+                                ip.as_ptr().cast(),
+                                ip.len(),
+                                0,
+                                (&to as *const libc::sockaddr_in).cast(),
+                                size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                            );
+                        }
+                        sent += 1;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                // SAFETY: closing the descriptor opened above.
+                unsafe { libc::close(fd) };
+                sent
+            })
+        };
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop; how many SYNs were sent.
+    fn stop(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().map_or(0, |t| t.join().unwrap_or(0))
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The mean ceiling each node's kernel enforces over `period`, sampled every 50 ms.
+fn mean_ceilings(nodes: &Arc<Mutex<Vec<Node>>>, period: Duration) -> Vec<f64> {
+    let t0 = Instant::now();
+    let (mut sums, mut n) = (vec![0u64; 3], 0u64);
+    while t0.elapsed() < period {
+        for (s, x) in sums.iter_mut().zip(nodes.lock().unwrap().iter()) {
+            *s += x.enforced().unwrap_or(0) as u64;
+        }
+        n += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    sums.iter().map(|s| *s as f64 / n.max(1) as f64).collect()
+}
+
+/// The value of a metric series in node-0's scrape.
+fn series(scrape: &str, name: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+}
+
+/// A fleet member cannot drain the others: with shares by demand and every node at 3×, a
+/// rogue record appears (global_limit 0, a need of a billion connections from a node that
+/// holds none, a million connections claimed, limits and holds out of range), with a
+/// record that does not parse and one that names another node; then node-2 takes a flood
+/// of spoofed SYNs on top. Node-0 and node-1 keep at least 90% of the ceilings they held
+/// before; departed records reserving a million connections each reserve at most the
+/// static share of each node the fleet may be missing; and the node's metrics count it all.
+#[test]
+fn fleet_members_cannot_drain_the_others_a_rogue_record_and_a_flooded_node() {
+    let (hub, etcd, nodes) = fleet_of_three("frhub");
+    let all = [0usize, 1, 2];
+    for n in nodes.lock().unwrap().iter_mut() {
+        n.start_daemon(DEMAND);
+    }
+    wait_until(&nodes, Duration::from_secs(15), "three at 18", |n| {
+        enforced_all(n, &all, |c| c == BUDGET / 3)
+    });
+    // 3x on every node, evenly spaced: the attempts a node measures are then the offered
+    // rate and not a Poisson count (about ±7% over a 1.5 s window at 135 a second), so the
+    // shares by demand hold still and what moves them is the rogue and the flood.
+    for n in nodes.lock().unwrap().iter_mut() {
+        let load = LoadGen::new(n.target())
+            .phase(Duration::from_secs(120), 135.0)
+            .arrivals(Arrivals::Uniform)
+            .deadline(Duration::from_secs(2))
+            .seed(n.index as u64 + 1)
+            .start_in(&n.pair.client);
+        n.load = Some(load);
+    }
+    let monitor = Monitor::start(nodes.clone());
+    monitor.set(BUDGET, "rogue: baseline");
+    std::thread::sleep(Duration::from_secs(4));
+    let baseline = mean_ceilings(&nodes, Duration::from_secs(8));
+    let line = shares_line(&nodes.lock().unwrap());
+    eprintln!("baseline (3x on every node, by demand): mean ceilings {baseline:.1?}; {line}");
+
+    // The rogue record, and two that are no records at all.
+    let prefix = format!("/shedder-test-{}", std::process::id());
+    let rogue = serde_json::json!({
+        "node": "rogue",
+        "claims": {"db": 1_000_000},
+        "global_limits": {"db": 0},
+        "demand": {"db": {
+            "attempts": [1e8, 1e8, 1e8, 1e8],
+            "need": [1e9, 1e9, 1e9, 1e9],
+            "hold_ms": 1e15,
+            "admitted": 0.0,
+            "established": 1e9,
+        }},
+        "max_limits": {"db": 4_294_967_295u64},
+        "pid": 1,
+        "version": "rogue",
+    });
+    monitor.set(BUDGET, "rogue: record in");
+    etcdctl(
+        &hub,
+        &[
+            "put",
+            &format!("{prefix}/members/rogue"),
+            &rogue.to_string(),
+        ],
+    );
+    etcdctl(
+        &hub,
+        &["put", &format!("{prefix}/members/garbage"), "{\"node\": 17"],
+    );
+    etcdctl(
+        &hub,
+        &[
+            "put",
+            &format!("{prefix}/members/impostor"),
+            &serde_json::json!({"node": "node-1", "claims": {"db": 54}, "pid": 1, "version": "x"})
+                .to_string(),
+        ],
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let with_rogue = mean_ceilings(&nodes, Duration::from_secs(8));
+    let line = shares_line(&nodes.lock().unwrap());
+    eprintln!("with the rogue record: mean ceilings {with_rogue:.1?}; {line}");
+
+    // node-2 flooded on top: spoofed SYNs at 3,000 a second.
+    monitor.set(BUDGET, "rogue: node-2 flooded");
+    let flood = {
+        let n = nodes.lock().unwrap();
+        n[2].pair.server.ip(&[
+            "route",
+            "add",
+            "198.19.128.0/17",
+            "via",
+            "198.18.0.1",
+            "dev",
+            IFACE,
+        ]);
+        Flood::start(
+            &n[2].pair.client,
+            Ipv4Addr::new(198, 18, 0, 2),
+            PORTS[2],
+            3000.0,
+        )
+    };
+    std::thread::sleep(Duration::from_secs(4));
+    let flooded = mean_ceilings(&nodes, Duration::from_secs(8));
+    let line = shares_line(&nodes.lock().unwrap());
+    let (state2, scrape) = {
+        let n = nodes.lock().unwrap();
+        (n[2].state(), n[0].pair.server.run(metrics))
+    };
+    let sent = flood.stop();
+    eprintln!(
+        "node-2 flooded ({sent} spoofed SYNs in about 10 s): mean ceilings {flooded:.1?}; {line}"
+    );
+    if let Some(st) = &state2 {
+        let r = st.services[0].signals.rates.value().map(|r| {
+            r.iter()
+                .map(|c| format!("{:.0}/{:.0}", c.offered, c.admitted))
+                .collect::<Vec<_>>()
+        });
+        eprintln!(
+            "node-2's packet path during the flood, offered/admitted per second by class: {r:?}"
+        );
+    }
+
+    // What node-0 made of it.
+    let f = nodes.lock().unwrap()[0]
+        .state()
+        .and_then(|s| s.fleet)
+        .expect("node-0 fleet state");
+    let svc = &f.services[0];
+    eprintln!(
+        "node-0: budget {} (global_limit {}), {} member(s) disagreeing; records ignored {:?}, values clamped {:?}",
+        svc.budget, svc.global_limit, svc.disagreeing, f.rejected, f.clamped
+    );
+    let node = |name: &str| {
+        svc.nodes
+            .iter()
+            .find(|n| n.node == name)
+            .unwrap_or_else(|| panic!("{name} not in {svc:?}"))
+    };
+    assert_eq!(
+        (svc.budget, svc.global_limit),
+        (BUDGET, GLOBAL_LIMIT),
+        "{svc:?}"
+    );
+    assert_eq!(svc.disagreeing, 1, "{svc:?}");
+    let r = node("rogue");
+    assert!(
+        r.need.iter().sum::<f64>() <= 1.0 + 1e-9,
+        "the rogue's need: {r:?}"
+    );
+    assert!(
+        r.counted <= r.share && r.claim == BUDGET,
+        "the rogue's claim: {r:?}"
+    );
+    // The flooded node claims no more than its share, which follows its proven need.
+    let n2 = node("node-2");
+    assert!(
+        n2.claim <= n2.share.max(1) + 1,
+        "node-2 under the flood: {n2:?}"
+    );
+    assert!(
+        !svc.nodes
+            .iter()
+            .any(|n| n.node == "garbage" || n.node == "impostor"),
+        "{svc:?}"
+    );
+    for (name, at_least) in [
+        (
+            "shedder_fleet_records_rejected_total{record=\"member\"}",
+            2.0,
+        ),
+        (
+            "shedder_fleet_record_values_clamped_total{field=\"need\"}",
+            1.0,
+        ),
+        (
+            "shedder_fleet_record_values_clamped_total{field=\"claim\"}",
+            1.0,
+        ),
+        (
+            "shedder_fleet_record_values_clamped_total{field=\"max_limit\"}",
+            1.0,
+        ),
+        (
+            "shedder_fleet_record_values_clamped_total{field=\"established\"}",
+            1.0,
+        ),
+        (
+            "shedder_fleet_record_values_clamped_total{field=\"hold\"}",
+            1.0,
+        ),
+        (
+            "shedder_fleet_global_limit_disagreement{service=\"db\"}",
+            1.0,
+        ),
+    ] {
+        let v = series(&scrape, name).unwrap_or_else(|| panic!("{name} not in\n{scrape}"));
+        assert!(v >= at_least, "{name} = {v}, want at least {at_least}");
+    }
+    for (i, label) in [(0usize, "rogue record"), (1, "rogue record")] {
+        for (phase, got) in [
+            (label, &with_rogue),
+            ("rogue record and node-2 flooded", &flooded),
+        ] {
+            eprintln!(
+                "node-{i}: {:.1} with the {phase}, {:.1} without ({:+.0}%)",
+                got[i],
+                baseline[i],
+                100.0 * (got[i] / baseline[i] - 1.0)
+            );
+            assert!(
+                got[i] >= 0.9 * baseline[i],
+                "node-{i} kept {:.1} of its {:.1} with the {phase}",
+                got[i],
+                baseline[i]
+            );
+        }
+    }
+
+    // Departed records reserving a million connections each, dated far in the future:
+    // each counts the static share (9), and in all at most one for each node the fleet may
+    // be missing beyond its four members (rogue included): (6 - 4) x 9.
+    monitor.set(BUDGET, "rogue: departed records");
+    for i in 0..5 {
+        let d = serde_json::json!({
+            "node": format!("ghost-{i}"),
+            "reserves": {"db": 1_000_000},
+            "since_unix_ms": u64::MAX,
+        });
+        etcdctl(
+            &hub,
+            &[
+                "put",
+                &format!("{prefix}/departed/ghost-{i}"),
+                &d.to_string(),
+            ],
+        );
+    }
+    let took = wait_until(&nodes, Duration::from_secs(5), "reserved 18", |n| {
+        n[0].state()
+            .and_then(|s| s.fleet)
+            .is_some_and(|f| f.services[0].reserved == (MAX_NODES - 4) * STATIC_SHARE)
+    });
+    let f = nodes.lock().unwrap()[0]
+        .state()
+        .and_then(|s| s.fleet)
+        .expect("node-0 fleet state");
+    eprintln!(
+        "five departed records of a million each: node-0 reserves {} after {took:?}; values clamped {:?}",
+        f.services[0].reserved, f.clamped
+    );
+    for field in ["reserve", "reserved", "since"] {
+        assert!(
+            f.clamped.get(field).copied().unwrap_or(0) >= 1,
+            "{field}: {f:?}"
+        );
+    }
+    etcdctl(
+        &hub,
+        &["del", "--prefix", &format!("{prefix}/departed/ghost-")],
+    );
+    etcdctl(&hub, &["del", &format!("{prefix}/members/rogue")]);
+    etcdctl(&hub, &["del", &format!("{prefix}/members/garbage")]);
+    etcdctl(&hub, &["del", &format!("{prefix}/members/impostor")]);
+    std::thread::sleep(Duration::from_secs(1));
+    let samples = monitor.finish();
+    check_bound(&samples);
+    drop(nodes);
+    drop(etcd);
 }
 
 /// A CA and a server certificate for 127.0.0.1 (openssl), in `dir`.
