@@ -1694,14 +1694,74 @@ fn fleet_connects_over_tls_with_authentication() {
         let refs: Vec<&str> = full.iter().map(String::as_str).collect();
         sh(&refs)
     };
+    // A user per node, as docs/fleet.md ("Securing etcd") sets them up: the node reads the
+    // fleet's prefix, writes its own member key and the departed records, nothing else.
+    let prefix = format!("/shedder-test-{}-tls", std::process::id());
     etcdctl(&["user", "add", "root", "--new-user-password", "s3cret-root"]);
+    etcdctl(&["role", "add", "shedder-tls-node"]);
+    etcdctl(&[
+        "role",
+        "grant-permission",
+        "shedder-tls-node",
+        "read",
+        "--prefix=true",
+        &format!("{prefix}/"),
+    ]);
+    etcdctl(&[
+        "role",
+        "grant-permission",
+        "shedder-tls-node",
+        "readwrite",
+        &format!("{prefix}/members/tls-node"),
+    ]);
+    etcdctl(&[
+        "role",
+        "grant-permission",
+        "shedder-tls-node",
+        "readwrite",
+        "--prefix=true",
+        &format!("{prefix}/departed/"),
+    ]);
+    etcdctl(&[
+        "user",
+        "add",
+        "tls-node",
+        "--new-user-password",
+        "s3cret-node",
+    ]);
+    etcdctl(&["user", "grant-role", "tls-node", "shedder-tls-node"]);
     etcdctl(&["auth", "enable"]);
     std::fs::write(certs.join("password"), "s3cret-root\n").expect("password file");
+    std::fs::write(certs.join("node-password"), "s3cret-node\n").expect("password file");
+    // etcdctl as a user, its exit status and output.
+    let as_user = |user: &str, args: &[&str]| {
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/var/run/netns/{}", hub.name))
+            .args([
+                "etcdctl",
+                "--endpoints",
+                &endpoint,
+                "--cacert",
+                &file("ca.pem"),
+            ])
+            .args(["--user", user])
+            .args(args)
+            .output()
+            .expect("etcdctl");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
 
     let pins = pin_dir("fleettls");
     let socket =
         std::env::temp_dir().join(format!("shedder-test-{}-fleettls.sock", std::process::id()));
-    let config = |password: &str, ca: bool| {
+    let config_as = |user: &str, password: &str, ca: bool| {
         format!(
             r#"
 [daemon]
@@ -1720,7 +1780,7 @@ max_nodes = 4
 lease_ttl_s = 3
 fail_static_ms = 1000
 timeout_ms = 1000
-username = "root"
+username = "{user}"
 password_file = "{password}"
 {ca}
 
@@ -1741,6 +1801,7 @@ global_limit = 40
             port = PORTS[3],
         )
     };
+    let config = |password: &str, ca: bool| config_as("root", password, ca);
     std::fs::write(certs.join("wrong"), "not-the-password\n").expect("wrong password file");
     let probe = |text: &str| {
         let cfg = shedder::config::Config::parse(text).expect("config");
@@ -1761,11 +1822,34 @@ global_limit = 40
     );
     eprintln!("probe: {ok}\nwrong password: {wrong}\nno CA: {untrusted}");
 
-    // The daemon registers through the same settings.
-    let mut daemon = Daemon::start(&hub, "fleettls", &config("password", true), &pins);
+    // The daemon registers through the same settings, as the node's own user.
+    let node = config_as("tls-node", "node-password", true);
+    let mut daemon = Daemon::start(&hub, "fleettls", &node, &pins);
     daemon.wait_for_log("fleet: registered", Duration::from_secs(15));
     let ok = probe(&config("password", true)).expect("TLS + authentication");
     assert!(ok.contains("1 node(s) registered"), "{ok}");
+    assert!(probe(&node).is_ok_and(|ok| ok.contains("1 node(s) registered")));
+    // That user reads the prefix and writes the departed records, but cannot write
+    // another node's key, nor anything outside the prefix.
+    let user = "tls-node:s3cret-node";
+    let (read, out) = as_user(
+        user,
+        &["get", "--prefix", "--keys-only", &format!("{prefix}/")],
+    );
+    assert!(read && out.contains("/members/tls-node"), "{out}");
+    let (wrote, out) = as_user(user, &["put", &format!("{prefix}/departed/gone"), "{}"]);
+    assert!(wrote, "{out}");
+    as_user(user, &["del", &format!("{prefix}/departed/gone")]);
+    for key in [
+        format!("{prefix}/members/other-node"),
+        "/elsewhere".to_string(),
+    ] {
+        let (wrote, out) = as_user(user, &["put", &key, "{}"]);
+        assert!(!wrote && out.contains("permission denied"), "{key}: {out}");
+    }
+    // Its raise, a transaction comparing the whole prefix, went through.
+    daemon.wait_for_log("fleet: ceiling raised", Duration::from_secs(5));
+    eprintln!("per-node user: reads the prefix, writes its key and departed records only");
     let status = daemon.terminate();
     assert!(status.success(), "exit status {status}\n{}", daemon.log());
     assert!(
