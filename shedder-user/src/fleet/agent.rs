@@ -203,9 +203,11 @@ struct View {
     /// Per service, what each other member's claim counts and holds (`view::Standing`).
     /// Kept across sessions: a member seen before is not new after a reconnect.
     standings: BTreeMap<String, BTreeMap<String, view::Standing>>,
-    /// Whether this node has had a view of the fleet (claims are taken as published
-    /// before: see `trust::counted_claim`).
-    settled: bool,
+    /// Where this node's view stands in its history with etcd (`view::Phase`).
+    phase: view::Phase,
+    /// Members back from a departure since the last step, with their departed records
+    /// (deleted by their registration): what was reserved for them counts as theirs.
+    returned: BTreeMap<String, Departed>,
     /// (member, field) found out of bounds in the member's current record: counted once
     /// per record published.
     noted: BTreeSet<(String, Field)>,
@@ -414,7 +416,7 @@ impl Agent {
             )
             .await?;
         // Departed records keep when this node first read them (see `Seen`), and members
-        // their allowances, across a reconnect; what is gone from etcd is gone here.
+        // their standings, across a reconnect; what is gone from etcd is gone here.
         self.view.members.clear();
         let present: BTreeSet<String> = got
             .kvs()
@@ -426,11 +428,16 @@ impl Agent {
             .departed
             .retain(|node, _| present.contains(&format!("{departed_prefix}{node}")));
         for kv in got.kvs() {
-            self.apply_put(kv.key(), kv.value());
+            self.apply_put(kv.key(), kv.value(), kv.lease());
         }
         let members: Vec<String> = self.view.members.keys().cloned().collect();
         for a in self.view.standings.values_mut() {
             a.retain(|node, _| members.contains(node));
+        }
+        // A member whose claim moved while this node could not see it may have raised
+        // meanwhile: the first view of this session takes it as published.
+        if self.view.phase == view::Phase::Steady {
+            self.view.phase = view::Phase::Reconnect;
         }
         self.view.revision = got.header().map_or(0, |h| h.revision());
         let mut watch = self
@@ -492,7 +499,7 @@ impl Agent {
                             match ev.event_type() {
                                 etcd_client::EventType::Put => {
                                     room |= kv.key().starts_with(self.s.departed_prefix.as_bytes());
-                                    self.apply_put(kv.key(), kv.value());
+                                    self.apply_put(kv.key(), kv.value(), kv.lease());
                                 }
                                 etcd_client::EventType::Delete => {
                                     room = true;
@@ -501,7 +508,13 @@ impl Agent {
                                         bail!("this node's key was deleted (its lease expired or an operator removed it)");
                                     }
                                     if let Some(node) = key.strip_prefix(&self.s.departed_prefix) {
-                                        self.view.departed.remove(node);
+                                        // Deleted by the member's registration: it is back,
+                                        // holding what was reserved for it.
+                                        if let Some(seen) = self.view.departed.remove(node)
+                                            && self.view.members.contains_key(node)
+                                        {
+                                            self.view.returned.insert(node.to_string(), seen.record);
+                                        }
                                         self.forget_findings(node);
                                         self.forget_findings("*");
                                     } else if let Some(node) = key.strip_prefix(&self.s.members_prefix)
@@ -603,7 +616,7 @@ impl Agent {
 
     /// A record put under the prefix: checked (`trust`), then in the view. A record that
     /// fails the check is ignored whole, and a member's last good record stays in force.
-    fn apply_put(&mut self, key: &[u8], value: &[u8]) {
+    fn apply_put(&mut self, key: &[u8], value: &[u8], lease: i64) {
         let key = String::from_utf8_lossy(key).to_string();
         if let Some(node) = key.strip_prefix(&self.s.departed_prefix) {
             self.forget_findings(node);
@@ -632,7 +645,7 @@ impl Agent {
             return;
         };
         self.forget_findings(node);
-        match trust::member(node, value) {
+        match trust::member(node, value, lease) {
             Ok((r, found)) => {
                 self.clamped(node, &found);
                 if !self.view.members.contains_key(node) && node != self.s.node {
@@ -672,9 +685,7 @@ impl Agent {
             }
             if self.view.logged.insert(format!("clamped {node} {f}")) {
                 let what = match f {
-                    Field::Claim => {
-                        "a claim above the budget or above what this node's views granted it"
-                    }
+                    Field::Claim => "a claim above the budget",
                     Field::Need => "a need its own figures or its connections do not support",
                     Field::Reserve => "a departed reserve above the static share",
                     Field::Reserved => "departed reserves above what the missing nodes can hold",
@@ -823,7 +834,8 @@ impl Agent {
                 &self.view.members,
                 &self.view.departed,
                 self.view.standings.get(&svc.name).unwrap_or(&empty),
-                self.view.settled,
+                &self.view.returned,
+                self.view.phase,
                 now_ms,
             );
             for (node, g) in &o.disagreeing {
@@ -858,7 +870,8 @@ impl Agent {
             }
             shares.push(o.share);
         }
-        self.view.settled = true;
+        self.view.phase = view::Phase::Steady;
+        self.view.returned.clear();
         for (node, f) in findings {
             self.clamped(&node, &[f]);
         }

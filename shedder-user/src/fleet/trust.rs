@@ -6,8 +6,9 @@
 //! `global_limit` is its own, see `view`), and every number in one is checked before it
 //! weighs on a share:
 //!
-//! - a record that does not parse, or whose `node` is not the name in its key (or not a
-//!   valid node name), is rejected whole;
+//! - a record that does not parse, whose `node` is not the name in its key (or not a
+//!   valid node name), or, for a member, that is not attached to a lease, is rejected
+//!   whole;
 //! - a number out of its absolute range (attempts and admissions above [`MAX_RATE`], a
 //!   hold above [`MAX_HOLD`], a claim or a limit above the largest limit a configuration
 //!   accepts, anything negative) is clamped into it;
@@ -113,6 +114,8 @@ pub enum Rejected {
     BadName,
     #[error("names node `{0}` under another node's key")]
     Misnamed(String),
+    #[error("is not attached to a lease (every daemon's member key lives on its lease)")]
+    NoLease,
 }
 
 /// The kind of record (the `record` label of the rejection metric).
@@ -126,11 +129,17 @@ fn clamp(v: &mut f64, max: f64) -> bool {
     moved
 }
 
-/// A member record from its key's node name and its value: rejected, or with every number
-/// in its absolute range (and the fields that were not).
-pub fn member(key_node: &str, value: &[u8]) -> Result<(Record, Vec<Field>), Rejected> {
+/// A member record from its key's node name, its value and the lease it is attached to
+/// (0: none): rejected, or with every number in its absolute range (and the fields that
+/// were not). A daemon writes its member key only on its lease, so that the key goes when
+/// the daemon does; a key without one was written by something else, and would outlive
+/// any writer.
+pub fn member(key_node: &str, value: &[u8], lease: i64) -> Result<(Record, Vec<Field>), Rejected> {
     if !valid_name(key_node) {
         return Err(Rejected::BadName);
+    }
+    if lease == 0 {
+        return Err(Rejected::NoLease);
     }
     let mut r: Record =
         serde_json::from_slice(value).map_err(|e| Rejected::Malformed(e.to_string()))?;
@@ -260,45 +269,49 @@ pub fn proven_need(d: &Demand, held: u32, fallback_hold: f64) -> ([f64; NUM_CLAS
 
 /// What another member holds by this node's views: the claim it publishes, if it came by
 /// it as the protocol lets a node, else what it held before. `prev` is `(held, share)` of
-/// the previous view; `static_share` the fleet's static share.
+/// the previous view (`None`: a member this node sees for the first time); `returned`
+/// what was reserved for it if it has just come back from a departure (its departed
+/// record, which its registration deleted), else 0.
 ///
 /// A node's claim rises only through a raise to its share (a transaction against the view
-/// every node reads), falls as its connections close, and starts at 0, or at the static
-/// share when it comes back from a cut-off (what it held meanwhile, reserved for it by
-/// the others). So a claim within the member's last share, within what it held, or within
-/// the static share is taken as held; a claim above all three is not, and what it held
-/// stays. Before this node's first view (`settled` false) every claim is taken.
+/// every node reads), falls as its connections close, and starts at 0, or, when it comes
+/// back after its lease expired, at what the others reserved for it (the static share it
+/// held, cut off). So a claim within the member's last share or within what it held is
+/// taken as held, and a new member's within what was reserved for it; a claim above is
+/// not, and what it held stays (0 for a new member). Where this node's views say nothing
+/// of the member (`settled` false: before its first view of the fleet, and, back from a
+/// cut-off, for a member whose claim moved while it was away) the claim is taken.
 ///
 /// This is what a member's need is proved against ([`proven_need`]): a record that
 /// appears claiming the budget and saying it holds it, which no node can have come by,
-/// weighs what it held: nothing. The limit: a record that claims no more than the static
-/// share, and then each share it is given, is weighed as a node that does; the etcd
+/// weighs what it held: nothing. The limit: a member that claims each share it is given,
+/// and publishes figures to match, is weighed as a node that holds it; the etcd
 /// credentials (one user per node, docs/fleet.md) are what keeps others from writing one.
-pub fn held_claim(prev: Option<(u32, u32)>, claim: u32, static_share: u32, settled: bool) -> u32 {
-    let (held, within) = match prev {
-        Some((held, share)) => (held, share.max(held)),
-        None if settled => (0, 0),
-        None => return claim,
-    };
-    if claim <= within.max(static_share) {
-        claim
-    } else {
-        held
+pub fn held_claim(prev: Option<(u32, u32)>, claim: u32, returned: u32, settled: bool) -> u32 {
+    if !settled {
+        return claim;
     }
+    let (held, within) = prev.map_or((0, returned), |(held, share)| (held, share.max(held)));
+    if claim <= within { claim } else { held }
 }
 
 /// How much of another member's claim counts against the room this node raises into,
-/// from the claim, the member's share in this node's view and what counted before:
-/// `(counted, allowance)`, the allowance to carry to the next view.
+/// from the claim, the member's share in this node's view and what was granted before:
+/// `(counted, granted)`, what was granted to carry to the next view.
 ///
 /// A member may always claim its share. Above it, a claim is what a node holds while it
-/// drains to a lowered share (connections cannot be taken back), so it counts only as it
-/// falls: the allowance is the share, or the lowest claim since the share fell below the
-/// claim, whichever is higher. A claim that grows past what this node's views granted the
-/// member, or that appears above the member's share once this node has a view of the fleet
-/// (`settled`), counts only up to that share. Before this node's first view (`settled`
-/// false) it cannot tell, and takes every claim as published, so that a node that starts
-/// waits for the others to drain as the bound needs.
+/// drains to a lowered share (connections cannot be taken back). So this node carries
+/// what it granted: the member's last claim within its share, lowered as its claim falls
+/// (a drain); a claim counts up to its share or up to that, whichever is higher. A claim
+/// that grows past what was granted counts only up to the share, and one that appears
+/// above the share once this node has a view of the fleet (`settled`) up to the share, or
+/// up to what was reserved for a member back from a departure (`returned`: the static
+/// share it held cut off). A member whose share rises while its claim stays above it is
+/// granted nothing more (it counts up to each share it has, not the largest it had).
+/// Where this node's views say nothing of the member (`settled` false: before its first
+/// view, and for a member whose claim moved while it was cut off from etcd, or that joined
+/// meanwhile) it cannot tell, and takes the claim as published, so that a node that
+/// starts, or comes back, waits for the others to drain as the bound needs.
 ///
 /// What this leaves out: a member that holds connections above its share (admitted just
 /// before it lowered, CRITICAL admitted past a full service, connections it adopted at a
@@ -306,13 +319,23 @@ pub fn held_claim(prev: Option<(u32, u32)>, claim: u32, static_share: u32, settl
 /// own ceiling is its share, so it refuses until they close, and the fleet holds them on
 /// top of its budget until then, as it would hold the connections of the others that make
 /// room.
-pub fn counted_claim(prev: Option<u32>, claim: u32, share: u32, settled: bool) -> (u32, u32) {
-    let allowance = match prev {
-        Some(p) => share.max(p.min(claim)),
-        None if settled => share,
-        None => share.max(claim),
+pub fn counted_claim(
+    prev: Option<u32>,
+    claim: u32,
+    share: u32,
+    returned: u32,
+    settled: bool,
+) -> (u32, u32) {
+    if !settled {
+        return (claim, claim);
+    }
+    let before = prev.unwrap_or(claim.min(returned));
+    let granted = if claim <= share {
+        claim
+    } else {
+        before.min(claim)
     };
-    (claim.min(allowance), allowance)
+    (claim.min(share.max(granted)), granted)
 }
 
 #[cfg(test)]
@@ -329,13 +352,17 @@ mod tests {
     #[test]
     fn records_that_do_not_parse_or_name_another_node_are_rejected() {
         let ok = serde_json::to_vec(&record("lb-2")).unwrap();
-        assert!(member("lb-2", &ok).is_ok());
+        assert!(member("lb-2", &ok, 7).is_ok());
         assert_eq!(
-            member("lb-3", &ok).unwrap_err(),
+            member("lb-3", &ok, 7).unwrap_err(),
             Rejected::Misnamed("lb-2".into())
         );
-        assert_eq!(member("lb 2", &ok).unwrap_err(), Rejected::BadName);
-        assert_eq!(member(&"x".repeat(65), &ok).unwrap_err(), Rejected::BadName);
+        assert_eq!(member("lb 2", &ok, 7).unwrap_err(), Rejected::BadName);
+        assert_eq!(member("lb-2", &ok, 0).unwrap_err(), Rejected::NoLease);
+        assert_eq!(
+            member(&"x".repeat(65), &ok, 7).unwrap_err(),
+            Rejected::BadName
+        );
         for bad in [
             &b"{"[..],
             b"null",
@@ -344,7 +371,7 @@ mod tests {
             b"{\"node\":\"lb-2\",\"claims\":{\"db\":99999999999},\"pid\":1,\"version\":\"x\"}",
         ] {
             assert!(
-                matches!(member("lb-2", bad), Err(Rejected::Malformed(_))),
+                matches!(member("lb-2", bad, 7), Err(Rejected::Malformed(_))),
                 "{}",
                 String::from_utf8_lossy(bad)
             );
@@ -380,7 +407,7 @@ mod tests {
                 established: 1e300,
             },
         );
-        let (r, found) = member("lb-2", &serde_json::to_vec(&r).unwrap()).unwrap();
+        let (r, found) = member("lb-2", &serde_json::to_vec(&r).unwrap(), 7).unwrap();
         assert_eq!(r.claims["db"], LIMIT_CEILING);
         assert_eq!(r.max_limits["db"], LIMIT_CEILING);
         let d = r.demand["db"];
@@ -405,7 +432,7 @@ mod tests {
         // A record within range: nothing named.
         let mut fine = record("lb-2");
         fine.claims.insert("db".into(), 18);
-        let (_, found) = member("lb-2", &serde_json::to_vec(&fine).unwrap()).unwrap();
+        let (_, found) = member("lb-2", &serde_json::to_vec(&fine).unwrap(), 7).unwrap();
         assert!(found.is_empty());
     }
 
@@ -474,43 +501,62 @@ mod tests {
     #[test]
     fn a_claim_above_the_members_share_counts_only_as_it_falls() {
         // Within its share: all of it.
-        assert_eq!(counted_claim(Some(18), 18, 18, true), (18, 18));
-        assert_eq!(counted_claim(Some(18), 12, 18, true), (12, 18));
+        assert_eq!(counted_claim(Some(18), 18, 18, 0, true), (18, 18));
+        assert_eq!(counted_claim(Some(18), 12, 18, 0, true), (12, 12));
         // Its share falls from 37 to 7: its claim counts while it drains...
-        assert_eq!(counted_claim(Some(37), 37, 7, true), (37, 37));
-        assert_eq!(counted_claim(Some(37), 25, 7, true), (25, 25));
+        assert_eq!(counted_claim(Some(37), 37, 7, 0, true), (37, 37));
+        assert_eq!(counted_claim(Some(37), 25, 7, 0, true), (25, 25));
+        // ...also when CRITICAL adds one for a moment (that one is not counted)...
+        assert_eq!(counted_claim(Some(25), 26, 7, 0, true), (25, 25));
         // ...and cannot grow back above what it drained to.
-        assert_eq!(counted_claim(Some(25), 54, 7, true), (25, 25));
-        assert_eq!(counted_claim(Some(25), 7, 7, true), (7, 7));
+        assert_eq!(counted_claim(Some(25), 54, 7, 0, true), (25, 25));
+        assert_eq!(counted_claim(Some(25), 7, 7, 0, true), (7, 7));
         // A raise to a share this node's view gives it counts at once.
-        assert_eq!(counted_claim(Some(7), 30, 30, true), (30, 30));
+        assert_eq!(counted_claim(Some(7), 30, 30, 0, true), (30, 30));
         // A claim growing past its share: up to the share.
-        assert_eq!(counted_claim(Some(18), 54, 18, true), (18, 18));
-        // A new member above its share: up to its share; before this node's first view,
-        // as published.
-        assert_eq!(counted_claim(None, 54, 2, true), (2, 2));
-        assert_eq!(counted_claim(None, 9, 18, true), (9, 18));
-        assert_eq!(counted_claim(None, 20, 18, false), (20, 20));
+        assert_eq!(counted_claim(Some(18), 54, 18, 0, true), (18, 18));
+        // A new member above its share: up to its share, or up to what was reserved for
+        // it if it is back from a departure; before this node's first view, as published.
+        assert_eq!(counted_claim(None, 54, 2, 0, true), (2, 0));
+        assert_eq!(counted_claim(None, 9, 18, 0, true), (9, 9));
+        assert_eq!(counted_claim(None, 9, 5, 9, true), (9, 9));
+        assert_eq!(counted_claim(None, 54, 5, 9, true), (9, 9));
+        assert_eq!(counted_claim(None, 20, 18, 0, false), (20, 20));
+        // A claim that stays above the share as the share moves counts each share, not
+        // the largest.
+        let mut granted = None;
+        for (share, want) in [(2, 2), (16, 16), (3, 3)] {
+            let (counted, g) = counted_claim(granted, 54, share, 0, true);
+            assert_eq!(counted, want, "share {share}");
+            granted = Some(g);
+        }
     }
 
     #[test]
     fn a_claim_is_held_as_far_as_the_protocol_gives_it() {
-        // Within its share, within what it held (draining), within the static share.
-        assert_eq!(held_claim(Some((18, 18)), 18, 9, true), 18);
-        assert_eq!(held_claim(Some((37, 7)), 30, 9, true), 30);
-        assert_eq!(held_claim(Some((7, 30)), 30, 9, true), 30);
+        // Within its share, within what it held (draining), within what was reserved for
+        // a member back from a departure.
+        assert_eq!(held_claim(Some((18, 18)), 18, 0, true), 18);
+        assert_eq!(held_claim(Some((37, 7)), 30, 0, true), 30);
+        assert_eq!(held_claim(Some((7, 30)), 30, 0, true), 30);
         assert_eq!(held_claim(None, 9, 9, true), 9, "back from a cut-off");
-        assert_eq!(held_claim(None, 0, 9, true), 0, "a joining node");
-        // Above all three: what it held.
-        assert_eq!(held_claim(Some((18, 18)), 54, 9, true), 18);
+        assert_eq!(held_claim(None, 0, 0, true), 0, "a joining node");
+        // Above: what it held.
+        assert_eq!(held_claim(Some((18, 18)), 54, 0, true), 18);
         assert_eq!(
-            held_claim(None, 54, 9, true),
+            held_claim(None, 54, 0, true),
             0,
             "a record claiming the budget"
         );
-        assert_eq!(held_claim(Some((0, 2)), 54, 9, true), 0);
+        assert_eq!(held_claim(None, 9, 0, true), 0, "a new record claiming 9");
+        assert_eq!(
+            held_claim(None, 54, 9, true),
+            0,
+            "back, claiming more than reserved"
+        );
+        assert_eq!(held_claim(Some((0, 2)), 54, 0, true), 0);
         // Before this node's first view, as published.
-        assert_eq!(held_claim(None, 54, 9, false), 54);
+        assert_eq!(held_claim(None, 54, 0, false), 54);
     }
 
     #[test]

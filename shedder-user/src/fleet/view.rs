@@ -60,15 +60,32 @@ impl Seen {
     }
 }
 
+/// Where this node's view stands in its history with etcd.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Phase {
+    /// Its first view: nothing known of any member; every claim taken as published.
+    #[default]
+    Start,
+    /// Its first view after a new session with etcd (a reconnect): a member whose claim
+    /// moved meanwhile, or that joined meanwhile, is taken as published (it may have
+    /// raised while this node could not see it); the others keep their standings.
+    Reconnect,
+    /// Every other view.
+    Steady,
+}
+
 /// What this node carries from one view of a service to the next about another member.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Standing {
-    /// How far its claim may count against the room ([`trust::counted_claim`]).
-    pub allowance: u32,
+    /// Its last claim within its share, lowered as its claim falls: how far its claim may
+    /// count above its share ([`trust::counted_claim`]).
+    pub granted: u32,
     /// What it holds by this node's views ([`trust::held_claim`]).
     pub held: u32,
     /// Its share in the view.
     pub share: u32,
+    /// Its claim as published (bounded by the budget) in the view.
+    pub claim: u32,
 }
 
 /// One service as this node sees it.
@@ -163,14 +180,21 @@ pub fn reserved(
 /// The view of one shared service: budget, reservations, every live member's share (the
 /// same on every node that reads the same records, whatever it believed of their claims)
 /// and this node's target and room. `standings` are those the last view returned for the
-/// service; `settled`, whether this node has had a view of the fleet before.
+/// service; `returned`, members back from a departure since the last view with what was
+/// reserved for them (their departed records, which their registration deleted); `phase`,
+/// where this node stands in its history with etcd.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the view's inputs, each a different part of what the agent holds"
+)]
 pub fn service(
     s: &Settings<'_>,
     svc: &SharedService,
     members: &BTreeMap<String, Record>,
     departed: &BTreeMap<String, Seen>,
     standings: &BTreeMap<String, Standing>,
-    settled: bool,
+    returned: &BTreeMap<String, Departed>,
+    phase: Phase,
     now_unix_ms: u64,
 ) -> Outcome {
     let budget = budget(svc.global_limit, s.safety);
@@ -200,8 +224,21 @@ pub fn service(
             c.min(budget)
         })
         .collect();
-    // What each holds by this node's views: its needs are proved against that.
+    // What was reserved for a member back from a departure: at most a static share.
     let statics = static_share(budget, s.max_nodes, u32::MAX);
+    let reserved_for = |n: &str| {
+        returned
+            .get(n)
+            .and_then(|d| d.reserves.get(&svc.name))
+            .map_or(0, |r| (*r).min(statics))
+    };
+    // Whether this node's views of a member apply (see `Phase`).
+    let settled = |n: &str, claim: u32| match phase {
+        Phase::Start => false,
+        Phase::Reconnect => standings.get(n).is_some_and(|p| p.claim == claim),
+        Phase::Steady => true,
+    };
+    // What each holds by this node's views: its needs are proved against that.
     let held: Vec<u32> = live
         .iter()
         .zip(&claims)
@@ -210,7 +247,7 @@ pub fn service(
                 return *claim;
             }
             let prev = standings.get(n.as_str()).map(|p| (p.held, p.share));
-            trust::held_claim(prev, *claim, statics, settled)
+            trust::held_claim(prev, *claim, reserved_for(n), settled(n, *claim))
         })
         .collect();
     let held_by: BTreeMap<String, Standing> = live
@@ -265,14 +302,16 @@ pub fn service(
             counted.push(*claim);
             continue;
         }
-        let prev = standings.get(n.as_str()).map(|p| p.allowance);
-        let (c, allowance) = trust::counted_claim(prev, *claim, *share, settled);
+        let prev = standings.get(n.as_str()).map(|p| p.granted);
+        let (c, granted) =
+            trust::counted_claim(prev, *claim, *share, reserved_for(n), settled(n, *claim));
         next.insert(
             n.to_string(),
             Standing {
-                allowance,
+                granted,
                 held: *held,
                 share: *share,
+                claim: *claim,
             },
         );
         others = others.saturating_add(c);
@@ -404,8 +443,21 @@ mod tests {
         departed: &BTreeMap<String, Seen>,
         standings: &mut BTreeMap<String, Standing>,
     ) -> Outcome {
-        let settled = !standings.is_empty();
-        let o = service(s, &db(), members, departed, standings, settled, NOW);
+        let phase = if standings.is_empty() {
+            Phase::Start
+        } else {
+            Phase::Steady
+        };
+        let o = service(
+            s,
+            &db(),
+            members,
+            departed,
+            standings,
+            &BTreeMap::new(),
+            phase,
+            NOW,
+        );
         *standings = o.standings.clone();
         o
     }
@@ -443,7 +495,8 @@ mod tests {
             &three(),
             &BTreeMap::new(),
             &BTreeMap::new(),
-            false,
+            &BTreeMap::new(),
+            Phase::Start,
             NOW,
         );
         assert_eq!((o.share.budget, o.target, o.room), (54, 18, 18));
@@ -616,7 +669,16 @@ mod tests {
         let departed: BTreeMap<String, Seen> = (0..10)
             .map(|i| gone(&format!("x-{i}"), 54, NOW - 5000))
             .collect();
-        let o = service(&s, &db(), &three(), &departed, &BTreeMap::new(), true, NOW);
+        let o = service(
+            &s,
+            &db(),
+            &three(),
+            &departed,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            Phase::Steady,
+            NOW,
+        );
         assert_eq!((o.share.reserved, o.target), (27, 9));
     }
 
@@ -664,10 +726,111 @@ mod tests {
             &members,
             &BTreeMap::new(),
             &BTreeMap::new(),
-            false,
+            &BTreeMap::new(),
+            Phase::Start,
             NOW,
         );
         assert_eq!(fresh.share.others, 27);
+    }
+
+    /// A member back from a departure registers claiming the static share it held cut
+    /// off; its departed record, deleted by its registration, says that much was reserved
+    /// for it: counted and held, though its share in this view is smaller. A new member
+    /// claiming as much without a departure holds nothing and counts its share.
+    #[test]
+    fn a_member_back_from_a_departure_keeps_what_was_reserved_for_it() {
+        let s = settings(Shares::Demand);
+        let mut standings = BTreeMap::new();
+        let mut members = three();
+        members.remove("node-2");
+        settle(&s, &members, &BTreeMap::new(), &mut standings);
+        // node-2 back with little demand: its share by demand is under 9.
+        members.insert("node-2".into(), member("node-2", 9, 2.0, 2.0));
+        let back: BTreeMap<String, Departed> = [(
+            "node-2".to_string(),
+            Departed {
+                node: "node-2".into(),
+                reserves: [("db".to_string(), 9)].into(),
+                since_unix_ms: NOW - 5000,
+            },
+        )]
+        .into();
+        let o = service(
+            &s,
+            &db(),
+            &members,
+            &BTreeMap::new(),
+            &standings,
+            &back,
+            Phase::Steady,
+            NOW,
+        );
+        let n2 = o.share.nodes.iter().find(|n| n.node == "node-2").unwrap();
+        assert!(n2.share < 9, "{n2:?}");
+        assert_eq!((n2.claim, n2.counted), (9, 9));
+        assert_eq!(o.standings["node-2"].held, 9);
+        // Without the departure: its share, and nothing held.
+        let o = service(
+            &s,
+            &db(),
+            &members,
+            &BTreeMap::new(),
+            &standings,
+            &BTreeMap::new(),
+            Phase::Steady,
+            NOW,
+        );
+        let n2 = o.share.nodes.iter().find(|n| n.node == "node-2").unwrap();
+        assert_eq!((n2.claim, n2.counted), (9, n2.share));
+        assert_eq!(o.standings["node-2"].held, 0);
+    }
+
+    /// Back from a cut-off: the others raised to 22 while this node could not see them
+    /// (its departure reserved 9); now that it is back their shares are 18 and they drain.
+    /// Their claims moved while it was away: counted as published, so it raises only into
+    /// the room they leave. A rogue record unchanged since before keeps its standing.
+    #[test]
+    fn back_from_a_cut_off_claims_that_moved_meanwhile_are_taken_as_published() {
+        let s = settings(Shares::Equal);
+        let mut standings = BTreeMap::new();
+        let mut members = three();
+        members.insert("rogue".into(), rogue());
+        settle(&s, &members, &BTreeMap::new(), &mut standings);
+        members
+            .get_mut("rogue")
+            .unwrap()
+            .claims
+            .insert("db".into(), 54);
+        let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
+        let rogue_counted = o
+            .share
+            .nodes
+            .iter()
+            .find(|n| n.node == "rogue")
+            .unwrap()
+            .counted;
+        for n in ["node-1", "node-2"] {
+            members.get_mut(n).unwrap().claims.insert("db".into(), 22);
+        }
+        let back = |phase| {
+            service(
+                &s,
+                &db(),
+                &members,
+                &BTreeMap::new(),
+                &standings,
+                &BTreeMap::new(),
+                phase,
+                NOW,
+            )
+        };
+        let o = back(Phase::Reconnect);
+        assert_eq!(o.share.others, 22 + 22 + rogue_counted, "{o:?}");
+        assert_eq!(o.standings["node-1"].held, 22);
+        assert_eq!(o.standings["rogue"].held, 0);
+        // Had it not been away, a claim grown past what was granted (18) counts up to that.
+        let steady = back(Phase::Steady);
+        assert_eq!(steady.share.others, 18 + 18 + rogue_counted, "{steady:?}");
     }
 
     #[test]
