@@ -32,8 +32,8 @@ use shedder::{
 use shedder_tests::{
     daemon::{Daemon, pin_dir},
     load::{
-        Arrivals, Backend, BackendConfig, LoadGen, LoadHandle, prepare_client_namespace,
-        raise_nofile_limit,
+        Arrivals, Backend, BackendConfig, LoadGen, LoadHandle, add_local_range,
+        prepare_client_namespace, raise_nofile_limit,
     },
     netns::{IFACE, Netns, Pair, sh},
     require_root,
@@ -185,15 +185,19 @@ struct Policy {
     shares: &'static str,
     /// The class of this node's clients (`None`: the default, MEDIUM).
     class: Option<&'static str>,
+    /// The node's own max_limit (its share never goes above it).
+    max_limit: u32,
 }
 
 const EQUAL: Policy = Policy {
     shares: "equal",
     class: None,
+    max_limit: 100,
 };
 const DEMAND: Policy = Policy {
     shares: "demand",
     class: None,
+    max_limit: 100,
 };
 
 fn node_config(
@@ -232,9 +236,9 @@ name = "db"
 ports = [{port}]
 controller = "fixed"
 min_limit = 1
-max_limit = 100
-fixed_limit = 100
-fallback_limit = 50
+max_limit = {max_limit}
+fixed_limit = {max_limit}
+fallback_limit = {fallback}
 global_limit = {GLOBAL_LIMIT}
 action = "rst"
 retry_window_ms = 0
@@ -247,6 +251,8 @@ retry_window_ms = 0
         fail_static = FAIL_STATIC.as_millis(),
         port = PORTS[i],
         shares = policy.shares,
+        max_limit = policy.max_limit,
+        fallback = policy.max_limit.min(50),
     )
 }
 
@@ -1134,6 +1140,7 @@ fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
             n[i].start_daemon(Policy {
                 shares: "demand",
                 class: Some(class),
+                ..DEMAND
             });
             if i == 1 {
                 n[i].start_load_at(run, rate * FLEET_CAPACITY);
@@ -1332,7 +1339,8 @@ fn series(scrape: &str, name: &str) -> Option<f64> {
 /// A fleet member cannot drain the others: with shares by demand and every node at 3×, a
 /// rogue record appears (global_limit 0, a need of a billion connections from a node that
 /// holds none, a million connections claimed, limits and holds out of range), with a
-/// record that does not parse and one that names another node; then node-2 takes a flood
+/// record that does not parse, one that names another node and one on no lease; then
+/// node-2 takes a flood
 /// of spoofed SYNs on top. Node-0 and node-1 keep at least 90% of the ceilings they held
 /// before; departed records reserving a million connections each reserve at most the
 /// static share of each node the fleet may be missing; and the node's metrics count it all.
@@ -1340,17 +1348,44 @@ fn series(scrape: &str, name: &str) -> Option<f64> {
 fn fleet_members_cannot_drain_the_others_a_rogue_record_and_a_flooded_node() {
     let (hub, etcd, nodes) = fleet_of_three("frhub");
     let all = [0usize, 1, 2];
+    // Each node's max_limit is its fair share: with every node at 3x, the shares by
+    // demand are then exactly 18 each (the need estimates move a tenth between windows,
+    // and shares in proportion to them would too), and a record that drains the others
+    // shows in full.
+    let capped = Policy {
+        max_limit: BUDGET / 3,
+        ..DEMAND
+    };
     for n in nodes.lock().unwrap().iter_mut() {
-        n.start_daemon(DEMAND);
+        n.start_daemon(capped);
     }
     wait_until(&nodes, Duration::from_secs(15), "three at 18", |n| {
         enforced_all(n, &all, |c| c == BUDGET / 3)
     });
-    // 3x on every node, evenly spaced: the attempts a node measures are then the offered
-    // rate and not a Poisson count (about ±7% over a 1.5 s window at 135 a second), so the
-    // shares by demand hold still and what moves them is the rogue and the flood.
+    // 3x on every node, evenly spaced (the attempts a node measures are then the offered
+    // rate and not a Poisson count, about ±7% over a 1.5 s window at 135 a second), from
+    // 4,096 client addresses as real clients are, not one: the packet path shares a class
+    // among its sources, and one source beside thousands of spoofed ones would be starved
+    // by its fair share, not by the fleet. The node's namespace routes them through the
+    // client's own address (one neighbour entry, not 4,096).
     for n in nodes.lock().unwrap().iter_mut() {
+        add_local_range(&n.pair.client, "198.18.64.0/20");
+        n.pair.server.ip(&[
+            "route",
+            "add",
+            "198.18.64.0/20",
+            "via",
+            "198.18.0.1",
+            "dev",
+            IFACE,
+        ]);
         let load = LoadGen::new(n.target())
+            .class_hosts(
+                "clients",
+                IpAddr::V4(Ipv4Addr::new(198, 18, 64, 0)),
+                4096,
+                1.0,
+            )
             .phase(Duration::from_secs(120), 135.0)
             .arrivals(Arrivals::Uniform)
             .deadline(Duration::from_secs(2))
@@ -1363,7 +1398,9 @@ fn fleet_members_cannot_drain_the_others_a_rogue_record_and_a_flooded_node() {
     std::thread::sleep(Duration::from_secs(4));
     let baseline = mean_ceilings(&nodes, Duration::from_secs(8));
     let line = shares_line(&nodes.lock().unwrap());
-    eprintln!("baseline (3x on every node, by demand): mean ceilings {baseline:.1?}; {line}");
+    eprintln!(
+        "baseline (3x on every node, by demand, max_limit 18): mean ceilings {baseline:.1?}; {line}"
+    );
 
     // The rogue record, and two that are no records at all.
     let prefix = format!("/shedder-test-{}", std::process::id());
@@ -1383,13 +1420,27 @@ fn fleet_members_cannot_drain_the_others_a_rogue_record_and_a_flooded_node() {
         "version": "rogue",
     });
     monitor.set(BUDGET, "rogue: record in");
+    // On a lease of its own, as a daemon's key is (a key without one is refused whole, as
+    // the copy below is).
+    let granted = etcdctl(&hub, &["lease", "grant", "600"]);
+    let lease = granted
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no lease in {granted:?}"))
+        .to_string();
     etcdctl(
         &hub,
         &[
             "put",
+            &format!("--lease={lease}"),
             &format!("{prefix}/members/rogue"),
             &rogue.to_string(),
         ],
+    );
+    let leaseless = rogue.to_string().replace("\"rogue\"", "\"leaseless\"");
+    etcdctl(
+        &hub,
+        &["put", &format!("{prefix}/members/leaseless"), &leaseless],
     );
     etcdctl(
         &hub,
@@ -1478,8 +1529,10 @@ fn fleet_members_cannot_drain_the_others_a_rogue_record_and_a_flooded_node() {
         r.need.iter().sum::<f64>() <= 1.0 + 1e-9,
         "the rogue's need: {r:?}"
     );
+    // Its claim (a million, held at the budget) counts up to its share: it was never
+    // within one, so nothing above it was granted.
     assert!(
-        r.counted <= r.share && r.claim == BUDGET,
+        r.claim == BUDGET && r.counted <= r.share,
         "the rogue's claim: {r:?}"
     );
     // The flooded node claims no more than its share, which follows its proven need.
@@ -1491,13 +1544,13 @@ fn fleet_members_cannot_drain_the_others_a_rogue_record_and_a_flooded_node() {
     assert!(
         !svc.nodes
             .iter()
-            .any(|n| n.node == "garbage" || n.node == "impostor"),
+            .any(|n| ["garbage", "impostor", "leaseless"].contains(&n.node.as_str())),
         "{svc:?}"
     );
     for (name, at_least) in [
         (
             "shedder_fleet_records_rejected_total{record=\"member\"}",
-            2.0,
+            3.0,
         ),
         (
             "shedder_fleet_record_values_clamped_total{field=\"need\"}",
@@ -1589,9 +1642,10 @@ fn fleet_members_cannot_drain_the_others_a_rogue_record_and_a_flooded_node() {
         &hub,
         &["del", "--prefix", &format!("{prefix}/departed/ghost-")],
     );
-    etcdctl(&hub, &["del", &format!("{prefix}/members/rogue")]);
-    etcdctl(&hub, &["del", &format!("{prefix}/members/garbage")]);
-    etcdctl(&hub, &["del", &format!("{prefix}/members/impostor")]);
+    etcdctl(&hub, &["lease", "revoke", &lease]);
+    for key in ["garbage", "impostor", "leaseless"] {
+        etcdctl(&hub, &["del", &format!("{prefix}/members/{key}")]);
+    }
     std::thread::sleep(Duration::from_secs(1));
     let samples = monitor.finish();
     check_bound(&samples);
