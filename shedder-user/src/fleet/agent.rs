@@ -685,7 +685,9 @@ impl Agent {
             }
             if self.view.logged.insert(format!("clamped {node} {f}")) {
                 let what = match f {
-                    Field::Claim => "a claim above the budget",
+                    Field::Claim => {
+                        "a claim above the budget, or above any it could have been granted"
+                    }
                     Field::Need => "a need its own figures or its connections do not support",
                     Field::Reserve => "a departed reserve above the static share",
                     Field::Reserved => "departed reserves above what the missing nodes can hold",
@@ -966,12 +968,21 @@ impl Agent {
             };
             // The median of the holds the others proved (a hold a record merely states
             // could be anything).
-            let empty = BTreeMap::new();
+            // A suspect member holds nothing its hold could be measured by.
+            let held: BTreeMap<String, u32> = self
+                .view
+                .standings
+                .get(&svc.name)
+                .into_iter()
+                .flatten()
+                .filter(|(_, st)| st.suspect)
+                .map(|(n, _)| (n.clone(), 0))
+                .collect();
             let fallback = Duration::from_secs_f64(view::fleet_hold(
                 &self.view.members,
                 &svc.name,
                 &self.s.node,
-                self.view.standings.get(&svc.name).unwrap_or(&empty),
+                &held,
             ));
             let now = smoother.demand(fallback).rounded();
             let publish = match self.view.demand.get(&svc.name) {

@@ -14,15 +14,14 @@
 //!   accepts, anything negative) is clamped into it;
 //! - a member's need is capped by what it has proved ([`proven_need`]), a departed
 //!   member's reserve by the static share, and their total by the nodes that may be
-//!   missing (`view`); a claim counts only as far as this node's view granted it
-//!   ([`counted_claim`]).
+//!   missing (`view`); a claim no daemon could have made counts only up to the member's
+//!   share ([`suspect`]).
 //!
 //! Each value that no honest record holds (out of range, above the budget, a need its own
 //! figures contradict, a reserve above the static share, a date in the future) is named by
 //! a [`Field`] (the `field` label of `shedder_fleet_record_values_clamped_total`). The caps
-//! that honest records meet too (a need over four times what the node holds, a claim
-//! above its share while connections drain) are applied without a report; the per-member
-//! metrics show them.
+//! that honest records meet too (a need over four times what the node holds) are applied
+//! without a report; the per-member metrics show them.
 
 use std::fmt;
 
@@ -52,7 +51,7 @@ pub const PROOF_FACTOR: f64 = 4.0;
 /// A value out of bounds in a record (the `field` label of the clamping metric).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Field {
-    /// A claim above the budget.
+    /// A claim above the budget, or one no daemon could have made ([`suspect`]).
     Claim,
     MaxLimit,
     Attempts,
@@ -206,7 +205,7 @@ pub fn departed(key_node: &str, value: &[u8]) -> Result<(Departed, Vec<Field>), 
 }
 
 /// The hold a member has proved, in seconds: its established connections (at most what
-/// it holds by this node's views, [`held_claim`]) per admission per second; `None` when it
+/// it holds, its claim unless it is [`suspect`]) per admission per second; `None` when it
 /// admits too little to say.
 pub fn proven_hold(d: &Demand, held: u32) -> Option<f64> {
     let established = d.established.min(held as f64);
@@ -218,22 +217,21 @@ pub fn proven_hold(d: &Demand, held: u32) -> Option<f64> {
 /// The need of a member as the shares count it: what it published, at most
 ///
 /// - per class, its attempts per second × the hold it proved ([`proven_hold`]: its
-///   established connections, at most what it holds by this node's views, per admission
-///   per second), or `fallback_hold` (seconds: the fleet's median) when it admits too
-///   little to measure one; and
-/// - in all, [`PROOF_FACTOR`] × what it holds by this node's views ([`held_claim`]: its
-///   claim, as far as the protocol can have granted it) + 1, scaled down over the classes
-///   alike, so the classes keep their order.
+///   established connections, at most what it holds, per admission per second), or
+///   `fallback_hold` (seconds: the fleet's median) when it admits too little to measure
+///   one; and
+/// - in all, [`PROOF_FACTOR`] × what it holds + 1, scaled down over the classes alike, so
+///   the classes keep their order.
 ///
-/// A need is the connections its attempts would hold if all were admitted; by Little's
-/// law a node holding `established` connections after `admitted` admissions a second
-/// would hold `attempts × established / admitted`: the first rule holds a record to that,
-/// so a record that contradicts itself, or states connections it was never granted,
-/// gains nothing by it. The second bounds what a node may ask for by what it was granted:
-/// a record that appears out of nowhere (nothing granted) weighs one connection whatever it
-/// says, and an honest node grows its weight fourfold with each share it raises to (a
-/// raise is a transaction: each is seen at once). What a member's established connections
-/// are, no record can show; what it was granted, every node saw.
+/// What it holds is its claim (connections it is counted for: every node makes room for
+/// them), or nothing for a claim that is [`suspect`]. A need is the connections its
+/// attempts would hold if all were admitted; by Little's law a node holding `established`
+/// connections after `admitted` admissions a second would hold `attempts × established /
+/// admitted`: the first rule holds a record to that, so a record that contradicts itself,
+/// or states connections it is not counted for, gains nothing by it. The second bounds
+/// what a node may ask for by what it holds: a suspect record weighs one connection
+/// whatever it says, and an honest node grows its weight fourfold with each share it
+/// raises to (a raise is a transaction: each is seen at once).
 ///
 /// Also whether the record contradicts itself: a need more than a tenth (and a
 /// connection) above its attempts × its established connections per admission, or, for a
@@ -267,75 +265,50 @@ pub fn proven_need(d: &Demand, held: u32, fallback_hold: f64) -> ([f64; NUM_CLAS
     (need, contradicts)
 }
 
-/// What another member holds by this node's views: the claim it publishes, if it came by
-/// it as the protocol lets a node, else what it held before. `prev` is `(held, share)` of
-/// the previous view (`None`: a member this node sees for the first time); `returned`
-/// what was reserved for it if it has just come back from a departure (its departed
-/// record, which its registration deleted), else 0.
+/// Whether another member's claim is suspect: not believed, so that it counts against
+/// the room this node raises into only up to the member's share, and proves nothing for
+/// its need ([`proven_need`] with nothing held). `prev` is whether it was suspect in the
+/// last view (`None`: a member this node sees for the first time), `share` its share in
+/// this view, `returned` what was reserved for it if it has just come back from a
+/// departure (its departed record, which its registration deleted), `steady` whether
+/// this node's view has a history the member could have been seen in (not its first view,
+/// not the first after a cut-off of its own).
 ///
-/// A node's claim rises only through a raise to its share (a transaction against the view
-/// every node reads), falls as its connections close, and starts at 0, or, when it comes
-/// back after its lease expired, at what the others reserved for it (the static share it
-/// held, cut off). So a claim within the member's last share or within what it held is
-/// taken as held, and a new member's within what was reserved for it; a claim above is
-/// not, and what it held stays (0 for a new member). Where this node's views say nothing
-/// of the member (`settled` false: before its first view of the fleet, and, back from a
-/// cut-off, for a member whose claim moved while it was away) the claim is taken.
+/// Claims are believed as published: the bound rests on every claim being counted (a
+/// node that holds connections says so in its claim, and the others make room), and every
+/// node reading the same records must compute the same shares. One thing marks a record
+/// no daemon writes: a node's claim rises only through a raise to its share, and starts at
+/// 0, or at what was reserved for it when it comes back after its lease expired. So a
+/// member that appears, while this node watches, claiming more than its share and more
+/// than was reserved for it, is suspect, until its claim is within its share. A record
+/// that appears claiming the budget leaves everyone else their share.
 ///
-/// This is what a member's need is proved against ([`proven_need`]): a record that
-/// appears claiming the budget and saying it holds it, which no node can have come by,
-/// weighs what it held: nothing. The limit: a member that claims each share it is given,
-/// and publishes figures to match, is weighed as a node that holds it; the etcd
-/// credentials (one user per node, docs/fleet.md) are what keeps others from writing one.
-pub fn held_claim(prev: Option<(u32, u32)>, claim: u32, returned: u32, settled: bool) -> u32 {
-    if !settled {
-        return claim;
+/// What this leaves out: a node whose daemon restarted holding more connections than its
+/// new share (it adopts them from the kernel) is suspect until they close; its own
+/// ceiling is its share, so it refuses until then, and the fleet holds them on top of its
+/// budget meanwhile, as it would hold the connections of the others that made room. And a
+/// record that appears within its share and then claims more is believed: that is a
+/// daemon's behaviour, and what the etcd credentials (one user per node, docs/fleet.md)
+/// keep others from imitating.
+pub fn suspect(prev: Option<bool>, claim: u32, share: u32, returned: u32, steady: bool) -> bool {
+    match prev {
+        Some(was) => was && claim > share,
+        None => steady && claim > share.max(returned),
     }
-    let (held, within) = prev.map_or((0, returned), |(held, share)| (held, share.max(held)));
-    if claim <= within { claim } else { held }
 }
 
-/// How much of another member's claim counts against the room this node raises into,
-/// from the claim, the member's share in this node's view and what was granted before:
-/// `(counted, granted)`, what was granted to carry to the next view.
-///
-/// A member may always claim its share. Above it, a claim is what a node holds while it
-/// drains to a lowered share (connections cannot be taken back). So this node carries
-/// what it granted: the member's last claim within its share, lowered as its claim falls
-/// (a drain); a claim counts up to its share or up to that, whichever is higher. A claim
-/// that grows past what was granted counts only up to the share, and one that appears
-/// above the share once this node has a view of the fleet (`settled`) up to the share, or
-/// up to what was reserved for a member back from a departure (`returned`: the static
-/// share it held cut off). A member whose share rises while its claim stays above it is
-/// granted nothing more (it counts up to each share it has, not the largest it had).
-/// Where this node's views say nothing of the member (`settled` false: before its first
-/// view, and for a member whose claim moved while it was cut off from etcd, or that joined
-/// meanwhile) it cannot tell, and takes the claim as published, so that a node that
-/// starts, or comes back, waits for the others to drain as the bound needs.
-///
-/// What this leaves out: a member that holds connections above its share (admitted just
-/// before it lowered, CRITICAL admitted past a full service, connections it adopted at a
-/// restart) and whose claim rose after this node's last view is not made room for here; its
-/// own ceiling is its share, so it refuses until they close, and the fleet holds them on
-/// top of its budget until then, as it would hold the connections of the others that make
-/// room.
-pub fn counted_claim(
-    prev: Option<u32>,
-    claim: u32,
-    share: u32,
-    returned: u32,
-    settled: bool,
-) -> (u32, u32) {
-    if !settled {
-        return (claim, claim);
-    }
-    let before = prev.unwrap_or(claim.min(returned));
-    let granted = if claim <= share {
-        claim
+/// How much of a member's claim counts against the room, and what it holds for its need
+/// to be proved against: `(counted, held)`. A suspect's counts up to its share and never
+/// more than it counted in the last view (`before`): a daemon's claim rises only through
+/// a raise the others see, and a suspect's share can leap (the surplus nobody needs goes
+/// by need, and it may be the only member left with any) faster than the others' claims
+/// fall; counted at once, it would make them lower for room no one is using.
+pub fn counted_and_held(claim: u32, share: u32, suspect: bool, before: Option<u32>) -> (u32, u32) {
+    if suspect {
+        (claim.min(share).min(before.unwrap_or(u32::MAX)), 0)
     } else {
-        before.min(claim)
-    };
-    (claim.min(share.max(granted)), granted)
+        (claim, claim)
+    }
 }
 
 #[cfg(test)]
@@ -499,64 +472,37 @@ mod tests {
     }
 
     #[test]
-    fn a_claim_above_the_members_share_counts_only_as_it_falls() {
-        // Within its share: all of it.
-        assert_eq!(counted_claim(Some(18), 18, 18, 0, true), (18, 18));
-        assert_eq!(counted_claim(Some(18), 12, 18, 0, true), (12, 12));
-        // Its share falls from 37 to 7: its claim counts while it drains...
-        assert_eq!(counted_claim(Some(37), 37, 7, 0, true), (37, 37));
-        assert_eq!(counted_claim(Some(37), 25, 7, 0, true), (25, 25));
-        // ...also when CRITICAL adds one for a moment (that one is not counted)...
-        assert_eq!(counted_claim(Some(25), 26, 7, 0, true), (25, 25));
-        // ...and cannot grow back above what it drained to.
-        assert_eq!(counted_claim(Some(25), 54, 7, 0, true), (25, 25));
-        assert_eq!(counted_claim(Some(25), 7, 7, 0, true), (7, 7));
-        // A raise to a share this node's view gives it counts at once.
-        assert_eq!(counted_claim(Some(7), 30, 30, 0, true), (30, 30));
-        // A claim growing past its share: up to the share.
-        assert_eq!(counted_claim(Some(18), 54, 18, 0, true), (18, 18));
-        // A new member above its share: up to its share, or up to what was reserved for
-        // it if it is back from a departure; before this node's first view, as published.
-        assert_eq!(counted_claim(None, 54, 2, 0, true), (2, 0));
-        assert_eq!(counted_claim(None, 9, 18, 0, true), (9, 9));
-        assert_eq!(counted_claim(None, 9, 5, 9, true), (9, 9));
-        assert_eq!(counted_claim(None, 54, 5, 9, true), (9, 9));
-        assert_eq!(counted_claim(None, 20, 18, 0, false), (20, 20));
-        // A claim that stays above the share as the share moves counts each share, not
-        // the largest.
-        let mut granted = None;
-        for (share, want) in [(2, 2), (16, 16), (3, 3)] {
-            let (counted, g) = counted_claim(granted, 54, share, 0, true);
-            assert_eq!(counted, want, "share {share}");
-            granted = Some(g);
-        }
-    }
-
-    #[test]
-    fn a_claim_is_held_as_far_as_the_protocol_gives_it() {
-        // Within its share, within what it held (draining), within what was reserved for
-        // a member back from a departure.
-        assert_eq!(held_claim(Some((18, 18)), 18, 0, true), 18);
-        assert_eq!(held_claim(Some((37, 7)), 30, 0, true), 30);
-        assert_eq!(held_claim(Some((7, 30)), 30, 0, true), 30);
-        assert_eq!(held_claim(None, 9, 9, true), 9, "back from a cut-off");
-        assert_eq!(held_claim(None, 0, 0, true), 0, "a joining node");
-        // Above: what it held.
-        assert_eq!(held_claim(Some((18, 18)), 54, 0, true), 18);
-        assert_eq!(
-            held_claim(None, 54, 0, true),
-            0,
+    fn a_claim_is_believed_unless_it_appears_above_what_a_daemon_could_claim() {
+        // A new member within its share, at 0, or back claiming what was reserved for it.
+        assert!(!suspect(None, 18, 18, 0, true));
+        assert!(!suspect(None, 0, 2, 0, true));
+        assert!(!suspect(None, 9, 5, 9, true), "back from a cut-off");
+        // Appearing above its share and above any reservation: suspect.
+        assert!(
+            suspect(None, 54, 2, 0, true),
             "a record claiming the budget"
         );
-        assert_eq!(held_claim(None, 9, 0, true), 0, "a new record claiming 9");
-        assert_eq!(
-            held_claim(None, 54, 9, true),
-            0,
+        assert!(suspect(None, 9, 2, 0, true));
+        assert!(
+            suspect(None, 54, 5, 9, true),
             "back, claiming more than reserved"
         );
-        assert_eq!(held_claim(Some((0, 2)), 54, 0, true), 0);
-        // Before this node's first view, as published.
-        assert_eq!(held_claim(None, 54, 0, false), 54);
+        // Until its claim fits its share; a believed member stays believed (a drain, a
+        // raise, CRITICAL past the limit).
+        assert!(suspect(Some(true), 54, 16, 0, true));
+        assert!(!suspect(Some(true), 16, 16, 0, true));
+        assert!(!suspect(Some(false), 37, 7, 0, true));
+        // Where this node has no history the member could have been seen in, believed.
+        assert!(!suspect(None, 54, 2, 0, false));
+        // What counts and what is held.
+        assert_eq!(counted_and_held(54, 2, true, None), (2, 0));
+        assert_eq!(
+            counted_and_held(54, 16, true, Some(2)),
+            (2, 0),
+            "never rising"
+        );
+        assert_eq!(counted_and_held(54, 1, true, Some(2)), (1, 0));
+        assert_eq!(counted_and_held(37, 7, false, Some(2)), (37, 37));
     }
 
     #[test]

@@ -63,12 +63,11 @@ impl Seen {
 /// Where this node's view stands in its history with etcd.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Phase {
-    /// Its first view: nothing known of any member; every claim taken as published.
+    /// Its first view: it has seen no member appear.
     #[default]
     Start,
-    /// Its first view after a new session with etcd (a reconnect): a member whose claim
-    /// moved meanwhile, or that joined meanwhile, is taken as published (it may have
-    /// raised while this node could not see it); the others keep their standings.
+    /// Its first view after a new session with etcd (a reconnect): members that joined
+    /// meanwhile were not seen appearing.
     Reconnect,
     /// Every other view.
     Steady,
@@ -77,15 +76,10 @@ pub enum Phase {
 /// What this node carries from one view of a service to the next about another member.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Standing {
-    /// Its last claim within its share, lowered as its claim falls: how far its claim may
-    /// count above its share ([`trust::counted_claim`]).
-    pub granted: u32,
-    /// What it holds by this node's views ([`trust::held_claim`]).
-    pub held: u32,
-    /// Its share in the view.
-    pub share: u32,
-    /// Its claim as published (bounded by the budget) in the view.
-    pub claim: u32,
+    /// Whether its claim is suspect ([`trust::suspect`]).
+    pub suspect: bool,
+    /// What its claim counted against the room.
+    pub counted: u32,
 }
 
 /// One service as this node sees it.
@@ -109,22 +103,23 @@ pub struct Outcome {
 
 /// The hold the fleet's members proved (seconds): the median of theirs, leaving out
 /// `except` (a node computing its own need); [`DEFAULT_HOLD`] when none has one. A
-/// member's connections count as far as it holds them by `standings` (this node's own
-/// claim, and a member's without a standing, as published).
+/// member's connections count as far as it holds them (`held`; a member missing there,
+/// its claim).
 pub fn fleet_hold(
     members: &BTreeMap<String, Record>,
     service: &str,
     except: &str,
-    standings: &BTreeMap<String, Standing>,
+    held: &BTreeMap<String, u32>,
 ) -> f64 {
     let mut holds: Vec<f64> = members
         .iter()
         .filter(|(n, _)| n.as_str() != except)
         .filter_map(|(n, r)| {
             let d = r.demand.get(service)?;
-            let held = standings
+            let held = held
                 .get(n)
-                .map_or_else(|| r.claims.get(service).copied().unwrap_or(0), |s| s.held);
+                .copied()
+                .unwrap_or_else(|| r.claims.get(service).copied().unwrap_or(0));
             trust::proven_hold(d, held)
         })
         .collect();
@@ -232,13 +227,10 @@ pub fn service(
             .and_then(|d| d.reserves.get(&svc.name))
             .map_or(0, |r| (*r).min(statics))
     };
-    // Whether this node's views of a member apply (see `Phase`).
-    let settled = |n: &str, claim: u32| match phase {
-        Phase::Start => false,
-        Phase::Reconnect => standings.get(n).is_some_and(|p| p.claim == claim),
-        Phase::Steady => true,
-    };
-    // What each holds by this node's views: its needs are proved against that.
+    // What each holds, its claim unless it is suspect, or, seen for the first time in a
+    // steady view above what was reserved for it, until this view's share says whether it
+    // is: its need is proved against that.
+    let steady = phase == Phase::Steady;
     let held: Vec<u32> = live
         .iter()
         .zip(&claims)
@@ -246,22 +238,18 @@ pub fn service(
             if n.as_str() == s.node {
                 return *claim;
             }
-            let prev = standings.get(n.as_str()).map(|p| (p.held, p.share));
-            trust::held_claim(prev, *claim, reserved_for(n), settled(n, *claim))
+            match standings.get(n.as_str()) {
+                Some(p) if p.suspect => 0,
+                Some(_) => *claim,
+                None if steady && *claim > reserved_for(n) => 0,
+                None => *claim,
+            }
         })
         .collect();
-    let held_by: BTreeMap<String, Standing> = live
+    let held_by: BTreeMap<String, u32> = live
         .iter()
         .zip(&held)
-        .map(|((n, _), h)| {
-            (
-                n.to_string(),
-                Standing {
-                    held: *h,
-                    ..Default::default()
-                },
-            )
-        })
+        .map(|((n, _), h)| (n.to_string(), *h))
         .collect();
     let hold = fleet_hold(members, &svc.name, "", &held_by);
     let needs: Vec<[f64; shedder_common::NUM_CLASSES]> = live
@@ -293,25 +281,30 @@ pub fn service(
             .map(|w| target(live_budget, live.len(), w.max_limit))
             .collect(),
     };
-    // The others' claims, each as far as this node's views granted it.
+    // The others' claims, as published but for a suspect's (up to its share).
     let mut others = 0u32;
     let mut counted = Vec::with_capacity(live.len());
     let mut next = BTreeMap::new();
-    for ((((n, _), claim), share), held) in live.iter().zip(&claims).zip(&shares).zip(&held) {
+    for (((n, _), claim), share) in live.iter().zip(&claims).zip(&shares) {
         if n.as_str() == s.node {
             counted.push(*claim);
             continue;
         }
-        let prev = standings.get(n.as_str()).map(|p| p.granted);
-        let (c, granted) =
-            trust::counted_claim(prev, *claim, *share, reserved_for(n), settled(n, *claim));
+        let prev = standings.get(n.as_str()).map(|p| p.suspect);
+        let suspect = trust::suspect(prev, *claim, *share, reserved_for(n), steady);
+        if suspect && prev != Some(true) {
+            findings.push((n.to_string(), Field::Claim));
+        }
+        let before = standings
+            .get(n.as_str())
+            .filter(|p| p.suspect)
+            .map(|p| p.counted);
+        let (c, _) = trust::counted_and_held(*claim, *share, suspect, before);
         next.insert(
             n.to_string(),
             Standing {
-                granted,
-                held: *held,
-                share: *share,
-                claim: *claim,
+                suspect,
+                counted: c,
             },
         );
         others = others.saturating_add(c);
@@ -462,13 +455,12 @@ mod tests {
         o
     }
 
-    /// A rogue record: global_limit 0, a need of a billion connections, a million
-    /// connections it says it holds although it claims none, a hold of a day, no limit of
-    /// its own.
+    /// A rogue record: global_limit 0, a need of a billion connections, a million claimed
+    /// and a million it says it holds, a hold of a day, no limit of its own.
     fn rogue() -> Record {
         Record {
             node: "rogue".into(),
-            claims: [("db".to_string(), 0)].into(),
+            claims: [("db".to_string(), 1_000_000)].into(),
             global_limits: [("db".to_string(), 0)].into(),
             demand: [(
                 "db".to_string(),
@@ -526,6 +518,13 @@ mod tests {
         );
         assert_eq!(o.disagreeing, [("rogue".to_string(), 0)]);
         let rogue_share = o.share.nodes.iter().find(|n| n.node == "rogue").unwrap();
+        // A million claimed (the budget, as far as any member can) and a million held
+        // said: suspect, counted up to its share, holding nothing its need is proved by.
+        assert!(o.standings["rogue"].suspect);
+        assert_eq!(
+            (rogue_share.claim, rogue_share.counted),
+            (54, rogue_share.share)
+        );
         assert!(
             rogue_share.need.iter().sum::<f64>() <= 1.0 + 1e-9,
             "{rogue_share:?}"
@@ -536,8 +535,15 @@ mod tests {
             o.target,
             before.target
         );
-        assert_eq!(o.findings, [("rogue".to_string(), Field::Need)]);
-        // The others lower to their shares, as they do at their next step.
+        assert_eq!(
+            o.findings,
+            [
+                ("rogue".to_string(), Field::Claim),
+                ("rogue".to_string(), Field::Need)
+            ]
+        );
+        // The others lower to their shares, as they do at their next step: room for this
+        // node's target, whatever the rogue claims; and so views later.
         for n in &o.share.nodes {
             if n.node.starts_with("node-") {
                 members
@@ -547,41 +553,33 @@ mod tests {
                     .insert("db".into(), n.share);
             }
         }
-        let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
-        assert!(o.room >= o.target, "{o:?}");
-        // It claims a million connections, and still says it holds a million: above the
-        // budget, counted up to its share, and held as before (nothing), so its need still
-        // weighs one connection.
+        for _ in 0..3 {
+            let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
+            assert!(o.room >= o.target, "{o:?}");
+            assert!(o.standings["rogue"].suspect);
+            assert!(o.target as f64 >= 0.9 * before.target as f64);
+        }
+        // The others capped at 18, node-2's need gone (a flood starves its clients): the
+        // surplus goes to the rogue, the only member left with a need. Its claim still
+        // counts what it did: node-0 keeps its room while node-2's claim falls.
+        for m in members.values_mut() {
+            m.max_limits.insert("db".into(), 18);
+        }
+        let counted_before = standings["rogue"].counted;
         members
-            .get_mut("rogue")
+            .get_mut("node-2")
             .unwrap()
-            .claims
-            .insert("db".into(), 1_000_000);
-        let again = settle(&s, &members, &BTreeMap::new(), &mut standings);
-        let rogue_share = again
-            .share
-            .nodes
-            .iter()
-            .find(|n| n.node == "rogue")
-            .unwrap();
-        assert_eq!(
-            (rogue_share.claim, rogue_share.counted),
-            (54, rogue_share.share)
-        );
-        assert!(rogue_share.need.iter().sum::<f64>() <= 1.0 + 1e-9);
-        assert_eq!(again.standings["rogue"].held, 0);
-        assert_eq!(again.target, o.target);
-        assert_eq!(
-            again.room,
-            o.room - rogue_share.share,
-            "a member may claim its share"
-        );
-        assert!(again.room >= again.target, "{again:?}");
+            .demand
+            .get_mut("db")
+            .unwrap()
+            .need = [0.0; 4];
+        let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
+        let r = o.share.nodes.iter().find(|n| n.node == "rogue").unwrap();
         assert!(
-            again
-                .findings
-                .contains(&("rogue".to_string(), Field::Claim))
+            r.share > counted_before && r.counted == counted_before,
+            "{r:?}"
         );
+        assert!(o.room >= o.target, "{o:?}");
     }
 
     /// A flooded member whose attempts were admitted as its clients' (so its hold, and
@@ -705,20 +703,20 @@ mod tests {
             .insert("db".into(), 18);
         let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
         assert_eq!((o.target, o.share.others), (18, 27));
-        // node-1 drains to 20 and then claims 27 again: only 20 counts.
+        // node-1 drains to 20: counted as it falls; node-2 raises to its share.
         members
             .get_mut("node-1")
             .unwrap()
             .claims
             .insert("db".into(), 20);
-        settle(&s, &members, &BTreeMap::new(), &mut standings);
         members
-            .get_mut("node-1")
+            .get_mut("node-2")
             .unwrap()
             .claims
-            .insert("db".into(), 27);
+            .insert("db".into(), 18);
         let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
-        assert_eq!(o.share.others, 20);
+        assert_eq!(o.share.others, 38);
+        assert!(o.standings.values().all(|st| !st.suspect));
         // A node that starts sees every claim as published, whatever its share.
         let fresh = service(
             &s,
@@ -730,7 +728,7 @@ mod tests {
             Phase::Start,
             NOW,
         );
-        assert_eq!(fresh.share.others, 27);
+        assert_eq!(fresh.share.others, 38);
     }
 
     /// A member back from a departure registers claiming the static share it held cut
@@ -768,7 +766,7 @@ mod tests {
         let n2 = o.share.nodes.iter().find(|n| n.node == "node-2").unwrap();
         assert!(n2.share < 9, "{n2:?}");
         assert_eq!((n2.claim, n2.counted), (9, 9));
-        assert_eq!(o.standings["node-2"].held, 9);
+        assert!(!o.standings["node-2"].suspect);
         // Without the departure: its share, and nothing held.
         let o = service(
             &s,
@@ -782,37 +780,28 @@ mod tests {
         );
         let n2 = o.share.nodes.iter().find(|n| n.node == "node-2").unwrap();
         assert_eq!((n2.claim, n2.counted), (9, n2.share));
-        assert_eq!(o.standings["node-2"].held, 0);
+        assert!(o.standings["node-2"].suspect);
     }
 
-    /// Back from a cut-off: the others raised to 22 while this node could not see them
-    /// (its departure reserved 9); now that it is back their shares are 18 and they drain.
-    /// Their claims moved while it was away: counted as published, so it raises only into
-    /// the room they leave. A rogue record unchanged since before keeps its standing.
+    /// Back from a cut-off: the others raised to 22 while this node could not see them;
+    /// believed members' claims count as published, so it raises only into the room they
+    /// leave. A rogue record that was there before stays suspect; a member that joined
+    /// while it was away, above its share, is believed (nothing was seen of it), where one
+    /// appearing in a steady view would be suspect.
     #[test]
-    fn back_from_a_cut_off_claims_that_moved_meanwhile_are_taken_as_published() {
+    fn back_from_a_cut_off_members_keep_their_standing_and_new_ones_are_believed() {
         let s = settings(Shares::Equal);
         let mut standings = BTreeMap::new();
         let mut members = three();
-        members.insert("rogue".into(), rogue());
         settle(&s, &members, &BTreeMap::new(), &mut standings);
-        members
-            .get_mut("rogue")
-            .unwrap()
-            .claims
-            .insert("db".into(), 54);
+        members.insert("rogue".into(), rogue());
         let o = settle(&s, &members, &BTreeMap::new(), &mut standings);
-        let rogue_counted = o
-            .share
-            .nodes
-            .iter()
-            .find(|n| n.node == "rogue")
-            .unwrap()
-            .counted;
+        assert!(o.standings["rogue"].suspect, "{o:?}");
         for n in ["node-1", "node-2"] {
             members.get_mut(n).unwrap().claims.insert("db".into(), 22);
         }
-        let back = |phase| {
+        members.insert("node-3".into(), member("node-3", 20, 54.0, 20.0));
+        let view = |phase| {
             service(
                 &s,
                 &db(),
@@ -824,13 +813,26 @@ mod tests {
                 NOW,
             )
         };
-        let o = back(Phase::Reconnect);
-        assert_eq!(o.share.others, 22 + 22 + rogue_counted, "{o:?}");
-        assert_eq!(o.standings["node-1"].held, 22);
-        assert_eq!(o.standings["rogue"].held, 0);
-        // Had it not been away, a claim grown past what was granted (18) counts up to that.
-        let steady = back(Phase::Steady);
-        assert_eq!(steady.share.others, 18 + 18 + rogue_counted, "{steady:?}");
+        let counted = |o: &Outcome, n: &str| {
+            o.share
+                .nodes
+                .iter()
+                .find(|x| x.node == n)
+                .map(|x| (x.claim, x.counted, x.share))
+                .unwrap()
+        };
+        let back = view(Phase::Reconnect);
+        assert_eq!(counted(&back, "node-1").1, 22);
+        let (_, rogue_counted, rogue_share) = counted(&back, "rogue");
+        assert_eq!(rogue_counted, rogue_share);
+        assert!(back.standings["rogue"].suspect);
+        let (claim, c, share) = counted(&back, "node-3");
+        assert!(claim > share && c == claim, "{back:?}");
+        assert!(!back.standings["node-3"].suspect);
+        // The same newcomer appearing in a steady view: suspect.
+        let steady = view(Phase::Steady);
+        assert!(steady.standings["node-3"].suspect);
+        assert_eq!(counted(&steady, "node-1").1, 22);
     }
 
     #[test]
