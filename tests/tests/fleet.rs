@@ -482,6 +482,17 @@ impl Monitor {
     }
 }
 
+/// A test that panics while a monitor samples must still drop its nodes (daemons, pins,
+/// namespaces): the sampling thread holds them until it stops.
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// `GET /metrics` from the daemon of the namespace this runs in (127.0.0.1:9464).
 fn metrics() -> String {
     use std::io::{Read as _, Write as _};
@@ -1492,6 +1503,19 @@ fn fleet_members_cannot_drain_the_others_a_rogue_record_and_a_flooded_node() {
         "node-2 flooded ({sent} spoofed SYNs in about 10 s): mean ceilings {flooded:.1?}; {line}"
     );
     if let Some(st) = &state2 {
+        let f = st.fleet.as_ref().map(|f| {
+            (
+                f.services[0].target,
+                f.services[0].ceiling,
+                f.services[0].claim,
+            )
+        });
+        eprintln!(
+            "node-2 during the flood: (share, ceiling, claim) {f:?}, limit {}, established {:?}, pending {:?}",
+            st.services[0].limit,
+            st.services[0].signals.inflight.value(),
+            st.services[0].signals.pending.value()
+        );
         let r = st.services[0].signals.rates.value().map(|r| {
             r.iter()
                 .map(|c| format!("{:.0}/{:.0}", c.offered, c.admitted))
