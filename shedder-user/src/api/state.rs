@@ -199,7 +199,36 @@ fn render_fleet(out: &mut String, f: &FleetState) {
             f.departed.join(", ")
         );
     }
+    // What the members' records held that was not believed (docs/fleet.md, "What a record
+    // is believed").
+    let counts = |m: &std::collections::BTreeMap<String, u64>| {
+        m.iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (rejected, clamped) = (counts(&f.rejected), counts(&f.clamped));
+    if !rejected.is_empty() || !clamped.is_empty() {
+        let _ = writeln!(
+            out,
+            "  records ignored: {}  values held within bounds: {}",
+            if rejected.is_empty() {
+                "none"
+            } else {
+                &rejected
+            },
+            if clamped.is_empty() { "none" } else { &clamped }
+        );
+    }
     for s in &f.services {
+        if s.disagreeing > 0 {
+            let _ = writeln!(
+                out,
+                "  {}: {} member(s) publish another global_limit; this node keeps its own ({})",
+                s.service, s.disagreeing, s.global_limit
+            );
+        }
         let _ = writeln!(
             out,
             "  {}: global {} budget {}  members {}  share {} (by {})  ceiling {}  claim {}  others {}  reserved {}  static {}",
@@ -217,9 +246,14 @@ fn render_fleet(out: &mut String, f: &FleetState) {
         );
         for n in &s.nodes {
             let need: Vec<String> = n.need.iter().map(|v| format!("{v:.1}")).collect();
+            let counted = if n.counted < n.claim && n.node != f.node {
+                format!(" (counts {})", n.counted)
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "    {:<16} demand {:>7.1}/s  need {:>6.1} ({})  hold {}  weight {:>5.1}%  share {:>4}  claim {:>4}",
+                "    {:<16} demand {:>7.1}/s  need {:>6.1} ({})  hold {}  weight {:>5.1}%  share {:>4}  claim {:>4}{counted}",
                 n.node,
                 n.attempts,
                 n.need.iter().sum::<f64>(),
@@ -672,8 +706,12 @@ mod tests {
                     weight: 22.0 / 45.0,
                     share: 22,
                     claim: 20,
+                    counted: 20,
                 }],
+                disagreeing: 0,
             }],
+            rejected: Default::default(),
+            clamped: Default::default(),
         });
         let out = render(&s);
         for line in [
@@ -686,8 +724,35 @@ mod tests {
             assert!(out.lines().any(|l| l == line), "{line:?} not in\n{out}");
         }
         assert!(out.contains("fleet ceiling 18"), "{out}");
+        assert!(!out.contains("records ignored"), "{out}");
         let again: State = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(s, again);
+        // A rogue member: its record's values held within bounds, its claim counted up to
+        // its share, its global_limit not followed.
+        let f = s.fleet.as_mut().unwrap();
+        f.rejected.insert("member".into(), 1);
+        f.clamped.insert("claim".into(), 2);
+        f.clamped.insert("need".into(), 1);
+        f.clamped.insert("hold".into(), 0);
+        f.services[0].disagreeing = 1;
+        f.services[0].nodes.push(crate::fleet::NodeShare {
+            node: "rogue".into(),
+            attempts: 1e8,
+            need: [1.0, 0.0, 0.0, 0.0],
+            hold_ms: None,
+            weight: 2.0 / 45.0,
+            share: 2,
+            claim: 54,
+            counted: 2,
+        });
+        let out = render(&s);
+        for line in [
+            "  records ignored: member 1  values held within bounds: claim 2, need 1",
+            "  api: 1 member(s) publish another global_limit; this node keeps its own (60)",
+            "    rogue            demand 100000000.0/s  need    1.0 (1.0/0.0/0.0/0.0)  hold -  weight   4.4%  share    2  claim   54 (counts 2)",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line:?} not in\n{out}");
+        }
     }
 
     #[test]

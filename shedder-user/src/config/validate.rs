@@ -34,7 +34,7 @@ pub const MAX_RETRY_WINDOW_MS: u64 = 3_600_000;
 
 /// A name that can be a metric label or an etcd key component: 1 to 64 characters from
 /// `[A-Za-z0-9._-]`.
-pub(super) fn valid_name(name: &str) -> bool {
+pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name
@@ -305,6 +305,19 @@ impl Config {
                 let missing = if has_a { b } else { a };
                 return Err(err(format!("fleet.{missing}"), message));
             }
+        }
+        // etcd's password authentication sends the password in the clear to every endpoint
+        // (and a token on every request after), so it needs TLS.
+        if f.password_file.is_some()
+            && let Some(e) = f.endpoints.iter().find(|e| e.starts_with("http://"))
+        {
+            return Err(err(
+                "fleet.password_file",
+                format!(
+                    "an etcd password would cross the network in the clear to `{e}`; use https:// \
+                     endpoints (with ca_file for a private CA)"
+                ),
+            ));
         }
         if (f.cert_file.is_some() || f.ca_file.is_some())
             && f.endpoints.iter().any(|e| e.starts_with("http://"))
@@ -676,6 +689,12 @@ mod tests {
             (
                 format!("{FLEET}safety = 1.5\n"),
                 "line 5, column 10: fleet.safety: 1.5 is outside (0, 1]",
+            ),
+            (
+                format!(
+                    "{FLEET}username = \"shedder\"\npassword_file = \"/etc/shedder/etcd.pw\"\n"
+                ),
+                "line 6, column 17: fleet.password_file: an etcd password would cross the network in the clear to `http://198.18.0.21:2379`; use https:// endpoints (with ca_file for a private CA)",
             ),
             (
                 format!("{FLEET}username = \"shedder\"\n"),

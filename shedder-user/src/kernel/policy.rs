@@ -13,7 +13,7 @@ use crate::{
     kernel::clock::{DEFAULT_HOLD_US, epoch_shift_for, hold_bits_for, ms_to_jiffies},
 };
 
-use crate::control::classes::{Ladder, allocate, allocate_for_demand};
+use crate::control::classes::{Ladder, Maxima, allocate_for_demand_in, allocate_in};
 
 /// The kernel's view of one configured service.
 #[derive(Clone, Debug, PartialEq)]
@@ -59,26 +59,33 @@ pub fn unproven_cap(base: u32, unproven_share: f64, flood: Option<f64>) -> u32 {
 }
 
 /// Build the service policy for `total` (the adaptive limit), split by `demand` when known
-/// (see [`allocate_for_demand`]), else statically (see [`allocate`]); the fallback limits
-/// are always split statically. `flood` says, per class, whether it is under a flood of
-/// unproven attempts and then what its new clients need of its unproven part
-/// ([`unproven_cap`]). `hz` converts the retry window to jiffies. The
-/// daemon rebuilds every service's policy with this function each tick, so everything
-/// configured (retry window and demotion included) is written with every limit change.
+/// (see [`allocate_for_demand_in`]), else statically (see [`allocate_in`]); the fallback
+/// limits are always split statically. CRITICAL's ceiling is a fraction of `critical_max`
+/// (the node's own bound, which a fleet's ceiling, written into `s.max_limit`, never
+/// lowers). `flood` says, per class, whether it is under a flood of unproven attempts and
+/// then what its new clients need of its unproven part ([`unproven_cap`]). `hz` converts
+/// the retry window to jiffies. The daemon rebuilds every service's policy with this
+/// function each tick, so everything configured (retry window and demotion included) is
+/// written with every limit change.
 pub fn service_policy(
     s: &Service,
     ladder: &Ladder,
     total: u32,
     demand: Option<&[f64; NUM_CLASSES]>,
+    critical_max: u32,
     flood: &[Option<f64>; NUM_CLASSES],
     hz: u32,
 ) -> ServicePolicy {
     let total = total.clamp(s.min_limit, s.max_limit);
-    let live = match demand {
-        Some(d) => allocate_for_demand(total, s.max_limit, ladder, d),
-        None => allocate(total, s.max_limit, ladder),
+    let max = Maxima {
+        service: s.max_limit,
+        critical: critical_max,
     };
-    let fallback = allocate(s.fallback_limit, s.max_limit, ladder);
+    let live = match demand {
+        Some(d) => allocate_for_demand_in(total, max, ladder, d),
+        None => allocate_in(total, max, ladder),
+    };
+    let fallback = allocate_in(s.fallback_limit, max, ladder);
     let pace = quic_pace(s, total);
     let mut classes = [ClassPolicy::default(); NUM_CLASSES];
     for (id, c) in classes.iter_mut().enumerate() {
@@ -216,7 +223,15 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
             protocol: s.protocol,
             ports: s.ports.clone(),
             addresses: s.addresses.clone(),
-            policy: service_policy(s, &ladder, s.fallback_limit, None, &[None; NUM_CLASSES], hz),
+            policy: service_policy(
+                s,
+                &ladder,
+                s.fallback_limit,
+                None,
+                s.max_limit,
+                &[None; NUM_CLASSES],
+                hz,
+            ),
         })
         .collect();
     let mut class_rules = Vec::new();
@@ -284,6 +299,7 @@ mod tests {
             &ladder,
             64,
             None,
+            c.services[0].max_limit,
             &[None; NUM_CLASSES],
             1000,
         );
@@ -301,6 +317,7 @@ mod tests {
             &ladder,
             64,
             None,
+            c.services[0].max_limit,
             &[None; NUM_CLASSES],
             1000,
         );
@@ -317,6 +334,7 @@ mod tests {
             &ladder,
             64,
             None,
+            c.services[0].max_limit,
             &[None; NUM_CLASSES],
             1000,
         );
@@ -478,6 +496,7 @@ mod tests {
                 &ladder,
                 limit,
                 demand.as_ref(),
+                s.max_limit,
                 &[None; NUM_CLASSES],
                 250,
             );

@@ -552,6 +552,33 @@ fn fleet_metrics(
         "shedder_fleet_etcd_errors",
         &one(f.etcd_errors as f64),
     )?;
+    // What the members' records held that was not believed, every label from zero (a
+    // counter that appears only when first incremented hides that increase from rate()).
+    let by = |label: &'static str, names: &[&str], m: &std::collections::BTreeMap<String, u64>| {
+        names
+            .iter()
+            .map(|n| {
+                (
+                    vec![(label, n.to_string())],
+                    m.get(*n).copied().unwrap_or(0) as f64,
+                )
+            })
+            .collect::<Vec<(Labels, f64)>>()
+    };
+    counters(
+        encoder,
+        "shedder_fleet_records_rejected",
+        &by("record", &crate::fleet::trust::RECORDS, &f.rejected),
+    )?;
+    let fields: Vec<&str> = crate::fleet::trust::Field::ALL
+        .iter()
+        .map(|f| f.as_str())
+        .collect();
+    counters(
+        encoder,
+        "shedder_fleet_record_values_clamped",
+        &by("field", &fields, &f.clamped),
+    )?;
     for (name, pick) in [
         (
             "shedder_fleet_global_limit",
@@ -563,6 +590,7 @@ fn fleet_metrics(
         ("shedder_fleet_claim", |s| s.claim),
         ("shedder_fleet_reserved", |s| s.reserved),
         ("shedder_fleet_static_share", |s| s.static_share),
+        ("shedder_fleet_global_limit_disagreement", |s| s.disagreeing),
     ] {
         let series = one_label(&f.services, "service", |s| &s.service, &|s| {
             Some(pick(s) as f64)
@@ -578,6 +606,8 @@ fn fleet_metrics(
         ("shedder_fleet_node_need", |n| n.need.iter().sum()),
         ("shedder_fleet_node_weight", |n| n.weight),
         ("shedder_fleet_node_share", |n| n.share as f64),
+        ("shedder_fleet_node_claim", |n| n.claim as f64),
+        ("shedder_fleet_node_claim_counted", |n| n.counted as f64),
     ] {
         let series: Vec<(Labels, f64)> = f
             .services

@@ -318,7 +318,25 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "shedder_fleet_global_limit",
         "gauge",
         &["service"],
-        "Fleet mode: the downstream's capacity the fleet shares (global_limit).",
+        "Fleet mode: the downstream's capacity the fleet shares (global_limit, as this node is configured: another member's value is never followed).",
+    ),
+    (
+        "shedder_fleet_global_limit_disagreement",
+        "gauge",
+        &["service"],
+        "Fleet mode: live members that publish another global_limit for the service than this node's (each node keeps its own; make the configurations agree).",
+    ),
+    (
+        "shedder_fleet_records_rejected",
+        "counter",
+        &["record"],
+        "Fleet mode: records under the fleet's prefix ignored whole (record member or departed): not JSON of the expected shape, or naming another node than their key.",
+    ),
+    (
+        "shedder_fleet_record_values_clamped",
+        "counter",
+        &["field"],
+        "Fleet mode: values in other members' records not believed as published and counted within bounds, once per record published (field claim, max_limit, attempts, admitted, established, hold, need, reserve, since, reserved).",
     ),
     (
         "shedder_fleet_share",
@@ -336,7 +354,7 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "shedder_fleet_node_need",
         "gauge",
         &["service", "node"],
-        "Fleet mode: the connections each live member's attempts would hold if all were admitted (attempts per second × its measured hold).",
+        "Fleet mode: the connections each live member's attempts would hold if all were admitted (attempts per second × its measured hold), as far as the member proved them (what its share is computed from).",
     ),
     (
         "shedder_fleet_node_weight",
@@ -349,6 +367,18 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "gauge",
         &["service", "node"],
         "Fleet mode: each live member's share of the budget, as this node computes it from the members' records.",
+    ),
+    (
+        "shedder_fleet_node_claim",
+        "gauge",
+        &["service", "node"],
+        "Fleet mode: each live member's published claim (the most connections it says it may hold).",
+    ),
+    (
+        "shedder_fleet_node_claim_counted",
+        "gauge",
+        &["service", "node"],
+        "Fleet mode: how much of each other member's claim this node counts against the room it raises into (its claim up to the share this node's views granted it; below the claim: a claim not believed).",
     ),
     (
         "shedder_fleet_ceiling",
