@@ -532,11 +532,7 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         }
     }
 
-    let stale = globals.heartbeat_jiffies == 0
-        || now.saturating_sub(globals.heartbeat_jiffies) > globals.heartbeat_timeout_jiffies;
-    if stale {
-        bump(&SHEDDER_STATS, STAT_FALLBACK);
-    }
+    let stale = heartbeat_stale(globals, now);
 
     let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) else {
         return Outcome::Pass;
@@ -1007,6 +1003,18 @@ pub fn flow_key(syn: &Syn) -> FlowKey {
     }
 }
 
+/// Whether the daemon's heartbeat is stale (never stamped, or older than its timeout): the
+/// decision then takes the fallback limits, and it is counted.
+#[inline(always)]
+fn heartbeat_stale(globals: &Globals, now: u64) -> bool {
+    let stale = globals.heartbeat_jiffies == 0
+        || now.saturating_sub(globals.heartbeat_jiffies) > globals.heartbeat_timeout_jiffies;
+    if stale {
+        bump(&SHEDDER_STATS, STAT_FALLBACK);
+    }
+    stale
+}
+
 /// Whether some QUIC service listens on UDP `port` (on some address).
 #[inline(always)]
 pub fn is_quic_port(port: u16) -> bool {
@@ -1224,11 +1232,7 @@ fn unproven<F: Frame, const QUIC: bool>(
     hold: u64,
 ) -> Outcome {
     let now = unsafe { bpf_jiffies64() };
-    let stale = globals.heartbeat_jiffies == 0
-        || now.saturating_sub(globals.heartbeat_jiffies) > globals.heartbeat_timeout_jiffies;
-    if stale {
-        bump(&SHEDDER_STATS, STAT_FALLBACK);
-    }
+    let stale = heartbeat_stale(globals, now);
     let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) else {
         return Outcome::Pass;
     };

@@ -138,52 +138,10 @@ impl Collector for ShedderCollector {
         let st = &snap.state;
         let svc = |i: usize| st.services[i].name.clone();
 
-        // Connection attempts.
-        let mut attempts = Vec::new();
-        for (i, c) in snap.services.iter().enumerate() {
-            let Some(c) = &c.counters else { continue };
-            for class in 0..CLASS_NAMES.len() as u32 {
-                for verdict in 0..NUM_VERDICTS {
-                    for reason in 0..NUM_REASONS {
-                        let n = c[decision_index(class, verdict, reason) as usize];
-                        if n > 0 || possible(verdict, reason) {
-                            attempts.push((
-                                vec![
-                                    ("service", svc(i)),
-                                    ("class", CLASS_NAMES[class as usize].to_string()),
-                                    ("verdict", VERDICT_NAMES[verdict as usize].to_string()),
-                                    ("reason", REASON_NAMES[reason as usize].to_string()),
-                                ],
-                                n as f64,
-                            ));
-                        }
-                    }
-                }
-            }
-        }
+        // Connection attempts, from sources with standing and without.
+        let attempts = decision_series(&snap.services, &svc, |c| c.counters.as_ref());
         counters(&mut encoder, "shedder_connection_attempts", &attempts)?;
-        let mut unproven = Vec::new();
-        for (i, c) in snap.services.iter().enumerate() {
-            let Some(c) = &c.unproven else { continue };
-            for class in 0..CLASS_NAMES.len() as u32 {
-                for verdict in 0..NUM_VERDICTS {
-                    for reason in 0..NUM_REASONS {
-                        let n = c[decision_index(class, verdict, reason) as usize];
-                        if n > 0 || possible(verdict, reason) {
-                            unproven.push((
-                                vec![
-                                    ("service", svc(i)),
-                                    ("class", CLASS_NAMES[class as usize].to_string()),
-                                    ("verdict", VERDICT_NAMES[verdict as usize].to_string()),
-                                    ("reason", REASON_NAMES[reason as usize].to_string()),
-                                ],
-                                n as f64,
-                            ));
-                        }
-                    }
-                }
-            }
-        }
+        let unproven = decision_series(&snap.services, &svc, |c| c.unproven.as_ref());
         counters(&mut encoder, "shedder_unproven_attempts", &unproven)?;
         for (name, pick) in [
             (
@@ -624,6 +582,39 @@ fn fleet_metrics(
         gauges(encoder, name, &series)?;
     }
     Ok(())
+}
+
+/// One series per (service, class, verdict, reason) of a service's decision counters (`pick`:
+/// those of proven or of unproven attempts), with every series that can happen from zero on
+/// (see [`possible`]); services whose counters were not read are left out.
+fn decision_series(
+    services: &[Cumulative],
+    name: &dyn Fn(usize) -> String,
+    pick: fn(&Cumulative) -> Option<&[u64; shedder_common::COUNTERS_PER_SERVICE]>,
+) -> Vec<(Labels, f64)> {
+    let mut out = Vec::new();
+    for (i, c) in services.iter().enumerate() {
+        let Some(c) = pick(c) else { continue };
+        for class in 0..CLASS_NAMES.len() as u32 {
+            for verdict in 0..NUM_VERDICTS {
+                for reason in 0..NUM_REASONS {
+                    let n = c[decision_index(class, verdict, reason) as usize];
+                    if n > 0 || possible(verdict, reason) {
+                        out.push((
+                            vec![
+                                ("service", name(i)),
+                                ("class", CLASS_NAMES[class as usize].to_string()),
+                                ("verdict", VERDICT_NAMES[verdict as usize].to_string()),
+                                ("reason", REASON_NAMES[reason as usize].to_string()),
+                            ],
+                            n as f64,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// One series per (service, class) of a per-class kernel counter, every class from zero on
