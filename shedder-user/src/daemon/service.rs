@@ -492,7 +492,12 @@ pub fn demand(sig: &Signals) -> Option<[f64; NUM_CLASSES]> {
     let inflight = sig.inflight.ok()?;
     let pending = sig.pending.value().copied().unwrap_or([0; NUM_CLASSES]);
     Some(std::array::from_fn(|c| {
-        let occupancy = inflight[c] + pending[c];
+        // Attempts in handshake, less the part their sources go on to disown: SYNs forged
+        // in a known client's name are admitted as proven and held until its reset
+        // arrives, and a flood of them would otherwise raise the class's demand at every
+        // tick that catches them (and the peak is held), taking room from the others.
+        let real_pending = (pending[c] as f64 * rates[c].kept()).round() as u32;
+        let occupancy = inflight[c] + real_pending;
         // Refused for pressure: at least one connection's worth, scaled by what it asked
         // for against what it got (one tick's occupancy is often 0 while it is refused).
         let occupancy = if rates[c].pressed() > 0.0 {

@@ -657,6 +657,7 @@ impl TickCounts {
                 refused_by_reason: std::array::from_fn(|r| {
                     self.refused(class, r as u32) as f64 / secs
                 }),
+                disowned,
             }
         })
     }

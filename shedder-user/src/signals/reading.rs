@@ -87,9 +87,25 @@ pub struct ClassRates {
     /// Refused (dropped, reset, or dry-run) per second, by reason (`REASON_NAMES` order).
     #[serde(default)]
     pub refused_by_reason: [f64; shedder_common::NUM_REASONS as usize],
+    /// Proven attempts admitted per second that their source then disowned (SYNs forged
+    /// in a known client's name; not in `admitted` or `offered`).
+    #[serde(default)]
+    pub disowned: f64,
 }
 
 impl ClassRates {
+    /// The part of the proven attempts admitted that were real (not disowned): the part
+    /// of the class's attempts in handshake that stands for demand. 1 when none was
+    /// admitted.
+    pub fn kept(&self) -> f64 {
+        let real = self.admitted;
+        if real + self.disowned <= 0.0 {
+            1.0
+        } else {
+            real / (real + self.disowned)
+        }
+    }
+
     /// Refused (or, dry-run, would have been) per second for pressure
     /// ([`shedder_common::PRESSURE_REASONS`]): the class wants more of the service than it
     /// got.
@@ -291,4 +307,23 @@ pub struct ServiceSpec {
     pub addresses: Vec<IpAddr>,
     /// Absolute path of the service's cgroup v2 directory, if configured.
     pub cgroup: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClassRates;
+
+    #[test]
+    fn kept_is_the_part_of_admissions_not_disowned() {
+        let r = |admitted, disowned| ClassRates {
+            admitted,
+            disowned,
+            ..Default::default()
+        };
+        assert_eq!(r(0.0, 0.0).kept(), 1.0);
+        assert_eq!(r(40.0, 0.0).kept(), 1.0);
+        // 40 real a second beside 390 forged in the client's name, all reset by it.
+        assert!((r(40.0, 390.0).kept() - 40.0 / 430.0).abs() < 1e-12);
+        assert_eq!(r(0.0, 10.0).kept(), 0.0);
+    }
 }
