@@ -51,8 +51,12 @@ pub const SYN_SETS: u32 = 16384;
 /// counts each connection in the class it was admitted in: 16,384 entries (replacement
 /// makes a demoted connection count in its source's own class).
 pub const DEMOTED_SETS: u32 = 4096;
-/// Longest IPv6 extension-header chain walked before giving up (and passing).
-pub const MAX_IPV6_EXT_HEADERS: usize = 6;
+/// Longest IPv6 extension-header chain the packet path walks; a longer one is dropped
+/// ([`STAT_EXT_CHAIN_DROPPED`]). RFC 8200 §4.1 has each extension header occur once, the
+/// destination options at most twice: hop-by-hop, destination options twice, routing,
+/// fragment, authentication, mobility, HIP, shim6 and the two experimental values make
+/// eleven, so a longer chain is not one a conforming sender builds.
+pub const MAX_IPV6_EXT_HEADERS: usize = 12;
 
 /// The four-level criticality ladder (CRITICAL, HIGH, MEDIUM, SHEDDABLE, as Google's SRE
 /// book names them). Lower id = more important.
@@ -379,7 +383,10 @@ pub mod maps {
     pub const ALIVE: &str = "SHEDDER_ALIVE";
     /// Connections to count at attach ([`crate::SeedSock`]); private to one load, not pinned.
     pub const SEED: &str = "SHEDDER_SEED";
-    pub const ALL: [&str; 24] = [
+    /// The tunnels the node terminates, by UDP port and IP protocol
+    /// ([`crate::tunnel::DECAP_ENTRIES`]).
+    pub const DECAP: &str = "SHEDDER_DECAP";
+    pub const ALL: [&str; 25] = [
         GLOBALS,
         PORTS,
         QUIC_PORTS,
@@ -404,6 +411,7 @@ pub mod maps {
         QUIC_TC,
         FLOWS,
         ALIVE,
+        DECAP,
     ];
 }
 

@@ -287,6 +287,8 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             };
         }
         Parsed::Datagram(d) => return Outcome::Flow(d),
+        // A documented drop rule of the parser (counted there).
+        Parsed::Drop => return Outcome::Drop,
         Parsed::Other => return Outcome::Pass,
     };
     if QUIC {
@@ -602,7 +604,8 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             count_decision(service, class, VERDICT_DRY_RUN, decision.reason, unique);
             break 'act Outcome::Pass;
         }
-        if policy.action == ACTION_RST {
+        // An attempt in a fragment or a tunnel is dropped, not answered (see `parse`).
+        if policy.action == ACTION_RST && syn.reply == 1 {
             if syn.quic == 1 {
                 // Answered last, once nothing of the decision is left to tell its paths
                 // apart (see `answer_quic`).
@@ -780,6 +783,7 @@ impl Answer {
             tcp_len: 20,
             quic: 1,
             cids: self.cids,
+            reply: 1,
         }
     }
 }
