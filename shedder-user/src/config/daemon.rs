@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::defaults;
+use super::{decapsulate::Decapsulate, defaults};
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
@@ -84,6 +84,10 @@ pub struct Daemon {
     /// SYN is then a new attempt). Reloadable.
     #[serde(default = "defaults::syn_retransmit_window_ms")]
     pub syn_retransmit_window_ms: u64,
+    /// The tunnels this node terminates, whose inner headers the packet path decides on.
+    /// None by default. Reloadable.
+    #[serde(default)]
+    pub decapsulate: Decapsulate,
 }
 
 impl Default for Daemon {
@@ -103,6 +107,7 @@ impl Default for Daemon {
             fail_static: defaults::fail_static(),
             kernel_debug_log: false,
             syn_retransmit_window_ms: defaults::syn_retransmit_window_ms(),
+            decapsulate: Decapsulate::default(),
         }
     }
 }

@@ -185,6 +185,10 @@ impl Daemon {
                 xdp_tx_errors: None,
             });
         }
+        let tunnels = cfg.daemon.decapsulate.describe();
+        if !tunnels.is_empty() {
+            info!(tunnels = ?tunnels, "deciding on the inner headers of the tunnels this node terminates");
+        }
         if kernel_log {
             match shedder.kernel_logger() {
                 Ok(logger) => {

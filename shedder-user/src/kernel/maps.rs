@@ -9,7 +9,7 @@ use shedder_common::{
     Globals, HIST_PER_SERVICE, Inflight, NUM_CLASSES, NUM_REASONS, NUM_STATS, NUM_VERDICTS,
     PORT_HAS_ADDR_SERVICES, PORT_SERVICE_MASK, ServiceAddrKey, ServiceCounters, ServiceHist,
     ServicePolicy, classmap, decision_index, hist, maps,
-    tunnel::DECAP_ENTRIES,
+    tunnel::{DECAP_ENTRIES, TUNNEL_NONE},
 };
 
 use super::{Error, Result, Shedder};
@@ -401,6 +401,13 @@ impl Shedder {
         }
         self.write_array(maps::PORTS, &tcp)?;
         self.write_array(maps::QUIC_PORTS, &quic)?;
+        let mut decap = vec![TUNNEL_NONE; DECAP_ENTRIES as usize];
+        for &(index, kind) in &compiled.decap {
+            if let Some(entry) = decap.get_mut(index as usize) {
+                *entry = kind;
+            }
+        }
+        self.write_array(maps::DECAP, &decap)?;
         {
             let mut m: HashMap<&mut MapData, ServiceAddrKey, u32> =
                 HashMap::try_from(self.map_mut(maps::ADDR_SERVICES)?)

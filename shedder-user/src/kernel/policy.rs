@@ -32,6 +32,9 @@ pub struct Compiled {
     pub services: Vec<CompiledService>,
     pub class_rules: Vec<(Prefix, u32)>,
     pub globals: Globals,
+    /// The decapsulation map's entries that are not empty: (index, tunnel kind), see
+    /// `shedder_common::tunnel`.
+    pub decap: Vec<(u32, u32)>,
 }
 
 /// A service's retry window in jiffies at `hz` (rounded up; 0 keeps retry recognition off).
@@ -200,6 +203,7 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
             // Chosen when the policy is written (`Shedder::apply`): kept while the maps live.
             table_seed: 0,
         },
+        decap: cfg.daemon.decapsulate.entries(),
     }
 }
 
