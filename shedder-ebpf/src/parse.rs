@@ -54,10 +54,10 @@ use crate::{
 #[map]
 pub static SHEDDER_DECAP: Array<u32> = Array::with_max_entries(DECAP_ENTRIES, 0);
 
-/// One word that is always 0 (nothing writes it), read once per frame. The verifier does
-/// not know what a map holds, so to it `x ^ blind` is any number, while to the program it
-/// is `x`: how the walk hands on values the verifier should see the same on every path
-/// (see [`Pkt::canon`]).
+/// One word that is always 0 (nothing writes it). The verifier does not know what a map
+/// holds, so to it `x ^ blind()` is any number, while to the program it is `x`: how the
+/// walk hands on values the verifier should see the same on every path (see [`canon`]).
+/// Read only off the hot path (extension headers, tunnels, new attempts).
 #[map]
 static SHEDDER_BLIND: Array<u32> = Array::with_max_entries(1, 0);
 
@@ -181,11 +181,7 @@ pub unsafe fn load<T: Copy>(base: *const u8, off: usize) -> T {
 /// port ([`Parsed::Udp`]); the QUIC one parses Initials and nothing else.
 #[inline(always)]
 pub fn parse<const QUIC: bool>(data: usize, data_end: usize) -> Parsed {
-    let pkt = Pkt {
-        data,
-        data_end,
-        blind: blind(),
-    };
+    let pkt = Pkt { data, data_end };
     match frame::<QUIC>(pkt) {
         Ok(parsed) => parsed,
         Err(Stop::Pass) => Parsed::Other,
@@ -193,12 +189,11 @@ pub fn parse<const QUIC: bool>(data: usize, data_end: usize) -> Parsed {
     }
 }
 
-/// The frame's bytes, and [`SHEDDER_BLIND`]'s zero.
+/// The frame's bytes.
 #[derive(Clone, Copy)]
 struct Pkt {
     data: usize,
     data_end: usize,
-    blind: u32,
 }
 
 impl Pkt {
@@ -207,16 +202,22 @@ impl Pkt {
     fn at<T>(&self, off: usize) -> Step<*const T> {
         ptr_at(self.data, self.data_end, off).ok_or(Stop::Pass)
     }
+}
 
-    /// `off`, which the caller has checked is at most `bound` (a power of two less one),
-    /// as the verifier should see it: any number up to `bound`, the same on every path.
-    /// The bounds it would otherwise carry from the path (a header of 8 bytes here, of up
-    /// to 2 KiB there; a tunnel of this kind or that) make it walk all that follows once
-    /// per path. The value is unchanged.
-    #[inline(always)]
-    fn canon(&self, off: usize, bound: u64) -> usize {
-        opaque::mask(off as u64 ^ self.blind as u64, bound) as usize
-    }
+/// `off`, which the caller has checked is at most `bound` (a power of two less one), as the
+/// verifier should see it: any number up to `bound`, the same on every path. The bounds it
+/// would otherwise carry from the path (a header of 8 bytes here, of up to 2 KiB there; a
+/// tunnel of this kind or that; no, one or two VLAN tags) make it walk all that follows
+/// once per path. The value is unchanged.
+#[inline(always)]
+fn canon(off: usize, bound: u64) -> usize {
+    canon_with(off, bound, blind())
+}
+
+/// [`canon`] with [`blind`]'s zero already read.
+#[inline(always)]
+fn canon_with(off: usize, bound: u64, zero: u32) -> usize {
+    opaque::mask(off as u64 ^ zero as u64, bound) as usize
 }
 
 /// Why the walk ended without a result.
@@ -236,6 +237,26 @@ const MAX_HEADER_OFFSET: u64 = 0x3fff;
 /// largest payload length.
 const MAX_END_OFFSET: u64 = 0x1ffff;
 
+/// `net` with its offsets [`canon`]ical: what the walk hands on past the hot path.
+#[inline(always)]
+fn canonical(net: &Net) -> Step<Net> {
+    canonical_with(net, blind())
+}
+
+/// [`canonical`] with [`blind`]'s zero already read.
+#[inline(always)]
+fn canonical_with(net: &Net, zero: u32) -> Step<Net> {
+    if net.l4_off as u64 > MAX_HEADER_OFFSET {
+        return Err(Stop::Pass);
+    }
+    Ok(Net {
+        l3_off: canon_with(net.l3_off, MAX_HEADER_OFFSET, zero),
+        l4_off: canon_with(net.l4_off, MAX_HEADER_OFFSET, zero),
+        end_off: canon_with(net.end_off, MAX_END_OFFSET, zero),
+        ..*net
+    })
+}
+
 /// Count `stat` in the node statistics and end the walk with `stop`.
 #[inline(always)]
 fn counted<T>(stat: u32, stop: Stop) -> Step<T> {
@@ -243,9 +264,10 @@ fn counted<T>(stat: u32, stop: Stop) -> Step<T> {
     Err(stop)
 }
 
-/// The network layer of a packet, as the walk left it. Its offsets are canonical (see
-/// [`Pkt::canon`]), so the verifier finds the walk's many ways here (kinds and lengths of
-/// headers, tunnels) in a few states.
+/// The network layer of a packet, as the walk left it. Past an extension header or a
+/// tunnel its offsets are canonical (see [`canon`]), so the verifier finds the walk's many
+/// ways there in a few states; a bare header's are left as they are, so that the hot path
+/// (an established segment) pays for no canonical offset.
 #[derive(Clone, Copy)]
 struct Net {
     /// The IP header.
@@ -268,9 +290,18 @@ struct Net {
 #[inline(always)]
 fn frame<const QUIC: bool>(pkt: Pkt) -> Step<Parsed> {
     let (ethertype, l3_off) = l2(pkt, 0)?;
-    // One state for no, one or two VLAN tags from here on.
-    let l3_off = pkt.canon(l3_off, MAX_HEADER_OFFSET);
+    // The QUIC program's every datagram goes on to an Initial's parse: one state for no,
+    // one or two VLAN tags there (the TCP program's established segments stop at the
+    // flags, and pay for none).
+    let l3_off = if QUIC {
+        canon(l3_off, MAX_HEADER_OFFSET)
+    } else {
+        l3_off
+    };
     let mut net = network(pkt, ethertype, l3_off, pkt.data_end - pkt.data, 0)?;
+    if QUIC {
+        net = canonical(&net)?;
+    }
     let mut tunneled = 0;
     if net.proto != IPPROTO_TCP
         && let Some(inner) = decapsulate(pkt, &net)?
@@ -338,6 +369,10 @@ fn v4(pkt: Pkt, l3_off: usize, limit: usize, frag_in: u32) -> Step<Net> {
     let mut proto: u8 = unsafe { load(ip, 9) };
     let mut frag = frag_in;
     let field = u16::from_be(unsafe { load(ip, 6) });
+    // The hot path, a segment of an established connection, ends here.
+    if proto == IPPROTO_TCP && field & 0x3fff == 0 {
+        syn_flags(pkt.at::<[u8; 20]>(l3_off + ihl)?).ok_or(Stop::Pass)?;
+    }
     if field & 0x3fff != 0 {
         match frag::v4_piece(field, proto) {
             Piece::Whole => {}
@@ -365,15 +400,12 @@ fn v4(pkt: Pkt, l3_off: usize, limit: usize, frag_in: u32) -> Step<Net> {
         l4_off += (unsafe { load::<u8>(ah, 1) } as usize + 2) * 4;
         plain = 0;
     }
-    if l4_off as u64 > MAX_HEADER_OFFSET {
-        return Err(Stop::Pass);
-    }
     Ok(Net {
         l3_off,
         v6: 0,
-        l4_off: pkt.canon(l4_off, MAX_HEADER_OFFSET),
+        l4_off,
         proto,
-        end_off: pkt.canon(end_off, MAX_END_OFFSET),
+        end_off,
         frag,
         plain,
     })
@@ -415,6 +447,10 @@ fn v6(pkt: Pkt, l3_off: usize, limit: usize, frag_in: u32) -> Step<Net> {
     }
     let mut next: u8 = unsafe { load(ip, 6) };
     let mut l4_off = l3_off + 40;
+    // The hot path, a segment of an established connection, ends here.
+    if next == IPPROTO_TCP {
+        syn_flags(pkt.at::<[u8; 20]>(l4_off)?).ok_or(Stop::Pass)?;
+    }
     let mut plain = 1;
     let mut frag = frag_in;
     let mut i = 0;
@@ -444,7 +480,7 @@ fn v6(pkt: Pkt, l3_off: usize, limit: usize, frag_in: u32) -> Step<Net> {
         if l4_off as u64 > MAX_HEADER_OFFSET {
             return counted(STAT_EXT_CHAIN_DROPPED, Stop::Drop);
         }
-        l4_off = pkt.canon(l4_off, MAX_HEADER_OFFSET);
+        l4_off = canon(l4_off, MAX_HEADER_OFFSET);
         plain = 0;
         next = nh;
         i += 1;
@@ -457,7 +493,7 @@ fn v6(pkt: Pkt, l3_off: usize, limit: usize, frag_in: u32) -> Step<Net> {
         v6: 1,
         l4_off,
         proto: next,
-        end_off: pkt.canon(end_off, MAX_END_OFFSET),
+        end_off,
         frag,
         plain,
     })
@@ -544,14 +580,14 @@ fn decapsulate(pkt: Pkt, outer: &Net) -> Step<Option<Net>> {
         return Err(Stop::Pass);
     }
     // Not IP inside (ARP in an overlay, say): nothing to decide.
-    network(
+    let inner = network(
         pkt,
         ethertype,
-        pkt.canon(l3_off, MAX_HEADER_OFFSET),
-        outer.end_off,
+        canon(l3_off, MAX_HEADER_OFFSET),
+        canon(outer.end_off, MAX_END_OFFSET),
         outer.frag,
-    )
-    .map(Some)
+    )?;
+    canonical(&inner).map(Some)
 }
 
 /// Count an attempt found in a first fragment or inside a tunnel.
@@ -601,8 +637,15 @@ fn addresses(pkt: Pkt, net: &Net) -> Step<([u32; 4], [u32; 4])> {
 #[inline(always)]
 fn transport<const QUIC: bool>(pkt: Pkt, net: &Net, l3_off: usize, tunneled: u32) -> Step<Parsed> {
     let (data, data_end) = (pkt.data, pkt.data_end);
-    // The same to the verifier on every path (see `Pkt::canon`).
-    let reply = (1 - (net.frag | tunneled)) ^ pkt.blind;
+    // What an attempt carries on to the decision, the same to the verifier on every path
+    // (see `canon`), given blind's zero (read once an attempt is in sight, off the hot
+    // path): the frame's IP header's offset and whether a refusal may be answered.
+    let settle = |zero: u32| {
+        (
+            canon_with(l3_off, MAX_HEADER_OFFSET, zero),
+            (1 - (net.frag | tunneled)) ^ zero,
+        )
+    };
     if net.proto == IPPROTO_UDP {
         if !QUIC {
             return udp_port(data, data_end, net.l4_off).ok_or(Stop::Pass);
@@ -621,6 +664,7 @@ fn transport<const QUIC: bool>(pkt: Pkt, net: &Net, l3_off: usize, tunneled: u32
             return datagram(data, data_end, net.l4_off, src, net.v6).ok_or(Stop::Pass);
         };
         count_attempt(net.frag, tunneled);
+        let (l3_off, reply) = settle(blind());
         return Ok(Parsed::Attempt(Syn {
             l3_off,
             v6: net.v6,
@@ -646,6 +690,8 @@ fn transport<const QUIC: bool>(pkt: Pkt, net: &Net, l3_off: usize, tunneled: u32
     }
     let tcp = pkt.at::<[u8; 20]>(net.l4_off)?;
     syn_flags(tcp).ok_or(Stop::Pass)?;
+    let zero = blind();
+    let net = &canonical_with(net, zero)?;
     let (sport, dport, seq, doff) = tcp_fields(tcp);
     // The datagram must hold the whole header.
     if doff < 20 || net.l4_off + doff > net.end_off {
@@ -653,6 +699,7 @@ fn transport<const QUIC: bool>(pkt: Pkt, net: &Net, l3_off: usize, tunneled: u32
     }
     let (src, dst) = addresses(pkt, net)?;
     count_attempt(net.frag, tunneled);
+    let (l3_off, reply) = settle(zero);
     Ok(Parsed::Attempt(Syn {
         l3_off,
         v6: net.v6,
@@ -661,7 +708,7 @@ fn transport<const QUIC: bool>(pkt: Pkt, net: &Net, l3_off: usize, tunneled: u32
         sport,
         dport,
         seq,
-        payload_len: (net.end_off - net.l4_off - doff) as u32,
+        payload_len: (net.end_off - net.l4_off - doff) as u32 ^ zero,
         plain_ip: net.plain,
         tcp_len: doff,
         quic: 0,
