@@ -210,6 +210,7 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shedder_common::tunnel;
 
     #[test]
     fn a_quic_service_is_paced_at_its_limit_per_window_and_a_configured_rate_still_binds() {
@@ -260,6 +261,20 @@ mod tests {
         assert_eq!(c.globals.heartbeat_timeout_jiffies, 750);
         assert_eq!(c.globals.pending_epoch_shift, 8);
         assert_eq!(c.class_rules.len(), 1);
+        assert!(c.decap.is_empty(), "no tunnel is terminated by default");
+        let mut tunnels = cfg.clone();
+        tunnels.daemon.decapsulate.gre = true;
+        tunnels.daemon.decapsulate.vxlan_ports = vec![4789];
+        assert_eq!(
+            compile(&tunnels, 250).decap,
+            [
+                (
+                    tunnel::protocol_index(tunnel::IPPROTO_GRE),
+                    tunnel::TUNNEL_GRE
+                ),
+                (tunnel::port_index(4789), tunnel::TUNNEL_VXLAN),
+            ]
+        );
         let s = &c.services[0];
         assert_eq!(s.ports, [8080, 8443]);
         let p = &s.policy;
