@@ -264,9 +264,10 @@ pub const STAT_EXT_CHAIN_DROPPED: u32 = 8;
 /// An ESP packet (IPv4, or after an IPv6 chain): encrypted, so no SYN can be read in it;
 /// passed.
 pub const STAT_ESP_PASSED: u32 = 9;
-/// An IPv6 packet whose chain ends in a next header shedder does not parse (not TCP, UDP,
-/// ICMPv6, "no next header", ESP or a tunnel protocol): an extension header it does not
-/// know, or another upper-layer protocol; passed.
+/// A header shedder does not parse, after which a SYN could still follow: an IPv6 chain
+/// ending in a next header that is not TCP, UDP, ICMPv6, "no next header", ESP or a tunnel
+/// protocol (an extension header it does not know, or another upper-layer protocol), or a
+/// third VLAN tag; passed.
 pub const STAT_UNKNOWN_HEADER_PASSED: u32 = 10;
 /// A tunnel packet (IP in IP, GRE) of a kind the configuration does not say the node
 /// terminates: passed undecided.

@@ -8,7 +8,8 @@
 //! packet, walked the same way; then TCP or UDP. Where the walk cannot go on, the packet
 //! passes, and where passing could let a new connection reach a service undecided it is
 //! counted in the node statistics (ESP, a tunnel the configuration does not name, a
-//! tunnel header shedder does not read, an IPv6 next header it does not know), or dropped
+//! tunnel header shedder does not read, an IPv6 next header it does not know, a third VLAN
+//! tag), or dropped
 //! by a documented rule (see [`shedder_common::frag`]; an extension-header chain longer
 //! than the walk; a tunnel inside a tunnel).
 //!
@@ -319,8 +320,8 @@ fn frame<const QUIC: bool>(pkt: Pkt) -> Step<Parsed> {
     transport::<QUIC>(pkt, &net, l3_off, tunneled)
 }
 
-/// The Ethernet header at `off` and up to two VLAN tags (802.1Q or 802.1ad; a third
-/// passes unparsed): the ethertype and the offset of what follows.
+/// The Ethernet header at `off` and up to two VLAN tags (802.1Q or 802.1ad; a frame with a
+/// third passes, counted): the ethertype and the offset of what follows.
 #[inline(always)]
 fn l2(pkt: Pkt, off: usize) -> Step<(u16, usize)> {
     let eth = pkt.at::<[u8; ETH_HLEN]>(off)?;
@@ -335,6 +336,9 @@ fn l2(pkt: Pkt, off: usize) -> Step<(u16, usize)> {
         proto = u16::from_be(unsafe { load::<u16>(tag.cast(), 2) });
         l3_off += 4;
         tags += 1;
+    }
+    if proto == ETH_P_8021Q || proto == ETH_P_8021AD {
+        return counted(STAT_UNKNOWN_HEADER_PASSED, Stop::Pass);
     }
     Ok((proto, l3_off))
 }
