@@ -44,9 +44,11 @@
 //! With a stale heartbeat the fallback share, floor and total are used instead.
 
 use crate::{
-    CLASS_CRITICAL, NUM_CLASSES, REASON_CEILING, REASON_CRITICAL, REASON_FLOOR,
-    REASON_FLOORS_BELOW, REASON_PRIORITY, REASON_SERVICE_LIMIT, REASON_UNDER_LIMIT, ServicePolicy,
-    mask,
+    CLASS_CRITICAL, NUM_CLASSES, REASON_CEILING, REASON_CRITICAL, REASON_FAIR_SHARE, REASON_FLOOR,
+    REASON_FLOORS_BELOW, REASON_PRIORITY, REASON_RETRY_BUDGET, REASON_SERVICE_LIMIT,
+    REASON_UNDER_LIMIT, REASON_UNPROVEN, ServicePolicy,
+    fair::{self, ClassEpoch},
+    is_pressure, mask,
 };
 
 /// The outcome of the concurrency check.
@@ -176,6 +178,155 @@ pub fn decide(
         return Decision::over(REASON_PRIORITY, ahead + held + reserve, total_limit as u64);
     }
     Decision::admit(REASON_UNDER_LIMIT)
+}
+
+/// What fair shares and the retry budget know of a proven attempt (step 7 of the
+/// decision, [`share`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sharing {
+    /// The service shares each class fairly among its sources.
+    pub fair: bool,
+    /// The attempt's source is over its share of the class ([`fair::over`]).
+    pub over: bool,
+    /// The attempt is a retry.
+    pub retry: bool,
+    /// The service's retry budget, in 1/[`fair::BUDGET_ONE`] of first attempts (0: off),
+    /// and the retries allowed whatever the first attempts.
+    pub retry_budget: u32,
+    pub retry_budget_min: u32,
+}
+
+/// Step 7: fair shares and the retry budget re-decide `d`, a proven attempt of `class`
+/// decided by [`decide`] against `occ` with `limit` the service total in force.
+/// `window` gives the class's counts over the window; it is read only where they decide
+/// (a refusal for pressure, an admitted retry), off the path of a plain admission. Returns
+/// the decision and whether it took the place of an over-share admission.
+///
+/// - Refused for pressure with fair shares on: a source over its share is the one to
+///   refuse ([`REASON_FAIR_SHARE`]); a source within it is admitted in place of an
+///   over-share admission while the class holds more such connections than the bound is
+///   exceeded by ([`fair::may_preempt`]).
+/// - An admitted retry over the retry budget ([`fair::within_budget`]) is refused
+///   ([`REASON_RETRY_BUDGET`]) only where it takes room from first attempts: over a full
+///   service (it ranks below every class) or in place of an over-share admission. So the
+///   budget bounds what retries take from first attempts without leaving a service
+///   refusing with idle connections.
+#[inline(always)]
+pub fn share<W: Fn() -> ClassEpoch>(
+    d: Decision,
+    s: &Sharing,
+    class: u32,
+    occ: &[u64; NUM_CLASSES],
+    limit: u64,
+    window: W,
+) -> (Decision, bool) {
+    let mut d = d;
+    let mut preempt = false;
+    if d.admit == 0 && is_pressure(d.reason) == 1 && s.fair {
+        if s.over {
+            d.reason = REASON_FAIR_SHARE;
+        } else if fair::may_preempt(
+            &window(),
+            occ[(class as usize) & (NUM_CLASSES - 1)],
+            d.excess as u64,
+        ) {
+            d = Decision::admit(REASON_FAIR_SHARE);
+            preempt = true;
+        }
+    }
+    let total = occ[0] + occ[1] + occ[2] + occ[3];
+    if d.admit == 1
+        && s.retry
+        && s.retry_budget != 0
+        && (preempt || total >= limit)
+        && !fair::within_budget(&window(), s.retry_budget, s.retry_budget_min)
+    {
+        return (Decision::shed(REASON_RETRY_BUDGET), false);
+    }
+    (d, preempt)
+}
+
+/// The occupancy an attempt is decided against: every class's established connections
+/// (`inflight`) and attempts in handshake (`held`, `[proven, unproven]` as
+/// [`crate::Pending::count`] gives them). A proven attempt (`proven` 1) does not see the
+/// unproven ones: they hold capacity only within their class's cap ([`cap_unproven`]), so
+/// a flood of spoofed SYNs takes nothing from sources with standing. An unproven attempt
+/// (`proven` 0) sees everything. Without a branch (one path for the verifier).
+#[inline(always)]
+pub fn occupancy(
+    inflight: &[u32; NUM_CLASSES],
+    held: &[[u64; NUM_CLASSES]; 2],
+    proven: u32,
+) -> [u64; NUM_CLASSES] {
+    let unproven = 0u64.wrapping_sub(1 - (proven & 1) as u64);
+    let mut occ = [0u64; NUM_CLASSES];
+    let mut k = 0;
+    while k < NUM_CLASSES {
+        occ[k] = inflight[k] as u64 + held[0][k] + (held[1][k] & unproven);
+        k += 1;
+    }
+    occ
+}
+
+/// An unproven attempt's decision (`proven` 0) within its class's cap: admitted by
+/// [`decide`], it is still refused for [`REASON_UNPROVEN`] while the class holds
+/// `unproven_cap` unproven attempts (`held[1]`). This bounds what attempts from sources
+/// without standing hold, CRITICAL's included; a proven attempt's decision is unchanged.
+#[inline(always)]
+pub fn cap_unproven(
+    d: Decision,
+    policy: &ServicePolicy,
+    class: u32,
+    held: &[[u64; NUM_CLASSES]; 2],
+    proven: u32,
+) -> Decision {
+    let c = (class as usize) & (NUM_CLASSES - 1);
+    let full = (held[1][c] >= policy.classes[c].unproven_cap as u64) as u32;
+    // With masks, not a branch: the decision's value is carried on into the packet path's
+    // updates, where two shapes of it would double what the verifier walks.
+    let cut = d.admit & full & (1 - (proven & 1));
+    let m = 0u32.wrapping_sub(cut);
+    Decision {
+        admit: d.admit & !m,
+        reason: (d.reason & !m) | (REASON_UNPROVEN & m),
+        excess: d.excess & !m,
+    }
+}
+
+/// An unproven attempt's whole decision: [`decide`] (a first attempt of its own class)
+/// against [`occupancy`], then, with fair shares on (`fair`), as a source within its share
+/// ([`share`]): refused for pressure, it is admitted in place of an over-share admission of
+/// its class while the class holds more of those than the bound is exceeded by (`window`
+/// gives the class's counts). Without that, a class full of proven sources' connections
+/// would never admit a new client under a sustained overload: proven sources within their
+/// share are admitted over a full class in place of over-share ones, and the occupancy
+/// they leave over the limit is what an unproven attempt would wait for. A proven attempt
+/// within its share is admitted in every state this one is, since it sees less
+/// occupancy. All within [`cap_unproven`].
+#[inline(always)]
+pub fn unproven<W: Fn() -> ClassEpoch>(
+    policy: &ServicePolicy,
+    class: u32,
+    held: &[[u64; NUM_CLASSES]; 2],
+    inflight: &[u32; NUM_CLASSES],
+    stale: bool,
+    fair: bool,
+    window: W,
+) -> Decision {
+    let class = class & (NUM_CLASSES as u32 - 1);
+    let attempt = Attempt {
+        class,
+        origin: class,
+        ..Default::default()
+    };
+    let occ = occupancy(inflight, held, 0);
+    let d = decide(policy, &attempt, &occ, stale);
+    let sharing = Sharing {
+        fair,
+        ..Default::default()
+    };
+    let (d, _) = share(d, &sharing, class, &occ, 0, window);
+    cap_unproven(d, policy, class, held, 0)
 }
 
 #[cfg(test)]

@@ -185,6 +185,44 @@ impl Fairness {
     }
 }
 
+/// One decision of a proven attempt as its class's counts record it: each field 0 or 1.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Decided {
+    pub admitted: u32,
+    /// Refused for pressure.
+    pub pressed: u32,
+    /// A new attempt, not a retransmit.
+    pub unique: u32,
+    /// Its source was over its share.
+    pub over: u32,
+    /// Admitted in place of an over-share admission.
+    pub preempt: u32,
+    pub retry: u32,
+    /// Its source had not been refused yet this epoch.
+    pub unrefused: u32,
+}
+
+/// What one decision adds to its class's counts of the epoch. Plain wrapping adds: the
+/// packet path does not lock these counts (an increment lost to another CPU at the same
+/// instant changes nothing that matters, and locked adds on every admission cost more than
+/// the whole fair-share decision).
+#[inline(always)]
+pub fn record(c: &mut ClassEpoch, d: &Decided) {
+    let a = d.admitted & 1;
+    let (unique, retry, over) = (d.unique & 1, d.retry & 1, d.over & 1);
+    c.pressed = c.pressed.wrapping_add(d.pressed & 1);
+    c.admitted = c.admitted.wrapping_add(a);
+    c.surplus = c.surplus.wrapping_add(a & over);
+    c.preempted = c.preempted.wrapping_add(a & d.preempt & 1);
+    c.retries = c.retries.wrapping_add(a & unique & retry);
+    c.firsts = c.firsts.wrapping_add(a & unique & (1 - retry));
+    // A first attempt refused for pressure within its source's share, the source's first
+    // such refusal in the epoch.
+    c.denied = c
+        .denied
+        .wrapping_add(d.pressed & 1 & unique & (1 - retry) & (1 - over) & d.unrefused & 1);
+}
+
 /// A retry may fill idle room while the sources refused for want of room (within their
 /// share) over the window are at most one per [`FILL_RATIO`] first attempts admitted.
 pub const FILL_RATIO: u32 = 8;

@@ -20,6 +20,7 @@ pub mod frag;
 pub mod gcra;
 pub mod hist;
 pub mod mask;
+pub mod proof;
 pub mod quic;
 pub mod table;
 pub mod tp;
@@ -109,6 +110,9 @@ pub const REASON_RETRY_BUDGET: u32 = 7;
 pub const REASON_FAIR_SHARE: u32 = 8;
 /// The service is full only because of the floors in use of the classes below this one.
 pub const REASON_FLOORS_BELOW: u32 = 9;
+/// An attempt from a source without standing ([`proof`]) while the class already holds its
+/// cap of such attempts (`ClassPolicy::unproven_cap`).
+pub const REASON_UNPROVEN: u32 = 10;
 pub const REASON_NAMES: [&str; NUM_REASONS as usize] = [
     "under_limit",
     "floor",
@@ -120,7 +124,7 @@ pub const REASON_NAMES: [&str; NUM_REASONS as usize] = [
     "retry_budget",
     "fair_share",
     "floors_below",
-    "reserved10",
+    "unproven",
     "reserved11",
     "reserved12",
     "reserved13",
@@ -128,7 +132,7 @@ pub const REASON_NAMES: [&str; NUM_REASONS as usize] = [
     "reserved15",
 ];
 /// Reasons that are used (the rest of [`REASON_NAMES`] are reserved and never counted).
-pub const REASONS_IN_USE: u32 = 10;
+pub const REASONS_IN_USE: u32 = 11;
 
 /// The refusals that mean a class wants more of the service than it got, one bit per
 /// reason: its share, the service's total, the floors below it, a source's fair share. Not
@@ -172,20 +176,34 @@ pub const fn counter_index(service: u32, class: u32, verdict: u32, reason: u32) 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServiceCounters {
     pub n: [u64; COUNTERS_PER_SERVICE],
+    /// Attempts from sources without standing ([`proof`]), laid out as `n` (and right after
+    /// it: the packet path indexes both as one array). They are not in `n`: they count
+    /// neither as demand nor as offered load until proven.
+    pub unproven: [u64; COUNTERS_PER_SERVICE],
     /// Retransmitted SYNs, by the class of the attempt they repeat.
     pub retransmits: [u64; NUM_CLASSES],
     /// New attempts from a source shed for this service within its retry window, by the
     /// class before demotion (each is also a unique attempt in `n`, under the class it was
     /// decided in).
     pub retries: [u64; NUM_CLASSES],
+    /// Connections born of unproven attempts (the tracking path counts them): what the
+    /// unproven attempts turned out to be worth.
+    pub completed_unproven: [u64; NUM_CLASSES],
+    /// Admitted proven attempts their source disowned: a reset from the source answering
+    /// the server's SYN-ACK, so the SYN was spoofed in its name. The attempt is retired at
+    /// once and its token refunded.
+    pub disowned: [u64; NUM_CLASSES],
 }
 
 impl Default for ServiceCounters {
     fn default() -> Self {
         Self {
             n: [0; COUNTERS_PER_SERVICE],
+            unproven: [0; COUNTERS_PER_SERVICE],
             retransmits: [0; NUM_CLASSES],
             retries: [0; NUM_CLASSES],
+            completed_unproven: [0; NUM_CLASSES],
+            disowned: [0; NUM_CLASSES],
         }
     }
 }
@@ -197,6 +215,13 @@ impl ServiceCounters {
         [VERDICT_DROP, VERDICT_RST, VERDICT_DRY_RUN]
             .iter()
             .map(|&v| self.n[decision_index(class, v, reason) as usize])
+            .sum()
+    }
+
+    /// Unproven attempts of `class` with `verdict`, every reason.
+    pub fn unproven_verdict(&self, class: u32, verdict: u32) -> u64 {
+        (0..NUM_REASONS)
+            .map(|r| self.unproven[decision_index(class, verdict, r) as usize])
             .sum()
     }
 }
@@ -282,6 +307,19 @@ pub const STAT_NESTED_TUNNELS_DROPPED: u32 = 13;
 pub const STAT_ATTEMPTS_IN_TUNNELS: u32 = 14;
 /// A new attempt found in a first fragment and decided (refused, it is dropped).
 pub const STAT_ATTEMPTS_IN_FRAGMENTS: u32 = 15;
+/// A refusal of a proven attempt was dropped instead of answered: the node's budget for
+/// replies to proven sources was spent (`Globals::reply_interval_ns`).
+pub const STAT_REPLY_LIMITED_PROVEN: u32 = 16;
+/// The same for unproven attempts (spoofed sources, mostly: the budget that keeps the
+/// node from being used as a reflector).
+pub const STAT_REPLY_LIMITED_UNPROVEN: u32 = 17;
+/// The egress program saw a QUIC server's Initial to an admitted flow and learned the
+/// connection ID the server chose (`flow::learn_server`).
+pub const STAT_QUIC_SERVER_IDS: u32 = 18;
+/// A datagram of an unproven QUIC flow looked like the client's answer (a Handshake packet,
+/// an Initial to another ID) but did not prove it (`flow::proves`): forged, or the server's
+/// Initial left by a way the egress program does not watch.
+pub const STAT_QUIC_ANSWERS_NOT_PROVEN: u32 = 19;
 pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
     "fallback_decisions",
     "rst_errors",
@@ -299,10 +337,10 @@ pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
     "nested_tunnels_dropped",
     "attempts_in_tunnels",
     "attempts_in_fragments",
-    "reserved16",
-    "reserved17",
-    "reserved18",
-    "reserved19",
+    "replies_limited_proven",
+    "replies_limited_unproven",
+    "quic_server_ids_learned",
+    "quic_answers_not_proven",
     "reserved20",
     "reserved21",
     "reserved22",
@@ -387,7 +425,11 @@ pub mod maps {
     /// The tunnels the node terminates, by UDP port and IP protocol
     /// ([`crate::tunnel::DECAP_ENTRIES`]).
     pub const DECAP: &str = "SHEDDER_DECAP";
-    pub const ALL: [&str; 25] = [
+    /// Addresses that completed a handshake recently ([`crate::proof`]).
+    pub const STANDING: &str = "SHEDDER_STANDING";
+    /// The node's reply budgets' token buckets (`[proven, unproven]`, [`crate::Bucket`]).
+    pub const REPLIES: &str = "SHEDDER_REPLIES";
+    pub const ALL: [&str; 27] = [
         GLOBALS,
         PORTS,
         QUIC_PORTS,
@@ -413,6 +455,8 @@ pub mod maps {
         FLOWS,
         ALIVE,
         DECAP,
+        STANDING,
+        REPLIES,
     ];
 }
 
@@ -424,6 +468,10 @@ pub mod programs {
     /// [`super::maps::QUIC_XDP`]).
     pub const XDP_QUIC: &str = "shedder_xdp_quic";
     pub const TC_QUIC: &str = "shedder_tc_quic";
+    /// TC egress: learns the connection ID a QUIC server chose, which proves the client
+    /// that answers to it (see `flow::learn_server`). Loaded with the QUIC halves,
+    /// attached beside either packet hook.
+    pub const EGRESS: &str = "shedder_egress";
     /// The empty XDP program of the baseline object (returns XDP_PASS): what benchmarks
     /// measure shedder's programs against.
     pub const BASELINE_XDP: &str = "baseline_xdp";
@@ -471,10 +519,9 @@ pub struct Globals {
     pub heartbeat_timeout_jiffies: u64,
     /// Jiffies at the last run of the clock program.
     pub clock_jiffies: u64,
-    /// Pending-attempt epochs are `2^shift` jiffies long (admitted, not yet established
-    /// attempts are counted for one to two epochs); 0 selects
-    /// [`DEFAULT_PENDING_EPOCH_SHIFT`].
-    pub pending_epoch_shift: u32,
+    /// Epochs (of the fair shares, the retry budget and the floors in admissions) are
+    /// `2^shift` jiffies long; 0 selects [`DEFAULT_EPOCH_SHIFT`].
+    pub epoch_bits: u32,
     /// The kernel's HZ as calibrated by the daemon (informational).
     pub hz: u32,
     /// Bumped by the daemon whenever it rewrites the policy; informational.
@@ -485,28 +532,53 @@ pub struct Globals {
     /// Seed of the attempt tables' hash ([`table::hash`]): random per daemon start, so
     /// senders cannot pick keys that collide in one set.
     pub table_seed: u64,
+    /// Admitted attempts are held (counted as occupancy until their connection is born, or
+    /// their source disowns them) in slots of `2^hold_bits` jiffies, for one to two slots:
+    /// at least as long as a handshake takes, which the daemon measures ([`Globals::hold_slot`]).
+    pub hold_bits: u32,
+    /// An address proven this many units of [`proof::SEEN_SHIFT`] jiffies ago or less has
+    /// standing ([`proof`]); 0: only an address proven in the current unit.
+    pub standing_window: u32,
+    /// The node's budgets for answering refused attempts (resets, Version Negotiation),
+    /// `[proven, unproven]`: a token bucket each (nanoseconds per reply, and the burst in
+    /// nanoseconds); an interval of 0 answers without a bound. Above a budget a refusal is
+    /// dropped instead, so refusals cannot be used as a reflector.
+    pub reply_interval_ns: [u64; 2],
+    pub reply_burst_ns: [u64; 2],
 }
 
 impl Globals {
-    /// The length of an epoch as a power of two of jiffies: `pending_epoch_shift`, or
-    /// [`DEFAULT_PENDING_EPOCH_SHIFT`] when that is 0 or over [`MAX_EPOCH_SHIFT`].
+    /// The length of an epoch as a power of two of jiffies: `epoch_bits`, or
+    /// [`DEFAULT_EPOCH_SHIFT`] when that is 0 or over [`MAX_EPOCH_SHIFT`].
     #[inline(always)]
     pub fn epoch_shift(&self) -> u32 {
         // With a mask, not a branch (see [`mask`]): the shift is carried on into the
         // fair-share arithmetic, where two values of it would double what the verifier
         // walks.
-        let s = self.pending_epoch_shift;
+        let s = self.epoch_bits;
         let bad = (mask::zero(s as u64) | mask::sign(MAX_EPOCH_SHIFT as i64 - s as i64)) as u32;
-        (s & !bad) | (DEFAULT_PENDING_EPOCH_SHIFT & bad)
+        (s & !bad) | (DEFAULT_EPOCH_SHIFT & bad)
     }
 
-    /// The pending-attempt epoch of `jiffies`. The shed path counts an admitted attempt in
-    /// it, the tracking path retires it from it or the previous one.
+    /// The epoch of `jiffies` (fair shares, the retry budget, floors in admissions).
     #[inline(always)]
-    pub fn pending_epoch(&self, jiffies: u64) -> u64 {
+    pub fn epoch(&self, jiffies: u64) -> u64 {
         jiffies >> self.epoch_shift()
     }
+
+    /// The hold slot of `jiffies`: the shed path counts an admitted attempt in it, the
+    /// tracking path retires it from it or the previous one, and it counts while the
+    /// current slot is it or the next ([`Pending::count`]). `hold_bits` is capped at
+    /// [`MAX_HOLD_BITS`].
+    #[inline(always)]
+    pub fn hold_slot(&self, jiffies: u64) -> u64 {
+        jiffies >> mask::min(self.hold_bits as u64, MAX_HOLD_BITS as u64)
+    }
 }
+
+/// The longest hold slot: 2^8 jiffies (0.26 s at HZ 1000, 1 s at HZ 250), so an attempt
+/// whose handshake never completes is held at most about two seconds.
+pub const MAX_HOLD_BITS: u32 = 8;
 
 /// The longest epoch: 2^24 jiffies (4.7 hours at HZ=1000), far past the second the daemon
 /// picks; it keeps the fair-share arithmetic, in 1/256 jiffies, within 64 bits.
@@ -514,7 +586,7 @@ pub const MAX_EPOCH_SHIFT: u32 = 24;
 
 /// 2^8 jiffies: 1.024 s at HZ=250, 0.256 s at HZ=1000, 2.56 s at HZ=100. The daemon picks
 /// the shift for about one second from the calibrated HZ.
-pub const DEFAULT_PENDING_EPOCH_SHIFT: u32 = 8;
+pub const DEFAULT_EPOCH_SHIFT: u32 = 8;
 
 /// First byte of the clock program's input: also stamp the heartbeat.
 pub const CLOCK_STAMP_HEARTBEAT: u8 = 1;
@@ -554,7 +626,9 @@ pub struct ClassPolicy {
     /// class sees the service full at `total_limit - reserve` (a trunk reservation, see
     /// [`admit`]); not applied with a stale heartbeat.
     pub reserve: u32,
-    pub _pad: u32,
+    /// Admitted attempts from sources without standing ([`proof`]) the class holds at
+    /// most (its *bounded unproven part*); more are refused ([`REASON_UNPROVEN`]).
+    pub unproven_cap: u32,
 }
 
 /// Everything the packet path needs to decide for one service (one array lookup).
@@ -591,24 +665,32 @@ pub struct ServicePolicy {
 }
 
 /// Established connections per class of one service. Written by the tracepoint programs
-/// (or, before those exist, by the daemon or a test).
+/// (or, before those exist, by the daemon or a test); a QUIC service's, by the daemon from
+/// its flows (see [`flow`]) and by the packet path as it admits them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Inflight {
     pub class: [u32; NUM_CLASSES],
+    /// Of `class`, the unproven QUIC flows ([`flow::UNPROVEN`]), which their class's
+    /// unproven cap bounds. 0 for TCP: an unproven SYN is held in [`PendingSlot`] until its
+    /// connection is born, and then it is proven.
+    pub unproven: [u32; NUM_CLASSES],
 }
 
-/// One epoch's count of admitted-but-not-yet-established attempts of one service.
+/// One hold slot's count of admitted-but-not-yet-established attempts of one service, by
+/// class: `[0]` proven attempts, `[1]` unproven ones ([`proof`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PendingSlot {
-    pub epoch: u64,
-    pub class: [u64; NUM_CLASSES],
+    pub slot: u64,
+    pub class: [[u64; NUM_CLASSES]; 2],
 }
 
-/// Admitted attempts of one service in two epoch slots, `slots[epoch & 1]`. An attempt is
-/// counted from its admission until the establishment path retires it, or for at most two
-/// epochs (so an attempt that never completes cannot hold capacity forever).
+/// Admitted attempts of one service in two hold slots, `slots[slot & 1]`
+/// ([`Globals::hold_slot`]). An attempt is counted from its admission until the
+/// establishment path retires it, its source disowns it, or for at most two slots, about
+/// as long as a handshake takes: an attempt that never completes (a spoofed SYN) holds
+/// capacity no longer than a real one would.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Pending {
@@ -616,23 +698,24 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// Attempts of each class still pending at `epoch` (this epoch's and the previous
-    /// one's).
+    /// Attempts of each class still pending at hold slot `now` (this slot's and the
+    /// previous one's): `[proven, unproven]`.
     ///
-    /// Without a branch: a slot counts when `epoch - slot.epoch` is 0 or 1, tested by a
+    /// Without a branch: a slot counts when `now - slot.slot` is 0 or 1, tested by a
     /// mask, so the packet path (which reads all four classes) hands the verifier one path
     /// instead of one per slot and class. Sums of two `u64` counters cannot overflow in
     /// practice (2^63 admissions); they are not saturated.
     #[inline(always)]
-    pub fn count(&self, epoch: u64) -> [u64; NUM_CLASSES] {
-        let mut out = [0u64; NUM_CLASSES];
+    pub fn count(&self, now: u64) -> [[u64; NUM_CLASSES]; 2] {
+        let mut out = [[0u64; NUM_CLASSES]; 2];
         let mut i = 0;
         while i < 2 {
             let slot = &self.slots[i];
-            let mask = mask::zero(epoch.wrapping_sub(slot.epoch) >> 1);
+            let mask = mask::zero(now.wrapping_sub(slot.slot) >> 1);
             let mut c = 0;
             while c < NUM_CLASSES {
-                out[c] = out[c].wrapping_add(slot.class[c] & mask);
+                out[0][c] = out[0][c].wrapping_add(slot.class[0][c] & mask);
+                out[1][c] = out[1][c].wrapping_add(slot.class[1][c] & mask);
                 c += 1;
             }
             i += 1;
@@ -789,13 +872,14 @@ pub struct ClassRule {
 }
 
 const _: () = {
-    assert!(size_of::<Globals>() == 56);
+    assert!(core::mem::offset_of!(ServiceCounters, unproven) == 8 * COUNTERS_PER_SERVICE);
+    assert!(size_of::<Globals>() == 96);
     assert!(size_of::<ClassPolicy>() == 72);
     assert!(size_of::<ServicePolicy>() == 320);
     assert!(size_of::<table::Set>() == 64);
-    assert!(size_of::<Inflight>() == 16);
-    assert!(size_of::<PendingSlot>() == 40);
-    assert!(size_of::<Pending>() == 80);
+    assert!(size_of::<Inflight>() == 32);
+    assert!(size_of::<PendingSlot>() == 72);
+    assert!(size_of::<Pending>() == 144);
     assert!(size_of::<Bucket>() == 8);
     assert!(size_of::<ServiceAddrKey>() == 20);
     assert!(size_of::<ClassRule>() == 4);
@@ -831,6 +915,7 @@ mod pod {
     unsafe impl aya::Pod for table::Set {}
     unsafe impl aya::Pod for fair::SourceSet {}
     unsafe impl aya::Pod for fair::Fairness {}
+    unsafe impl aya::Pod for proof::StandingSet {}
     unsafe impl aya::Pod for flow::FlowKey {}
     unsafe impl aya::Pod for flow::Flow {}
     unsafe impl aya::Pod for flow::AliveRing {}
@@ -841,19 +926,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pending_epoch_uses_the_shift_or_the_default() {
+    fn epochs_use_the_shift_or_the_default() {
         let g = |shift| Globals {
-            pending_epoch_shift: shift,
+            epoch_bits: shift,
             ..Default::default()
         };
-        assert_eq!(g(10).pending_epoch(5 << 10), 5);
-        assert_eq!(g(0).pending_epoch(3 << DEFAULT_PENDING_EPOCH_SHIFT), 3);
-        assert_eq!(g(64).pending_epoch(3 << DEFAULT_PENDING_EPOCH_SHIFT), 3);
+        assert_eq!(g(10).epoch(5 << 10), 5);
+        assert_eq!(g(0).epoch(3 << DEFAULT_EPOCH_SHIFT), 3);
+        assert_eq!(g(64).epoch(3 << DEFAULT_EPOCH_SHIFT), 3);
         assert_eq!(g(MAX_EPOCH_SHIFT).epoch_shift(), MAX_EPOCH_SHIFT);
-        assert_eq!(
-            g(MAX_EPOCH_SHIFT + 1).epoch_shift(),
-            DEFAULT_PENDING_EPOCH_SHIFT
-        );
+        assert_eq!(g(MAX_EPOCH_SHIFT + 1).epoch_shift(), DEFAULT_EPOCH_SHIFT);
+    }
+
+    #[test]
+    fn hold_slots_use_their_bits_capped() {
+        let g = |bits| Globals {
+            hold_bits: bits,
+            ..Default::default()
+        };
+        assert_eq!(g(0).hold_slot(5), 5);
+        assert_eq!(g(2).hold_slot(9), 2);
+        assert_eq!(g(40).hold_slot(3 << MAX_HOLD_BITS), 3);
+    }
+
+    #[test]
+    fn pending_attempts_count_for_two_slots() {
+        let mut p = Pending::default();
+        p.slots[0].slot = 10;
+        p.slots[0].class[0][1] = 3;
+        p.slots[0].class[1][2] = 5;
+        p.slots[1].slot = 11;
+        p.slots[1].class[0][1] = 1;
+        assert_eq!(p.count(11), [[0, 4, 0, 0], [0, 0, 5, 0]]);
+        assert_eq!(p.count(12), [[0, 1, 0, 0], [0; 4]]);
+        assert_eq!(p.count(13), [[0; 4]; 2]);
     }
 
     #[test]

@@ -26,7 +26,8 @@ pub const MIN_INITIAL_DATAGRAM: usize = 1200;
 pub const MAX_CID_LEN: usize = 20;
 /// First byte: a long header.
 pub const HEADER_FORM_LONG: u8 = 0x80;
-/// First byte: the fixed bit, 1 in every packet of versions 1 and 2.
+/// First byte: the fixed bit, 1 in every packet of versions 1 and 2 unless the peers agreed
+/// to grease it (RFC 9287), so nothing is judged by it.
 pub const FIXED_BIT: u8 = 0x40;
 /// The fewest bytes the Length field of a protected packet can count: header protection
 /// samples 16 bytes starting 4 bytes past the packet number's start (RFC 9001 §5.4.2), and
@@ -87,8 +88,6 @@ pub fn read_varint(b: &[u8]) -> Option<(u64, usize)> {
 pub enum NotAttempt {
     /// A short header: a packet of an established connection.
     ShortHeader,
-    /// The fixed bit is 0: not QUIC version 1 or 2.
-    NoFixedBit,
     /// A version shedder does not know (Version Negotiation is version 0).
     UnknownVersion(u32),
     /// A long header of another type (0-RTT, Handshake, Retry).
@@ -136,11 +135,10 @@ pub fn parse_initial(datagram: &[u8]) -> Result<Initial<'_>, NotAttempt> {
         .and_then(|v| v.try_into().ok())
         .ok_or(NotAttempt::Truncated)?;
     let version = u32::from_be_bytes(version_bytes);
-    // Version Negotiation has no fixed bit: the version is looked at first.
+    // The fixed bit is not looked at: a client that holds a token from a server that
+    // allows it may send its Initial with the bit cleared (greasing, RFC 9287 §3.1), and the
+    // server then takes it.
     let kind = long_type(version, first).ok_or(NotAttempt::UnknownVersion(version))?;
-    if first & FIXED_BIT == 0 {
-        return Err(NotAttempt::NoFixedBit);
-    }
     if kind != LongType::Initial {
         return Err(NotAttempt::NotInitial(kind));
     }
@@ -411,6 +409,10 @@ mod tests {
             assert!(i.scid.is_empty());
             assert_eq!(i.header_len, 1 + 4 + 1 + 8 + 1 + 1 + 2);
             assert_eq!(i.length, (1200 - i.header_len) as u64);
+            // With the fixed bit greased to 0 (RFC 9287) it is the same attempt.
+            let mut greased = d.clone();
+            greased[0] &= !FIXED_BIT;
+            assert_eq!(parse_initial(&greased).expect("an attempt").dcid, DCID);
         }
     }
 
@@ -471,15 +473,6 @@ mod tests {
                     d
                 },
                 NotAttempt::NotInitial(LongType::Retry),
-            ),
-            (
-                "no fixed bit",
-                {
-                    let mut d = good.clone();
-                    d[0] &= !FIXED_BIT;
-                    d
-                },
-                NotAttempt::NoFixedBit,
             ),
             (
                 "version negotiation",

@@ -19,10 +19,10 @@
 //!   retransmit. The seed is random per daemon start ([`crate::Globals::table_seed`]), so
 //!   a sender cannot choose keys that land in one set.
 //! - **Values**: one 64-bit word written after the tag, holding the jiffies of the write
-//!   (40 bits, wrapping after 2^40 jiffies: 34 years at HZ 1000), a check of 21 bits of
-//!   the tag, and a class and a flag. Two CPUs writing one set at once can lose one of the
+//!   (40 bits, wrapping after 2^40 jiffies: 34 years at HZ 1000), a check of 20 bits of
+//!   the tag, a class, a flag, and whether the attempt was proven ([`crate::proof`]). Two CPUs writing one set at once can lose one of the
 //!   writes, or leave a slot whose word belongs to another key; the check catches that
-//!   (a mismatch reads as a miss), bar a 2^-21 chance. A lost or torn entry only makes a
+//!   (a mismatch reads as a miss), bar a 2^-20 chance. A lost or torn entry only makes a
 //!   retransmit count as a new attempt, a retry as a first attempt, or a demoted
 //!   connection count in its source's class.
 
@@ -46,9 +46,10 @@ pub struct Set {
 
 const JIFFIES_BITS: u32 = 40;
 const JIFFIES_MASK: u64 = (1 << JIFFIES_BITS) - 1;
-const CHECK_BITS: u32 = 21;
+const CHECK_BITS: u32 = 20;
 const CHECK_MASK: u64 = (1 << CHECK_BITS) - 1;
-const FLAG_BIT: u32 = JIFFIES_BITS + CHECK_BITS;
+const PROVEN_BIT: u32 = JIFFIES_BITS + CHECK_BITS;
+const FLAG_BIT: u32 = PROVEN_BIT + 1;
 const CLASS_SHIFT: u32 = FLAG_BIT + 1;
 
 const K1: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -92,13 +93,27 @@ pub fn tag(h: u64) -> u64 {
     h | 1
 }
 
-/// The value word for a write at `now`: `class` (2 bits) and `flag`, checked against `tag`.
+/// The value word for a write at `now`: `class` (2 bits), `flag` and `proven` (0 or 1),
+/// checked against `tag`.
 #[inline(always)]
-pub fn pack(now: u64, class: u32, flag: bool, tag: u64) -> u64 {
+pub fn pack(now: u64, class: u32, flag: bool, proven: u32, tag: u64) -> u64 {
     (now & JIFFIES_MASK)
         | (((tag >> 1) & CHECK_MASK) << JIFFIES_BITS)
+        | (((proven & 1) as u64) << PROVEN_BIT)
         | ((flag as u64) << FLAG_BIT)
         | (((class & 3) as u64) << CLASS_SHIFT)
+}
+
+/// 1 if the word's attempt was proven, else 0.
+#[inline(always)]
+pub fn proven_of(word: u64) -> u32 {
+    ((word >> PROVEN_BIT) & 1) as u32
+}
+
+/// The word with its flag cleared (jiffies, check, class and proof kept).
+#[inline(always)]
+pub fn without_flag(word: u64) -> u64 {
+    word & !(1 << FLAG_BIT)
 }
 
 /// Whether `word` was written for `tag`.
@@ -241,28 +256,34 @@ mod tests {
     use super::*;
 
     fn put(set: &mut Set, tag: u64, now: u64, class: u32, flag: bool) {
-        insert(set, tag, pack(now, class, flag, tag), now);
+        insert(set, tag, pack(now, class, flag, 0, tag), now);
     }
 
     #[test]
     fn pack_round_trips() {
         let t = tag(hash(7, &[1, 2, 3]));
-        let w = pack(5_000_000_123, 2, true, t);
+        let w = pack(5_000_000_123, 2, true, 1, t);
         assert!(checks(w, t));
-        assert_eq!((class_of(w), flag_of(w)), (2, true));
+        assert_eq!((class_of(w), flag_of(w), proven_of(w)), (2, true, 1));
         assert_eq!(age(5_000_000_223, w), 100);
-        let w = pack(17, 3, false, t);
-        assert_eq!((class_of(w), flag_of(w)), (3, false));
+        let cleared = without_flag(w);
+        assert_eq!(
+            (class_of(cleared), flag_of(cleared), proven_of(cleared)),
+            (2, false, 1)
+        );
+        assert!(checks(cleared, t));
+        let w = pack(17, 3, false, 0, t);
+        assert_eq!((class_of(w), flag_of(w), proven_of(w)), (3, false, 0));
         assert!(flag_of(with_flag(w)) && class_of(with_flag(w)) == 3 && checks(with_flag(w), t));
-        // A word written for another key does not check against this tag (bar 2^-21).
+        // A word written for another key does not check against this tag (bar 2^-20).
         let other = tag(hash(7, &[1, 2, 4]));
-        assert!(!checks(pack(17, 3, false, other), t));
+        assert!(!checks(pack(17, 3, false, 0, other), t));
     }
 
     #[test]
     fn windows_and_wrapping() {
         let t = 0x1234_5679;
-        let w = pack(1000, 0, false, t);
+        let w = pack(1000, 0, false, 0, t);
         assert!(within(1000, w, 10) && within(1010, w, 10));
         assert!(!within(1011, w, 10));
         assert!(!within(1000, w, 0), "a zero window: never");
@@ -270,7 +291,7 @@ mod tests {
         assert!(!within(999, w, 10));
         // Across the 2^40 wrap of the stored jiffies.
         let near = (1u64 << 40) - 5 + (7 << 40);
-        let w = pack(near, 0, false, t);
+        let w = pack(near, 0, false, 0, t);
         assert_eq!(age(near + 10, w), 10);
         assert!(within(near + 10, w, 10));
     }
@@ -330,7 +351,7 @@ mod tests {
         let mut set = Set::default();
         put(&mut set, 21, 100, 1, true);
         // Another CPU wrote its word into the slot but not (yet) its tag.
-        set.slot[0].word = pack(101, 0, false, 23);
+        set.slot[0].word = pack(101, 0, false, 0, 23);
         assert_eq!(find(&set, 21), WAYS);
         assert_eq!(find(&set, 23), WAYS);
     }

@@ -17,6 +17,7 @@
 #![allow(clippy::undocumented_unsafe_blocks)]
 
 mod atomic;
+mod egress;
 mod opaque;
 mod parse;
 mod shed;
@@ -81,7 +82,9 @@ fn quic_flow(outcome: Outcome) -> Outcome {
 #[inline(always)]
 fn xdp_verdict(outcome: Outcome) -> u32 {
     match outcome {
-        Outcome::Pass | Outcome::ToQuic | Outcome::Flow(_) => xdp_action::XDP_PASS,
+        Outcome::Pass | Outcome::ToQuic | Outcome::Flow(_) | Outcome::Negotiate => {
+            xdp_action::XDP_PASS
+        }
         Outcome::Drop => xdp_action::XDP_DROP,
         Outcome::Reply => xdp_action::XDP_TX,
     }
@@ -133,17 +136,23 @@ impl Frame for TcFrame<'_> {
 /// headers, TCP with options); a non-linear skb is pulled this far before parsing.
 const TC_PULL_LEN: u32 = 256;
 
-/// TC ingress entry point (for interfaces without XDP, or where XDP is owned by another tool).
-#[classifier]
+/// Make the first [`TC_PULL_LEN`] bytes of a non-linear skb linear. Failure leaves the skb
+/// as it was; parsing then passes what it cannot see.
 #[inline(always)]
-pub fn shedder_tc(ctx: TcContext) -> i32 {
+fn pull_headers(ctx: &TcContext) {
     let linear = (ctx.data_end() - ctx.data()) as u32;
     let len = ctx.len();
     if linear < len && linear < TC_PULL_LEN {
         let want = if len < TC_PULL_LEN { len } else { TC_PULL_LEN };
-        // Failure leaves the skb as it was; parsing then passes what it cannot see.
         unsafe { bpf_skb_pull_data(ctx.skb.skb, want) };
     }
+}
+
+/// TC ingress entry point (for interfaces without XDP, or where XDP is owned by another tool).
+#[classifier]
+#[inline(always)]
+pub fn shedder_tc(ctx: TcContext) -> i32 {
+    pull_headers(&ctx);
     let outcome = shed::run::<_, false>(&TcFrame(&ctx));
     if let Outcome::ToQuic = outcome {
         unsafe { SHEDDER_QUIC_TC.tail_call(&ctx, 0) };
@@ -151,17 +160,36 @@ pub fn shedder_tc(ctx: TcContext) -> i32 {
     tc_verdict(&ctx, outcome)
 }
 
-/// The QUIC half of [`shedder_tc`] (the skb was pulled there).
+/// The QUIC half of [`shedder_tc`]. A datagram is judged by its whole length (an Initial
+/// fills at least 1,200 bytes), which must be in the skb's linear part: a NIC's driver
+/// leaves most of the payload in pages, and a batch sent with UDP segmentation offload
+/// reaches a veth peer as one skb of many datagrams. So the skb is made linear first (the
+/// batch is then judged by its first datagram, whose headers it starts with).
 #[classifier]
 #[inline(always)]
 pub fn shedder_tc_quic(ctx: TcContext) -> i32 {
+    let len = ctx.len();
+    if ((ctx.data_end() - ctx.data()) as u32) < len {
+        // Failure leaves the skb as it was; parsing then passes what it cannot see.
+        unsafe { bpf_skb_pull_data(ctx.skb.skb, len) };
+    }
     tc_verdict(&ctx, quic_flow(shed::run::<_, true>(&TcFrame(&ctx))))
+}
+
+/// TC egress, beside either packet hook: a QUIC server's Initial to an admitted flow's
+/// client tells which connection ID the server chose (see `egress`). Every frame passes.
+#[classifier]
+pub fn shedder_egress(ctx: TcContext) -> i32 {
+    // A datagram sent with UDP segmentation offload keeps its payload in pages.
+    pull_headers(&ctx);
+    egress::server_packet(ctx.data(), ctx.data_end());
+    TC_ACT_OK
 }
 
 #[inline(always)]
 fn tc_verdict(ctx: &TcContext, outcome: Outcome) -> i32 {
     match outcome {
-        Outcome::Pass | Outcome::ToQuic | Outcome::Flow(_) => TC_ACT_OK,
+        Outcome::Pass | Outcome::ToQuic | Outcome::Flow(_) | Outcome::Negotiate => TC_ACT_OK,
         Outcome::Drop => TC_ACT_SHOT,
         // Send the answer back out of the interface the attempt arrived on.
         Outcome::Reply => unsafe {

@@ -29,10 +29,10 @@ use shedder_common::{
     STAT_EXT_CHAIN_DROPPED, STAT_FRAGMENTS_DROPPED, STAT_NESTED_TUNNELS_DROPPED,
     STAT_TUNNELS_PASSED, STAT_TUNNELS_UNPARSED, STAT_UNKNOWN_HEADER_PASSED,
     csum::{IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
-    flow::{FlowKey, SEEN_ANSWERED, SEEN_INITIAL, SEEN_LIVENESS},
+    flow::{FlowKey, SEEN_ANSWERED, SEEN_HANDSHAKE, SEEN_INITIAL, SEEN_LIVENESS},
     frag::{self, Piece},
     quic::{
-        CID_WINDOW, FIXED_BIT, HEADER_FORM_LONG, LongType, MAX_CID_LEN, MIN_INITIAL_DATAGRAM,
+        CID_WINDOW, HEADER_FORM_LONG, LongType, MAX_CID_LEN, MIN_INITIAL_DATAGRAM,
         MIN_PACKET_LENGTH, cid_digest_start, cid_digest_step, cid_word_mask, long_type,
         varint_from_word,
     },
@@ -74,6 +74,8 @@ fn blind() -> u32 {
 const ETH_HLEN: usize = 14;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
+/// VLAN tags walked (802.1Q, 802.1ad); a frame with more passes.
+const MAX_VLAN_TAGS: usize = 2;
 const IPV6_HOPOPTS: u8 = 0;
 const IPV6_ROUTING: u8 = 43;
 const IPV6_FRAGMENT: u8 = 44;
@@ -143,6 +145,9 @@ pub enum Parsed {
     /// legitimate sender makes (see [`shedder_common::frag`]), an IPv6 extension-header
     /// chain longer than the walk, a tunnel inside a tunnel.
     Drop,
+    /// A TCP reset, seen by the TCP program: it may disown an attempt made in its
+    /// sender's name ([`shedder_common::proof`]).
+    Reset(Reset),
     /// Anything else: passes.
     Other,
 }
@@ -155,6 +160,17 @@ pub struct Datagram {
     pub kind: u32,
     /// For an Initial, the digest of its destination connection ID.
     pub dcid: u32,
+}
+
+/// A TCP reset's addresses, ports and sequence number (host byte order), laid out as in
+/// [`Syn`].
+pub struct Reset {
+    pub v6: u32,
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub seq: u32,
 }
 
 /// Bounds-checked pointer to a `T` at `off` bytes into the packet.
@@ -324,23 +340,32 @@ fn frame<const QUIC: bool>(pkt: Pkt) -> Step<Parsed> {
 /// third passes, counted): the ethertype and the offset of what follows.
 #[inline(always)]
 fn l2(pkt: Pkt, off: usize) -> Step<(u16, usize)> {
-    let eth = pkt.at::<[u8; ETH_HLEN]>(off)?;
-    let mut proto = u16::from_be(unsafe { load::<u16>(eth.cast(), 12) });
-    let mut l3_off = off + ETH_HLEN;
-    let mut tags = 0;
-    while tags < 2 {
-        if proto != ETH_P_8021Q && proto != ETH_P_8021AD {
-            break;
-        }
-        let tag = pkt.at::<[u8; 4]>(l3_off)?;
-        proto = u16::from_be(unsafe { load::<u16>(tag.cast(), 2) });
-        l3_off += 4;
-        tags += 1;
-    }
+    let (proto, l3_off) = ethernet(pkt.data, pkt.data_end, off).ok_or(Stop::Pass)?;
     if proto == ETH_P_8021Q || proto == ETH_P_8021AD {
         return counted(STAT_UNKNOWN_HEADER_PASSED, Stop::Pass);
     }
     Ok((proto, l3_off))
+}
+
+/// The Ethernet header at `off` and up to [`MAX_VLAN_TAGS`] VLAN tags: the ethertype after
+/// them (still a tag's when there are more) and the offset of what follows. Shared with
+/// the egress program, which has nothing to count.
+#[inline(always)]
+pub(crate) fn ethernet(data: usize, data_end: usize, off: usize) -> Option<(u16, usize)> {
+    let eth = ptr_at::<[u8; ETH_HLEN]>(data, data_end, off)?;
+    let mut proto = u16::from_be(unsafe { load::<u16>(eth.cast(), 12) });
+    let mut l3_off = off + ETH_HLEN;
+    let mut tags = 0;
+    while tags < MAX_VLAN_TAGS {
+        if proto != ETH_P_8021Q && proto != ETH_P_8021AD {
+            break;
+        }
+        let tag = ptr_at::<[u8; 4]>(data, data_end, l3_off)?;
+        proto = u16::from_be(unsafe { load::<u16>(tag.cast(), 2) });
+        l3_off += 4;
+        tags += 1;
+    }
+    Some((proto, l3_off))
 }
 
 /// The IP packet of `ethertype` at `l3_off`, which may reach as far as `limit` (the
@@ -693,7 +718,18 @@ fn transport<const QUIC: bool>(pkt: Pkt, net: &Net, l3_off: usize, tunneled: u32
         return counted(STAT_FRAGMENTS_DROPPED, Stop::Drop);
     }
     let tcp = pkt.at::<[u8; 20]>(net.l4_off)?;
-    syn_flags(tcp).ok_or(Stop::Pass)?;
+    if !syn_flags(tcp).ok_or(Stop::Pass)? {
+        let (sport, dport, seq, _) = tcp_fields(tcp);
+        let (src, dst) = addresses(pkt, net)?;
+        return Ok(Parsed::Reset(Reset {
+            v6: net.v6,
+            src,
+            dst,
+            sport,
+            dport,
+            seq,
+        }));
+    }
     let zero = blind();
     let net = &canonical_with(net, zero)?;
     let (sport, dport, seq, doff) = tcp_fields(tcp);
@@ -722,14 +758,16 @@ fn transport<const QUIC: bool>(pkt: Pkt, net: &Net, l3_off: usize, tunneled: u32
     }))
 }
 
-/// `Some` if the fixed TCP header at `tcp` is a new connection attempt.
+/// What the flags of the fixed TCP header at `tcp` make it: a new connection attempt
+/// (`Some(true)`), a reset (`Some(false)`), or neither.
 #[inline(always)]
-fn syn_flags(tcp: *const [u8; 20]) -> Option<()> {
+fn syn_flags(tcp: *const [u8; 20]) -> Option<bool> {
     let flags: u8 = unsafe { load(tcp.cast(), 13) };
-    if flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) != TCP_SYN {
+    let attempt = flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) == TCP_SYN;
+    if !attempt && flags & (TCP_SYN | TCP_RST) != TCP_RST {
         return None;
     }
-    Some(())
+    Some(attempt)
 }
 
 /// Ports, sequence number and data offset (bytes) of a fixed TCP header.
@@ -775,18 +813,26 @@ fn datagram(data: usize, data_end: usize, l4_off: usize, src: [u32; 4], v6: u32)
             load::<u8>(h, 5) as usize,
         )
     };
+    // The fixed bit is not looked at (it may be greased, RFC 9287).
     if first & HEADER_FORM_LONG == 0 {
         d.kind = SEEN_ANSWERED;
-    } else if first & FIXED_BIT != 0 {
-        match long_type(version, first) {
-            Some(LongType::Handshake) => d.kind = SEEN_ANSWERED,
-            Some(LongType::Initial) if dcid_len <= MAX_CID_LEN => {
-                if let Some(w) = ptr_at::<[u8; CID_WINDOW]>(data, data_end, l4_off + 14) {
-                    d.kind = SEEN_INITIAL;
-                    d.dcid = digest(w, dcid_len);
-                }
+    } else {
+        // The destination ID of an Initial or a Handshake packet: the server's, once the
+        // client has its answer (which proves the client real, see `flow::proves`).
+        let kind = match long_type(version, first) {
+            Some(LongType::Handshake) => {
+                d.kind = SEEN_ANSWERED;
+                SEEN_HANDSHAKE
             }
-            _ => {}
+            Some(LongType::Initial) => SEEN_INITIAL,
+            _ => SEEN_LIVENESS,
+        };
+        if kind != SEEN_LIVENESS
+            && dcid_len <= MAX_CID_LEN
+            && let Some(w) = ptr_at::<[u8; CID_WINDOW]>(data, data_end, l4_off + 14)
+        {
+            d.kind = kind;
+            d.dcid = digest(w, dcid_len);
         }
     }
     Some(Parsed::Datagram(d))
@@ -794,7 +840,7 @@ fn datagram(data: usize, data_end: usize, l4_off: usize, src: [u32; 4], v6: u32)
 
 /// The digest of a connection ID of `len` bytes at the start of the window `w`.
 #[inline(always)]
-fn digest(w: *const [u8; CID_WINDOW], len: usize) -> u32 {
+pub(crate) fn digest(w: *const [u8; CID_WINDOW], len: usize) -> u32 {
     let mut h = cid_digest_start(len as u32);
     let mut i = 0;
     while i < CID_WINDOW / 4 {
@@ -856,7 +902,8 @@ fn parse_initial(
             load::<u8>(h, 5) as usize,
         )
     };
-    if first & (HEADER_FORM_LONG | FIXED_BIT) != HEADER_FORM_LONG | FIXED_BIT {
+    // A client may grease the fixed bit of its Initial (RFC 9287 §3.1): not looked at.
+    if first & HEADER_FORM_LONG == 0 {
         return None;
     }
     if !matches!(long_type(version, first), Some(LongType::Initial)) {

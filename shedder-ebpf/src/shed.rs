@@ -16,11 +16,11 @@ use shedder_common::{
     COUNTERS_PER_SERVICE, ClassBlock, ClassRule, DEMOTED_SETS, Globals, Inflight,
     KLOG_LINES_PER_SECOND, LogBudget, MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES,
     MODE_DRY_RUN, NUM_CLASSES, NUM_STATS, POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES,
-    PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, REASON_FAIR_SHARE, REASON_RETRY_BUDGET,
-    STAT_FALLBACK, STAT_LOG_SUPPRESSED, STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_RST_ERROR,
-    SYN_SETS, ServiceAddrKey, ServiceCounters, ServicePolicy, VERDICT_DROP, VERDICT_DRY_RUN,
-    VERDICT_PASS, VERDICT_RST,
-    admit::{Attempt, Decision, decide},
+    PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, STAT_FALLBACK, STAT_LOG_SUPPRESSED,
+    STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_REPLY_LIMITED_PROVEN, STAT_REPLY_LIMITED_UNPROVEN,
+    STAT_RST_ERROR, SYN_SETS, ServiceAddrKey, ServiceCounters, ServicePolicy, VERDICT_DROP,
+    VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
+    admit::{self, Attempt, decide},
     classmap,
     csum::{
         IPPROTO_TCP, IPPROTO_UDP, PSEUDO_UDP_ADJUST, RST_TTL, TCP_ACK, TCP_OPT_NOP, TCP_RST,
@@ -30,10 +30,11 @@ use shedder_common::{
     decision_index, demote,
     fair::{self, ClassEpoch, Fairness, SOURCE_SETS, SOURCE_WAYS, SourceSet},
     flow::{
-        self, ALIVE_RING, AliveRing, Entry, FLOW_ENTRIES, Flow, FlowKey, SEEN_INITIAL, WAITING,
-        ring_index,
+        self, ALIVE_RING, AliveRing, Entry, FLOW_ENTRIES, FLOW_UNPROVEN, Flow, FlowKey,
+        SEEN_INITIAL, UNPROVEN, WAITING, ring_index,
     },
     gcra, is_pressure, mask,
+    proof::{self, STANDING_SETS, STANDING_WAYS, StandingSet},
     quic::{
         CID_WINDOW, CidWords, FIXED_BIT, HEADER_FORM_LONG, mask_cid, reserved_version,
         version_negotiation_len, version_negotiation_sum,
@@ -43,7 +44,7 @@ use shedder_common::{
 
 use crate::{
     atomic, opaque,
-    parse::{Datagram, Parsed, Syn, load, parse, ptr_at},
+    parse::{Datagram, Parsed, Reset, Syn, load, parse, ptr_at},
 };
 
 #[map]
@@ -76,7 +77,7 @@ static SHEDDER_CLASS_L1: Array<u32> = Array::with_max_entries(CLASS_L1_ENTRIES, 
 #[map]
 static SHEDDER_CLASS_L2: Array<ClassBlock> = Array::with_max_entries(CLASS_L2_BLOCKS, 0);
 #[map]
-static SHEDDER_COUNTERS: PerCpuArray<ServiceCounters> =
+pub static SHEDDER_COUNTERS: PerCpuArray<ServiceCounters> =
     PerCpuArray::with_max_entries(MAX_SERVICES, 0);
 #[map]
 pub static SHEDDER_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NUM_STATS, 0);
@@ -99,6 +100,13 @@ pub static SHEDDER_FAIR: Array<Fairness> = Array::with_max_entries(MAX_SERVICES,
 /// was admitted in (the one its limits were checked against), not its source's own.
 #[map]
 pub static SHEDDER_DEMOTED: Array<Set> = Array::with_max_entries(DEMOTED_SETS, 0);
+/// Addresses that completed a handshake recently, and their tokens (see
+/// [`shedder_common::proof`]): the packet path spends tokens, the tracking path earns them.
+#[map]
+pub static SHEDDER_STANDING: Array<StandingSet> = Array::with_max_entries(STANDING_SETS, 0);
+/// The node's reply budgets, `[proven, unproven]` (see `Globals::reply_interval_ns`).
+#[map]
+static SHEDDER_REPLIES: Array<Bucket> = Array::with_max_entries(2, 0);
 /// What the packet path remembers about the SYN being decided, between the lookups before
 /// the decision and the writes after it (per CPU, private to one run, rewritten for every
 /// SYN to a protected service).
@@ -143,6 +151,15 @@ struct Memo {
     counted: u32,
     /// The reason a QUIC attempt answered with Version Negotiation was refused for.
     reason: u32,
+    /// Whose counters that refusal counts in: 0 the proven attempts', 1 the unproven ones'.
+    pool: u32,
+    /// An unproven attempt's view of the service (see `unproven`): its attempts in
+    /// handshake and its connections, here rather than on the stack, which the QUIC
+    /// program's Version Negotiation needs.
+    held: [[u64; NUM_CLASSES]; 2],
+    inflight: [u32; NUM_CLASSES],
+    /// Where the source's standing is (see `standing`), for an admission to spend a token.
+    standing: u32,
     /// What that answer needs of the attempt.
     answer: Answer,
     /// A refused QUIC attempt's connection IDs, destination then source, copied here before
@@ -214,6 +231,9 @@ pub enum Outcome {
     /// A datagram to a QUIC port that is not a new attempt (the QUIC program's answer
     /// only): it passes, and may be news of an admitted flow (see `track::quic_flow`).
     Flow(Datagram),
+    /// A refused QUIC Initial to answer with Version Negotiation ([`run`] does, and never
+    /// returns this).
+    Negotiate,
 }
 
 /// The program-type specific parts of a frame.
@@ -236,14 +256,21 @@ fn source_way(way: usize) -> usize {
     opaque::mask(way as u64, SOURCE_WAYS as u64 - 1) as usize & (SOURCE_WAYS - 1)
 }
 
-/// Count a decision in the service's per-CPU counters: `unique` is 1 for a new attempt,
-/// 0 for a retransmit (decided again, but not another attempt).
+/// Count a proven attempt's decision in the service's per-CPU counters: `unique` is 1 for
+/// a new attempt, 0 for a retransmit (decided again, but not another attempt).
 #[inline(always)]
 fn count_decision(service: u32, class: u32, verdict: u32, reason: u32, unique: u64) {
+    count_in(service, 0, class, verdict, reason, unique);
+}
+
+/// Count a decision in `n` (`unproven` 0) or in `unproven`, which follows it.
+#[inline(always)]
+fn count_in(service: u32, unproven: u32, class: u32, verdict: u32, reason: u32, unique: u64) {
     if let Some(c) = SHEDDER_COUNTERS.get_ptr_mut(service) {
         let i = opaque::mask(
-            decision_index(class, verdict, reason) as u64,
-            COUNTERS_PER_SERVICE as u64 - 1,
+            (unproven * COUNTERS_PER_SERVICE as u32 + decision_index(class, verdict, reason))
+                as u64,
+            2 * COUNTERS_PER_SERVICE as u64 - 1,
         ) as usize;
         // Indexed by pointer: the mask bounds `i`, which LLVM cannot see through, and a
         // checked index would add a panic path, which BPF cannot have.
@@ -275,20 +302,41 @@ pub fn bump(map: &PerCpuArray<u64>, index: u32) {
 
 /// Decide one frame. `QUIC` picks the program: the TCP one decides SYNs and answers
 /// [`Outcome::ToQuic`] for a datagram to a UDP port with a QUIC service, for its caller to
-/// tail-call the QUIC one, which decides Initials.
+/// tail-call the QUIC one, which decides Initials. A refused Initial is answered here, in
+/// one place for the proven and the unproven paths (see `answer_quic`).
 #[inline(always)]
 pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
+    match decide_frame::<F, QUIC>(frame) {
+        Outcome::Negotiate => match SHEDDER_MEMO.get_ptr_mut(0) {
+            Some(memo) => answer_quic(frame, memo),
+            None => Outcome::Pass,
+        },
+        other => other,
+    }
+}
+
+/// [`run`]'s decision, a refused QUIC Initial left as [`Outcome::Negotiate`] with what its
+/// answer needs in the memo.
+#[inline(always)]
+fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     let syn = match parse::<QUIC>(frame.data(), frame.data_end()) {
         Parsed::Attempt(syn) => syn,
         Parsed::Udp(port) => {
-            return match SHEDDER_QUIC_PORTS.get(port as u32) {
-                Some(&entry) if entry != 0 => Outcome::ToQuic,
-                _ => Outcome::Pass,
+            return if is_quic_port(port) {
+                Outcome::ToQuic
+            } else {
+                Outcome::Pass
             };
         }
         Parsed::Datagram(d) => return Outcome::Flow(d),
         // A documented drop rule of the parser (counted there).
         Parsed::Drop => return Outcome::Drop,
+        Parsed::Reset(r) => {
+            if !QUIC {
+                disown(&r);
+            }
+            return Outcome::Pass;
+        }
         Parsed::Other => return Outcome::Pass,
     };
     if QUIC {
@@ -342,14 +390,22 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     let own_class = classify(syn.src, syn.v6, policy);
     let mut class = own_class;
     let now = unsafe { bpf_jiffies64() };
-    let epoch = globals.pending_epoch(now);
-    // The service's per-class counts of its last two epochs (quotas, floors in admissions,
-    // preemption, the retry budget).
-    let counts = SHEDDER_FAIR.get(service);
-
+    let epoch = globals.epoch(now);
+    let hold = globals.hold_slot(now);
+    // An attempt from a source without standing is decided apart (see `unproven`).
+    let at = standing(&syn, globals, now);
+    if at >> 31 == 0 {
+        return unproven::<F, QUIC>(frame, &syn, service, policy, globals, own_class, hold);
+    }
     let Some(memo) = SHEDDER_MEMO.get_ptr_mut(0) else {
         return Outcome::Pass;
     };
+    // Kept in the memo: carried in a register through the decision, the verifier walked
+    // it once per value it could tell apart.
+    unsafe { core::ptr::write_volatile(&raw mut (*memo).standing, at) };
+    // The service's per-class counts of its last two epochs (quotas, floors in admissions,
+    // preemption, the retry budget).
+    let counts = SHEDDER_FAIR.get(service);
     // What the attempt memory says. A note on its shape: a flag the verifier knows to be a
     // constant on some paths, tested again after the decision, is tracked precisely through
     // the whole decision, which is then verified once per combination of flags (six times
@@ -441,8 +497,8 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         let shift = globals.epoch_shift();
         let (paid, absent, credits) = if way < SOURCE_WAYS {
             let slot = &set.slot[source_way(way)];
-            m.unrefused = (globals.pending_epoch(slot.refused_jiffies as u64)
-                != globals.pending_epoch(now as u32 as u64)) as u32;
+            m.unrefused = (globals.epoch(slot.refused_jiffies as u64)
+                != globals.epoch(now as u32 as u64)) as u32;
             (slot.paid, 0, fair::credits_now(slot, now, retry_window))
         } else {
             (0, u32::MAX, 0)
@@ -478,16 +534,14 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         }
     }
 
-    let stale = globals.heartbeat_jiffies == 0
-        || now.saturating_sub(globals.heartbeat_jiffies) > globals.heartbeat_timeout_jiffies;
-    if stale {
-        bump(&SHEDDER_STATS, STAT_FALLBACK);
-    }
+    let stale = heartbeat_stale(globals, now);
 
     let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) else {
         return Outcome::Pass;
     };
-    let mut occ = unsafe { (*pending).count(epoch) };
+    // Proven attempts see the connections and the proven attempts in handshake only
+    // (`admit::occupancy`); the stack cannot hold the unproven counts as well.
+    let mut occ = unsafe { (*pending).count(hold)[0] };
     if let Some(inflight) = SHEDDER_INFLIGHT.get(service) {
         let mut c = 0;
         while c < NUM_CLASSES {
@@ -521,45 +575,23 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     if m.sources != 0
         && let Some(f) = counts
     {
-        // The class's window is read only where it decides (a refusal, a retry), off the
-        // path of a plain admission.
-        if decision.admit == 0 && is_pressure(decision.reason) == 1 && policy.fair_share == 1 {
-            // Over its share, the source is the one to refuse; within it, it takes the place
-            // of an over-share admission if the class has made one it has not yet given up.
-            if m.over != 0 {
-                decision.reason = REASON_FAIR_SHARE;
-            } else if fair::may_preempt(
-                &f.window(class as usize, epoch),
-                occ[(class as usize) & (NUM_CLASSES - 1)],
-                decision.excess as u64,
-            ) {
-                decision = Decision::admit(REASON_FAIR_SHARE);
-                m.preempt = 1;
-            }
-        }
-        // A retry over the budget is refused only where it takes room from first attempts:
-        // over a full service (it ranks below every class; see `Attempt::retry`) or in
-        // place of an over-share admission. So the budget bounds what retries take from
-        // first attempts without leaving a service refusing with idle connections.
-        let total = occ[0] + occ[1] + occ[2] + occ[3];
         let limit = if stale {
             policy.fallback_total
         } else {
             policy.total_limit
         } as u64;
-        if decision.admit == 1
-            && m.retry != 0
-            && policy.retry_budget != 0
-            && (m.preempt != 0 || total >= limit)
-            && !fair::within_budget(
-                &f.window(class as usize, epoch),
-                policy.retry_budget,
-                policy.retry_budget_min,
-            )
-        {
-            decision = Decision::shed(REASON_RETRY_BUDGET);
-            m.preempt = 0;
-        }
+        let sharing = admit::Sharing {
+            fair: policy.fair_share == 1,
+            over: m.over != 0,
+            retry: m.retry != 0,
+            retry_budget: policy.retry_budget,
+            retry_budget_min: policy.retry_budget_min,
+        };
+        let (settled, preempt) = admit::share(decision, &sharing, class, &occ, limit, || {
+            f.window(class as usize, epoch)
+        });
+        decision = settled;
+        m.preempt = preempt as u32;
     }
     if decision.admit == 1 && !take_token(service, class, policy) {
         decision.admit = 0;
@@ -571,7 +603,7 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         if admitted {
             // A QUIC admission is counted in flight at once instead (see `flow_admitted`).
             if !QUIC {
-                count_pending(pending, class, epoch);
+                count_pending(pending, 0, class, hold);
             }
             count_decision(service, class, VERDICT_PASS, decision.reason, unique);
             break 'act Outcome::Pass;
@@ -605,11 +637,20 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             break 'act Outcome::Pass;
         }
         // An attempt in a fragment or a tunnel is dropped, not answered (see `parse`).
-        if policy.action == ACTION_RST && syn.reply == 1 {
+        let answer = policy.action == ACTION_RST && syn.reply == 1;
+        if answer && !reply_allowed(globals, 0) {
+            // Over the node's budget for replies: dropped instead (see `reply_allowed`).
+            count_decision(service, class, VERDICT_DROP, decision.reason, unique);
+            break 'act Outcome::Drop;
+        }
+        if answer {
             if syn.quic == 1 {
                 // Answered last, once nothing of the decision is left to tell its paths
                 // apart (see `answer_quic`).
-                unsafe { core::ptr::write_volatile(&raw mut (*memo).reason, decision.reason) };
+                unsafe {
+                    core::ptr::write_volatile(&raw mut (*memo).reason, decision.reason);
+                    core::ptr::write_volatile(&raw mut (*memo).pool, 0);
+                }
                 break 'act Outcome::Reply;
             }
             if write_rst(frame, &syn) {
@@ -647,7 +688,7 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             table::insert(
                 set,
                 m.syn_tag,
-                table::pack(now, class, passed, m.syn_tag),
+                table::pack(now, class, passed, 1, m.syn_tag),
                 now,
             );
         } else if passed {
@@ -673,7 +714,10 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             #[allow(clippy::needless_borrows_for_generic_args)] // by value would copy them
             let _ = SHEDDER_FLOWS.insert(&(*memo).flow_key, &*f, 0);
         }
-        flow_admitted(service, class, slot);
+        flow_admitted(service, class, slot, WAITING);
+    }
+    if admitted {
+        spend_token(unsafe { core::ptr::read_volatile(&raw const (*memo).standing) });
     }
     if admitted && class != own_class && syn.quic == 0 {
         // Admitted in a class other than its source's: tell the tracking path, which
@@ -688,7 +732,7 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             table::insert(
                 unsafe { &mut *set },
                 tag,
-                table::pack(now, class, false, tag),
+                table::pack(now, class, false, 1, tag),
                 now,
             );
         }
@@ -727,7 +771,7 @@ pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
                 Answer::of(&syn, service, (globals.table_seed as u32) ^ now as u32),
             );
         }
-        return answer_quic(frame, memo);
+        return Outcome::Negotiate;
     }
     outcome
 }
@@ -792,21 +836,24 @@ impl Answer {
 /// counted) if the answer cannot be built. Called at the very end of the decision: the
 /// writer is long (each ID byte by byte), and every distinct path the verifier walks into
 /// it walks it again, so it is entered where the decision's registers are dead and the
-/// class, reason and attempt kind come back from the memo.
+/// class, reason and attempt kind come back from the memo. Inlined once, at the end of
+/// [`run`], where it reuses the decision's stack: as a BPF subprogram its stack would add
+/// to the caller's, past the 512 bytes a program may have.
 #[inline(always)]
 fn answer_quic<F: Frame>(frame: &F, memo: *mut Memo) -> Outcome {
-    let (class, reason, unique, answer) = unsafe {
+    let (class, reason, unique, answer, pool) = unsafe {
         (
             core::ptr::read_volatile(&raw const (*memo).class),
             core::ptr::read_volatile(&raw const (*memo).reason),
             core::ptr::read_volatile(&raw const (*memo).unique),
             core::ptr::read_volatile(&raw const (*memo).answer),
+            core::ptr::read_volatile(&raw const (*memo).pool) & 1,
         )
     };
     let syn = &answer.syn();
     let service = answer.service;
     if write_version_negotiation(frame, syn, answer.seed, unsafe { &mut (*memo).cids }) {
-        count_decision(service, class, VERDICT_RST, reason, unique as u64);
+        count_in(service, pool, class, VERDICT_RST, reason, unique as u64);
         return Outcome::Reply;
     }
     bump(&SHEDDER_STATS, STAT_RST_ERROR);
@@ -818,7 +865,7 @@ fn answer_quic<F: Frame>(frame: &F, memo: *mut Memo) -> Outcome {
             service
         );
     }
-    count_decision(service, class, VERDICT_PASS, reason, unique as u64);
+    count_in(service, pool, class, VERDICT_PASS, reason, unique as u64);
     Outcome::Pass
 }
 
@@ -853,30 +900,18 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
     }
     let counts = unsafe { &raw mut (*slot).class[class] };
     let a = admitted & 1;
-    // Plain adds, not atomic ones: these counts rank and budget attempts (quotas, floors in
-    // admissions, the retry budget), where an increment lost to another CPU's at the same
-    // instant changes nothing that matters, and five locked adds on every admission cost
-    // the packet path more than all of the fair-share decision.
-    unsafe {
-        let c = &mut *counts;
-        c.pressed = c
-            .pressed
-            .wrapping_add(core::ptr::read_volatile(&raw const (*memo).pressed) & 1);
-        c.admitted = c.admitted.wrapping_add(a);
-        c.surplus = c.surplus.wrapping_add(a & m.over);
-        c.preempted = c.preempted.wrapping_add(a & m.preempt);
-        c.retries = c.retries.wrapping_add(a & unique & m.retry);
-        c.firsts = c.firsts.wrapping_add(a & unique & (1 - m.retry));
-        // A first attempt refused for pressure within its source's share, the source's
-        // first such refusal in the epoch.
-        c.denied = c.denied.wrapping_add(
-            core::ptr::read_volatile(&raw const (*memo).pressed)
-                & unique
-                & (1 - m.retry)
-                & (1 - m.over)
-                & m.unrefused,
-        );
-    }
+    fair::record(
+        unsafe { &mut *counts },
+        &fair::Decided {
+            admitted: a,
+            pressed: unsafe { core::ptr::read_volatile(&raw const (*memo).pressed) },
+            unique,
+            over: m.over,
+            preempt: m.preempt,
+            retry: m.retry,
+            unrefused: m.unrefused,
+        },
+    );
     if unsafe { core::ptr::read_volatile(&raw const (*memo).sources) } == 0 {
         return;
     }
@@ -910,20 +945,22 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
 }
 
 /// A QUIC admission: counted in flight at once (the daemon's recount from the ring replaces
-/// the count every tick), and in the ring as waiting for the server's answer. A function of
-/// its own (a BPF subprogram), verified once rather than once per path of the decision.
+/// the count every tick), and in the ring in `state`: waiting for the server's answer, or
+/// unproven (then also in flight's unproven part). A function of its own (a BPF
+/// subprogram), verified once rather than once per path of the decision.
 #[inline(never)]
-fn flow_admitted(service: u32, class: u32, slot: u32) {
+fn flow_admitted(service: u32, class: u32, slot: u32, state: usize) {
+    let c = (class as usize) & (NUM_CLASSES - 1);
     if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service) {
         unsafe {
-            atomic::add32(
-                &raw mut (*inflight).class[(class as usize) & (NUM_CLASSES - 1)],
-                1,
-            )
+            atomic::add32(&raw mut (*inflight).class[c], 1);
+            if state == UNPROVEN {
+                atomic::add32(&raw mut (*inflight).unproven[c], 1);
+            }
         };
     }
     if let Some(ring) = SHEDDER_ALIVE.get_ptr_mut(service) {
-        alive_add(ring, slot, WAITING, class, 1);
+        alive_add(ring, slot, state, class, 1);
     }
 }
 
@@ -942,16 +979,19 @@ pub fn alive_add(ring: *mut AliveRing, slot: u32, state: usize, class: u32, by: 
             // wrong one).
             let found = unsafe { atomic::compare_exchange(e.cast(), held as u64, slot as u64) };
             if found == held as u64 {
-                unsafe { (*e).n = [[0; NUM_CLASSES]; 2] };
+                unsafe { (*e).n = [[0; NUM_CLASSES]; flow::STATES] };
             } else if found != slot as u64 {
                 return;
             }
         }
         Entry::Add => {}
     }
+    if state >= flow::STATES {
+        return;
+    }
     unsafe {
         atomic::add32(
-            (&raw mut (*e).n[state & 1][(class as usize) & (NUM_CLASSES - 1)]).cast::<u32>(),
+            (&raw mut (*e).n[state][(class as usize) & (NUM_CLASSES - 1)]).cast::<u32>(),
             by,
         )
     };
@@ -966,6 +1006,24 @@ pub fn flow_key(syn: &Syn) -> FlowKey {
         dport: syn.dport,
         v6: syn.v6,
     }
+}
+
+/// Whether the daemon's heartbeat is stale (never stamped, or older than its timeout): the
+/// decision then takes the fallback limits, and it is counted.
+#[inline(always)]
+fn heartbeat_stale(globals: &Globals, now: u64) -> bool {
+    let stale = globals.heartbeat_jiffies == 0
+        || now.saturating_sub(globals.heartbeat_jiffies) > globals.heartbeat_timeout_jiffies;
+    if stale {
+        bump(&SHEDDER_STATS, STAT_FALLBACK);
+    }
+    stale
+}
+
+/// Whether some QUIC service listens on UDP `port` (on some address).
+#[inline(always)]
+pub fn is_quic_port(port: u16) -> bool {
+    matches!(SHEDDER_QUIC_PORTS.get(port as u32), Some(&e) if e != 0)
 }
 
 /// Service id of the attempt's destination, `None` if it is not protected.
@@ -1070,21 +1128,267 @@ fn take_token(service: u32, class: u32, policy: &ServicePolicy) -> bool {
     true
 }
 
-/// Count an admitted attempt in the current epoch's slot.
+/// Count an admitted attempt in the current hold slot: `pool` 0 for a proven attempt, 1
+/// for an unproven one.
 #[inline(always)]
-fn count_pending(pending: *mut Pending, class: u32, epoch: u64) {
+fn count_pending(pending: *mut Pending, pool: usize, class: u32, hold: u64) {
     unsafe {
-        let slot = &raw mut (*pending).slots[(epoch & 1) as usize];
-        if (*slot).epoch != epoch {
-            // A new epoch reuses the slot two epochs old. Racing CPUs may both reset it;
-            // at worst an attempt admitted in the same instant is forgotten one epoch early.
-            (*slot).class = [0; NUM_CLASSES];
-            (*slot).epoch = epoch;
+        let slot = &raw mut (*pending).slots[(hold & 1) as usize];
+        if (*slot).slot != hold {
+            // A new slot reuses the one two slots old. Racing CPUs may both reset it; at
+            // worst an attempt admitted in the same instant is forgotten one slot early.
+            (*slot).class = [[0; NUM_CLASSES]; 2];
+            (*slot).slot = hold;
         }
         atomic::add(
-            &raw mut (*slot).class[(class as usize) & (NUM_CLASSES - 1)],
+            &raw mut (*slot).class[pool & 1][(class as usize) & (NUM_CLASSES - 1)],
             1,
         );
+    }
+}
+
+/// Whether a refusal may be answered (a RST, or a QUIC Version Negotiation): the node's
+/// budget for replies to proven sources (`unproven` 0), or to unproven ones and QUIC
+/// (`unproven` 1), has a token. A reply goes to the attempt's source address, which for an
+/// unproven attempt may be anyone's: unbounded, refusals would turn the node into a
+/// reflector of spoofed floods, as the kernel bounds its own resets and ICMP errors for
+/// the same reason. An interval of 0: no bound.
+#[inline(always)]
+fn reply_allowed(globals: &Globals, unproven: u32) -> bool {
+    let kind = unproven & 1;
+    let interval = globals.reply_interval_ns[kind as usize];
+    if interval == 0 {
+        return true;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(bucket) = SHEDDER_REPLIES.get_ptr_mut(kind) else {
+        return true;
+    };
+    let tat = unsafe { &raw mut (*bucket).tat_ns };
+    let seen = unsafe { core::ptr::read_volatile(tat) };
+    let allowed = match gcra::conform(seen, now, interval, globals.reply_burst_ns[kind as usize]) {
+        // One attempt: under contention another CPU's reply took the token.
+        Some(next) => (unsafe { atomic::compare_exchange(tat, seen, next) }) == seen,
+        None => false,
+    };
+    if !allowed {
+        bump(
+            &SHEDDER_STATS,
+            if kind == 0 {
+                STAT_REPLY_LIMITED_PROVEN
+            } else {
+                STAT_REPLY_LIMITED_UNPROVEN
+            },
+        );
+    }
+    allowed
+}
+
+/// Whether the source of `syn` has standing (`shedder_common::proof`): 1 if its address
+/// proved itself within the standing window and holds a token, which this attempt spends.
+#[inline(always)]
+fn standing(syn: &Syn, globals: &Globals, now: u64) -> u32 {
+    let h = table::hash(globals.table_seed, &proof::key_words(syn.src, syn.v6));
+    let index = table::set_index(h, STANDING_SETS);
+    let Some(set) = SHEDDER_STANDING.get(index) else {
+        return 0;
+    };
+    let way = proof::find(set, proof::tag(h));
+    if way >= STANDING_WAYS {
+        return 0;
+    }
+    let slot = &set.slot[way & (STANDING_WAYS - 1)];
+    let proven = proof::proven(slot, proof::seen_now(now), globals.standing_window as u16);
+    // Where the slot is, for the admission to spend its token (`spend_token`): the set
+    // below 2^13, the way in the low 3 bits, bit 31 set.
+    (proven << 31) | (index << 3) | way as u32
+}
+
+/// An admitted proven attempt spends a token of its source's standing (`standing`'s
+/// answer, `at`).
+#[inline(always)]
+fn spend_token(at: u32) {
+    if at >> 31 == 0 {
+        return;
+    }
+    if let Some(set) = SHEDDER_STANDING.get_ptr_mut((at >> 3) & (STANDING_SETS - 1)) {
+        let slot = unsafe { &mut (*set).slot[(at & 7) as usize & (STANDING_WAYS - 1)] };
+        slot.tokens = proof::spend(slot);
+    }
+}
+
+/// Decide an attempt from a source without standing (`shedder_common::proof`) with
+/// `admit::unproven`: against every connection and every attempt in handshake, proven or
+/// not, and within the class's cap of unproven attempts. Nothing of it is remembered but
+/// its count in the hold slot (no source memory, no attempt table, no class counts, no
+/// token bucket: none of what it says is proven), and, for a QUIC Initial, its flow marked
+/// unproven (not counted in flight until the server's answer shows the client is real); it
+/// counts in the service's `unproven` counters, not in the offered load. A path of its
+/// own: merged into the proven attempts' (with the proof as data), the verifier walked
+/// twice as much.
+#[inline(always)]
+fn unproven<F: Frame, const QUIC: bool>(
+    frame: &F,
+    syn: &Syn,
+    service: u32,
+    policy: &ServicePolicy,
+    globals: &Globals,
+    class: u32,
+    hold: u64,
+) -> Outcome {
+    let now = unsafe { bpf_jiffies64() };
+    let stale = heartbeat_stale(globals, now);
+    let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) else {
+        return Outcome::Pass;
+    };
+    let Some(memo) = SHEDDER_MEMO.get_ptr_mut(0) else {
+        return Outcome::Pass;
+    };
+    // Unproven QUIC flows are in flight (see `flow::UNPROVEN`): within the cap they are
+    // counted with the unproven attempts held, and apart from the other connections.
+    unsafe {
+        (*memo).held = (*pending).count(hold);
+        (*memo).inflight = [0; NUM_CLASSES];
+        if let Some(i) = SHEDDER_INFLIGHT.get(service) {
+            let mut c = 0;
+            while c < NUM_CLASSES {
+                let u = if i.unproven[c] < i.class[c] {
+                    i.unproven[c]
+                } else {
+                    i.class[c]
+                };
+                (*memo).inflight[c] = i.class[c] - u;
+                (*memo).held[1][c] += u as u64;
+                c += 1;
+            }
+        }
+    }
+    let counts = SHEDDER_FAIR.get(service);
+    let epoch = globals.epoch(now);
+    let decision = admit::unproven(
+        policy,
+        class,
+        unsafe { &(*memo).held },
+        unsafe { &(*memo).inflight },
+        stale,
+        policy.fair_share == 1 && counts.is_some(),
+        || counts.map_or(ClassEpoch::default(), |f| f.window(class as usize, epoch)),
+    );
+    if decision.admit == 1 {
+        count_in(service, 1, class, VERDICT_PASS, decision.reason, 1);
+        if !QUIC {
+            count_pending(pending, 1, class, hold);
+            return Outcome::Pass;
+        }
+        // The flow, to recognise the client's answer (the flow key and IDs were put in the
+        // memo as the program began), counted in flight as unproven from now.
+        let slot = flow::slot(now, globals.epoch_shift());
+        unsafe {
+            let f = &raw mut (*memo).flow;
+            (*f).admitted_ns = bpf_ktime_get_ns();
+            (*f).service = service as u16;
+            (*f).class = class as u8;
+            (*f).slot = slot;
+            (*f).state = FLOW_UNPROVEN;
+            #[allow(clippy::needless_borrows_for_generic_args)] // by value would copy them
+            let _ = SHEDDER_FLOWS.insert(&(*memo).flow_key, &*f, 0);
+        }
+        flow_admitted(service, class, slot, UNPROVEN);
+        return Outcome::Pass;
+    }
+    if policy.mode == MODE_DRY_RUN {
+        count_in(service, 1, class, VERDICT_DRY_RUN, decision.reason, 1);
+        return Outcome::Pass;
+    }
+    if QUIC && policy.action == ACTION_RST && syn.reply == 1 && reply_allowed(globals, 1) {
+        unsafe {
+            core::ptr::write_volatile(&raw mut (*memo).class, class);
+            core::ptr::write_volatile(&raw mut (*memo).reason, decision.reason);
+            core::ptr::write_volatile(&raw mut (*memo).unique, 1);
+            core::ptr::write_volatile(&raw mut (*memo).pool, 1);
+            core::ptr::write_volatile(
+                &raw mut (*memo).answer,
+                Answer::of(syn, service, (globals.table_seed as u32) ^ now as u32),
+            );
+        }
+        return Outcome::Negotiate;
+    }
+    if !QUIC && policy.action == ACTION_RST && syn.reply == 1 && reply_allowed(globals, 1) {
+        if write_rst(frame, syn) {
+            count_in(service, 1, class, VERDICT_RST, decision.reason, 1);
+            return Outcome::Reply;
+        }
+        bump(&SHEDDER_STATS, STAT_RST_ERROR);
+        count_in(service, 1, class, VERDICT_PASS, decision.reason, 1);
+        return Outcome::Pass;
+    }
+    count_in(service, 1, class, VERDICT_DROP, decision.reason, 1);
+    Outcome::Drop
+}
+
+/// A reset to a protected service: if it answers the server's SYN-ACK for a proven attempt
+/// still in handshake (its sequence number is that attempt's initial one plus one), the
+/// source disowns the attempt, which was spoofed in its name. The attempt stops holding
+/// capacity at once and the token it spent goes back to the source
+/// (`shedder_common::proof`). Resets pass whatever they say.
+#[inline(always)]
+fn disown(r: &Reset) {
+    let Some(globals) = SHEDDER_GLOBALS.get(0) else {
+        return;
+    };
+    if globals.retransmit_window_jiffies == 0 {
+        return;
+    }
+    let Some(service) = lookup_service(r.dport, r.dst, r.v6, 0) else {
+        return;
+    };
+    let h = table::hash(
+        globals.table_seed,
+        &table::syn_words(r.src, r.dst, r.sport, r.dport, r.seq.wrapping_sub(1), r.v6),
+    );
+    let tag = table::tag(h);
+    let Some(set) = SHEDDER_SYNS.get_ptr_mut(table::set_index(h, SYN_SETS)) else {
+        return;
+    };
+    let set = unsafe { &mut *set };
+    let way = table::find(set, tag);
+    if way >= WAYS {
+        return;
+    }
+    let slot = &mut set.slot[way & (WAYS - 1)];
+    let word = slot.word;
+    let now = unsafe { bpf_jiffies64() };
+    let born = globals.hold_slot(now.wrapping_sub(table::age(now, word)));
+    // Admitted, proven, and still held (its hold slot is this one or the last).
+    if !table::flag_of(word)
+        || table::proven_of(word) == 0
+        || globals.hold_slot(now).wrapping_sub(born) > 1
+    {
+        return;
+    }
+    slot.word = table::without_flag(word);
+    let class = table::class_of(word);
+    if let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) {
+        let s = unsafe { &raw mut (*pending).slots[(born & 1) as usize] };
+        if unsafe { (*s).slot } == born {
+            unsafe {
+                atomic::decrement_if_positive(
+                    &raw mut (*s).class[0][(class as usize) & (NUM_CLASSES - 1)],
+                )
+            };
+        }
+    }
+    if let Some(c) = SHEDDER_COUNTERS.get_ptr_mut(service) {
+        unsafe { (*c).disowned[(class as usize) & (NUM_CLASSES - 1)] += 1 };
+    }
+    let h = table::hash(globals.table_seed, &proof::key_words(r.src, r.v6));
+    if let Some(set) = SHEDDER_STANDING.get_ptr_mut(table::set_index(h, STANDING_SETS)) {
+        let set = unsafe { &mut *set };
+        let way = proof::find(set, proof::tag(h));
+        if way < STANDING_WAYS {
+            let s = &mut set.slot[way & (STANDING_WAYS - 1)];
+            s.tokens = proof::refund(s);
+        }
     }
 }
 

@@ -18,10 +18,14 @@ use aya_ebpf::{
 use shedder_common::{
     DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
     POLICY_CONFIGURED, SEED_BATCH, SEED_COUNTED, SEED_ENDED, SEED_KNOWN, SEED_TABLE_FULL,
-    SEED_UNPROTECTED, SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_UNTRACKED, SeedResult, SeedSock,
-    ServiceHist, SockState,
-    flow::{self, ANSWERED, FLOW_ANSWERED, WAITING},
-    hist, table,
+    SEED_UNPROTECTED, SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_QUIC_ANSWERS_NOT_PROVEN,
+    STAT_UNTRACKED, SeedResult, SeedSock, ServiceHist, SockState,
+    flow::{
+        self, ANSWERED, FLOW_ANSWERED, FLOW_EARNED, FLOW_UNPROVEN, SEEN_LIVENESS, UNPROVEN, WAITING,
+    },
+    hist,
+    proof::{self, STANDING_SETS, STANDING_WAYS},
+    table,
     tp::{length, state},
 };
 
@@ -29,8 +33,9 @@ use crate::{
     atomic,
     parse::Datagram,
     shed::{
-        SHEDDER_ALIVE, SHEDDER_DEMOTED, SHEDDER_FLOWS, SHEDDER_GLOBALS, SHEDDER_INFLIGHT,
-        SHEDDER_PENDING, SHEDDER_POLICY, SHEDDER_STATS, alive_add, bump, classify, lookup_service,
+        SHEDDER_ALIVE, SHEDDER_COUNTERS, SHEDDER_DEMOTED, SHEDDER_FLOWS, SHEDDER_GLOBALS,
+        SHEDDER_INFLIGHT, SHEDDER_PENDING, SHEDDER_POLICY, SHEDDER_STANDING, SHEDDER_STATS,
+        alive_add, bump, classify, lookup_service,
     },
 };
 
@@ -153,11 +158,50 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
         class: class as u8,
         ..Default::default()
     };
+    // The handshake is complete: the address has proved itself. Whether its attempt was
+    // a proven one is read from its standing before this proof (an address with standing
+    // made it as proven, unless it had spent every token: then it is retired from the
+    // proven attempts, and its unproven count lapses with its hold slot).
+    let pool = 1 - prove(remote, v6);
     if !count_connection(sk, &state) {
         bump(&SHEDDER_STATS, STAT_UNTRACKED);
         return;
     }
-    retire_pending(service, class);
+    if !retire_pending(service, class, pool) {
+        bump(&SHEDDER_STATS, STAT_PENDING_MISS);
+    }
+    if pool == 1
+        && let Some(c) = SHEDDER_COUNTERS.get_ptr_mut(service)
+    {
+        unsafe { (*c).completed_unproven[(class as usize) & (NUM_CLASSES - 1)] += 1 };
+    }
+}
+
+/// `remote` completed a handshake (or holds a connection found at start): it earns
+/// standing (see [`shedder_common::proof`]). Returns 1 if it had standing before.
+#[inline(always)]
+fn prove(remote: [u32; 4], v6: u32) -> u32 {
+    let Some(globals) = SHEDDER_GLOBALS.get(0) else {
+        return 0;
+    };
+    let h = table::hash(globals.table_seed, &proof::key_words(remote, v6));
+    let Some(set) = SHEDDER_STANDING.get_ptr_mut(table::set_index(h, STANDING_SETS)) else {
+        return 0;
+    };
+    let set = unsafe { &mut *set };
+    let tag = proof::tag(h);
+    let now = proof::seen_now(unsafe { bpf_jiffies64() });
+    let window = globals.standing_window as u16;
+    let found = proof::find(set, tag);
+    let (way, had) = if found < STANDING_WAYS {
+        let slot = &set.slot[found & (STANDING_WAYS - 1)];
+        (found, proof::stands(slot, now, window) as u32)
+    } else {
+        (proof::victim(set, now), 0)
+    };
+    let slot = &mut set.slot[way & (STANDING_WAYS - 1)];
+    *slot = proof::earn(slot, found < STANDING_WAYS, tag, now, window);
+    had
 }
 
 /// Track `sk` and count it in its service's and class's in-flight connections; false if it
@@ -210,6 +254,8 @@ pub fn seed(sk: u64, cookie: u64, state: i32) -> Option<SeedResult> {
     let class = classify(s.remote, v6, policy);
     result.service = service as u16;
     result.class = class as u8;
+    // A connection open at start proves its address as a completed handshake would.
+    prove(s.remote, v6);
     // Its accept-queue wait is long over: no queue-age sample from its next read.
     let state = SockState {
         service: service as u16,
@@ -229,28 +275,30 @@ pub fn seed(sk: u64, cookie: u64, state: i32) -> Option<SeedResult> {
 }
 
 /// The attempt admitted for this connection is no longer pending: take one off the older
-/// live epoch of its class first (attempts complete roughly in order), else the current.
+/// live hold slot of its class and pool (0 proven, 1 unproven) first (attempts complete
+/// roughly in order), else the current. False if none was there.
 #[inline(always)]
-fn retire_pending(service: u32, class: u32) {
+fn retire_pending(service: u32, class: u32, pool: u32) -> bool {
     let (Some(globals), Some(pending)) =
         (SHEDDER_GLOBALS.get(0), SHEDDER_PENDING.get_ptr_mut(service))
     else {
-        return;
+        return false;
     };
-    let epoch = globals.pending_epoch(unsafe { bpf_jiffies64() });
+    let now = globals.hold_slot(unsafe { bpf_jiffies64() });
     let c = (class as usize) & (NUM_CLASSES - 1);
+    let p = (pool & 1) as usize;
     let mut i = 0;
     while i < 2 {
-        let e = if i == 0 { epoch.wrapping_sub(1) } else { epoch };
+        let e = if i == 0 { now.wrapping_sub(1) } else { now };
         let slot = unsafe { &raw mut (*pending).slots[(e & 1) as usize] };
-        if unsafe { (*slot).epoch } == e
-            && unsafe { atomic::decrement_if_positive(&raw mut (*slot).class[c]) }
+        if unsafe { (*slot).slot } == e
+            && unsafe { atomic::decrement_if_positive(&raw mut (*slot).class[p][c]) }
         {
-            return;
+            return true;
         }
         i += 1;
     }
-    bump(&SHEDDER_STATS, STAT_PENDING_MISS);
+    false
 }
 
 #[inline(always)]
@@ -348,9 +396,14 @@ pub fn on_send(ctx: &TracePointContext) {
 }
 
 /// A datagram to a QUIC port that is not a new attempt: news of an admitted flow, if it is
-/// one (see [`shedder_common::flow`]). The first that shows the server's answer gives the
-/// flow's handshake delay to the queue-age histogram and moves it from waiting to answered;
-/// every datagram keeps it counted in the slot it came in.
+/// one (see [`shedder_common::flow`]). The first that shows the client's answer to the
+/// server gives the flow's handshake delay to the queue-age histogram and moves it from
+/// waiting to answered; every datagram keeps it counted in the slot it came in. An answer
+/// to the ID the server chose (learned on the way out) proves the client: its address
+/// earns standing once per flow, and an unproven flow leaves the unproven attempts and
+/// counts as any other from then on. Until then an unproven flow is neither counted nor
+/// measured: what looks like an answer is what a forger can send from the address it
+/// forges.
 #[inline(always)]
 pub fn quic_flow(d: &Datagram) {
     let Some(f) = SHEDDER_FLOWS.get_ptr_mut(d.key) else {
@@ -362,6 +415,19 @@ pub fn quic_flow(d: &Datagram) {
     let now = flow::slot(unsafe { bpf_jiffies64() }, globals.epoch_shift());
     let f = unsafe { &mut *f };
     let (service, class) = (f.service as u32, f.class as u32);
+    let proven = flow::proves(d.kind, d.dcid, f);
+    if proven && f.state & FLOW_EARNED == 0 {
+        prove(d.key.addr, d.key.v6);
+        f.state |= FLOW_EARNED;
+    }
+    let unproven = f.state & FLOW_UNPROVEN != 0;
+    if unproven && !proven {
+        // It stays counted in the slot it was admitted in (see `flow::UNPROVEN`).
+        if d.kind != SEEN_LIVENESS {
+            bump(&SHEDDER_STATS, STAT_QUIC_ANSWERS_NOT_PROVEN);
+        }
+        return;
+    }
     let Some(ring) = SHEDDER_ALIVE.get_ptr_mut(service) else {
         return;
     };
@@ -371,11 +437,19 @@ pub fn quic_flow(d: &Datagram) {
         WAITING
     };
     let mut is = was;
-    if was == WAITING && flow::answers(d.kind, d.dcid, f) {
+    if was == WAITING && (proven || flow::answers(d.kind, d.dcid, f)) {
         let delay = unsafe { bpf_ktime_get_ns() }.saturating_sub(f.admitted_ns);
         observe(service, hist::KIND_QUEUE_AGE, delay);
-        f.state = FLOW_ANSWERED;
+        f.state = (f.state & FLOW_EARNED) | FLOW_ANSWERED;
         is = ANSWERED;
+    }
+    if unproven {
+        // Proven now: it moves from the unproven flows to the answered ones.
+        release_unproven(service, class);
+        alive_add(ring, f.slot, UNPROVEN, class, u32::MAX);
+        alive_add(ring, now, is, class, 1);
+        f.slot = now;
+        return;
     }
     if is == was && f.slot == now {
         return;
@@ -383,4 +457,21 @@ pub fn quic_flow(d: &Datagram) {
     alive_add(ring, f.slot, was, class, u32::MAX);
     alive_add(ring, now, is, class, 1);
     f.slot = now;
+}
+
+/// An unproven QUIC attempt's client proved its address: it counts as a completed unproven
+/// attempt, and stays in flight, no longer in the unproven part (the daemon's recount from
+/// the ring replaces the count every tick).
+#[inline(always)]
+fn release_unproven(service: u32, class: u32) {
+    let c = (class as usize) & (NUM_CLASSES - 1);
+    if let Some(counters) = SHEDDER_COUNTERS.get_ptr_mut(service) {
+        unsafe { (*counters).completed_unproven[c] += 1 };
+    }
+    // (Not below 0: the daemon's recount may have taken it out already.)
+    if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service)
+        && unsafe { core::ptr::read_volatile(&raw const (*inflight).unproven[c]) } > 0
+    {
+        unsafe { atomic::add32(&raw mut (*inflight).unproven[c], u32::MAX) };
+    }
 }

@@ -3,6 +3,8 @@
 //! after themselves (also on panic).
 
 pub mod daemon;
+pub mod flood;
+pub mod flood_lab;
 pub mod interrupt;
 pub mod load;
 pub mod machine;

@@ -304,6 +304,11 @@ impl Packet {
     /// extension headers and no data, the reset takes its place byte for byte: the same TCP
     /// header length with the option space filled with NOPs. Otherwise the TCP header is the
     /// bare 20 bytes.
+    /// The frame's source address.
+    pub fn source(&self) -> std::net::IpAddr {
+        source_address(&self.bytes()).expect("an IP frame")
+    }
+
     pub fn expected_rst(&self) -> Vec<u8> {
         let plain_ip = match &self.ip {
             Ip::V4(v4) => v4.options.is_empty() && v4.ihl_override.is_none(),
@@ -423,6 +428,22 @@ pub fn network_layer(frame: &[u8]) -> Option<(u16, usize)> {
             return Some((ethertype, off));
         }
         off += 2;
+    }
+}
+
+/// The source address of an IPv4 or IPv6 frame; None for other frames or ones too short.
+pub fn source_address(frame: &[u8]) -> Option<std::net::IpAddr> {
+    let (ethertype, l3) = network_layer(frame)?;
+    match (ethertype, frame.get(l3)? >> 4) {
+        (0x0800, 4) => {
+            let b: [u8; 4] = frame.get(l3 + 12..l3 + 16)?.try_into().ok()?;
+            Some(std::net::IpAddr::from(b))
+        }
+        (0x86dd, 6) => {
+            let b: [u8; 16] = frame.get(l3 + 8..l3 + 24)?.try_into().ok()?;
+            Some(std::net::IpAddr::from(b))
+        }
+        _ => None,
     }
 }
 

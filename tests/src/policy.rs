@@ -69,9 +69,10 @@ pub fn open_policy(action: u8, mode: u8) -> ServicePolicy {
         floor: 0,
         fallback_floor: 0,
         ceiling: OPEN_LIMIT,
-        // Every address its own source, as the daemon's default.
+        // Every address its own source.
         source_mask_v4: u32::MAX,
         source_mask_v6: [u32::MAX; 4],
+        unproven_cap: OPEN_LIMIT,
         ..Default::default()
     };
     let mut classes = [open; 4];
@@ -181,13 +182,22 @@ pub const LONG_WINDOW: u32 = u32::MAX;
 /// A fresh heartbeat, as [`fresh_heartbeat`], and a SYN repeating an attempt within
 /// `jiffies` of it recognised as a retransmit (0: never).
 pub fn retransmit_window(s: &mut Shedder, jiffies: u64) {
-    s.set_globals(&Globals {
+    s.set_globals(&standard_globals(jiffies)).expect("globals");
+    s.heartbeat().expect("heartbeat");
+}
+
+/// The globals of the standard policy with a retransmit window of `jiffies`: a heartbeat
+/// timeout of 2^32 jiffies, attempts held the longest the packet path holds them (one to
+/// two slots of 2^8 jiffies: a test's setup is long done before they lapse), standing
+/// kept half a day or more, replies unbounded.
+pub fn standard_globals(jiffies: u64) -> Globals {
+    Globals {
         heartbeat_timeout_jiffies: 1 << 32,
         retransmit_window_jiffies: jiffies,
+        hold_bits: shedder_common::MAX_HOLD_BITS,
+        standing_window: u32::from(u16::MAX / 2),
         ..Default::default()
-    })
-    .expect("globals");
-    s.heartbeat().expect("heartbeat");
+    }
 }
 
 /// Retry recognition for `p`: a new attempt from a source shed within `jiffies` is a retry
@@ -202,7 +212,7 @@ pub fn stale_heartbeat(s: &mut Shedder) {
     s.set_globals(&Globals {
         heartbeat_jiffies: 1,
         heartbeat_timeout_jiffies: 1,
-        ..Default::default()
+        ..standard_globals(0)
     })
     .expect("globals");
 }

@@ -44,6 +44,9 @@ pub struct LabConfig {
     pub action: &'static str,
     /// `tc`, `native` or `generic`.
     pub attach: &'static str,
+    /// What one source of the default class (MEDIUM) is, in bits of an IPv4 address
+    /// (`source_prefix_v4`; `None`: the default /24).
+    pub medium_source_prefix: Option<u8>,
 }
 
 impl Default for LabConfig {
@@ -56,6 +59,7 @@ impl Default for LabConfig {
             controller: "aimd",
             action: "rst",
             attach: "tc",
+            medium_source_prefix: None,
         }
     }
 }
@@ -76,7 +80,7 @@ signal_window_ms = 600
 [classes]
 critical  = {{ sources = ["198.18.10.0/25"], ceiling = 0.05 }}
 high      = {{ sources = ["198.18.20.0/24"], floor = 0.6 }}
-medium    = {{ floor = 0.05 }}
+medium    = {{ floor = 0.05{medium_prefix} }}
 sheddable = {{ sources = ["198.18.99.0/24", "198.18.10.128/25"], floor = 0.0 }}
 
 [[service]]
@@ -96,6 +100,9 @@ action = "{action}"
             target = self.target_latency_ms,
             controller = self.controller,
             action = self.action,
+            medium_prefix = self
+                .medium_source_prefix
+                .map_or(String::new(), |p| format!(", source_prefix_v4 = {p}")),
         )
     }
 }

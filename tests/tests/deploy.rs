@@ -702,7 +702,8 @@ fn alerts_follow_r6_page_on_floor_classes_and_goodput_never_on_the_shedding_leve
     if anomaly_ticket.is_none() {
         errors.push("no ticket on shed rate anomalous versus its baseline".into());
     }
-    // Operations: a stale heartbeat, overflowing accept queues, a full socket map.
+    // Operations: a stale heartbeat, overflowing accept queues, a full socket map, and the
+    // fleet's etcd and records.
     let uses = |metric: &str, event: Option<&str>| {
         rules.iter().any(|(_, r)| {
             r.alert.is_some()
@@ -720,6 +721,12 @@ fn alerts_follow_r6_page_on_floor_classes_and_goodput_never_on_the_shedding_leve
         ("shedder_heartbeat_age_seconds", None),
         ("shedder_listen_overflows_total", None),
         ("shedder_kernel_events_total", Some("untracked_sockets")),
+        // Fleet mode: etcd out of reach, records no honest node publishes, nodes that
+        // disagree on a downstream's capacity.
+        ("shedder_fleet_etcd_up", None),
+        ("shedder_fleet_records_rejected_total", None),
+        ("shedder_fleet_record_values_clamped_total", None),
+        ("shedder_fleet_global_limit_disagreement", None),
     ] {
         if !uses(metric, event) {
             errors.push(format!("no alert on {metric} {event:?}"));

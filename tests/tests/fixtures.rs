@@ -49,6 +49,8 @@ mod lengths;
 mod limits;
 #[path = "fixtures/pending.rs"]
 mod pending;
+#[path = "fixtures/proof.rs"]
+mod proof;
 #[path = "fixtures/quic.rs"]
 mod quic;
 #[path = "fixtures/rate.rs"]
@@ -90,6 +92,7 @@ fn table() -> Vec<Case> {
         retransmits::rows(),
         retries::rows(),
         fair::rows(),
+        proof::rows(),
         quic::rows(),
     ]
     .into_iter()

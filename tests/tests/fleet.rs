@@ -32,7 +32,8 @@ use shedder::{
 use shedder_tests::{
     daemon::{Daemon, pin_dir},
     load::{
-        Backend, BackendConfig, LoadGen, LoadHandle, prepare_client_namespace, raise_nofile_limit,
+        Arrivals, Backend, BackendConfig, LoadGen, LoadHandle, add_local_range,
+        prepare_client_namespace, raise_nofile_limit,
     },
     netns::{IFACE, Netns, Pair, sh},
     require_root,
@@ -184,15 +185,19 @@ struct Policy {
     shares: &'static str,
     /// The class of this node's clients (`None`: the default, MEDIUM).
     class: Option<&'static str>,
+    /// The node's own max_limit (its share never goes above it).
+    max_limit: u32,
 }
 
 const EQUAL: Policy = Policy {
     shares: "equal",
     class: None,
+    max_limit: 100,
 };
 const DEMAND: Policy = Policy {
     shares: "demand",
     class: None,
+    max_limit: 100,
 };
 
 fn node_config(
@@ -231,9 +236,9 @@ name = "db"
 ports = [{port}]
 controller = "fixed"
 min_limit = 1
-max_limit = 100
-fixed_limit = 100
-fallback_limit = 50
+max_limit = {max_limit}
+fixed_limit = {max_limit}
+fallback_limit = {fallback}
 global_limit = {GLOBAL_LIMIT}
 action = "rst"
 retry_window_ms = 0
@@ -246,6 +251,8 @@ retry_window_ms = 0
         fail_static = FAIL_STATIC.as_millis(),
         port = PORTS[i],
         shares = policy.shares,
+        max_limit = policy.max_limit,
+        fallback = policy.max_limit.min(50),
     )
 }
 
@@ -472,6 +479,17 @@ impl Monitor {
             let _ = t.join();
         }
         self.samples.lock().unwrap().clone()
+    }
+}
+
+/// A test that panics while a monitor samples must still drop its nodes (daemons, pins,
+/// namespaces): the sampling thread holds them until it stops.
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -1133,6 +1151,7 @@ fn fleet_shares_follow_demand_and_keep_priorities_across_nodes() {
             n[i].start_daemon(Policy {
                 shares: "demand",
                 class: Some(class),
+                ..DEMAND
             });
             if i == 1 {
                 n[i].start_load_at(run, rate * FLEET_CAPACITY);
@@ -1204,6 +1223,490 @@ fn check_bound(samples: &[Sample]) {
         peak >= BUDGET * 9 / 10,
         "the load never filled the fleet's budget (peak {peak} of {BUDGET}): not an overload test"
     );
+}
+
+/// `etcdctl` against the test's plain etcd, from the hub namespace.
+fn etcdctl(hub: &Netns, args: &[&str]) -> String {
+    let mut full = vec![
+        "nsenter".to_string(),
+        format!("--net=/var/run/netns/{}", hub.name),
+        "etcdctl".into(),
+        "--endpoints".into(),
+        format!("http://127.0.0.1:{ETCD_PORT}"),
+    ];
+    full.extend(args.iter().map(|a| a.to_string()));
+    let refs: Vec<&str> = full.iter().map(String::as_str).collect();
+    sh(&refs)
+}
+
+/// SYNs from spoofed sources (198.19.128.0/17, a new random address, port and sequence
+/// number each) to `dst:port`, sent from a raw socket in `ns` at about `rate` a second until
+/// stopped: attempts whose handshake never completes. The node's namespace routes the
+/// replies to the client namespace, which drops them (it does not forward), so nothing
+/// leaves the test's namespaces.
+struct Flood {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Flood {
+    fn start(ns: &Netns, dst: Ipv4Addr, port: u16, rate: f64) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            ns.spawn(move || {
+                // SAFETY: plain socket calls on a descriptor this thread owns.
+                let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+                assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+                let to = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: 0,
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from(dst).to_be(),
+                    },
+                    sin_zero: [0; 8],
+                };
+                let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+                let mut next = move || {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed
+                };
+                let (t0, mut sent) = (Instant::now(), 0u64);
+                while !stop.load(Ordering::Relaxed) {
+                    let due = (t0.elapsed().as_secs_f64() * rate) as u64;
+                    while sent < due {
+                        let r = next();
+                        let src = Ipv4Addr::from(0xc613_8000 | (r as u32 & 0x7fff));
+                        let mut p = shedder_tests::packet::Packet::syn_v4(src, dst, port);
+                        p.tcp.sport = 1024 + (r >> 16) as u16 % 64_000;
+                        p.tcp.seq = (r >> 32) as u32;
+                        // The IP packet without its Ethernet header; checksums filled in.
+                        let ip = &p.bytes()[14..];
+                        // SAFETY: `ip` and `to` outlive the call.
+                        unsafe {
+                            libc::sendto(
+                                fd,
+                                ip.as_ptr().cast(),
+                                ip.len(),
+                                0,
+                                (&to as *const libc::sockaddr_in).cast(),
+                                size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                            );
+                        }
+                        sent += 1;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                // SAFETY: closing the descriptor opened above.
+                unsafe { libc::close(fd) };
+                sent
+            })
+        };
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop; how many SYNs were sent.
+    fn stop(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().map_or(0, |t| t.join().unwrap_or(0))
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The mean ceiling each node's kernel enforces over `period`, sampled every 50 ms.
+fn mean_ceilings(nodes: &Arc<Mutex<Vec<Node>>>, period: Duration) -> Vec<f64> {
+    let t0 = Instant::now();
+    let (mut sums, mut n) = (vec![0u64; 3], 0u64);
+    while t0.elapsed() < period {
+        for (s, x) in sums.iter_mut().zip(nodes.lock().unwrap().iter()) {
+            *s += x.enforced().unwrap_or(0) as u64;
+        }
+        n += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    sums.iter().map(|s| *s as f64 / n.max(1) as f64).collect()
+}
+
+/// The value of a metric series in node-0's scrape.
+fn series(scrape: &str, name: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+}
+
+/// A fleet member cannot drain the others: with shares by demand and every node at 3×, a
+/// rogue record appears (global_limit 0, a need of a billion connections from a node that
+/// holds none, a million connections claimed, limits and holds out of range), with a
+/// record that does not parse, one that names another node and one on no lease; then
+/// node-2 takes a flood
+/// of spoofed SYNs on top. Node-0 and node-1 keep at least 90% of the ceilings they held
+/// before; departed records reserving a million connections each reserve at most the
+/// static share of each node the fleet may be missing; and the node's metrics count it all.
+#[test]
+fn fleet_members_cannot_drain_the_others_a_rogue_record_and_a_flooded_node() {
+    let (hub, etcd, nodes) = fleet_of_three("frhub");
+    let all = [0usize, 1, 2];
+    // Each node's max_limit is its fair share: with every node at 3x, the shares by
+    // demand are then exactly 18 each (the need estimates move a tenth between windows,
+    // and shares in proportion to them would too), and a record that drains the others
+    // shows in full.
+    let capped = Policy {
+        max_limit: BUDGET / 3,
+        ..DEMAND
+    };
+    for n in nodes.lock().unwrap().iter_mut() {
+        n.start_daemon(capped);
+    }
+    wait_until(&nodes, Duration::from_secs(15), "three at 18", |n| {
+        enforced_all(n, &all, |c| c == BUDGET / 3)
+    });
+    // 3x on every node, evenly spaced (the attempts a node measures are then the offered
+    // rate and not a Poisson count, about ±7% over a 1.5 s window at 135 a second), from
+    // 4,096 client addresses as real clients are, not one: the packet path shares a class
+    // among its sources, and one source beside thousands of spoofed ones would be starved
+    // by its fair share, not by the fleet. The node's namespace routes them through the
+    // client's own address (one neighbour entry, not 4,096).
+    for n in nodes.lock().unwrap().iter_mut() {
+        add_local_range(&n.pair.client, "198.18.64.0/20");
+        n.pair.server.ip(&[
+            "route",
+            "add",
+            "198.18.64.0/20",
+            "via",
+            "198.18.0.1",
+            "dev",
+            IFACE,
+        ]);
+        let load = LoadGen::new(n.target())
+            .class_hosts(
+                "clients",
+                IpAddr::V4(Ipv4Addr::new(198, 18, 64, 0)),
+                4096,
+                1.0,
+            )
+            .phase(Duration::from_secs(120), 135.0)
+            .arrivals(Arrivals::Uniform)
+            .deadline(Duration::from_secs(2))
+            .seed(n.index as u64 + 1)
+            .start_in(&n.pair.client);
+        n.load = Some(load);
+    }
+    let monitor = Monitor::start(nodes.clone());
+    monitor.set(BUDGET, "rogue: baseline");
+    std::thread::sleep(Duration::from_secs(4));
+    let baseline = mean_ceilings(&nodes, Duration::from_secs(8));
+    let line = shares_line(&nodes.lock().unwrap());
+    eprintln!(
+        "baseline (3x on every node, by demand, max_limit 18): mean ceilings {baseline:.1?}; {line}"
+    );
+
+    // The rogue record, and two that are no records at all.
+    let prefix = format!("/shedder-test-{}", std::process::id());
+    let rogue = serde_json::json!({
+        "node": "rogue",
+        "claims": {"db": 1_000_000},
+        "global_limits": {"db": 0},
+        "demand": {"db": {
+            "attempts": [1e8, 1e8, 1e8, 1e8],
+            "need": [1e9, 1e9, 1e9, 1e9],
+            "hold_ms": 1e15,
+            "admitted": 0.0,
+            "established": 1e9,
+        }},
+        "max_limits": {"db": 4_294_967_295u64},
+        "pid": 1,
+        "version": "rogue",
+    });
+    monitor.set(BUDGET, "rogue: record in");
+    // On a lease of its own, as a daemon's key is (a key without one is refused whole, as
+    // the copy below is).
+    let granted = etcdctl(&hub, &["lease", "grant", "600"]);
+    let lease = granted
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no lease in {granted:?}"))
+        .to_string();
+    etcdctl(
+        &hub,
+        &[
+            "put",
+            &format!("--lease={lease}"),
+            &format!("{prefix}/members/rogue"),
+            &rogue.to_string(),
+        ],
+    );
+    let leaseless = rogue.to_string().replace("\"rogue\"", "\"leaseless\"");
+    etcdctl(
+        &hub,
+        &["put", &format!("{prefix}/members/leaseless"), &leaseless],
+    );
+    etcdctl(
+        &hub,
+        &["put", &format!("{prefix}/members/garbage"), "{\"node\": 17"],
+    );
+    etcdctl(
+        &hub,
+        &[
+            "put",
+            &format!("{prefix}/members/impostor"),
+            &serde_json::json!({"node": "node-1", "claims": {"db": 54}, "pid": 1, "version": "x"})
+                .to_string(),
+        ],
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let with_rogue = mean_ceilings(&nodes, Duration::from_secs(8));
+    let line = shares_line(&nodes.lock().unwrap());
+    eprintln!("with the rogue record: mean ceilings {with_rogue:.1?}; {line}");
+
+    // node-2 flooded on top: spoofed SYNs at 3,000 a second.
+    monitor.set(BUDGET, "rogue: node-2 flooded");
+    let flood = {
+        let n = nodes.lock().unwrap();
+        n[2].pair.server.ip(&[
+            "route",
+            "add",
+            "198.19.128.0/17",
+            "via",
+            "198.18.0.1",
+            "dev",
+            IFACE,
+        ]);
+        Flood::start(
+            &n[2].pair.client,
+            Ipv4Addr::new(198, 18, 0, 2),
+            PORTS[2],
+            3000.0,
+        )
+    };
+    std::thread::sleep(Duration::from_secs(4));
+    let flooded = mean_ceilings(&nodes, Duration::from_secs(8));
+    // node-2's claim and share as node-0 sees them, sampled through 3 s of the flood: its
+    // share follows its need, which the flood moves (its clients are starved on its packet
+    // path), and its claim follows its share a tick or a publish later.
+    let (mut claims, mut shares) = (Vec::new(), Vec::new());
+    for _ in 0..30 {
+        let n2 = nodes.lock().unwrap()[0]
+            .state()
+            .and_then(|s| s.fleet)
+            .and_then(|f| {
+                f.services[0]
+                    .nodes
+                    .iter()
+                    .find(|n| n.node == "node-2")
+                    .map(|n| (n.claim, n.share))
+            });
+        if let Some((c, sh)) = n2 {
+            claims.push(c as f64);
+            shares.push(sh as f64);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let (claim2, share2) = (mean(&claims), mean(&shares));
+    let line = shares_line(&nodes.lock().unwrap());
+    let (state2, scrape) = {
+        let n = nodes.lock().unwrap();
+        (n[2].state(), n[0].pair.server.run(metrics))
+    };
+    let sent = flood.stop();
+    eprintln!(
+        "node-2 flooded ({sent} spoofed SYNs in about 10 s): mean ceilings {flooded:.1?}; {line}"
+    );
+    if let Some(st) = &state2 {
+        let f = st.fleet.as_ref().map(|f| {
+            (
+                f.services[0].target,
+                f.services[0].ceiling,
+                f.services[0].claim,
+            )
+        });
+        eprintln!(
+            "node-2 during the flood: (share, ceiling, claim) {f:?}, limit {}, established {:?}, pending {:?}",
+            st.services[0].limit,
+            st.services[0].signals.inflight.value(),
+            st.services[0].signals.pending.value()
+        );
+        let r = st.services[0].signals.rates.value().map(|r| {
+            r.iter()
+                .map(|c| format!("{:.0}/{:.0}", c.offered, c.admitted))
+                .collect::<Vec<_>>()
+        });
+        eprintln!(
+            "node-2's packet path during the flood, offered/admitted per second by class: {r:?}"
+        );
+    }
+
+    // What node-0 made of it.
+    let f = nodes.lock().unwrap()[0]
+        .state()
+        .and_then(|s| s.fleet)
+        .expect("node-0 fleet state");
+    let svc = &f.services[0];
+    eprintln!(
+        "node-0: budget {} (global_limit {}), {} member(s) disagreeing; records ignored {:?}, values clamped {:?}",
+        svc.budget, svc.global_limit, svc.disagreeing, f.rejected, f.clamped
+    );
+    let node = |name: &str| {
+        svc.nodes
+            .iter()
+            .find(|n| n.node == name)
+            .unwrap_or_else(|| panic!("{name} not in {svc:?}"))
+    };
+    assert_eq!(
+        (svc.budget, svc.global_limit),
+        (BUDGET, GLOBAL_LIMIT),
+        "{svc:?}"
+    );
+    assert_eq!(svc.disagreeing, 1, "{svc:?}");
+    let r = node("rogue");
+    assert!(
+        r.need.iter().sum::<f64>() <= 1.0 + 1e-9,
+        "the rogue's need: {r:?}"
+    );
+    // Its claim (a million, held at the budget) counts up to its share: it was never
+    // within one, so nothing above it was granted.
+    assert!(
+        r.claim == BUDGET && r.counted <= r.share,
+        "the rogue's claim: {r:?}"
+    );
+    // The flooded node claims no more than its share, which follows its proven need (its
+    // established connections, none of the flood's): at every sample, at most the largest
+    // share it had in the half second before (the claim follows a lowered share once the
+    // kernel holds the lower limit and the node has published, a tick or two later).
+    eprintln!("node-2 under the flood, means over 3 s: claim {claim2:.1}, share {share2:.1}");
+    assert!(claims.len() > 10, "node-2 not in node-0's view: {claims:?}");
+    for i in 5..claims.len() {
+        let recent = shares[i - 5..=i].iter().copied().fold(0.0, f64::max);
+        assert!(
+            claims[i] <= recent + 1.0,
+            "node-2 under the flood: claim {} at sample {i} above its shares {:?}",
+            claims[i],
+            &shares[i - 5..=i]
+        );
+    }
+    assert!(
+        !svc.nodes
+            .iter()
+            .any(|n| ["garbage", "impostor", "leaseless"].contains(&n.node.as_str())),
+        "{svc:?}"
+    );
+    for (name, at_least) in [
+        (
+            "shedder_fleet_records_rejected_total{record=\"member\"}",
+            3.0,
+        ),
+        (
+            "shedder_fleet_record_values_clamped_total{field=\"need\"}",
+            1.0,
+        ),
+        (
+            "shedder_fleet_record_values_clamped_total{field=\"claim\"}",
+            1.0,
+        ),
+        (
+            "shedder_fleet_record_values_clamped_total{field=\"max_limit\"}",
+            1.0,
+        ),
+        (
+            "shedder_fleet_record_values_clamped_total{field=\"established\"}",
+            1.0,
+        ),
+        (
+            "shedder_fleet_record_values_clamped_total{field=\"hold\"}",
+            1.0,
+        ),
+        (
+            "shedder_fleet_global_limit_disagreement{service=\"db\"}",
+            1.0,
+        ),
+    ] {
+        let v = series(&scrape, name).unwrap_or_else(|| panic!("{name} not in\n{scrape}"));
+        assert!(v >= at_least, "{name} = {v}, want at least {at_least}");
+    }
+    for (i, label) in [(0usize, "rogue record"), (1, "rogue record")] {
+        for (phase, got) in [
+            (label, &with_rogue),
+            ("rogue record and node-2 flooded", &flooded),
+        ] {
+            eprintln!(
+                "node-{i}: {:.1} with the {phase}, {:.1} without ({:+.0}%)",
+                got[i],
+                baseline[i],
+                100.0 * (got[i] / baseline[i] - 1.0)
+            );
+            assert!(
+                got[i] >= 0.9 * baseline[i],
+                "node-{i} kept {:.1} of its {:.1} with the {phase}",
+                got[i],
+                baseline[i]
+            );
+        }
+    }
+
+    // Departed records reserving a million connections each, dated far in the future:
+    // each counts the static share (9), and in all at most one for each node the fleet may
+    // be missing beyond its four members (rogue included): (6 - 4) x 9.
+    monitor.set(BUDGET, "rogue: departed records");
+    for i in 0..5 {
+        let d = serde_json::json!({
+            "node": format!("ghost-{i}"),
+            "reserves": {"db": 1_000_000},
+            "since_unix_ms": u64::MAX,
+        });
+        etcdctl(
+            &hub,
+            &[
+                "put",
+                &format!("{prefix}/departed/ghost-{i}"),
+                &d.to_string(),
+            ],
+        );
+    }
+    let took = wait_until(&nodes, Duration::from_secs(5), "reserved 18", |n| {
+        n[0].state()
+            .and_then(|s| s.fleet)
+            .is_some_and(|f| f.services[0].reserved == (MAX_NODES - 4) * STATIC_SHARE)
+    });
+    let f = nodes.lock().unwrap()[0]
+        .state()
+        .and_then(|s| s.fleet)
+        .expect("node-0 fleet state");
+    eprintln!(
+        "five departed records of a million each: node-0 reserves {} after {took:?}; values clamped {:?}",
+        f.services[0].reserved, f.clamped
+    );
+    for field in ["reserve", "reserved", "since"] {
+        assert!(
+            f.clamped.get(field).copied().unwrap_or(0) >= 1,
+            "{field}: {f:?}"
+        );
+    }
+    etcdctl(
+        &hub,
+        &["del", "--prefix", &format!("{prefix}/departed/ghost-")],
+    );
+    etcdctl(&hub, &["lease", "revoke", &lease]);
+    for key in ["garbage", "impostor", "leaseless"] {
+        etcdctl(&hub, &["del", &format!("{prefix}/members/{key}")]);
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let samples = monitor.finish();
+    check_bound(&samples);
+    drop(nodes);
+    drop(etcd);
 }
 
 /// A CA and a server certificate for 127.0.0.1 (openssl), in `dir`.
@@ -1301,14 +1804,74 @@ fn fleet_connects_over_tls_with_authentication() {
         let refs: Vec<&str> = full.iter().map(String::as_str).collect();
         sh(&refs)
     };
+    // A user per node, as docs/fleet.md ("Securing etcd") sets them up: the node reads the
+    // fleet's prefix, writes its own member key and the departed records, nothing else.
+    let prefix = format!("/shedder-test-{}-tls", std::process::id());
     etcdctl(&["user", "add", "root", "--new-user-password", "s3cret-root"]);
+    etcdctl(&["role", "add", "shedder-tls-node"]);
+    etcdctl(&[
+        "role",
+        "grant-permission",
+        "shedder-tls-node",
+        "read",
+        "--prefix=true",
+        &format!("{prefix}/"),
+    ]);
+    etcdctl(&[
+        "role",
+        "grant-permission",
+        "shedder-tls-node",
+        "readwrite",
+        &format!("{prefix}/members/tls-node"),
+    ]);
+    etcdctl(&[
+        "role",
+        "grant-permission",
+        "shedder-tls-node",
+        "readwrite",
+        "--prefix=true",
+        &format!("{prefix}/departed/"),
+    ]);
+    etcdctl(&[
+        "user",
+        "add",
+        "tls-node",
+        "--new-user-password",
+        "s3cret-node",
+    ]);
+    etcdctl(&["user", "grant-role", "tls-node", "shedder-tls-node"]);
     etcdctl(&["auth", "enable"]);
     std::fs::write(certs.join("password"), "s3cret-root\n").expect("password file");
+    std::fs::write(certs.join("node-password"), "s3cret-node\n").expect("password file");
+    // etcdctl as a user, its exit status and output.
+    let as_user = |user: &str, args: &[&str]| {
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/var/run/netns/{}", hub.name))
+            .args([
+                "etcdctl",
+                "--endpoints",
+                &endpoint,
+                "--cacert",
+                &file("ca.pem"),
+            ])
+            .args(["--user", user])
+            .args(args)
+            .output()
+            .expect("etcdctl");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
 
     let pins = pin_dir("fleettls");
     let socket =
         std::env::temp_dir().join(format!("shedder-test-{}-fleettls.sock", std::process::id()));
-    let config = |password: &str, ca: bool| {
+    let config_as = |user: &str, password: &str, ca: bool| {
         format!(
             r#"
 [daemon]
@@ -1327,7 +1890,7 @@ max_nodes = 4
 lease_ttl_s = 3
 fail_static_ms = 1000
 timeout_ms = 1000
-username = "root"
+username = "{user}"
 password_file = "{password}"
 {ca}
 
@@ -1348,6 +1911,7 @@ global_limit = 40
             port = PORTS[3],
         )
     };
+    let config = |password: &str, ca: bool| config_as("root", password, ca);
     std::fs::write(certs.join("wrong"), "not-the-password\n").expect("wrong password file");
     let probe = |text: &str| {
         let cfg = shedder::config::Config::parse(text).expect("config");
@@ -1368,11 +1932,34 @@ global_limit = 40
     );
     eprintln!("probe: {ok}\nwrong password: {wrong}\nno CA: {untrusted}");
 
-    // The daemon registers through the same settings.
-    let mut daemon = Daemon::start(&hub, "fleettls", &config("password", true), &pins);
+    // The daemon registers through the same settings, as the node's own user.
+    let node = config_as("tls-node", "node-password", true);
+    let mut daemon = Daemon::start(&hub, "fleettls", &node, &pins);
     daemon.wait_for_log("fleet: registered", Duration::from_secs(15));
     let ok = probe(&config("password", true)).expect("TLS + authentication");
     assert!(ok.contains("1 node(s) registered"), "{ok}");
+    assert!(probe(&node).is_ok_and(|ok| ok.contains("1 node(s) registered")));
+    // That user reads the prefix and writes the departed records, but cannot write
+    // another node's key, nor anything outside the prefix.
+    let user = "tls-node:s3cret-node";
+    let (read, out) = as_user(
+        user,
+        &["get", "--prefix", "--keys-only", &format!("{prefix}/")],
+    );
+    assert!(read && out.contains("/members/tls-node"), "{out}");
+    let (wrote, out) = as_user(user, &["put", &format!("{prefix}/departed/gone"), "{}"]);
+    assert!(wrote, "{out}");
+    as_user(user, &["del", &format!("{prefix}/departed/gone")]);
+    for key in [
+        format!("{prefix}/members/other-node"),
+        "/elsewhere".to_string(),
+    ] {
+        let (wrote, out) = as_user(user, &["put", &key, "{}"]);
+        assert!(!wrote && out.contains("permission denied"), "{key}: {out}");
+    }
+    // Its raise, a transaction comparing the whole prefix, went through.
+    daemon.wait_for_log("fleet: ceiling raised", Duration::from_secs(5));
+    eprintln!("per-node user: reads the prefix, writes its key and departed records only");
     let status = daemon.terminate();
     assert!(status.success(), "exit status {status}\n{}", daemon.log());
     assert!(

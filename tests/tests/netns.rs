@@ -64,6 +64,9 @@ impl Lab {
             .run(|| shedder.attach(IFACE, mode))
             .unwrap_or_else(|e| panic!("attach {mode:?}: {e}"));
         assert_eq!(attached, expect, "attach mode");
+        // Connection tracking, as the daemon runs it: a client whose connection completes
+        // has standing afterwards, so its later attempts are decided as proven ones.
+        shedder.attach_tracking().expect("attach tracking");
         let client_xdp = (expect == Attached::XdpNative).then(|| pair.pass_program_on_client());
         Self {
             _servers: servers,
@@ -83,6 +86,15 @@ impl Lab {
         self.shedder
             .counter(service, class, verdict, reason)
             .expect("counter")
+    }
+
+    /// The same counter of unproven attempts: a source's first attempt, before any of its
+    /// handshakes has completed.
+    fn unproven_counter(&self, service: u32, class: u32, verdict: u32, reason: u32) -> u64 {
+        self.shedder
+            .service_counters(service)
+            .expect("counters")
+            .unproven[shedder_common::decision_index(class, verdict, reason) as usize]
     }
 }
 
@@ -211,27 +223,41 @@ fn scenario(tag: &str, mode: AttachMode, expect: Attached) {
         );
         echo_roundtrip(&mut other, b"unprotected").expect("echo on the unprotected port");
 
-        // A class prefix changes the verdict: CRITICAL is never shed by pressure.
-        let before = lab.counter(SVC_RST, CLASS_CRITICAL, VERDICT_PASS, REASON_CRITICAL);
+        // A class prefix changes the verdict: CRITICAL is never shed by pressure (these
+        // sources' first attempts: unproven ones).
+        let before = lab.unproven_counter(SVC_RST, CLASS_CRITICAL, VERDICT_PASS, REASON_CRITICAL);
         let mut critical = assert_admitted(
             lab.connect(fam.critical, fam.server, PORT_RST, ADMIT_WAIT),
             &format!("{name}: critical source at limit 0"),
         );
         echo_roundtrip(&mut critical, b"critical").expect("echo critical");
         assert_eq!(
-            lab.counter(SVC_RST, CLASS_CRITICAL, VERDICT_PASS, REASON_CRITICAL) - before,
+            lab.unproven_counter(SVC_RST, CLASS_CRITICAL, VERDICT_PASS, REASON_CRITICAL) - before,
             1,
             "{name}: admitted as critical"
         );
+        // Its handshake completed: its next attempt is a proven one, admitted all the same.
+        let before = lab.counter(SVC_RST, CLASS_CRITICAL, VERDICT_PASS, REASON_CRITICAL);
+        assert_admitted(
+            lab.connect(fam.critical, fam.server, PORT_RST, ADMIT_WAIT),
+            &format!("{name}: critical source, proven, at limit 0"),
+        );
+        assert_eq!(
+            lab.counter(SVC_RST, CLASS_CRITICAL, VERDICT_PASS, REASON_CRITICAL) - before,
+            1,
+            "{name}: admitted as critical, proven"
+        );
         // ... and a longer sheddable prefix inside the critical one wins.
         if let Some(nested) = fam.nested_sheddable {
-            let before = lab.counter(SVC_RST, CLASS_SHEDDABLE, VERDICT_RST, REASON_PRIORITY);
+            let before =
+                lab.unproven_counter(SVC_RST, CLASS_SHEDDABLE, VERDICT_RST, REASON_PRIORITY);
             assert_refused_fast(
                 lab.connect(nested, fam.server, PORT_RST, ADMIT_WAIT),
                 &format!("{name}: nested sheddable prefix"),
             );
             assert_eq!(
-                lab.counter(SVC_RST, CLASS_SHEDDABLE, VERDICT_RST, REASON_PRIORITY) - before,
+                lab.unproven_counter(SVC_RST, CLASS_SHEDDABLE, VERDICT_RST, REASON_PRIORITY)
+                    - before,
                 1,
                 "{name}: refused as sheddable"
             );
@@ -577,6 +603,7 @@ fn pinned_attachment_outlives_its_loader() {
     }
     for name in [
         "links/veth0",
+        "links/egress-veth0",
         "maps/SHEDDER_POLICY",
         "maps/SHEDDER_COUNTERS",
     ] {
@@ -584,19 +611,23 @@ fn pinned_attachment_outlives_its_loader() {
     }
     assert_refused_fast(connect(), "still protected after the loader exited");
 
-    // A new process adopts the pinned maps and sees what the kernel counted.
+    // A new process adopts the pinned maps and sees what the kernel counted: the client
+    // never completed a handshake here, so its attempt was an unproven one.
     let adopted = Shedder::load_pinned(&pins.0, false).expect("adopt pinned maps");
     assert_eq!(
         adopted
-            .counter(SVC_RST, CLASS_MEDIUM, VERDICT_RST, REASON_PRIORITY)
-            .expect("counter"),
+            .service_counters(SVC_RST)
+            .expect("counters")
+            .unproven
+            [shedder_common::decision_index(CLASS_MEDIUM, VERDICT_RST, REASON_PRIORITY) as usize],
         1,
         "the adopted counters hold the reset sent above"
     );
     drop(adopted);
 
-    let detached = shedder::kernel::unpin_all(&pins.0).expect("unpin");
-    assert_eq!(detached, ["veth0"]);
+    let mut detached = shedder::kernel::unpin_all(&pins.0).expect("unpin");
+    detached.sort();
+    assert_eq!(detached, ["egress-veth0", "veth0"]);
     assert!(!pins.0.exists(), "the pin directory is gone");
     assert_admitted(connect(), "admitted once the pins are removed");
 }

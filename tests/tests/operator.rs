@@ -638,18 +638,42 @@ fn metrics_scrape_is_valid_openmetrics_and_counts_what_happened() {
     assert!(body.ends_with("# EOF\n"), "{body}");
     let families = parse_openmetrics(&body);
 
+    // The client's first attempt came before any handshake of its had completed: an
+    // unproven one, counted apart; the three after it and the two refused were proven.
     let (kind, s) = samples(&families, "shedder_connection_attempts");
     assert_eq!(kind, "counter");
     let name = "shedder_connection_attempts_total";
     assert_eq!(
         sum_where(s, name, &[("service", "web"), ("verdict", "pass")]),
-        4.0,
+        3.0,
         "{body}"
     );
     assert_eq!(
         sum_where(s, name, &[("service", "web"), ("verdict", "rst")]),
         2.0,
         "{body}"
+    );
+    let (kind, s) = samples(&families, "shedder_unproven_attempts");
+    assert_eq!(kind, "counter");
+    assert_eq!(
+        sum_where(
+            s,
+            "shedder_unproven_attempts_total",
+            &[("service", "web"), ("verdict", "pass")]
+        ),
+        1.0,
+        "{body}"
+    );
+    let (_, s) = samples(&families, "shedder_unproven_completed");
+    assert_eq!(
+        sum_where(s, "shedder_unproven_completed_total", &[("service", "web")]),
+        1.0,
+        "{body}"
+    );
+    let (_, s) = samples(&families, "shedder_syn_flood");
+    assert_eq!(
+        sum_where(s, "shedder_syn_flood", &[("service", "web")]),
+        0.0
     );
 
     // The sixth came from the source refused just before: a retry (a new connection, not

@@ -1,7 +1,8 @@
 //! QUIC services with a real QUIC stack (quinn's server and client) over veth, protected by
 //! the daemon as an operator runs it: admitted connections are served and counted, a
 //! refusal (`action = "rst"`: Version Negotiation) makes the client fail at once, a drop
-//! costs it a probe timeout before its resent Initial is decided again.
+//! costs it a probe timeout before its resent Initial is decided again, and a client's first
+//! connection, unproven, proves its address by answering the server.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -9,7 +10,10 @@ use std::{
 };
 
 use shedder::kernel::{MapReader, PinnedMaps};
-use shedder_common::{CLASS_MEDIUM, NUM_REASONS, VERDICT_DROP, VERDICT_RST, decision_index, hist};
+use shedder_common::{
+    CLASS_MEDIUM, NUM_REASONS, STAT_QUIC_SERVER_IDS, VERDICT_DROP, VERDICT_RST, decision_index,
+    hist,
+};
 use shedder_tests::{
     daemon::{Daemon, pin_dir},
     netns::{IFACE, Pair},
@@ -135,14 +139,41 @@ fn quic_refusal_fails_the_client_at_once_and_a_drop_costs_it_a_resend() {
         })
     };
 
-    // Refusing service: the first connection of the second is served, the next ones are
-    // refused with Version Negotiation, and quinn gives up on receiving it.
+    // The client's first connection is unproven (its address has no standing yet):
+    // admitted within MEDIUM's unproven cap, which takes no token from the bucket. Its
+    // answer to the connection ID the server chose (learned by the egress program) proves
+    // the address, which then has standing.
     let first = run(REFUSE_PORT, 1);
     assert_eq!(
         first[0].0,
         QuicOutcome::Ok,
         "the first connection: {first:?}"
     );
+    let maps = PinnedMaps::open(&pins).expect("pinned maps");
+    let stats = maps.stats().expect("stats");
+    assert!(
+        stats[STAT_QUIC_SERVER_IDS as usize] >= 1,
+        "the server's ID learned: {stats:?}"
+    );
+    assert_eq!(
+        maps.service_counters(0)
+            .expect("counters")
+            .completed_unproven[CLASS_MEDIUM as usize],
+        1,
+        "the unproven connection proved its client"
+    );
+    assert!(
+        maps.standing(IpAddr::V4(CLIENT_V4))
+            .expect("standing")
+            .is_some_and(|s| s.tokens > 0),
+        "the client has standing"
+    );
+
+    // Refusing service: the next connection takes the bucket's token and is served; the
+    // ones after it are refused with Version Negotiation, and quinn gives up on receiving
+    // it.
+    let second = run(REFUSE_PORT, 1);
+    assert_eq!(second[0].0, QuicOutcome::Ok, "{second:?}");
     let refused = run(REFUSE_PORT, 5);
     let slowest = refused.iter().map(|(_, t)| *t).max().expect("five");
     for (o, t) in &refused {
@@ -162,6 +193,7 @@ fn quic_refusal_fails_the_client_at_once_and_a_drop_costs_it_a_resend() {
     // its probe timeout (about a second, from its initial RTT estimate of 333 ms), when the
     // bucket has a token again: the resent Initial, a retransmit of the same attempt, is
     // admitted then.
+    // (The address has standing already: the first connection takes the bucket's token.)
     let first = run(DROP_PORT, 1);
     assert_eq!(
         first[0].0,
@@ -181,7 +213,6 @@ fn quic_refusal_fails_the_client_at_once_and_a_drop_costs_it_a_resend() {
 
     // The kernel's view: the refusals and the drop counted, the resent Initial as a
     // retransmit, each served connection's handshake delay measured.
-    let maps = PinnedMaps::open(&pins).expect("pinned maps");
     assert_eq!(decided(&maps, 0, VERDICT_RST), 5);
     assert_eq!(decided(&maps, 1, VERDICT_DROP), 1);
     let c = maps.service_counters(1).expect("counters");
@@ -190,7 +221,7 @@ fn quic_refusal_fails_the_client_at_once_and_a_drop_costs_it_a_resend() {
         "{:?}",
         c.retransmits
     );
-    for (svc, served) in [(0, 1), (1, 2)] {
+    for (svc, served) in [(0, 2), (1, 2)] {
         let delays: u64 = maps
             .histogram(svc, hist::KIND_QUEUE_AGE)
             .expect("histogram")

@@ -24,6 +24,11 @@ pub enum Bench {
     /// PNG plots to --out (default target/overload; `-- --out docs` refreshes
     /// docs/benchmarks.md). Root only; about 23 minutes (`-- --backends tls` alone: 6).
     Overload(PassThrough),
+    /// Forged SYNs as fast as one thread sends them, in the default class's space and in
+    /// HIGH's and CRITICAL's prefixes, beside clients of every class at 75% of capacity:
+    /// their success with the kernel alone, with shedder and without the flood; then 3×
+    /// overload during a flood. Root only; about 4 minutes.
+    Flood(PassThrough),
 }
 
 #[derive(Debug, Args)]
@@ -40,6 +45,7 @@ impl Bench {
             Self::Xdp(p) => ("bench_xdp", &p.args),
             Self::Signals(p) => ("bench_signals", &p.args),
             Self::Overload(p) => ("bench_overload", &p.args),
+            Self::Flood(p) => ("bench_flood", &p.args),
         }
     }
 }

@@ -28,6 +28,12 @@ pub struct State {
     pub programs: Vec<ProgramCost>,
     /// Exceptional kernel events since load (`STAT_*`).
     pub kernel_events: Vec<(String, u64)>,
+    /// How long the packet path holds an admitted attempt at least, in ms, and the round
+    /// trips it was measured from (absent when configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handshake_hold_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handshake_hold_measured: Option<HoldMeasured>,
     pub services: Vec<ServiceState>,
     /// Fleet mode: membership, shares and etcd health (absent without `[fleet]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -36,6 +42,15 @@ pub struct State {
     /// before attach not counted, no fail-static, resets that cannot leave).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+}
+
+/// What the handshake hold was measured from.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HoldMeasured {
+    /// The hold the round trips asked for: twice their 99th percentile, in ms.
+    pub wanted_ms: f64,
+    /// Established connections sampled.
+    pub connections: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +92,9 @@ pub struct ClassState {
     /// Connections of the limit the class leaves free for the classes above it.
     #[serde(default)]
     pub reserve: u32,
+    /// Attempts from sources without standing the class holds at most.
+    #[serde(default)]
+    pub unproven_cap: u32,
 }
 
 fn tcp() -> String {
@@ -105,6 +123,11 @@ pub struct ServiceState {
     pub override_limit: Option<Override>,
     pub decision: Option<Decision>,
     pub classes: Vec<ClassState>,
+    /// Classes under a flood of attempts from sources without standing (a spoofed SYN
+    /// flood, most likely): many such attempts, and what was admitted of them does not
+    /// complete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flooded: Vec<String>,
     pub signals: Signals,
 }
 
@@ -176,7 +199,36 @@ fn render_fleet(out: &mut String, f: &FleetState) {
             f.departed.join(", ")
         );
     }
+    // What the members' records held that was not believed (docs/fleet.md, "What a record
+    // is believed").
+    let counts = |m: &std::collections::BTreeMap<String, u64>| {
+        m.iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (rejected, clamped) = (counts(&f.rejected), counts(&f.clamped));
+    if !rejected.is_empty() || !clamped.is_empty() {
+        let _ = writeln!(
+            out,
+            "  records ignored: {}  values held within bounds: {}",
+            if rejected.is_empty() {
+                "none"
+            } else {
+                &rejected
+            },
+            if clamped.is_empty() { "none" } else { &clamped }
+        );
+    }
     for s in &f.services {
+        if s.disagreeing > 0 {
+            let _ = writeln!(
+                out,
+                "  {}: {} member(s) publish another global_limit; this node keeps its own ({})",
+                s.service, s.disagreeing, s.global_limit
+            );
+        }
         let _ = writeln!(
             out,
             "  {}: global {} budget {}  members {}  share {} (by {})  ceiling {}  claim {}  others {}  reserved {}  static {}",
@@ -194,9 +246,14 @@ fn render_fleet(out: &mut String, f: &FleetState) {
         );
         for n in &s.nodes {
             let need: Vec<String> = n.need.iter().map(|v| format!("{v:.1}")).collect();
+            let counted = if n.counted < n.claim && n.node != f.node {
+                format!(" (counts {})", n.counted)
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "    {:<16} demand {:>7.1}/s  need {:>6.1} ({})  hold {}  weight {:>5.1}%  share {:>4}  claim {:>4}",
+                "    {:<16} demand {:>7.1}/s  need {:>6.1} ({})  hold {}  weight {:>5.1}%  share {:>4}  claim {:>4}{counted}",
                 n.node,
                 n.attempts,
                 n.need.iter().sum::<f64>(),
@@ -275,6 +332,16 @@ pub fn render(state: &State) -> String {
         .collect();
     if !events.is_empty() {
         let _ = writeln!(out, "kernel events: {}", events.join(", "));
+    }
+    if let Some(hold) = state.handshake_hold_ms {
+        let how = match &state.handshake_hold_measured {
+            Some(m) => format!(
+                "measured: twice the p99 round trip of {} connections asked {:.1} ms",
+                m.connections, m.wanted_ms
+            ),
+            None => "not measured yet, or configured".into(),
+        };
+        let _ = writeln!(out, "handshake hold: {hold:.0} ms ({how})");
     }
     if let Some(f) = &state.fleet {
         render_fleet(&mut out, f);
@@ -407,8 +474,53 @@ pub fn render(state: &State) -> String {
             );
         }
         render_refusals(&mut out, s);
+        render_unproven(&mut out, s);
     }
     out
+}
+
+/// Attempts from sources without standing, when there are any: what became of them, and a
+/// flood, loudly, when one is under way.
+fn render_unproven(out: &mut String, s: &ServiceState) {
+    let Some(u) = s.signals.unproven.value() else {
+        return;
+    };
+    let sum = |f: fn(&crate::signals::UnprovenRates) -> f64| u.rates.iter().map(f).sum::<f64>();
+    let held: u32 = u.held.iter().sum();
+    let caps: Vec<String> = s
+        .classes
+        .iter()
+        .map(|c| c.unproven_cap.to_string())
+        .collect();
+    if !s.flooded.is_empty() {
+        let _ = writeln!(
+            out,
+            "  SYN FLOOD ({}): {}/s unproven attempts, {}/s completing; they hold {held} (caps {}), sources with standing are decided without them",
+            s.flooded.join(", "),
+            rate(sum(|r| r.offered)),
+            rate(sum(|r| r.completed)),
+            caps.join("/")
+        );
+    } else if sum(|r| r.offered) > 0.0 || held > 0 {
+        let _ = writeln!(
+            out,
+            "  unproven attempts {}/s: {}/s admitted, {}/s completing, {}/s refused ({}/s for the cap); {held} held (caps {})",
+            rate(sum(|r| r.offered)),
+            rate(sum(|r| r.admitted)),
+            rate(sum(|r| r.completed)),
+            rate(sum(|r| r.refused)),
+            rate(sum(|r| r.capped)),
+            caps.join("/")
+        );
+    }
+    let disowned = sum(|r| r.disowned);
+    if disowned > 0.0 {
+        let _ = writeln!(
+            out,
+            "  disowned {}/s: proven attempts their source reset (SYNs spoofed in a client's name)",
+            rate(disowned)
+        );
+    }
 }
 
 /// Per class with refusals: why, per second; and the retry budget's use where retries were
@@ -594,8 +706,12 @@ mod tests {
                     weight: 22.0 / 45.0,
                     share: 22,
                     claim: 20,
+                    counted: 20,
                 }],
+                disagreeing: 0,
             }],
+            rejected: Default::default(),
+            clamped: Default::default(),
         });
         let out = render(&s);
         for line in [
@@ -608,8 +724,35 @@ mod tests {
             assert!(out.lines().any(|l| l == line), "{line:?} not in\n{out}");
         }
         assert!(out.contains("fleet ceiling 18"), "{out}");
+        assert!(!out.contains("records ignored"), "{out}");
         let again: State = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(s, again);
+        // A rogue member: its record's values held within bounds, its claim counted up to
+        // its share, its global_limit not followed.
+        let f = s.fleet.as_mut().unwrap();
+        f.rejected.insert("member".into(), 1);
+        f.clamped.insert("claim".into(), 2);
+        f.clamped.insert("need".into(), 1);
+        f.clamped.insert("hold".into(), 0);
+        f.services[0].disagreeing = 1;
+        f.services[0].nodes.push(crate::fleet::NodeShare {
+            node: "rogue".into(),
+            attempts: 1e8,
+            need: [1.0, 0.0, 0.0, 0.0],
+            hold_ms: None,
+            weight: 2.0 / 45.0,
+            share: 2,
+            claim: 54,
+            counted: 2,
+        });
+        let out = render(&s);
+        for line in [
+            "  records ignored: member 1  values held within bounds: claim 2, need 1",
+            "  api: 1 member(s) publish another global_limit; this node keeps its own (60)",
+            "    rogue            demand 100000000.0/s  need    1.0 (1.0/0.0/0.0/0.0)  hold -  weight   4.4%  share    2  claim   54 (counts 2)",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line:?} not in\n{out}");
+        }
     }
 
     #[test]

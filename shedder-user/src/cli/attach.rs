@@ -72,6 +72,9 @@ pub fn run(config: PathBuf, interfaces: Vec<String>, mode: Option<Attach>) -> Re
             .with_context(|| format!("attaching to {iface} ({})", mode.as_str()))?;
         println!("{iface}: attached ({})", how.as_str());
     }
+    for problem in shedder.egress_problems() {
+        println!("warning: {problem}");
+    }
     println!(
         "{} service(s) protected; policy pinned under {}",
         cfg.services.len(),

@@ -84,6 +84,22 @@ pub struct Daemon {
     /// SYN is then a new attempt). Reloadable.
     #[serde(default = "defaults::syn_retransmit_window_ms")]
     pub syn_retransmit_window_ms: u64,
+    /// An address that completed a handshake keeps its standing (its attempts are decided
+    /// as proven, see `shedder_common::proof`) this many seconds after its last one.
+    #[serde(default = "defaults::standing_window_s")]
+    pub standing_window_s: u64,
+    /// How long an admitted attempt counts as occupancy before its connection is born, in
+    /// milliseconds; 0 measures it (the services' round-trip times).
+    #[serde(default)]
+    pub handshake_hold_ms: u64,
+    /// The node's budget of answers (resets, QUIC Version Negotiation) to refused attempts
+    /// from sources with standing, per second; beyond it a refusal is a drop. 0: no bound.
+    #[serde(default = "defaults::max_replies_proven_per_s")]
+    pub max_replies_proven_per_s: u64,
+    /// The same for attempts from sources without standing (and every QUIC attempt): the
+    /// bound that keeps refusals of a spoofed flood from reflecting it. 0: no bound.
+    #[serde(default = "defaults::max_replies_unproven_per_s")]
+    pub max_replies_unproven_per_s: u64,
     /// The tunnels this node terminates, whose inner headers the packet path decides on.
     /// None by default. Reloadable.
     #[serde(default)]
@@ -107,6 +123,10 @@ impl Default for Daemon {
             fail_static: defaults::fail_static(),
             kernel_debug_log: false,
             syn_retransmit_window_ms: defaults::syn_retransmit_window_ms(),
+            standing_window_s: defaults::standing_window_s(),
+            handshake_hold_ms: 0,
+            max_replies_proven_per_s: defaults::max_replies_proven_per_s(),
+            max_replies_unproven_per_s: defaults::max_replies_unproven_per_s(),
             decapsulate: Decapsulate::default(),
         }
     }

@@ -34,11 +34,32 @@ pub fn syn_retransmit_window_ms() -> u64 {
 pub fn retry_window_ms() -> u64 {
     10_000
 }
+/// One source of a class is a /24 (IPv4) or a /64 (IPv6), what one subscriber or tenant
+/// is usually given: every address its own source would let one subscriber's /64 take
+/// every share of its class.
 pub fn source_prefix_v4() -> u8 {
-    32
+    24
 }
 pub fn source_prefix_v6() -> u8 {
-    128
+    64
+}
+pub fn standing_window_s() -> u64 {
+    600
+}
+/// Answers to refused attempts from proven sources: far above what an overload refuses on
+/// one node in the benchmarks (a few thousand a second), so `rst` keeps its meaning.
+pub fn max_replies_proven_per_s() -> u64 {
+    10_000
+}
+/// Answers to unproven sources: as many as the kernel's own ICMP error budget
+/// (`net.ipv4.icmp_msgs_per_sec`, 1,000).
+pub fn max_replies_unproven_per_s() -> u64 {
+    1_000
+}
+/// In a flood, the part of a class's share that attempts from sources without standing
+/// may hold, beside what the new clients whose handshakes complete need.
+pub fn unproven_share() -> f64 {
+    0.1
 }
 pub fn fair_share() -> bool {
     true

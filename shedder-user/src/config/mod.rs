@@ -29,4 +29,4 @@ pub use document::Config;
 pub use error::ConfigError;
 pub use fleet::{Fleet, Shares};
 pub use service::{Action, Controller, Mode, Protocol, Rate, Service, socket_serves};
-pub use validate::{LIMIT_CEILING, MAX_RETRY_WINDOW_MS, MAX_SYN_RETRANSMIT_WINDOW_MS};
+pub use validate::{LIMIT_CEILING, MAX_RETRY_WINDOW_MS, MAX_SYN_RETRANSMIT_WINDOW_MS, valid_name};

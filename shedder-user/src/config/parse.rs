@@ -387,11 +387,11 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
             ),
             (
                 "[daemon]\ntick = 100\n".into(),
-                "line 2, column 1: daemon.tick: unknown key, expected one of `interfaces`, `measure_only`, `attach`, `metrics_listen`, `control_socket`, `control_group`, `tick_ms`, `heartbeat_timeout_ms`, `pin_dir`, `signal_window_ms`, `detach_on_exit`, `fail_static`, `kernel_debug_log`, `syn_retransmit_window_ms`, `decapsulate`",
+                "line 2, column 1: daemon.tick: unknown key, expected one of `interfaces`, `measure_only`, `attach`, `metrics_listen`, `control_socket`, `control_group`, `tick_ms`, `heartbeat_timeout_ms`, `pin_dir`, `signal_window_ms`, `detach_on_exit`, `fail_static`, `kernel_debug_log`, `syn_retransmit_window_ms`, `standing_window_s`, `handshake_hold_ms`, `max_replies_proven_per_s`, `max_replies_unproven_per_s`, `decapsulate`",
             ),
             (
                 format!("{SVC}max_limt = 5\n"),
-                "line 4, column 1: service[0] (checkout).max_limt: unknown key, expected one of `name`, `protocol`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`, `retry_window_ms`, `demote_retries`, `fair_share`, `retry_budget`, `retry_budget_min`, `global_limit`, `active_window_ms`",
+                "line 4, column 1: service[0] (checkout).max_limt: unknown key, expected one of `name`, `protocol`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`, `retry_window_ms`, `demote_retries`, `fair_share`, `retry_budget`, `retry_budget_min`, `unproven_share`, `global_limit`, `active_window_ms`",
             ),
             (
                 "[classes.high]\nflor = 0.5\n".into(),

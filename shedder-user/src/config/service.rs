@@ -138,6 +138,11 @@ pub struct Service {
     /// (default 0).
     #[serde(default)]
     pub retry_budget_min: u32,
+    /// The part of each class's share that attempts from sources without standing (no
+    /// completed handshake within `daemon.standing_window_s`) may hold at once, besides
+    /// what the unproven attempts that do complete need (measured); more are refused.
+    #[serde(default = "defaults::unproven_share")]
+    pub unproven_share: f64,
     /// Fleet mode: the downstream's capacity in connections, shared by every node of the
     /// fleet that protects a service of this name (needs `[fleet]`).
     pub global_limit: Option<u32>,

@@ -19,6 +19,12 @@ use super::{
 /// Largest concurrency limit accepted: far above any real service, far below overflow.
 pub const LIMIT_CEILING: u32 = 1 << 24;
 
+/// Longest `daemon.standing_window_s`: a day. Standing is the proof that an address
+/// receives what is sent to it; a day-old proof says little about who holds it now.
+pub const MAX_STANDING_WINDOW_S: u64 = 86_400;
+/// Longest `daemon.handshake_hold_ms`: about what the packet path can hold (two hold slots
+/// of 2^8 jiffies at HZ 250).
+pub const MAX_HANDSHAKE_HOLD_MS: u64 = 1_000;
 /// Longest `daemon.syn_retransmit_window_ms`: ten minutes, well past the last SYN a Linux
 /// client retransmits (63 s after the first with the default `tcp_syn_retries` of 6).
 pub const MAX_SYN_RETRANSMIT_WINDOW_MS: u64 = 600_000;
@@ -29,7 +35,7 @@ pub const MAX_RETRY_WINDOW_MS: u64 = 3_600_000;
 
 /// A name that can be a metric label or an etcd key component: 1 to 64 characters from
 /// `[A-Za-z0-9._-]`.
-pub(super) fn valid_name(name: &str) -> bool {
+pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name
@@ -96,6 +102,41 @@ impl Config {
                     d.syn_retransmit_window_ms
                 ),
             ));
+        }
+        if !(1..=MAX_STANDING_WINDOW_S).contains(&d.standing_window_s) {
+            return Err(err(
+                "daemon.standing_window_s",
+                format!(
+                    "{} is outside 1..={MAX_STANDING_WINDOW_S}",
+                    d.standing_window_s
+                ),
+            ));
+        }
+        if d.handshake_hold_ms > MAX_HANDSHAKE_HOLD_MS {
+            return Err(err(
+                "daemon.handshake_hold_ms",
+                format!(
+                    "{} is outside 0..={MAX_HANDSHAKE_HOLD_MS} (0 measures it)",
+                    d.handshake_hold_ms
+                ),
+            ));
+        }
+        for (key, v) in [
+            (
+                "daemon.max_replies_proven_per_s",
+                d.max_replies_proven_per_s,
+            ),
+            (
+                "daemon.max_replies_unproven_per_s",
+                d.max_replies_unproven_per_s,
+            ),
+        ] {
+            if v > 1_000_000_000 {
+                return Err(err(
+                    key,
+                    format!("{v} is outside 0..=1000000000 (0: no bound)"),
+                ));
+            }
         }
         for (i, iface) in d.interfaces.iter().enumerate() {
             if iface.is_empty() || iface.len() > 15 || iface.contains('/') {
@@ -310,6 +351,19 @@ impl Config {
                 let missing = if has_a { b } else { a };
                 return Err(err(format!("fleet.{missing}"), message));
             }
+        }
+        // etcd's password authentication sends the password in the clear to every endpoint
+        // (and a token on every request after), so it needs TLS.
+        if f.password_file.is_some()
+            && let Some(e) = f.endpoints.iter().find(|e| e.starts_with("http://"))
+        {
+            return Err(err(
+                "fleet.password_file",
+                format!(
+                    "an etcd password would cross the network in the clear to `{e}`; use https:// \
+                     endpoints (with ca_file for a private CA)"
+                ),
+            ));
         }
         if (f.cert_file.is_some() || f.ca_file.is_some())
             && f.endpoints.iter().any(|e| e.starts_with("http://"))
@@ -584,6 +638,16 @@ impl Config {
                     ),
                 ));
             }
+            if !(s.unproven_share > 0.0 && s.unproven_share <= 1.0) {
+                return Err(err(
+                    field("unproven_share"),
+                    format!(
+                        "{} is outside (0, 1] (a part of each class's share; attempts from sources \
+                         without standing need some of it to become clients)",
+                        s.unproven_share
+                    ),
+                ));
+            }
             for (class, rate) in &s.rate {
                 let f = format!("{}.{class}", field("rate"));
                 if !CLASS_NAMES.contains(&class.as_str()) {
@@ -671,6 +735,12 @@ mod tests {
             (
                 format!("{FLEET}safety = 1.5\n"),
                 "line 5, column 10: fleet.safety: 1.5 is outside (0, 1]",
+            ),
+            (
+                format!(
+                    "{FLEET}username = \"shedder\"\npassword_file = \"/etc/shedder/etcd.pw\"\n"
+                ),
+                "line 6, column 17: fleet.password_file: an etcd password would cross the network in the clear to `http://198.18.0.21:2379`; use https:// endpoints (with ca_file for a private CA)",
             ),
             (
                 format!("{FLEET}username = \"shedder\"\n"),

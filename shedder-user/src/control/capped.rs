@@ -1,6 +1,9 @@
 //! The fleet's ceiling around a controller, as a decorator: the one place that holds what
 //! the fleet allows this node for a service. It wins over everything configured and over
-//! an override: a node never admits more than its share of a shared downstream.
+//! an override: a node never admits more than its share of a shared downstream. Except
+//! CRITICAL: it is never shed by pressure, and the fleet's ceiling is the pressure of a
+//! shared downstream as etcd reports it, so CRITICAL's ceiling comes from this node's own
+//! configuration ([`Capped::critical_max`]), whatever etcd says.
 
 use std::borrow::Cow;
 
@@ -15,6 +18,10 @@ pub struct Cap {
     /// What a node cut off from etcd holds, and the cap of the kernel's fallback limit (a
     /// dead daemon).
     pub static_share: u32,
+    /// The fleet's budget as this node's configuration has it (`⌊global_limit ×
+    /// safety⌋`): no share can be above it, and CRITICAL's ceiling is at most its fraction
+    /// of it.
+    pub budget: u32,
 }
 
 /// A controller under the fleet's ceiling (none for a service the fleet does not share).
@@ -63,6 +70,16 @@ impl<C: Controller> Capped<C> {
                 Cow::Owned(s)
             }
         }
+    }
+
+    /// What CRITICAL's ceiling is a fraction of: the service's `max_limit`, and in fleet
+    /// mode no more than the fleet's budget as this node is configured, so one node's
+    /// CRITICAL takes at most its fraction of the whole downstream. Nothing etcd holds
+    /// enters it: a ceiling of 0 (a node waiting for its share, or one a rogue record
+    /// drove down) leaves CRITICAL its own ceiling. The connections CRITICAL holds are in
+    /// the node's claim, so the others make room for them.
+    pub fn critical_max(&self, s: &Service) -> u32 {
+        self.cap.map_or(s.max_limit, |c| s.max_limit.min(c.budget))
     }
 
     fn clamp(&self, limit: u32) -> u32 {

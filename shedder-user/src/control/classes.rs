@@ -60,6 +60,36 @@ impl Ladder {
     }
 }
 
+/// What the classes' ceilings are fractions of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Maxima {
+    /// The service's hard ceiling in force: its `max_limit`, or a fleet's ceiling below it.
+    pub service: u32,
+    /// What CRITICAL's ceiling is a fraction of. CRITICAL is never shed by pressure, and
+    /// a fleet's ceiling is the pressure of a shared downstream: under it (at 0 for a
+    /// node waiting for its share, or after a rogue record) CRITICAL keeps the ceiling the
+    /// node's own configuration gives it (see `control::capped`).
+    pub critical: u32,
+}
+
+impl Maxima {
+    /// Every class's ceiling a fraction of `max_limit` (no fleet).
+    pub fn of(max_limit: u32) -> Self {
+        Self {
+            service: max_limit,
+            critical: max_limit,
+        }
+    }
+}
+
+/// CRITICAL's ceiling: its fraction of `critical`, at least one connection (CRITICAL is
+/// the class that must get through), at most `critical`.
+fn critical_ceiling(ladder: &Ladder, critical: u32) -> u32 {
+    ((ladder.ceiling[CLASS_CRITICAL as usize] * critical as f64).ceil() as u32)
+        .max(1)
+        .min(critical)
+}
+
 /// Split a service limit `total` among the classes (the static part of the allocation):
 ///
 /// - CRITICAL is bounded only by its ceiling (a fraction of `max_limit`): never shed by
@@ -70,15 +100,23 @@ impl Ladder {
 /// - a class may grow to `total` minus the floors of the classes above it, so as the
 ///   service fills up SHEDDABLE is refused first, then MEDIUM, then HIGH.
 pub fn allocate(total: u32, max_limit: u32, ladder: &Ladder) -> [ClassLimits; NUM_CLASSES] {
+    allocate_in(total, Maxima::of(max_limit), ladder)
+}
+
+/// [`allocate`] with CRITICAL's ceiling a fraction of `max.critical` and every other
+/// class's of `max.service`.
+pub fn allocate_in(total: u32, max: Maxima, ladder: &Ladder) -> [ClassLimits; NUM_CLASSES] {
+    let max_limit = max.service;
     let mut out = [ClassLimits::default(); NUM_CLASSES];
     let mut reserved_above: u32 = 0;
     for (id, limits) in out.iter_mut().enumerate() {
         // At least one connection, except under a ceiling of 0 (a fleet node waiting for
-        // its share), where nothing is admitted.
+        // its share), where nothing but CRITICAL is admitted.
         let ceiling = ((ladder.ceiling[id] * max_limit as f64).ceil() as u32)
             .max(1)
             .min(max_limit);
         if id == CLASS_CRITICAL as usize {
+            let ceiling = critical_ceiling(ladder, max.critical);
             *limits = ClassLimits {
                 share: ceiling,
                 floor: 0,
@@ -141,7 +179,17 @@ pub fn allocate_for_demand(
     ladder: &Ladder,
     demand: &[f64; NUM_CLASSES],
 ) -> [ClassLimits; NUM_CLASSES] {
-    let base = allocate(total, max_limit, ladder);
+    allocate_for_demand_in(total, Maxima::of(max_limit), ladder, demand)
+}
+
+/// [`allocate_for_demand`] with the ceilings of [`allocate_in`].
+pub fn allocate_for_demand_in(
+    total: u32,
+    max: Maxima,
+    ladder: &Ladder,
+    demand: &[f64; NUM_CLASSES],
+) -> [ClassLimits; NUM_CLASSES] {
+    let base = allocate_in(total, max, ladder);
     let mut reserved = [0f64; NUM_CLASSES];
     // CRITICAL is never refused by pressure, so what it uses is not there for anyone else.
     reserved[0] = demand[0].max(0.0).min(base[0].ceiling as f64);
@@ -360,6 +408,41 @@ mod tests {
         assert_eq!(a[2].floor, 0);
         assert_eq!(a[1].floor, 4);
         assert!(a.iter().skip(1).all(|c| c.share >= c.floor));
+    }
+
+    /// A fleet's ceiling of 0 (a node waiting for its share, or one whose view a rogue
+    /// record drove down) refuses every class but CRITICAL, which keeps the ceiling of the
+    /// node's own bound; every other class's ceiling follows the fleet's.
+    #[test]
+    fn a_fleet_ceiling_never_takes_critical_below_its_own_ceiling() {
+        let ladder = example_ladder();
+        for (fleet, want) in [(0, 0), (8, 8), (1000, 1000)] {
+            let max = Maxima {
+                service: fleet,
+                critical: 1000,
+            };
+            for a in [
+                allocate_in(fleet, max, &ladder),
+                allocate_for_demand_in(fleet, max, &ladder, &[10.0, 50.0, 50.0, 50.0]),
+            ] {
+                assert_eq!(a[0].ceiling, 50, "5% of the node's 1000, fleet at {fleet}");
+                assert!(
+                    a[1..].iter().all(|c| c.ceiling == want && c.share <= want),
+                    "{a:?}"
+                );
+            }
+        }
+        // Without a fleet, the same as before.
+        assert_eq!(
+            allocate(100, 1000, &ladder),
+            allocate_in(100, Maxima::of(1000), &ladder)
+        );
+        // At least one connection, at most the bound.
+        let tiny = Maxima {
+            service: 0,
+            critical: 3,
+        };
+        assert_eq!(allocate_in(0, tiny, &ladder)[0].ceiling, 1);
     }
 
     #[test]

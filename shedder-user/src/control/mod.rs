@@ -10,3 +10,4 @@ pub mod capped;
 pub mod classes;
 pub mod controller;
 pub mod overridden;
+pub mod proof;

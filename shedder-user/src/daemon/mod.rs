@@ -22,6 +22,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use tracing::{info, warn};
 
+mod hold;
 mod reload;
 mod requests;
 pub mod service;
@@ -101,6 +102,8 @@ struct Daemon {
     warnings: Vec<String>,
     /// Refusals that do not leave the host: the drivers' XDP transmit errors.
     delivery: crate::kernel::netdev::delivery::Monitor,
+    /// How long the packet path holds an admitted attempt (see [`hold`]).
+    hold: hold::Hold,
 }
 
 pub fn run(opts: Options) -> Result<()> {

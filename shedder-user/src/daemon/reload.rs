@@ -94,12 +94,19 @@ impl Daemon {
         }
         let ladder = Ladder::from_config(&cfg);
         let mut compiled = compile(&cfg, self.hz);
+        // A measured hold carries over unless the new file sets one.
+        let mut hold = super::hold::Hold::new(&cfg, compiled.globals.hold_bits);
+        if cfg.daemon.handshake_hold_ms == 0 && self.hold.measured.is_some() {
+            compiled.globals.hold_bits = self.hold.bits;
+            hold = self.hold.clone();
+        }
         if let Some(f) = &self.fleet {
             f.set_services(fleet::shared_services(&cfg));
         }
         let ctx = Context {
             ladder: &ladder,
             hz: self.hz,
+            hold: hold.duration(self.hz),
         };
         let fleet = self.fleet.as_ref();
         let mut services = ServiceControl::carry_over(&self.services, &cfg.services, |name| {
@@ -122,6 +129,7 @@ impl Daemon {
         self.reader = SignalReader::new(specs(&cfg, cgroup_root.as_deref()), window_ticks);
         self.services = services;
         self.ladder = ladder;
+        self.hold = hold;
         self.cfg = cfg;
         self.config_text = text;
         Ok(())

@@ -88,6 +88,7 @@ impl Daemon {
             Context {
                 ladder: &self.ladder,
                 hz: self.hz,
+                hold: self.hold.duration(self.hz),
             },
             self.start.elapsed(),
         );
@@ -124,6 +125,7 @@ impl Daemon {
         let ctx = Context {
             ladder: &self.ladder,
             hz: self.hz,
+            hold: self.hold.duration(self.hz),
         };
         match self.services[i].clear_override(&mut self.shedder, ctx) {
             Ok(Some(o)) => {

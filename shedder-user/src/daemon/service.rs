@@ -18,6 +18,7 @@ use crate::{
             Aimd, Bounds, Controller, Decision, Fixed, Gradient2, Mode, Observation, Tuning,
         },
         overridden::{self, Overridable, Override, Refusal},
+        proof::{self, FloodWatch},
     },
     fleet,
     kernel::{self, MapWriter, policy::service_policy},
@@ -33,6 +34,8 @@ pub struct Context<'a> {
     pub ladder: &'a Ladder,
     /// The kernel's HZ (converts the retry window to jiffies).
     pub hz: u32,
+    /// How long the packet path holds an admitted attempt at least (the hold slot).
+    pub hold: Duration,
 }
 
 /// An override that could not be put in force.
@@ -52,10 +55,25 @@ pub struct ServiceControl {
     written: Option<ServicePolicy>,
     /// The per-class demand of the last tick (what a write between ticks splits by).
     demand: Option<[f64; NUM_CLASSES]>,
-    occupancy: u32,
     last_log: Option<Duration>,
     decision: Option<Decision>,
     signals: Option<Signals>,
+    /// What each class's new clients need of its unproven part (see [`proof::need`]).
+    unproven_need: [f64; NUM_CLASSES],
+    flood: FloodWatch,
+    /// Which classes were flooded at the last tick.
+    flooded: [bool; NUM_CLASSES],
+}
+
+impl ServiceControl {
+    /// The 99th percentile of the handshake delay the last tick measured (for a QUIC
+    /// service, its queue age: only proven flows are measured), if there was one.
+    pub fn handshake_p99_ms(&self) -> Option<f64> {
+        self.signals
+            .as_ref()
+            .and_then(|s| s.queue_age.value())
+            .and_then(|q| q.p99_ms)
+    }
 }
 
 fn tuning(s: &Service) -> Tuning {
@@ -96,10 +114,12 @@ impl ServiceControl {
             limiter,
             written: None,
             demand: None,
-            occupancy: 0,
             last_log: None,
             decision: None,
             signals: None,
+            unproven_need: [0.0; NUM_CLASSES],
+            flood: FloodWatch::default(),
+            flooded: [false; NUM_CLASSES],
         }
     }
 
@@ -130,6 +150,9 @@ impl ServiceControl {
                     sc.limiter.inner_mut().carry(ov);
                     sc.signals = o.signals.clone();
                     sc.demand = o.demand;
+                    sc.unproven_need = o.unproven_need;
+                    sc.flood = o.flood.clone();
+                    sc.flooded = o.flooded;
                 }
                 sc
             })
@@ -137,10 +160,19 @@ impl ServiceControl {
     }
 
     /// The policy for a total of `limit`: the service's configuration under the fleet's
-    /// cap, split among the classes by the last demand.
+    /// cap (CRITICAL's ceiling excepted), split among the classes by the last demand.
     fn policy(&self, ctx: Context<'_>, limit: u32) -> ServicePolicy {
         let s = self.limiter.service(&self.cfg);
-        service_policy(&s, ctx.ladder, limit, self.demand.as_ref(), ctx.hz)
+        let critical = self.limiter.critical_max(&self.cfg);
+        service_policy(
+            &s,
+            ctx.ladder,
+            limit,
+            self.demand.as_ref(),
+            critical,
+            &std::array::from_fn(|c| self.flooded[c].then_some(self.unproven_need[c])),
+            ctx.hz,
+        )
     }
 
     /// The policy in force now, as a start or a reload writes it with everything else; it
@@ -177,9 +209,20 @@ impl ServiceControl {
         now: Duration,
         cap: Option<Cap>,
     ) -> kernel::Result<Decision> {
+        if let Some(u) = sig.unproven.ok() {
+            self.unproven_need = proof::need(self.unproven_need, u, ctx.hold);
+            self.flooded = self.flood.observe(u, now);
+        } else {
+            self.flooded = self.flood.state(now);
+        }
         let result = self.tick(w, ctx, &observation(sig, now), demand(sig), cap);
         self.signals = Some(sig.clone());
         result
+    }
+
+    /// Which classes are under a flood of unproven attempts (see [`proof::flooded`]).
+    pub fn flooded(&self) -> [bool; NUM_CLASSES] {
+        self.flooded
     }
 
     /// One tick: take the fleet's cap, decide, write the limits (split by `demand`), log.
@@ -195,7 +238,6 @@ impl ServiceControl {
         self.limiter.set(cap);
         let decision = self.limiter.update(obs);
         self.demand = demand.map(|d| held_demand(self.demand, d));
-        self.occupancy = obs.occupancy;
         let written = self.write(w, ctx, decision.limit);
         // Mode changes are logged always; limit changes only when the controller's limit
         // is the one in force.
@@ -255,19 +297,26 @@ impl ServiceControl {
         Ok(cleared)
     }
 
-    /// What this node tells the fleet about the service, if the fleet shares it.
+    /// What this node tells the fleet about the service, if the fleet shares it: the
+    /// limit written, the established connections (not the attempts admitted and not yet
+    /// established, which a flood of spoofed SYNs fills without holding a connection), and
+    /// the attempts and admissions the packet path counted.
     pub fn report(&self) -> Option<fleet::Report> {
         let written = self.written?;
         self.limiter.cap()?;
-        let rates = self.signals.as_ref().and_then(|s| s.rates.ok()).map(|r| {
+        let signals = self.signals.as_ref();
+        let rates = signals.and_then(|s| s.rates.ok()).map(|r| {
             (
                 r.map(|c| c.offered),
                 r.iter().map(|c| c.admitted).sum::<f64>(),
             )
         });
+        let established = signals
+            .and_then(|s| s.inflight.ok())
+            .map_or(0, |i| i.iter().sum::<u32>());
         Some(fleet::Report {
             applied: written.total_limit,
-            occupancy: self.occupancy,
+            established,
             rates,
         })
     }
@@ -305,7 +354,14 @@ impl ServiceControl {
                     floor: c.floor,
                     ceiling: c.ceiling,
                     reserve: c.reserve,
+                    unproven_cap: c.unproven_cap,
                 })
+                .collect(),
+            flooded: CLASS_NAMES
+                .iter()
+                .zip(self.flooded)
+                .filter(|(_, f)| *f)
+                .map(|(n, _)| n.to_string())
                 .collect(),
             signals,
         })
@@ -509,6 +565,7 @@ mod tests {
     const CTX: Context<'static> = Context {
         ladder: &LADDER,
         hz: 250,
+        hold: Duration::from_millis(4),
     };
 
     fn config(services: &str) -> Config {
@@ -648,6 +705,7 @@ mod tests {
             Some(Cap {
                 ceiling: 50,
                 static_share: 5,
+                budget: 150,
             }),
         );
         sc.initial_policy(CTX);
@@ -701,6 +759,7 @@ mod tests {
         let cap = Cap {
             ceiling: 20,
             static_share: 5,
+            budget: 60,
         };
         let mut sc = ServiceControl::new(0, &service("aimd"), 18, Some(cap));
         let start = sc.initial_policy(CTX);
@@ -718,6 +777,7 @@ mod tests {
         let lower = Cap {
             ceiling: 8,
             static_share: 2,
+            budget: 60,
         };
         let d = sc
             .tick(&mut k, CTX, &healthy(ms(2200), 8), None, Some(lower))
@@ -746,6 +806,70 @@ mod tests {
             .unwrap();
         assert!(sc.report().is_none());
         assert_eq!(sc.limiter.service(&sc.cfg).fallback_limit, 10);
+    }
+
+    /// Whatever etcd says (a fleet ceiling of 0: a node waiting for its share, or one a
+    /// rogue record drove down), CRITICAL keeps the ceiling of the node's own
+    /// configuration: 5% of max_limit (100), at most 5% of its configured budget (60), 3
+    /// connections; every other class is refused.
+    #[test]
+    fn a_fleet_ceiling_never_takes_critical_below_its_own_ceiling() {
+        use shedder_common::{
+            CLASS_CRITICAL, CLASS_HIGH,
+            admit::{Attempt, decide},
+        };
+        let ladder = Ladder {
+            ceiling: [0.05, 1.0, 1.0, 1.0],
+            ..LADDER
+        };
+        let ctx = Context {
+            ladder: &ladder,
+            hz: 250,
+            hold: Duration::from_millis(4),
+        };
+        let mut k = Kernel::default();
+        let zero = Cap {
+            ceiling: 0,
+            static_share: 0,
+            budget: 60,
+        };
+        let mut sc = ServiceControl::new(0, &service("aimd"), 20, Some(zero));
+        let start = sc.initial_policy(ctx);
+        sc.tick(&mut k, ctx, &healthy(ms(200), 0), None, Some(zero))
+            .unwrap();
+        assert!(k.policies.is_empty(), "nothing moved: {:?}", k.policies);
+        let p = start;
+        assert_eq!(p.total_limit, 0);
+        assert_eq!(p.classes[0].ceiling, 3, "{p:?}");
+        assert!(
+            p.classes[1..]
+                .iter()
+                .all(|c| c.ceiling == 0 && c.limit == 0)
+        );
+        let attempt = |class| Attempt {
+            class,
+            origin: class,
+            ..Default::default()
+        };
+        for held in 0..3u64 {
+            let d = decide(&p, &attempt(CLASS_CRITICAL), &[held, 0, 0, 0], false);
+            assert_eq!(d.admit, 1, "CRITICAL with {held} held");
+            // Its fallback (a dead daemon) too.
+            let d = decide(&p, &attempt(CLASS_CRITICAL), &[held, 0, 0, 0], true);
+            assert_eq!(d.admit, 1, "CRITICAL with {held} held, stale heartbeat");
+        }
+        assert_eq!(
+            decide(&p, &attempt(CLASS_CRITICAL), &[3, 0, 0, 0], false).admit,
+            0,
+            "bounded by its ceiling"
+        );
+        assert_eq!(
+            decide(&p, &attempt(CLASS_HIGH), &[0, 0, 0, 0], false).admit,
+            0
+        );
+        // Without the fleet: 5% of max_limit, 5 connections.
+        let mut plain = ServiceControl::new(0, &service("aimd"), 20, None);
+        assert_eq!(plain.initial_policy(ctx).classes[0].ceiling, 5);
     }
 
     #[test]

@@ -98,6 +98,7 @@ impl Daemon {
             .context("calibrating the kernel clock")?;
         let ladder = Ladder::from_config(&cfg);
         let mut compiled = compile(&cfg, hz);
+        let hold = super::hold::Hold::new(&cfg, compiled.globals.hold_bits);
         // Fleet mode starts before anything is written, so a shared service is under its
         // fleet ceiling (0 until this node has its share) from the first write.
         let fleet = match &cfg.fleet {
@@ -127,6 +128,7 @@ impl Daemon {
             compiled.services[i].policy = sc.initial_policy(Context {
                 ladder: &ladder,
                 hz,
+                hold: hold.duration(hz),
             });
             services.push(sc);
         }
@@ -189,6 +191,7 @@ impl Daemon {
         if !tunnels.is_empty() {
             info!(tunnels = ?tunnels, "deciding on the inner headers of the tunnels this node terminates");
         }
+        warnings.extend(shedder.egress_problems().iter().cloned());
         if kernel_log {
             match shedder.kernel_logger() {
                 Ok(logger) => {
@@ -242,6 +245,7 @@ impl Daemon {
                     .iter()
                     .map(|a| (a.interface.clone(), a.mode == Attached::XdpNative.as_str())),
             ),
+            hold,
         })
     }
 }

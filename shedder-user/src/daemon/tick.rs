@@ -23,11 +23,13 @@ impl Daemon {
             Ok(jiffies) => self.count_quic_flows(jiffies),
             Err(e) => warn!(error = %e, "reading the kernel clock"),
         }
+        self.measure_hold(now);
         let signals = self.reader.tick(&self.shedder, now);
         let t = now.duration_since(self.start);
         let ctx = Context {
             ladder: &self.ladder,
             hz: self.hz,
+            hold: self.hold.duration(self.hz),
         };
         for (sc, sig) in self.services.iter_mut().zip(&signals) {
             let cap = self.fleet.as_ref().and_then(|f| f.cap(&sc.cfg.name));
@@ -52,8 +54,9 @@ impl Daemon {
 
     /// Write each QUIC service's open connections as its in-flight count, what the packet
     /// path holds against its limit: the admitted flows the server has not answered yet
-    /// (seen within `flow::WAITING_WINDOW_MS`) and the answered ones seen within the
-    /// service's active window. The packet path adds each flow when it admits it; this
+    /// (seen within `flow::WAITING_WINDOW_MS`), the answered ones seen within the
+    /// service's active window, and the unproven ones admitted within twice the measured
+    /// handshake delay (`flow::unproven_window_ms`), also written apart. The packet path adds each flow when it admits it; this
     /// recount takes away the ones gone quiet.
     fn count_quic_flows(&mut self, jiffies: u64) {
         let quic = self
@@ -91,8 +94,20 @@ impl Daemon {
                         slot,
                         window(flow::WAITING_WINDOW_MS),
                     )?;
-                    let class = std::array::from_fn(|c| answered[c].saturating_add(waiting[c]));
-                    self.shedder.set_inflight(id as u32, &Inflight { class })
+                    let p99 = self.services.get(id).and_then(|sc| sc.handshake_p99_ms());
+                    let unproven = self.shedder.alive(
+                        id as u32,
+                        flow::UNPROVEN,
+                        slot,
+                        window(flow::unproven_window_ms(p99)),
+                    )?;
+                    let class = std::array::from_fn(|c| {
+                        answered[c]
+                            .saturating_add(waiting[c])
+                            .saturating_add(unproven[c])
+                    });
+                    self.shedder
+                        .set_inflight(id as u32, &Inflight { class, unproven })
                 });
             if let Err(e) = counted {
                 warn!(service = %s.name, error = %e, "counting the QUIC service's open flows");
@@ -155,6 +170,13 @@ impl Daemon {
                 .collect(),
             programs: self.programs.clone(),
             kernel_events,
+            handshake_hold_ms: Some(self.hold.duration(self.hz).as_secs_f64() * 1000.0),
+            handshake_hold_measured: self.hold.measured.map(|(us, n)| {
+                crate::api::state::HoldMeasured {
+                    wanted_ms: us as f64 / 1000.0,
+                    connections: n,
+                }
+            }),
             services: self
                 .services
                 .iter()

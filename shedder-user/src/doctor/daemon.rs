@@ -101,9 +101,15 @@ pub(super) fn check_daemon(pin_dir: &Path, privileged: bool, start: &str) -> (Ch
 
 /// `links eth0 eth1 + 3 tracepoints`.
 fn describe_links(names: &[String]) -> String {
-    let (tracepoints, ifaces): (Vec<&String>, Vec<&String>) =
+    let (tracepoints, rest): (Vec<&String>, Vec<&String>) =
         names.iter().partition(|n| n.starts_with("tp-"));
+    let (egress, ifaces): (Vec<&String>, Vec<&String>) = rest
+        .into_iter()
+        .partition(|n| n.starts_with(crate::kernel::EGRESS_PIN_PREFIX));
     let mut parts: Vec<String> = ifaces.iter().map(|s| s.to_string()).collect();
+    if !egress.is_empty() {
+        parts.push(format!("+ {} egress", egress.len()));
+    }
     if !tracepoints.is_empty() {
         parts.push(format!("+ {} tracepoints", tracepoints.len()));
     }
@@ -240,6 +246,11 @@ mod tests {
         );
         let names = ["tp-a", "eth0", "tp-b"].map(String::from);
         assert_eq!(describe_links(&names), "links eth0 + 2 tracepoints");
+        let names = ["tp-a", "egress-eth0", "eth0"].map(String::from);
+        assert_eq!(
+            describe_links(&names),
+            "links eth0 + 1 egress + 1 tracepoints"
+        );
         assert_eq!(describe_links(&[]), "no links pinned");
         assert_eq!(
             parse_timer_list_jiffies("now at 1 nsecs\n\njiffies: 4296587655\n"),

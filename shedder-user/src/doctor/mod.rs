@@ -15,6 +15,7 @@ mod daemon;
 mod fail_static;
 mod filesystems;
 mod fleet;
+mod flood;
 mod interfaces;
 mod kernel;
 mod sockets;
@@ -188,6 +189,7 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
     let (daemon_check, alive) = check_daemon(&pin_path, privileged, &start);
     out.push(daemon_check);
     out.push(check_control_socket(&daemon.control_socket, alive));
+    out.extend(flood::check_flood(&daemon.control_socket, alive));
     out
 }
 

@@ -1,7 +1,7 @@
 //! The etcd agent (a task on the side-I/O runtime) and the daemon's handle on it.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -15,11 +15,13 @@ use tracing::{info, warn};
 use crate::config::{Fleet, Shares};
 
 use super::{
-    Cap, DEFAULT_HOLD, Demand, Departed, FleetState, NodeShare, Record, Report, ServiceShare,
-    SharedService, Smoother, Want, budget, by_demand, claim, next_ceiling, next_ceiling_by_demand,
+    Cap, Demand, Departed, FleetState, Record, Report, ServiceShare, SharedService, Smoother,
+    budget, claim, next_ceiling, next_ceiling_by_demand,
     records::unix_ms,
     settings::{Settings, brief},
-    static_share, target,
+    static_share,
+    trust::{self, Field},
+    view::{self, Seen},
 };
 
 struct Shared {
@@ -113,7 +115,7 @@ impl Handle {
                     .demand
                     .entry(service.to_string())
                     .or_insert_with(|| (Smoother::default(), now));
-                smoother.update(now - *last, attempts, admitted, report.occupancy);
+                smoother.update(now - *last, attempts, admitted, report.established);
                 *last = now;
             }
             sh.reports.insert(service.to_string(), report);
@@ -136,6 +138,7 @@ impl Handle {
         Some(Cap {
             ceiling,
             static_share,
+            budget: budget(svc.global_limit, self.settings.safety),
         })
     }
 
@@ -186,8 +189,10 @@ impl Drop for Handle {
 /// The members this node knows of, and the etcd revision of that view.
 #[derive(Default)]
 struct View {
+    /// Members' records as checked by `trust::member` (a record that fails the check leaves
+    /// the member's last good one in place).
     members: BTreeMap<String, Record>,
-    departed: BTreeMap<String, Departed>,
+    departed: BTreeMap<String, Seen>,
     revision: i64,
     lease: Option<i64>,
     published: Option<Record>,
@@ -195,8 +200,20 @@ struct View {
     /// This node's demand as it publishes it, and when it last changed.
     demand: BTreeMap<String, Demand>,
     demand_changed: Option<Instant>,
-    /// Services whose global_limit disagreement was logged.
-    warned: Vec<String>,
+    /// Per service, what each other member's claim counts and holds (`view::Standing`).
+    /// Kept across sessions: a member seen before is not new after a reconnect.
+    standings: BTreeMap<String, BTreeMap<String, view::Standing>>,
+    /// Where this node's view stands in its history with etcd (`view::Phase`).
+    phase: view::Phase,
+    /// Members back from a departure since the last step, with their departed records
+    /// (deleted by their registration): what was reserved for them counts as theirs.
+    returned: BTreeMap<String, Departed>,
+    /// (member, field) found out of bounds in the member's current record: counted once
+    /// per record published.
+    noted: BTreeSet<(String, Field)>,
+    /// What was logged already: rejections by key and error, findings by member and
+    /// field, disagreements by service, member and value; once each.
+    logged: BTreeSet<String>,
 }
 
 struct Agent {
@@ -398,10 +415,29 @@ impl Agent {
                 ),
             )
             .await?;
+        // Departed records keep when this node first read them (see `Seen`), and members
+        // their standings, across a reconnect; what is gone from etcd is gone here.
         self.view.members.clear();
-        self.view.departed.clear();
+        let present: BTreeSet<String> = got
+            .kvs()
+            .iter()
+            .map(|kv| String::from_utf8_lossy(kv.key()).to_string())
+            .collect();
+        let departed_prefix = self.s.departed_prefix.clone();
+        self.view
+            .departed
+            .retain(|node, _| present.contains(&format!("{departed_prefix}{node}")));
         for kv in got.kvs() {
-            self.apply_put(kv.key(), kv.value());
+            self.apply_put(kv.key(), kv.value(), kv.lease());
+        }
+        let members: Vec<String> = self.view.members.keys().cloned().collect();
+        for a in self.view.standings.values_mut() {
+            a.retain(|node, _| members.contains(node));
+        }
+        // A member whose claim moved while this node could not see it may have raised
+        // meanwhile: the first view of this session takes it as published.
+        if self.view.phase == view::Phase::Steady {
+            self.view.phase = view::Phase::Reconnect;
         }
         self.view.revision = got.header().map_or(0, |h| h.revision());
         let mut watch = self
@@ -463,7 +499,7 @@ impl Agent {
                             match ev.event_type() {
                                 etcd_client::EventType::Put => {
                                     room |= kv.key().starts_with(self.s.departed_prefix.as_bytes());
-                                    self.apply_put(kv.key(), kv.value());
+                                    self.apply_put(kv.key(), kv.value(), kv.lease());
                                 }
                                 etcd_client::EventType::Delete => {
                                     room = true;
@@ -472,10 +508,22 @@ impl Agent {
                                         bail!("this node's key was deleted (its lease expired or an operator removed it)");
                                     }
                                     if let Some(node) = key.strip_prefix(&self.s.departed_prefix) {
-                                        self.view.departed.remove(node);
+                                        // Deleted by the member's registration: it is back,
+                                        // holding what was reserved for it.
+                                        if let Some(seen) = self.view.departed.remove(node)
+                                            && self.view.members.contains_key(node)
+                                        {
+                                            self.view.returned.insert(node.to_string(), seen.record);
+                                        }
+                                        self.forget_findings(node);
+                                        self.forget_findings("*");
                                     } else if let Some(node) = key.strip_prefix(&self.s.members_prefix)
                                         && let Some(last) = self.view.members.remove(node)
                                     {
+                                        self.forget_findings(node);
+                                        for a in self.view.standings.values_mut() {
+                                            a.remove(node);
+                                        }
                                         self.member_left(&mut client, node, &last).await?;
                                     }
                                 }
@@ -518,13 +566,22 @@ impl Agent {
             info!(node, "fleet: member left");
             return Ok(());
         }
-        let reserves: BTreeMap<String, u32> = last
-            .claims
-            .keys()
+        // Its static share as this node's configuration has it (the budget is this node's,
+        // whatever the member published), for the services both share.
+        let services = self
+            .shared
+            .lock()
+            .map(|sh| sh.services.clone())
+            .unwrap_or_default();
+        let reserves: BTreeMap<String, u32> = services
+            .iter()
+            .filter(|svc| last.claims.contains_key(&svc.name))
             .map(|svc| {
-                let global = last.global_limits.get(svc).copied().unwrap_or(0);
-                let b = budget(global, self.s.safety);
-                (svc.clone(), static_share(b, self.s.max_nodes, u32::MAX))
+                let b = budget(svc.global_limit, self.s.safety);
+                (
+                    svc.name.clone(),
+                    static_share(b, self.s.max_nodes, u32::MAX),
+                )
             })
             .collect();
         let d = Departed {
@@ -535,7 +592,14 @@ impl Agent {
         info!(node, reserves = ?d.reserves, "fleet: member lost (its lease expired): its static share stays reserved until it registers again");
         let key = format!("{}{node}", self.s.departed_prefix);
         let value = serde_json::to_vec(&d)?;
-        self.view.departed.insert(node.to_string(), d);
+        let first_seen_unix_ms = d.since_unix_ms;
+        self.view.departed.insert(
+            node.to_string(),
+            Seen {
+                record: d,
+                first_seen_unix_ms,
+            },
+        );
         // Only while it has not registered again (a late event must not reserve for a node
         // that is back).
         let member_key = format!("{}{node}", self.s.members_prefix);
@@ -550,31 +614,87 @@ impl Agent {
         Ok(())
     }
 
-    fn apply_put(&mut self, key: &[u8], value: &[u8]) {
-        let key = String::from_utf8_lossy(key);
+    /// A record put under the prefix: checked (`trust`), then in the view. A record that
+    /// fails the check is ignored whole, and a member's last good record stays in force.
+    fn apply_put(&mut self, key: &[u8], value: &[u8], lease: i64) {
+        let key = String::from_utf8_lossy(key).to_string();
         if let Some(node) = key.strip_prefix(&self.s.departed_prefix) {
-            match serde_json::from_slice::<Departed>(value) {
-                Ok(d) => {
-                    self.view.departed.insert(node.to_string(), d);
+            self.forget_findings(node);
+            self.forget_findings("*");
+            match trust::departed(node, value) {
+                Ok((d, found)) => {
+                    self.clamped(node, &found);
+                    let first_seen_unix_ms = self
+                        .view
+                        .departed
+                        .get(node)
+                        .map_or_else(unix_ms, |s| s.first_seen_unix_ms);
+                    self.view.departed.insert(
+                        node.to_string(),
+                        Seen {
+                            record: d,
+                            first_seen_unix_ms,
+                        },
+                    );
                 }
-                Err(e) => {
-                    warn!(node, error = %e, "fleet: ignoring a departed record that does not parse")
-                }
+                Err(e) => self.rejected("departed", &key, &e),
             }
             return;
         }
         let Some(node) = key.strip_prefix(&self.s.members_prefix) else {
             return;
         };
-        match serde_json::from_slice::<Record>(value) {
-            Ok(r) => {
+        self.forget_findings(node);
+        match trust::member(node, value, lease) {
+            Ok((r, found)) => {
+                self.clamped(node, &found);
                 if !self.view.members.contains_key(node) && node != self.s.node {
                     info!(node, "fleet: member joined");
                 }
                 self.view.members.insert(node.to_string(), r);
             }
-            Err(e) => {
-                warn!(node, error = %e, "fleet: ignoring a member record that does not parse")
+            Err(e) => self.rejected("member", &key, &e),
+        }
+    }
+
+    /// A member's new record (or its key gone): what was found in the old one is counted
+    /// again if the new one has it too.
+    fn forget_findings(&mut self, node: &str) {
+        self.view.noted.retain(|(n, _)| n != node);
+    }
+
+    /// A record ignored whole: counted, logged once per key and error.
+    fn rejected(&mut self, kind: &str, key: &str, e: &trust::Rejected) {
+        if let Ok(mut sh) = self.shared.lock() {
+            *sh.state.rejected.entry(kind.to_string()).or_default() += 1;
+        }
+        if self.view.logged.insert(format!("rejected {key} {e}")) {
+            warn!(key, error = %e, "fleet: ignoring a {kind} record");
+        }
+    }
+
+    /// Values of `node`'s current record not believed as published: counted once per
+    /// record, logged once per member and field.
+    fn clamped(&mut self, node: &str, found: &[Field]) {
+        for f in found {
+            if !self.view.noted.insert((node.to_string(), *f)) {
+                continue;
+            }
+            if let Ok(mut sh) = self.shared.lock() {
+                *sh.state.clamped.entry(f.as_str().to_string()).or_default() += 1;
+            }
+            if self.view.logged.insert(format!("clamped {node} {f}")) {
+                let what = match f {
+                    Field::Claim => {
+                        "a claim above the budget, or above any it could have been granted"
+                    }
+                    Field::Need => "a need its own figures or its connections do not support",
+                    Field::Reserve => "a departed reserve above the static share",
+                    Field::Reserved => "departed reserves above what the missing nodes can hold",
+                    Field::Since => "a departed record dated in the future",
+                    _ => "a value out of range",
+                };
+                warn!(node, field = %f, "fleet: a record holds {what}; counting it within bounds");
             }
         }
     }
@@ -661,7 +781,7 @@ impl Agent {
             .map(|s| {
                 let r = sh.reports.get(&s.name).copied().unwrap_or_default();
                 let c = sh.ceilings.get(&s.name).copied().unwrap_or(0);
-                (s.name.clone(), claim(c, r.applied, r.occupancy))
+                (s.name.clone(), claim(c, r.applied, r.established))
             })
             .collect()
     }
@@ -677,15 +797,12 @@ impl Agent {
         // Departed members: reserved until they register again or reserve_departed passes
         // (then the key is removed); a key naming this node is stale (it is registered).
         let now_ms = unix_ms();
+        let reserve_ms = self.s.reserve_departed.as_millis() as u64;
         let expired: Vec<String> = self
             .view
             .departed
             .iter()
-            .filter(|(n, d)| {
-                **n == self.s.node
-                    || now_ms.saturating_sub(d.since_unix_ms)
-                        > self.s.reserve_departed.as_millis() as u64
-            })
+            .filter(|(n, d)| **n == self.s.node || d.expired(now_ms, reserve_ms))
             .map(|(n, _)| n.clone())
             .collect();
         for n in expired {
@@ -700,76 +817,65 @@ impl Agent {
             .await?;
         }
         self.refresh_demand(&services);
+        let settings = view::Settings {
+            node: &self.s.node,
+            safety: self.s.safety,
+            max_nodes: self.s.max_nodes,
+            shares: self.s.shares,
+            reserve_departed_ms: reserve_ms,
+        };
         let mut raises = BTreeMap::new();
         let mut lowered = false;
         let mut shares = Vec::new();
+        let mut findings = Vec::new();
         for svc in &services {
-            // The smallest global_limit any member is configured with.
-            let global_limit = self
-                .view
-                .members
-                .values()
-                .filter_map(|r| r.global_limits.get(&svc.name))
-                .fold(svc.global_limit, |a, g| a.min(*g));
-            if global_limit < svc.global_limit && !self.view.warned.contains(&svc.name) {
-                warn!(
-                    service = %svc.name,
-                    configured = svc.global_limit,
-                    fleet = global_limit,
-                    "fleet: another member has a smaller global_limit for this service; using it"
-                );
-                self.view.warned.push(svc.name.clone());
+            let empty = BTreeMap::new();
+            let o = view::service(
+                &settings,
+                svc,
+                &self.view.members,
+                &self.view.departed,
+                self.view.standings.get(&svc.name).unwrap_or(&empty),
+                &self.view.returned,
+                self.view.phase,
+                now_ms,
+            );
+            for (node, g) in &o.disagreeing {
+                if self
+                    .view
+                    .logged
+                    .insert(format!("global_limit {} {node} {g}", svc.name))
+                {
+                    warn!(
+                        service = %svc.name,
+                        node = %node,
+                        configured = svc.global_limit,
+                        theirs = g,
+                        "fleet: another member publishes another global_limit for this service; \
+                         this node keeps its own (make the fleet's configurations agree)"
+                    );
+                }
             }
-            let budget = budget(global_limit, self.s.safety);
-            let reserved: u32 = self
-                .view
-                .departed
-                .values()
-                .filter_map(|d| d.reserves.get(&svc.name))
-                .fold(0u32, |a, r| a.saturating_add(*r));
-            let live_budget = budget.saturating_sub(reserved);
-            let members = self
-                .view
-                .members
-                .values()
-                .filter(|r| r.claims.contains_key(&svc.name))
-                .count()
-                .max(1);
-            let others: u32 = self
-                .view
-                .members
-                .iter()
-                .filter(|(n, _)| **n != self.s.node)
-                .filter_map(|(_, r)| r.claims.get(&svc.name))
-                .fold(0u32, |a, c| a.saturating_add(*c));
-            let (target, nodes) = self.shares_of(svc, live_budget, members);
+            findings.extend(o.findings.iter().cloned());
+            self.view.standings.insert(svc.name.clone(), o.standings);
             let current = ceilings.get(&svc.name).copied().unwrap_or(0);
-            let room = live_budget.saturating_sub(others);
             let (next, raise) = match self.s.shares {
-                Shares::Demand => next_ceiling_by_demand(current, target, room),
-                Shares::Equal => next_ceiling(current, target, room),
+                Shares::Demand => next_ceiling_by_demand(current, o.target, o.room),
+                Shares::Equal => next_ceiling(current, o.target, o.room),
             };
             if raise {
                 raises.insert(svc.name.clone(), next);
             } else if next != current {
-                info!(service = %svc.name, from = current, to = next, members, "fleet: ceiling lowered");
+                info!(service = %svc.name, from = current, to = next, members = o.share.members, "fleet: ceiling lowered");
                 ceilings.insert(svc.name.clone(), next);
                 lowered = true;
             }
-            shares.push(ServiceShare {
-                service: svc.name.clone(),
-                global_limit,
-                budget,
-                members: members as u32,
-                shares: self.s.shares.as_str().into(),
-                target,
-                ceiling: 0,
-                claim: 0,
-                others,
-                reserved,
-                static_share: self.s.static_share(svc),
-                nodes,
-            });
+            shares.push(o.share);
+        }
+        self.view.phase = view::Phase::Steady;
+        self.view.returned.clear();
+        for (node, f) in findings {
+            self.clamped(&node, &[f]);
         }
         if let Ok(mut sh) = self.shared.lock() {
             sh.ceilings = ceilings.clone();
@@ -860,17 +966,24 @@ impl Agent {
             let Some((smoother, _)) = sh.demand.get(&svc.name) else {
                 continue;
             };
-            let mut holds: Vec<f64> = self
+            // The median of the holds the others proved (a hold a record merely states
+            // could be anything).
+            // A suspect member holds nothing its hold could be measured by.
+            let held: BTreeMap<String, u32> = self
                 .view
-                .members
-                .iter()
-                .filter(|(n, _)| **n != self.s.node)
-                .filter_map(|(_, r)| r.demand.get(&svc.name)?.hold_ms)
+                .standings
+                .get(&svc.name)
+                .into_iter()
+                .flatten()
+                .filter(|(_, st)| st.suspect)
+                .map(|(n, _)| (n.clone(), 0))
                 .collect();
-            holds.sort_by(f64::total_cmp);
-            let fallback = holds
-                .get(holds.len() / 2)
-                .map_or(DEFAULT_HOLD, |ms| Duration::from_secs_f64(ms / 1000.0));
+            let fallback = Duration::from_secs_f64(view::fleet_hold(
+                &self.view.members,
+                &svc.name,
+                &self.s.node,
+                &held,
+            ));
             let now = smoother.demand(fallback).rounded();
             let publish = match self.view.demand.get(&svc.name) {
                 None => true,
@@ -888,64 +1001,5 @@ impl Agent {
         if changed {
             self.view.demand_changed = Some(Instant::now());
         }
-    }
-
-    /// This node's target for a service and every member's share, from the records in
-    /// etcd (this node's as published, so every node computes the same shares).
-    fn shares_of(
-        &self,
-        svc: &SharedService,
-        live_budget: u32,
-        members: usize,
-    ) -> (u32, Vec<NodeShare>) {
-        let live: Vec<(&String, &Record)> = self
-            .view
-            .members
-            .iter()
-            .filter(|(_, r)| r.claims.contains_key(&svc.name))
-            .collect();
-        let wants: Vec<Want> = live
-            .iter()
-            .map(|(_, r)| Want {
-                need: r.demand.get(&svc.name).map_or([0.0; 4], |d| d.need),
-                max_limit: r.max_limits.get(&svc.name).copied().unwrap_or(u32::MAX),
-            })
-            .collect();
-        let shares = match self.s.shares {
-            Shares::Demand => by_demand(live_budget, &wants),
-            Shares::Equal => wants
-                .iter()
-                .map(|w| target(live_budget, live.len(), w.max_limit))
-                .collect(),
-        };
-        let nodes = live
-            .iter()
-            .zip(&shares)
-            .map(|((node, r), share)| {
-                let d = r.demand.get(&svc.name).copied().unwrap_or_default();
-                NodeShare {
-                    node: node.to_string(),
-                    attempts: d.total_attempts(),
-                    need: d.need,
-                    hold_ms: d.hold_ms,
-                    weight: if live_budget > 0 {
-                        *share as f64 / live_budget as f64
-                    } else {
-                        0.0
-                    },
-                    share: *share,
-                    claim: r.claims.get(&svc.name).copied().unwrap_or(0),
-                }
-            })
-            .collect();
-        // Not registered yet (no record of its own in the view): an equal share.
-        let own = live
-            .iter()
-            .position(|(n, _)| **n == self.s.node)
-            .map_or_else(
-                || target(live_budget, members, svc.max_limit),
-                |i| shares[i].min(svc.max_limit),
-            );
-        (own, nodes)
     }
 }

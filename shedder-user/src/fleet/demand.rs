@@ -3,9 +3,15 @@
 //! if all were admitted (pure).
 //!
 //! Attempts are a rate and a share is a number of connections; Little's law joins them.
-//! The node measures how long an admitted attempt holds its connection, `occupancy /
-//! admissions per second`, so its *need* in a class is `attempts per second × hold`. Rates,
-//! occupancy and admissions are means over the last [`DEMAND_WINDOW`]: a one-tick burst
+//! The node measures how long an admitted attempt holds its connection, `established
+//! connections / admissions per second`, so its *need* in a class is `attempts per second ×
+//! hold`. Only established connections count: an attempt admitted but never completed (a
+//! SYN from a spoofed address) holds a slot on the packet path for a while but no
+//! connection, so a flood of them adds admissions and no connections, and shortens the
+//! hold in proportion. With the packet path counting proven attempts only, the need is
+//! exactly the proven attempts' need; counting every attempt, it still is as long as the
+//! flood is admitted in the same proportion as the real clients (see the tests). Rates,
+//! connections and admissions are means over the last [`DEMAND_WINDOW`]: a one-tick burst
 //! moves a share little, and a shift in demand is fully in the means one window later. (An
 //! exponential mean with a time constant of 1 s, about as steady as a 2 s window, passes
 //! 78% of a shift in 1.5 s and 95% in 3 s; the 1.5 s window is about 15% noisier.)
@@ -21,6 +27,10 @@ pub const DEMAND_WINDOW: Duration = Duration::from_millis(1500);
 /// The hold assumed by a node that has admitted nothing yet and knows no other node's.
 pub const DEFAULT_HOLD: Duration = Duration::from_secs(1);
 
+/// Admissions per second below which a node's hold is not measured (one attempt every ten
+/// seconds).
+pub const MIN_ADMITTED: f64 = 0.1;
+
 /// What a node publishes of its demand for one service.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Demand {
@@ -31,6 +41,13 @@ pub struct Demand {
     /// How long an admitted attempt holds its connection here (ms; `None`: nothing admitted
     /// yet, the need was computed with another node's hold).
     pub hold_ms: Option<f64>,
+    /// Admissions per second, all classes (absent from records of versions without it: 0).
+    #[serde(default)]
+    pub admitted: f64,
+    /// Established connections held (the mean): what the node has proved it holds. The
+    /// others cap its need by it (see `fleet::trust`).
+    #[serde(default)]
+    pub established: f64,
 }
 
 impl Demand {
@@ -55,6 +72,8 @@ impl Demand {
             attempts: self.attempts.map(r),
             need: self.need.map(r),
             hold_ms: self.hold_ms.map(f64::round),
+            admitted: r(self.admitted),
+            established: r(self.established),
         }
     }
 }
@@ -65,7 +84,7 @@ struct Sample {
     dt: f64,
     attempts: [f64; NUM_CLASSES],
     admitted: f64,
-    occupancy: f64,
+    established: f64,
 }
 
 /// One service's means over the last [`DEMAND_WINDOW`] on this node.
@@ -77,13 +96,13 @@ pub struct Smoother {
 
 impl Smoother {
     /// Take one tick's readings, `dt` after the last: attempts and admissions per second,
-    /// and the connections held now.
+    /// and the established connections held now.
     pub fn update(
         &mut self,
         dt: Duration,
         attempts: [f64; NUM_CLASSES],
         admitted: f64,
-        occupancy: u32,
+        established: u32,
     ) {
         // The first reading stands for the window until more come.
         let dt = if self.samples.is_empty() {
@@ -98,7 +117,7 @@ impl Smoother {
             dt,
             attempts,
             admitted,
-            occupancy: occupancy as f64,
+            established: established as f64,
         });
         // Keep exactly the window: drop what lies wholly before it, weigh the oldest by
         // the part of it inside.
@@ -131,11 +150,12 @@ impl Smoother {
         std::array::from_fn(|c| self.mean(|s| s.attempts[c]))
     }
 
-    /// The hold measured here: `occupancy / admissions per second` (`None` while too little
-    /// is admitted to say, under one attempt every ten seconds).
+    /// The hold measured here: `established connections / admissions per second` (`None`
+    /// while too little is admitted to say, under [`MIN_ADMITTED`]).
     pub fn hold(&self) -> Option<Duration> {
         let admitted = self.mean(|s| s.admitted);
-        (admitted >= 0.1).then(|| Duration::from_secs_f64(self.mean(|s| s.occupancy) / admitted))
+        (admitted >= MIN_ADMITTED)
+            .then(|| Duration::from_secs_f64(self.mean(|s| s.established) / admitted))
     }
 
     /// The demand to publish, with `fallback_hold` (another node's, or [`DEFAULT_HOLD`]) when
@@ -148,6 +168,8 @@ impl Smoother {
             attempts,
             need: attempts.map(|a| a * hold),
             hold_ms: own.map(|h| h.as_secs_f64() * 1000.0),
+            admitted: self.mean(|s| s.admitted),
+            established: self.mean(|s| s.established),
         }
     }
 }
@@ -170,6 +192,29 @@ mod tests {
         assert!((d.hold_ms.unwrap() - 400.0).abs() < 1e-6);
         assert!((d.need[2] - 40.0).abs() < 1e-6);
         assert!((d.total_attempts() - 100.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_flood_of_attempts_that_never_complete_adds_no_need() {
+        // The same node under a flood of 1,000 SYNs a second that never complete, decided
+        // like its clients' (two in five admitted): 400 more admissions a second, none of
+        // which becomes a connection. The hold shrinks by as much as the attempts grow, and
+        // the need is the clients' 40 connections.
+        let mut s = Smoother::default();
+        for _ in 0..20 {
+            s.update(TICK, [0.0, 0.0, 1100.0, 0.0], 440.0, 16);
+        }
+        let d = s.demand(DEFAULT_HOLD);
+        assert!((d.need[2] - 40.0).abs() < 1e-6, "{d:?}");
+        assert!((d.established - 16.0).abs() < 1e-9);
+        assert!((d.admitted - 440.0).abs() < 1e-9);
+        // Counting proven attempts only, the packet path hands over the clients' own
+        // figures: the same need.
+        let mut proven = Smoother::default();
+        for _ in 0..20 {
+            proven.update(TICK, [0.0, 0.0, 100.0, 0.0], 40.0, 16);
+        }
+        assert!((proven.demand(DEFAULT_HOLD).need[2] - 40.0).abs() < 1e-6);
     }
 
     #[test]

@@ -13,8 +13,9 @@
 //! the kernel, connections it holds now)`. A node whose lease expires (it died, or lost
 //! etcd for a lease TTL) leaves the fleet with its key.
 //!
-//! Per service, with `budget = ⌊global_limit × safety⌋` and `n` live members protecting a
-//! service of that name:
+//! Per service, with `budget = ⌊global_limit × safety⌋` (this node's own `global_limit`:
+//! another member's is reported, never followed) and `n` live members protecting a service
+//! of that name:
 //!
 //! - the node's **target** is `⌊budget / n⌋`, never above its own `max_limit` (equal shares;
 //!   a node's local controller still adapts below its ceiling);
@@ -42,6 +43,13 @@
 //! limit (a dead daemon) is capped at the static share too. So the fleet total stays within
 //! `budget` while nodes reach etcd, through partitions (for `reserve_departed_s`), and when
 //! etcd is down for every node (each holds at most `budget / max_nodes`).
+//!
+//! ## What a record is believed
+//!
+//! Every record under the prefix is checked before it weighs on anything (see [`trust`]
+//! and [`view`]): malformed or misnamed records are ignored, numbers are clamped into their
+//! ranges, a member's need is capped by what it proved it holds, its claim counts only as
+//! far as this node's views granted it, departed reserves are bounded each and in all.
 
 mod agent;
 mod demand;
@@ -49,6 +57,8 @@ mod records;
 mod settings;
 mod shares;
 mod state;
+pub mod trust;
+pub mod view;
 
 use crate::config::Config;
 

@@ -12,8 +12,8 @@ pub struct Record {
     pub node: String,
     /// Service name → claim.
     pub claims: BTreeMap<String, u32>,
-    /// Service name → the `global_limit` this node is configured with. Nodes whose
-    /// configurations disagree all use the smallest.
+    /// Service name → the `global_limit` this node is configured with. Each node uses its
+    /// own; another value is reported as a disagreement (see `view`).
     #[serde(default)]
     pub global_limits: BTreeMap<String, u32>,
     /// Service name → this node's recent demand (shares by demand are computed from it;

@@ -155,9 +155,12 @@ pub fn next_ceiling_by_demand(current: u32, target: u32, room: u32) -> (u32, boo
     next_ceiling(current, target, room)
 }
 
-/// The claim a node publishes for a service: everything it may hold.
-pub fn claim(ceiling: u32, applied: u32, occupancy: u32) -> u32 {
-    ceiling.max(applied).max(occupancy)
+/// The claim a node publishes for a service: everything it may hold, its ceiling, the
+/// limit in its kernel (which bounds what its packet path admits) and the connections it
+/// has established (CRITICAL's may be past the limit, and a lowered node's are until they
+/// close).
+pub fn claim(ceiling: u32, applied: u32, established: u32) -> u32 {
+    ceiling.max(applied).max(established)
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! What this node knows of the fleet, for `shedder status` and the metrics, and what the
 //! daemon tells the agent each tick.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// A service's state on this node, for `shedder status` and the metrics.
@@ -22,7 +24,7 @@ pub struct ServiceShare {
     pub ceiling: u32,
     /// What this node last published as its claim.
     pub claim: u32,
-    /// The other members' claims.
+    /// The other members' claims, each as far as it counts here (see `NodeShare::counted`).
     pub others: u32,
     /// Kept free for departed members that may still be serving, cut off (their static
     /// shares).
@@ -34,6 +36,10 @@ pub struct ServiceShare {
     /// included), in node-name order.
     #[serde(default)]
     pub nodes: Vec<NodeShare>,
+    /// Live members that publish another global_limit for the service than this node's
+    /// (which it keeps).
+    #[serde(default)]
+    pub disagreeing: u32,
 }
 
 /// One member's demand and share of a service, as this node computed it.
@@ -43,7 +49,7 @@ pub struct NodeShare {
     /// Unique attempts per second, refused ones included (all classes).
     pub attempts: f64,
     /// The connections those attempts would hold if all were admitted, by class
-    /// (CRITICAL first).
+    /// (CRITICAL first), as far as the member proved them (what the shares count).
     pub need: [f64; shedder_common::NUM_CLASSES],
     /// How long an admitted attempt holds its connection on that node (ms), if it has
     /// admitted any.
@@ -54,6 +60,10 @@ pub struct NodeShare {
     pub share: u32,
     /// What it published as its claim.
     pub claim: u32,
+    /// How much of that claim this node counts against the room it raises into (its
+    /// claim up to what this node's views granted it).
+    #[serde(default)]
+    pub counted: u32,
 }
 
 /// The fleet as this node sees it.
@@ -79,6 +89,12 @@ pub struct FleetState {
     #[serde(default)]
     pub departed: Vec<String>,
     pub services: Vec<ServiceShare>,
+    /// Records under the fleet's prefix ignored whole, by kind (`member`, `departed`).
+    #[serde(default)]
+    pub rejected: BTreeMap<String, u64>,
+    /// Values in the members' records not believed as published, by field.
+    #[serde(default)]
+    pub clamped: BTreeMap<String, u64>,
 }
 
 /// What the fleet allows this node for one service (held by the decorator that applies it).
@@ -89,8 +105,11 @@ pub use crate::control::capped::Cap;
 pub struct Report {
     /// The total limit written in the kernel.
     pub applied: u32,
-    /// Connections held (established + admitted, not yet established).
-    pub occupancy: u32,
+    /// Established connections: what the node has proved it holds. Its claim and its
+    /// hold count these, not attempts admitted that may never complete (a spoofed SYN's
+    /// slot on the packet path holds no connection; the attempts admitted under the
+    /// kernel's limit are in `applied` anyway).
+    pub established: u32,
     /// This tick's unique attempts per second by class, refused ones included, and the
     /// admissions per second (`None`: the counters could not be read).
     pub rates: Option<([f64; shedder_common::NUM_CLASSES], f64)>,

@@ -40,6 +40,11 @@ impl Shedder {
         self.program(programs::TC)
     }
 
+    /// The egress program (loaded with the QUIC halves).
+    pub fn egress(&mut self) -> Result<&mut SchedClassifier> {
+        self.program(programs::EGRESS)
+    }
+
     /// Attach to `iface` in the calling thread's network namespace. With a pin directory,
     /// the link is pinned at `dir/links/<iface>` so it outlives this process.
     pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<Attached> {
@@ -101,7 +106,73 @@ impl Shedder {
             }
         };
         self.keep_link(iface, link)?;
+        self.attach_egress(iface);
         Ok(attached)
+    }
+
+    /// Attach the egress program to `iface` (see [`programs::EGRESS`]), if the QUIC programs
+    /// loaded; with a pin directory the link is pinned at `links/egress-<iface>`, and one an
+    /// earlier run pinned there is taken over as [`Shedder::adopt`] does. A failure leaves the
+    /// packet path as it was: QUIC clients behind `iface` then cannot prove their addresses
+    /// and stay unproven. It is logged and kept for `status` ([`Shedder::egress_problems`]).
+    fn attach_egress(&mut self, iface: &str) {
+        if self.quic_unavailable().is_some() {
+            return;
+        }
+        if let Err(e) = self.try_attach_egress(iface) {
+            let why = format!(
+                "{iface}: QUIC clients cannot prove their addresses (the egress program did                  not attach: {e}); they stay unproven, held within their class's unproven                  cap and not counted in flight"
+            );
+            tracing::warn!("{why}");
+            self.egress_problems.push(why);
+        }
+    }
+
+    fn try_attach_egress(&mut self, iface: &str) -> Result<()> {
+        let pin_name = egress_pin_name(iface);
+        let pinned = self
+            .pin_dir
+            .as_ref()
+            .map(|d| d.join("links").join(&pin_name))
+            .filter(|p| p.exists());
+        let attach_err = |mode| attach_error(iface, mode);
+        let prog: &mut SchedClassifier = self.program(programs::EGRESS)?;
+        if let Some(path) = pinned {
+            let link: FdLink = PinnedLink::from_pin(&path)
+                .map_err(|e| Error::Pin {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?
+                .into();
+            let link = link
+                .try_into()
+                .map_err(|e: aya::programs::links::LinkError| Error::Pin {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+            let id = prog
+                .attach_to_link(link)
+                .map_err(attach_err("tc egress link update"))?;
+            drop(prog.take_link(id));
+            return Ok(());
+        }
+        let _ = tc::qdisc_add_clsact(iface);
+        let id = prog
+            .attach(iface, TcAttachType::Egress)
+            .map_err(attach_err("tc egress"))?;
+        let link = prog.take_link(id).map_err(attach_err("tc egress"))?;
+        let link: FdLink = link
+            .try_into()
+            .map_err(|e: aya::programs::links::LinkError| Error::Pin {
+                path: PathBuf::from(iface),
+                reason: format!("TC egress attached without tcx: {e}"),
+            })?;
+        self.keep_link(&pin_name, link)
+    }
+
+    /// What went wrong attaching the egress program, one line per interface.
+    pub fn egress_problems(&self) -> &[String] {
+        &self.egress_problems
     }
 
     /// Attach the tracking programs to the `sock` tracepoints (in-flight connections,
@@ -155,6 +226,12 @@ impl Shedder {
     /// goes unprotected, and the program that runs is the one this daemon loaded (its
     /// version, its log level, its run-time statistics).
     pub fn adopt(&mut self, iface: &str) -> Result<Attached> {
+        let how = self.adopt_ingress(iface)?;
+        self.attach_egress(iface);
+        Ok(how)
+    }
+
+    fn adopt_ingress(&mut self, iface: &str) -> Result<Attached> {
         let dir = self.pin_dir.clone().ok_or_else(|| Error::Pin {
             path: PathBuf::from(iface),
             reason: "adopting needs a pin directory".into(),
@@ -233,9 +310,50 @@ impl Shedder {
     }
 }
 
+/// The name of `iface`'s egress link under `links/`.
+pub fn egress_pin_name(iface: &str) -> String {
+    format!("{EGRESS_PIN_PREFIX}{iface}")
+}
+
+/// Names of egress links under `links/` begin with this (tracepoints' with `tp-`).
+pub const EGRESS_PIN_PREFIX: &str = "egress-";
+
 /// Remove everything pinned under `dir`: the links first (which detaches the programs),
-/// then the maps. Returns the interfaces that were detached.
+/// then the maps. Returns the interfaces that were detached. The kernel releases a link
+/// whose last pin is gone from a work queue, a moment later (a TC link waits out an RCU
+/// grace period): this waits (up to [`DETACH_WAIT`]) until the programs the links held
+/// are gone, so that traffic right after no longer meets them.
 pub fn unpin_all(dir: &Path) -> std::io::Result<Vec<String>> {
+    let programs = pinned_link_programs(&dir.join("links"));
+    let detached = remove_pins(dir)?;
+    let deadline = std::time::Instant::now() + DETACH_WAIT;
+    while std::time::Instant::now() < deadline
+        && aya::programs::loaded_programs()
+            .flatten()
+            .any(|p| programs.contains(&p.id()))
+    {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    Ok(detached)
+}
+
+/// How long [`unpin_all`] waits for the kernel to release what it unpinned.
+pub const DETACH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The kernel's IDs of the programs the links pinned in `links` hold (our handles on the
+/// links closed again at once).
+fn pinned_link_programs(links: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir(links) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| PinnedLink::from_pin(e.path()).ok())
+        .filter_map(|l| FdLink::from(l).info().ok().map(|i| i.program_id()))
+        .collect()
+}
+
+fn remove_pins(dir: &Path) -> std::io::Result<Vec<String>> {
     let mut detached = Vec::new();
     for sub in ["links", "maps"] {
         let d = dir.join(sub);

@@ -93,6 +93,38 @@ pub fn open_sockets() -> io::Result<Vec<TcpSocket>> {
     Ok(out)
 }
 
+/// Offset of `tcpi_rtt` (smoothed round-trip time, µs) in the kernel's `struct tcp_info`:
+/// after 8 bytes of states and flags, 13 32-bit counters and times, `tcpi_pmtu` and
+/// `tcpi_rcv_ssthresh`. The struct only grows at its end, so the offset holds on every
+/// kernel since 2.6.
+const TCPI_RTT: usize = 68;
+
+/// The smoothed round-trip times (µs) of the established TCP connections whose local port
+/// is one of `ports`, at most `limit` of them (a sample, in the kernel's order). On a
+/// passive connection the first sample is its handshake's: the SYN-ACK to the client's
+/// answer.
+pub fn round_trips(ports: &[u16], limit: usize) -> io::Result<Vec<u32>> {
+    let mut out = Vec::new();
+    dump(
+        IPPROTO_TCP,
+        StateFlags::ESTABLISHED,
+        ExtensionFlags::INFO,
+        |r| {
+            if out.len() >= limit || !ports.contains(&r.header.socket_id.source_port) {
+                return;
+            }
+            let info = r.nlas.iter().find_map(|n| match n {
+                Nla::TcpInfo(bytes) => bytes.get(TCPI_RTT..TCPI_RTT + 4),
+                _ => None,
+            });
+            if let Some(b) = info {
+                out.push(u32::from_ne_bytes(b.try_into().expect("4 bytes")));
+            }
+        },
+    )?;
+    Ok(out)
+}
+
 /// A UDP socket bound to a local port, as sock_diag reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UdpSocket {

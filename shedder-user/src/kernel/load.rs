@@ -27,6 +27,8 @@ pub struct Shedder {
     /// Why the QUIC packet programs are not loaded (`None`: they are, and the TCP programs
     /// tail-call them).
     pub(super) quic_unavailable: Option<String>,
+    /// Interfaces whose egress program did not attach, and why.
+    pub(super) egress_problems: Vec<String>,
 }
 
 /// Load the seeding iterator (`iter/tcp`, Linux 5.9+; the socket-cookie helper in tracing
@@ -59,8 +61,9 @@ pub(super) fn load_seed(ebpf: &mut Ebpf) -> std::result::Result<(), String> {
 /// The programs every load verifies besides the tracking ones (and the optional seed).
 const LOADED: [&str; 3] = [programs::XDP, programs::TC, programs::CLOCK];
 
-/// The QUIC halves of the packet programs, loaded apart (see `quic_unavailable`).
-const QUIC: [&str; 2] = [programs::XDP_QUIC, programs::TC_QUIC];
+/// The QUIC halves of the packet programs and the egress program that proves QUIC
+/// clients, loaded apart (see `quic_unavailable`).
+const QUIC: [&str; 3] = [programs::XDP_QUIC, programs::TC_QUIC, programs::EGRESS];
 
 /// One packet hook, for a load of its program alone ([`Shedder::load_hook`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +102,7 @@ impl Shedder {
         }
         let quic_unavailable = if quic {
             load_program(&mut ebpf, quic_program)?;
+            load_program(&mut ebpf, programs::EGRESS)?;
             link_quic_programs(&mut ebpf, &[(slot, quic_program)])?;
             None
         } else {
@@ -158,6 +162,7 @@ impl Shedder {
             links: Vec::new(),
             seed_unavailable,
             quic_unavailable,
+            egress_problems: Vec::new(),
             class_l1: pin_dir.is_none().then(|| {
                 vec![classmap::CLASS_CELL_NONE; shedder_common::CLASS_L1_ENTRIES as usize]
             }),

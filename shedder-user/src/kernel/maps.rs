@@ -29,7 +29,55 @@ pub(super) fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> Erro
     move |source| Error::Map { map, source }
 }
 
+/// The set and tag of `addr` in the standing table, as the packet path hashes it.
+fn standing_slot(seed: u64, addr: IpAddr) -> (u32, u32) {
+    use shedder_common::{proof, table};
+    let (words, v6) = match addr {
+        IpAddr::V4(a) => ([u32::from_ne_bytes(a.octets()), 0, 0, 0], 0),
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            (
+                std::array::from_fn(|i| {
+                    u32::from_ne_bytes(o[4 * i..4 * i + 4].try_into().expect("4 bytes"))
+                }),
+                1,
+            )
+        }
+    };
+    let h = table::hash(seed, &proof::key_words(words, v6));
+    (table::set_index(h, proof::STANDING_SETS), proof::tag(h))
+}
+
 impl Shedder {
+    /// Give `addr` standing now with `tokens`, as a completed handshake would (for tests
+    /// and drills: the packet path's tracking earns standing by itself).
+    pub fn set_standing(&mut self, addr: IpAddr, tokens: u16) -> Result<()> {
+        use shedder_common::proof;
+        let g = self.globals()?;
+        let (set_index, tag) = standing_slot(g.table_seed, addr);
+        let mut set = {
+            let m: Array<&MapData, proof::StandingSet> =
+                Array::try_from(self.map_named(maps::STANDING)?)
+                    .map_err(map_err(maps::STANDING))?;
+            m.get(&set_index, 0).map_err(map_err(maps::STANDING))?
+        };
+        let now = proof::seen_now(self.clock(false)?);
+        let found = proof::find(&set, tag);
+        let way = if found < proof::STANDING_WAYS {
+            found
+        } else {
+            proof::victim(&set, now)
+        };
+        set.slot[way] = proof::Standing {
+            tag,
+            tokens,
+            seen: now,
+        };
+        let mut m: Array<&mut MapData, proof::StandingSet> =
+            Array::try_from(self.map_mut(maps::STANDING)?).map_err(map_err(maps::STANDING))?;
+        m.set(set_index, set, 0).map_err(map_err(maps::STANDING))
+    }
+
     pub fn set_globals(&mut self, globals: &Globals) -> Result<()> {
         let mut m: Array<&mut MapData, Globals> =
             Array::try_from(self.map_mut(maps::GLOBALS)?).map_err(map_err(maps::GLOBALS))?;
@@ -215,8 +263,23 @@ pub trait MapReader {
             add(&mut out.n, &cpu.n);
             add(&mut out.retransmits, &cpu.retransmits);
             add(&mut out.retries, &cpu.retries);
+            add(&mut out.unproven, &cpu.unproven);
+            add(&mut out.completed_unproven, &cpu.completed_unproven);
+            add(&mut out.disowned, &cpu.disowned);
         }
         Ok(out)
+    }
+
+    /// The standing of `addr` in the packet path's table (see [`shedder_common::proof`]):
+    /// `None` if the table holds nothing for it.
+    fn standing(&self, addr: IpAddr) -> Result<Option<shedder_common::proof::Standing>> {
+        use shedder_common::proof;
+        let (set, tag) = standing_slot(self.globals()?.table_seed, addr);
+        let m: Array<&MapData, proof::StandingSet> =
+            Array::try_from(self.map_named(maps::STANDING)?).map_err(map_err(maps::STANDING))?;
+        let set = m.get(&set, 0).map_err(map_err(maps::STANDING))?;
+        let way = proof::find(&set, tag);
+        Ok((way < proof::STANDING_WAYS).then(|| set.slot[way]))
     }
 
     /// Established connections per class of a service, as the kernel counts them.

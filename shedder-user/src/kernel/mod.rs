@@ -35,7 +35,7 @@ pub mod sysfs;
 pub mod tracepoints;
 pub mod version;
 
-pub use attach::{AttachMode, Attached, unpin_all};
+pub use attach::{AttachMode, Attached, EGRESS_PIN_PREFIX, egress_pin_name, unpin_all};
 pub use clock::{epoch_shift_for, ms_to_jiffies};
 pub use error::{Error, Result};
 pub use load::{Hook, Shedder};

@@ -10,10 +10,10 @@ use shedder_common::{
 
 use crate::{
     config::{Action, Config, Mode, Prefix, Protocol, Service},
-    kernel::clock::{epoch_shift_for, ms_to_jiffies},
+    kernel::clock::{DEFAULT_HOLD_US, epoch_shift_for, hold_bits_for, ms_to_jiffies},
 };
 
-use crate::control::classes::{Ladder, allocate, allocate_for_demand};
+use crate::control::classes::{Ladder, Maxima, allocate_for_demand_in, allocate_in};
 
 /// The kernel's view of one configured service.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,24 +44,51 @@ pub fn retry_window_jiffies(s: &Service, hz: u32) -> u32 {
     ms_to_jiffies(s.retry_window_ms, hz).min(u32::MAX as u64) as u32
 }
 
+/// The most a class lets attempts from sources without standing hold (its bounded
+/// unproven part, see `shedder_common::proof`), out of `base`, what the class may hold (its
+/// share, or CRITICAL's ceiling). Without a flood (`flood` `None`) all of it: unproven
+/// attempts are decided against every connection and attempt in handshake, and new clients
+/// (a browser's six parallel connections, a crowd after a launch) are not refused for
+/// being new. In a flood (`Some(need)`), `unproven_share` of it plus twice `need`, the
+/// unproven handshakes that do complete in a hold (their completions per second times the
+/// hold: what new clients need, which forged SYNs cannot raise); at least one, at most
+/// `base`. Sources with standing never see either.
+pub fn unproven_cap(base: u32, unproven_share: f64, flood: Option<f64>) -> u32 {
+    let Some(need) = flood else {
+        return base.max(1);
+    };
+    let part = (base as f64 * unproven_share).ceil() + (2.0 * need.max(0.0)).ceil();
+    (part.min(u32::MAX as f64) as u32).clamp(1, base.max(1))
+}
+
 /// Build the service policy for `total` (the adaptive limit), split by `demand` when known
-/// (see [`allocate_for_demand`]), else statically (see [`allocate`]); the fallback limits
-/// are always split statically. `hz` converts the retry window to jiffies. The daemon
-/// rebuilds every service's policy with this function each tick, so everything configured
-/// (retry window and demotion included) is written with every limit change.
+/// (see [`allocate_for_demand_in`]), else statically (see [`allocate_in`]); the fallback
+/// limits are always split statically. CRITICAL's ceiling is a fraction of `critical_max`
+/// (the node's own bound, which a fleet's ceiling, written into `s.max_limit`, never
+/// lowers). `flood` says, per class, whether it is under a flood of unproven attempts and
+/// then what its new clients need of its unproven part ([`unproven_cap`]). `hz` converts
+/// the retry window to jiffies. The daemon rebuilds every service's policy with this
+/// function each tick, so everything configured (retry window and demotion included) is
+/// written with every limit change.
 pub fn service_policy(
     s: &Service,
     ladder: &Ladder,
     total: u32,
     demand: Option<&[f64; NUM_CLASSES]>,
+    critical_max: u32,
+    flood: &[Option<f64>; NUM_CLASSES],
     hz: u32,
 ) -> ServicePolicy {
     let total = total.clamp(s.min_limit, s.max_limit);
-    let live = match demand {
-        Some(d) => allocate_for_demand(total, s.max_limit, ladder, d),
-        None => allocate(total, s.max_limit, ladder),
+    let max = Maxima {
+        service: s.max_limit,
+        critical: critical_max,
     };
-    let fallback = allocate(s.fallback_limit, s.max_limit, ladder);
+    let live = match demand {
+        Some(d) => allocate_for_demand_in(total, max, ladder, d),
+        None => allocate_in(total, max, ladder),
+    };
+    let fallback = allocate_in(s.fallback_limit, max, ladder);
     let pace = quic_pace(s, total);
     let mut classes = [ClassPolicy::default(); NUM_CLASSES];
     for (id, c) in classes.iter_mut().enumerate() {
@@ -89,7 +116,15 @@ pub fn service_policy(
             source_mask_v6: prefix_mask(ladder.source_prefix[id].1, 128),
             floor_share: (ladder.floor[id] * BUDGET_ONE as f64).round() as u32,
             reserve: live[id].reserve,
-            _pad: 0,
+            unproven_cap: unproven_cap(
+                if id == shedder_common::CLASS_CRITICAL as usize {
+                    live[id].ceiling
+                } else {
+                    live[id].share
+                },
+                s.unproven_share,
+                flood[id],
+            ),
         };
     }
     ServicePolicy {
@@ -116,6 +151,19 @@ pub fn service_policy(
         },
         retry_budget_min: s.retry_budget_min,
     }
+}
+
+/// A reply budget of `per_s` a second as a token bucket's interval (0: no bound).
+fn reply_interval_ns(per_s: u64) -> u64 {
+    match per_s {
+        0 => 0,
+        n => (1_000_000_000 / n).max(1),
+    }
+}
+
+/// Its burst: a tenth of a second's replies, at least 10, in nanoseconds.
+fn reply_burst_ns(per_s: u64) -> u64 {
+    reply_interval_ns(per_s).saturating_mul((per_s / 10).max(10))
 }
 
 /// A QUIC service's pacing of new connections: its limit spread evenly over its active
@@ -178,7 +226,15 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
             protocol: s.protocol,
             ports: s.ports.clone(),
             addresses: s.addresses.clone(),
-            policy: service_policy(s, &ladder, s.fallback_limit, None, hz),
+            policy: service_policy(
+                s,
+                &ladder,
+                s.fallback_limit,
+                None,
+                s.max_limit,
+                &[None; NUM_CLASSES],
+                hz,
+            ),
         })
         .collect();
     let mut class_rules = Vec::new();
@@ -196,12 +252,32 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
             heartbeat_jiffies: 0,
             heartbeat_timeout_jiffies: ms_to_jiffies(cfg.daemon.heartbeat_timeout_ms, hz),
             clock_jiffies: 0,
-            pending_epoch_shift: epoch_shift_for(hz),
+            epoch_bits: epoch_shift_for(hz),
             hz,
             generation: 0,
             retransmit_window_jiffies: ms_to_jiffies(cfg.daemon.syn_retransmit_window_ms, hz),
             // Chosen when the policy is written (`Shedder::apply`): kept while the maps live.
             table_seed: 0,
+            // Configured, or the default until the daemon has measured round trips.
+            hold_bits: hold_bits_for(
+                match cfg.daemon.handshake_hold_ms {
+                    0 => DEFAULT_HOLD_US,
+                    ms => ms * 1000,
+                },
+                hz,
+            ),
+            standing_window: u32::from(shedder_common::proof::window_units(ms_to_jiffies(
+                cfg.daemon.standing_window_s.saturating_mul(1000),
+                hz,
+            ))),
+            reply_interval_ns: [
+                reply_interval_ns(cfg.daemon.max_replies_proven_per_s),
+                reply_interval_ns(cfg.daemon.max_replies_unproven_per_s),
+            ],
+            reply_burst_ns: [
+                reply_burst_ns(cfg.daemon.max_replies_proven_per_s),
+                reply_burst_ns(cfg.daemon.max_replies_unproven_per_s),
+            ],
         },
         decap: cfg.daemon.decapsulate.entries(),
     }
@@ -223,7 +299,15 @@ mod tests {
         let c = cfg("");
         let ladder = Ladder::from_config(&c);
         // 64 connections per 250 ms window: one every 3.9 ms, four at once.
-        let p = service_policy(&c.services[0], &ladder, 64, None, 1000);
+        let p = service_policy(
+            &c.services[0],
+            &ladder,
+            64,
+            None,
+            c.services[0].max_limit,
+            &[None; NUM_CLASSES],
+            1000,
+        );
         let medium = p.classes[shedder_common::CLASS_MEDIUM as usize];
         assert_eq!(medium.rate_interval_ns, 3_906_250);
         assert_eq!(medium.burst_ns, 4 * 3_906_250);
@@ -233,7 +317,15 @@ mod tests {
         );
         // A configured 1/s with a burst of 2 is slower: it binds, with its own room.
         let c = cfg("rate = { medium = { per_second = 1, burst = 2 } }\n");
-        let p = service_policy(&c.services[0], &ladder, 64, None, 1000);
+        let p = service_policy(
+            &c.services[0],
+            &ladder,
+            64,
+            None,
+            c.services[0].max_limit,
+            &[None; NUM_CLASSES],
+            1000,
+        );
         let medium = p.classes[shedder_common::CLASS_MEDIUM as usize];
         assert_eq!(medium.rate_interval_ns, 1_000_000_000);
         assert_eq!(medium.burst_ns, 2_000_000_000);
@@ -242,7 +334,15 @@ mod tests {
             "[daemon]\ninterfaces = [\"eth0\"]\n[[service]]\nname = \"a\"\nports = [80]\n",
         )
         .expect("valid");
-        let p = service_policy(&c.services[0], &ladder, 64, None, 1000);
+        let p = service_policy(
+            &c.services[0],
+            &ladder,
+            64,
+            None,
+            c.services[0].max_limit,
+            &[None; NUM_CLASSES],
+            1000,
+        );
         assert!(p.classes.iter().all(|c| c.rate_interval_ns == 0));
     }
 
@@ -259,7 +359,13 @@ mod tests {
         .unwrap();
         let c = compile(&cfg, 250);
         assert_eq!(c.globals.heartbeat_timeout_jiffies, 750);
-        assert_eq!(c.globals.pending_epoch_shift, 8);
+        assert_eq!(c.globals.epoch_bits, 8);
+        // Before any round trip is measured, attempts are held 64 to 128 jiffies.
+        assert_eq!(c.globals.hold_bits, 6);
+        // Ten minutes of standing: 147 units of 1,024 jiffies at HZ 250.
+        assert_eq!(c.globals.standing_window, 147);
+        assert_eq!(c.globals.reply_interval_ns, [100_000, 1_000_000]);
+        assert_eq!(c.globals.reply_burst_ns, [100_000_000, 100_000_000]);
         assert_eq!(c.class_rules.len(), 1);
         assert!(c.decap.is_empty(), "no tunnel is terminated by default");
         let mut tunnels = cfg.clone();
@@ -290,13 +396,15 @@ mod tests {
         // The defaults: retransmits within 30 s, retries within 10 s, demoted.
         assert_eq!(c.globals.retransmit_window_jiffies, 7_500);
         assert_eq!((p.retry_window_jiffies, p.demote_retries), (2_500, 1));
-        // Fair shares by address, a 10% retry budget.
+        // Fair shares by /24 and /64, a 10% retry budget.
         assert_eq!(
             (p.fair_share, p.retry_budget, p.retry_budget_min),
             (1, 102, 0)
         );
-        assert_eq!(p.classes[1].source_mask_v4, u32::MAX);
-        assert_eq!(p.classes[1].source_mask_v6, [u32::MAX; 4]);
+        assert_eq!(p.classes[1].source_mask_v4, prefix_mask(24, 32)[0]);
+        assert_eq!(p.classes[1].source_mask_v6, prefix_mask(64, 128));
+        // Without a flood, unproven attempts may hold the class's whole share.
+        assert_eq!(p.classes[1].unproven_cap, p.classes[1].limit.max(1));
     }
 
     #[test]
@@ -402,7 +510,15 @@ mod tests {
             (1000, Some([0.0, 10.0, inf, inf])),
             (50, Some([1.0, 2.0, 3.0, 4.0])),
         ] {
-            let p = service_policy(s, &ladder, limit, demand.as_ref(), 250);
+            let p = service_policy(
+                s,
+                &ladder,
+                limit,
+                demand.as_ref(),
+                s.max_limit,
+                &[None; NUM_CLASSES],
+                250,
+            );
             assert_eq!(p.total_limit, limit);
             assert_eq!(
                 (p.retry_window_jiffies, p.demote_retries),
@@ -414,5 +530,22 @@ mod tests {
                 (compiled.retry_window_jiffies, compiled.demote_retries)
             );
         }
+    }
+
+    #[test]
+    fn the_unproven_part_is_a_share_plus_what_new_clients_need_within_the_class() {
+        // No flood: the class's whole share.
+        assert_eq!(unproven_cap(40, 0.1, None), 40);
+        assert_eq!(unproven_cap(0, 0.1, None), 1);
+        // In a flood, a tenth of a share of 40, nothing measured: 4.
+        assert_eq!(unproven_cap(40, 0.1, Some(0.0)), 4);
+        // New clients completing 300 handshakes a second held 10 ms each: 3 in handshake
+        // on average, twice that reserved for them.
+        assert_eq!(unproven_cap(40, 0.1, Some(3.0)), 10);
+        // Never below one, never above the class's share.
+        assert_eq!(unproven_cap(0, 0.1, Some(0.0)), 1);
+        assert_eq!(unproven_cap(3, 0.1, Some(0.0)), 1);
+        assert_eq!(unproven_cap(40, 0.1, Some(1e9)), 40);
+        assert_eq!(unproven_cap(40, 1.0, Some(0.0)), 40);
     }
 }

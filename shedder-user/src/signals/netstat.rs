@@ -1,5 +1,5 @@
-//! Listen-queue overflow counters from `/proc/<thread>/net/netstat` (`TcpExt:` lines), for
-//! the calling thread's network namespace.
+//! Listen-queue overflow and SYN-cookie counters from `/proc/<thread>/net/netstat`
+//! (`TcpExt:` lines), for the calling thread's network namespace.
 
 use std::io;
 
@@ -10,6 +10,11 @@ pub struct ListenCounters {
     pub overflows: u64,
     /// All drops at a listening socket (overflows included).
     pub drops: u64,
+    /// SYN cookies the kernel sent (a listener's SYN queue was full: a flood, or a burst),
+    /// cookies it accepted back, and cookies that failed its check.
+    pub syncookies_sent: u64,
+    pub syncookies_received: u64,
+    pub syncookies_failed: u64,
 }
 
 /// Read the counters of the calling thread's network namespace.
@@ -25,6 +30,18 @@ pub fn parse(text: &str) -> io::Result<ListenCounters> {
         let slot = match name {
             "ListenOverflows" => &mut counters.overflows,
             "ListenDrops" => &mut counters.drops,
+            "SyncookiesSent" => {
+                counters.syncookies_sent = number(name, value)?;
+                continue;
+            }
+            "SyncookiesRecv" => {
+                counters.syncookies_received = number(name, value)?;
+                continue;
+            }
+            "SyncookiesFailed" => {
+                counters.syncookies_failed = number(name, value)?;
+                continue;
+            }
             _ => continue,
         };
         *slot = number(name, value)?;
@@ -71,14 +88,17 @@ mod tests {
 
     #[test]
     fn parses_tcpext() {
-        let text = "TcpExt: SyncookiesSent ListenOverflows ListenDrops TCPBacklogDrop\n\
-                    TcpExt: 0 12 15 3\n\
+        let text = "TcpExt: SyncookiesSent SyncookiesRecv SyncookiesFailed ListenOverflows ListenDrops TCPBacklogDrop\n\
+                    TcpExt: 7 5 1 12 15 3\n\
                     IpExt: InNoRoutes\nIpExt: 0\n";
         assert_eq!(
             parse(text).unwrap(),
             ListenCounters {
                 overflows: 12,
-                drops: 15
+                drops: 15,
+                syncookies_sent: 7,
+                syncookies_received: 5,
+                syncookies_failed: 1,
             }
         );
         assert!(parse("IpExt: A\nIpExt: 1\n").is_err());

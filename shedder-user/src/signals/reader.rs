@@ -7,8 +7,8 @@ use std::{
 };
 
 use shedder_common::{
-    COUNTERS_PER_SERVICE, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, ServiceCounters, VERDICT_DROP,
-    VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST, decision_index, hist,
+    COUNTERS_PER_SERVICE, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, REASON_UNPROVEN, ServiceCounters,
+    VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST, decision_index, hist,
 };
 
 use crate::{
@@ -18,8 +18,8 @@ use crate::{
 
 use super::{
     AcceptQueue, ClassRates, ClassSources, Overflows, PressureWindow, Pressures, Quantiles,
-    Reading, RetryWindow, ServiceSpec, Signals, ThrottlingWindow, UdpQueue, netstat, psi,
-    retry_ratio, snmp,
+    Reading, RetryWindow, ServiceSpec, Signals, ThrottlingWindow, UdpQueue, Unproven,
+    UnprovenRates, netstat, psi, retry_ratio, snmp,
 };
 
 /// A source whose last good value is remembered for `STALE_FOR` after a failure.
@@ -81,7 +81,8 @@ struct ServiceReader {
 struct Shared {
     listeners: Result<Vec<diag::Listener>, String>,
     udp: Result<Vec<diag::UdpSocket>, String>,
-    epoch: Result<u64, String>,
+    /// The fair-share epoch and the hold slot of the kernel's clock.
+    epoch: Result<(u64, u64), String>,
 }
 
 /// Turns cumulative kernel state into per-tick [`Signals`].
@@ -152,7 +153,7 @@ impl SignalReader {
             udp,
             epoch: shedder
                 .globals()
-                .map(|g| g.pending_epoch(g.clock_jiffies))
+                .map(|g| (g.epoch(g.clock_jiffies), g.hold_slot(g.clock_jiffies)))
                 .map_err(|e| e.to_string()),
         };
         let window_ticks = self.window_ticks;
@@ -194,6 +195,11 @@ pub struct Cumulative {
     pub retransmits: Option<[u64; NUM_CLASSES]>,
     /// Retries per class (the attempt's own class, before demotion).
     pub retries: Option<[u64; NUM_CLASSES]>,
+    /// The unproven attempts' decision counters, as `counters`.
+    pub unproven: Option<[u64; COUNTERS_PER_SERVICE]>,
+    /// Connections born of unproven attempts, and proven attempts disowned, per class.
+    pub completed_unproven: Option<[u64; NUM_CLASSES]>,
+    pub disowned: Option<[u64; NUM_CLASSES]>,
     pub histograms: Option<Vec<u64>>,
     pub sums_us: Option<[u64; hist::KINDS as usize]>,
     /// A QUIC service's datagrams dropped at its sockets since the daemon started.
@@ -209,6 +215,9 @@ impl SignalReader {
                 counters: s.counters_prev.map(|c| c.n),
                 retransmits: s.counters_prev.map(|c| c.retransmits),
                 retries: s.counters_prev.map(|c| c.retries),
+                unproven: s.counters_prev.map(|c| c.unproven),
+                completed_unproven: s.counters_prev.map(|c| c.completed_unproven),
+                disowned: s.counters_prev.map(|c| c.disowned),
                 histograms: s.hist_prev.clone(),
                 sums_us: s.hist_sums,
                 udp_drops: (s.spec.protocol == Protocol::Quic).then_some(s.udp_drops),
@@ -251,16 +260,27 @@ impl ServiceReader {
                 .map(|i| i.class)
                 .map_err(|e| e.to_string()),
         );
-        let pending = match (shedder.pending(id), epoch) {
-            (Ok(p), Ok(epoch)) => Reading::Ok {
-                value: p.count(*epoch).map(|n| n.min(u32::MAX as u64) as u32),
+        let held = match (shedder.pending(id), epoch) {
+            (Ok(p), Ok((_, hold))) => Ok(p
+                .count(*hold)
+                .map(|c| c.map(|n| n.min(u32::MAX as u64) as u32))),
+            (Err(e), _) => Err(e.to_string()),
+            (_, Err(e)) => Err(e.clone()),
+        };
+        let pending = match &held {
+            Ok([proven, _]) => Reading::Ok { value: *proven },
+            Err(e) => Reading::missing(e.clone()),
+        };
+        let (rates, retry, unproven_rates) = self.rates(shedder, elapsed, window_ticks);
+        let unproven = match (unproven_rates, &held) {
+            (Ok(rates), Ok([_, held])) => Reading::Ok {
+                value: Unproven { rates, held: *held },
             },
-            (Err(e), _) => Reading::missing(e.to_string()),
+            (Err(e), _) => Reading::missing(e),
             (_, Err(e)) => Reading::missing(e.clone()),
         };
-        let (rates, retry) = self.rates(shedder, elapsed, window_ticks);
         let sources = match (shedder.fairness(id), epoch) {
-            (Ok(f), Ok(epoch)) => Reading::Ok {
+            (Ok(f), Ok((epoch, _))) => Reading::Ok {
                 value: std::array::from_fn(|c| {
                     let w = f.window(c, *epoch);
                     ClassSources {
@@ -297,6 +317,7 @@ impl ServiceReader {
             latency,
             inflight,
             pending,
+            unproven,
             rates,
             retry,
             sources,
@@ -403,14 +424,14 @@ impl ServiceReader {
         )
     }
 
-    /// Per-class rates over the last tick, and the retry window, from the service's
-    /// counters.
+    /// Per-class rates over the last tick, the retry window, and the unproven attempts'
+    /// rates, from the service's counters.
     fn rates(
         &mut self,
         shedder: &impl MapReader,
         elapsed: Option<Duration>,
         window_ticks: usize,
-    ) -> (Reading<[ClassRates; NUM_CLASSES]>, Reading<RetryWindow>) {
+    ) -> TickRates {
         let current = match shedder
             .service_counters(self.spec.id)
             .map_err(|e| e.to_string())
@@ -420,12 +441,20 @@ impl ServiceReader {
                 self.counters_prev = None;
                 self.retry_window.clear();
                 let why = format!("counters: {e}");
-                return (Reading::missing(why.clone()), Reading::missing(why));
+                return (
+                    Reading::missing(why.clone()),
+                    Reading::missing(why.clone()),
+                    Err(why),
+                );
             }
         };
         let (Some(prev), Some(elapsed)) = (self.counters_prev.replace(current), elapsed) else {
             const WHY: &str = "first tick: no previous counters";
-            return (Reading::missing(WHY), Reading::missing(WHY));
+            return (
+                Reading::missing(WHY),
+                Reading::missing(WHY),
+                Err(WHY.into()),
+            );
         };
         let delta = TickCounts::between(&prev, &current);
         let retry = self.retry_window.push(&delta, elapsed, window_ticks);
@@ -434,6 +463,7 @@ impl ServiceReader {
                 value: delta.rates(elapsed),
             },
             Reading::Ok { value: retry },
+            Ok(delta.unproven_rates(elapsed)),
         )
     }
 
@@ -523,6 +553,13 @@ impl RetryTally {
     }
 }
 
+/// One tick's per-class rates, retry window, and unproven attempts' rates.
+type TickRates = (
+    Reading<[ClassRates; NUM_CLASSES]>,
+    Reading<RetryWindow>,
+    Result<[UnprovenRates; NUM_CLASSES], String>,
+);
+
 /// What one tick added to a service's counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct TickCounts(ServiceCounters);
@@ -540,7 +577,38 @@ impl TickCounts {
         sub(&mut d.n, &current.n, &prev.n);
         sub(&mut d.retransmits, &current.retransmits, &prev.retransmits);
         sub(&mut d.retries, &current.retries, &prev.retries);
+        sub(&mut d.unproven, &current.unproven, &prev.unproven);
+        sub(
+            &mut d.completed_unproven,
+            &current.completed_unproven,
+            &prev.completed_unproven,
+        );
+        sub(&mut d.disowned, &current.disowned, &prev.disowned);
         Self(d)
+    }
+
+    /// Per-class rates of the unproven attempts over `elapsed`.
+    fn unproven_rates(&self, elapsed: Duration) -> [UnprovenRates; NUM_CLASSES] {
+        let secs = elapsed.as_secs_f64().max(1e-6);
+        std::array::from_fn(|class| {
+            let c = class as u32;
+            let verdict = |v| self.0.unproven_verdict(c, v) as f64 / secs;
+            let refused = verdict(VERDICT_DROP) + verdict(VERDICT_RST) + verdict(VERDICT_DRY_RUN);
+            UnprovenRates {
+                offered: verdict(VERDICT_PASS) + refused,
+                admitted: verdict(VERDICT_PASS),
+                refused,
+                capped: [VERDICT_DROP, VERDICT_RST, VERDICT_DRY_RUN]
+                    .iter()
+                    .map(|&v| {
+                        self.0.unproven[decision_index(c, v, REASON_UNPROVEN) as usize] as f64
+                    })
+                    .sum::<f64>()
+                    / secs,
+                completed: self.0.completed_unproven[class] as f64 / secs,
+                disowned: self.0.disowned[class] as f64 / secs,
+            }
+        })
     }
 
     fn verdict(&self, class: usize, verdict: u32) -> u64 {
@@ -567,16 +635,23 @@ impl TickCounts {
     }
 
     /// Per-class rates over `elapsed`. Offered, admitted, shed and dry-run are sums of the
-    /// decision counters only: retransmits never enter the offered load.
+    /// decision counters of proven attempts only, less those their source disowned
+    /// (forged in a known client's name and admitted), plus the unproven attempts that
+    /// became connections (proven since): retransmits never enter the offered load, and
+    /// neither do attempts from forged addresses.
     fn rates(&self, elapsed: Duration) -> [ClassRates; NUM_CLASSES] {
         let secs = elapsed.as_secs_f64().max(1e-6);
         std::array::from_fn(|class| {
             let per_second = |verdict| self.verdict(class, verdict) as f64 / secs;
+            let completed = self.0.completed_unproven[class] as f64 / secs;
+            let disowned = self.0.disowned[class] as f64 / secs;
+            let admitted = (per_second(VERDICT_PASS) - disowned).max(0.0);
+            let offered = ((0..NUM_VERDICTS).map(per_second).sum::<f64>() - disowned).max(0.0);
             ClassRates {
-                admitted: per_second(VERDICT_PASS),
+                admitted: admitted + completed,
                 shed: per_second(VERDICT_DROP) + per_second(VERDICT_RST),
                 dry_run: per_second(VERDICT_DRY_RUN),
-                offered: (0..NUM_VERDICTS).map(per_second).sum(),
+                offered: offered + completed,
                 retransmits: self.0.retransmits[class] as f64 / secs,
                 retries: self.0.retries[class] as f64 / secs,
                 refused_by_reason: std::array::from_fn(|r| {

@@ -63,8 +63,11 @@ pub struct Quantiles {
 /// `offered`, `admitted`, `shed` and `dry_run` come from the decision counters, which count
 /// *unique* attempts: a retransmitted SYN is not in them (the packet path counts it in
 /// `retransmits` only), so a client whose SYN was dropped and who retransmits it is one
-/// attempt, not one a second. This is the offered load the controller and the class
-/// allocation see ([`crate::daemon::service::demand`]).
+/// attempt, not one a second. They count proven attempts only (a source with standing, see
+/// `shedder_common::proof`), and the unproven ones that became connections (in `offered`
+/// and `admitted`): attempts from forged addresses never complete, so they are never
+/// demand. This is the offered load the controller and the class allocation see
+/// ([`crate::daemon::service::demand`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClassRates {
     /// Every new attempt that reached a decision (retransmits excluded).
@@ -95,6 +98,40 @@ impl ClassRates {
             .filter(|&r| shedder_common::is_pressure(r) == 1)
             .map(|r| self.refused_by_reason[r as usize])
             .sum()
+    }
+}
+
+/// What attempts from sources without standing ([`shedder_common::proof`]) of one class
+/// did over the last tick, per second. They are not in [`ClassRates`]: nothing counts them
+/// as demand until they complete.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct UnprovenRates {
+    /// Every unproven attempt that reached a decision.
+    pub offered: f64,
+    pub admitted: f64,
+    /// Dropped or reset (or, dry-run, that would have been).
+    pub refused: f64,
+    /// Refused because the class held its cap of unproven attempts (`unproven`).
+    pub capped: f64,
+    /// Connections born of unproven attempts: new clients proving themselves.
+    pub completed: f64,
+    /// Proven attempts whose source disowned them (its reset answered the SYN-ACK of an
+    /// attempt made in its name).
+    pub disowned: f64,
+}
+
+/// The unproven attempts of a service: their rates by class, and those held now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Unproven {
+    pub rates: [UnprovenRates; NUM_CLASSES],
+    /// Admitted unproven attempts still in handshake, by class.
+    pub held: [u32; NUM_CLASSES],
+}
+
+impl Unproven {
+    /// Unproven attempts per second, every class.
+    pub fn offered(&self) -> f64 {
+        self.rates.iter().map(|r| r.offered).sum()
     }
 }
 
@@ -211,8 +248,11 @@ pub struct Signals {
     pub latency: Reading<Quantiles>,
     /// Established connections per class (kernel count).
     pub inflight: Reading<[u32; NUM_CLASSES]>,
-    /// Admitted attempts not yet established, per class.
+    /// Admitted proven attempts not yet established, per class.
     pub pending: Reading<[u32; NUM_CLASSES]>,
+    /// Attempts from sources without standing: what they did and what they hold.
+    #[serde(default = "unproven_missing")]
+    pub unproven: Reading<Unproven>,
     pub rates: Reading<[ClassRates; NUM_CLASSES]>,
     /// Retries and shed attempts over the window, and their ratio.
     #[serde(default = "retry_missing")]
@@ -226,6 +266,10 @@ pub struct Signals {
     /// Per class: active sources and the retry budget's use.
     #[serde(default = "sources_missing")]
     pub sources: Reading<[ClassSources; NUM_CLASSES]>,
+}
+
+fn unproven_missing() -> Reading<Unproven> {
+    Reading::missing("not reported by this daemon")
 }
 
 fn udp_missing() -> Reading<UdpQueue> {

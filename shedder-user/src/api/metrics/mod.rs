@@ -138,36 +138,21 @@ impl Collector for ShedderCollector {
         let st = &snap.state;
         let svc = |i: usize| st.services[i].name.clone();
 
-        // Connection attempts.
-        let mut attempts = Vec::new();
-        for (i, c) in snap.services.iter().enumerate() {
-            let Some(c) = &c.counters else { continue };
-            for class in 0..CLASS_NAMES.len() as u32 {
-                for verdict in 0..NUM_VERDICTS {
-                    for reason in 0..NUM_REASONS {
-                        let n = c[decision_index(class, verdict, reason) as usize];
-                        if n > 0 || possible(verdict, reason) {
-                            attempts.push((
-                                vec![
-                                    ("service", svc(i)),
-                                    ("class", CLASS_NAMES[class as usize].to_string()),
-                                    ("verdict", VERDICT_NAMES[verdict as usize].to_string()),
-                                    ("reason", REASON_NAMES[reason as usize].to_string()),
-                                ],
-                                n as f64,
-                            ));
-                        }
-                    }
-                }
-            }
-        }
+        // Connection attempts, from sources with standing and without.
+        let attempts = decision_series(&snap.services, &svc, |c| c.counters.as_ref());
         counters(&mut encoder, "shedder_connection_attempts", &attempts)?;
+        let unproven = decision_series(&snap.services, &svc, |c| c.unproven.as_ref());
+        counters(&mut encoder, "shedder_unproven_attempts", &unproven)?;
         for (name, pick) in [
             (
                 "shedder_syn_retransmits",
                 (|c: &Cumulative| c.retransmits) as fn(&Cumulative) -> Option<[u64; NUM_CLASSES]>,
             ),
             ("shedder_retries", |c: &Cumulative| c.retries),
+            ("shedder_unproven_completed", |c: &Cumulative| {
+                c.completed_unproven
+            }),
+            ("shedder_disowned_attempts", |c: &Cumulative| c.disowned),
         ] {
             let series = per_class_counts(&snap.services, &svc, pick);
             counters(&mut encoder, name, &series)?;
@@ -225,6 +210,27 @@ impl Collector for ShedderCollector {
             &mut encoder,
             "shedder_pending",
             &per_class(&|s, c| s.signals.pending.value().map(|v| v[c] as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_unproven_held",
+            &per_class(&|s, c| s.signals.unproven.value().map(|v| v.held[c] as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_class_unproven_cap",
+            &per_class(&|s, c| s.classes.get(c).map(|x| x.unproven_cap as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_syn_flood",
+            &per_class(&|s, c| {
+                Some(if s.flooded.iter().any(|f| f == CLASS_NAMES[c]) {
+                    1.0
+                } else {
+                    0.0
+                })
+            }),
         )?;
         gauges(
             &mut encoder,
@@ -341,6 +347,20 @@ impl Collector for ShedderCollector {
                 &mut encoder,
                 "shedder_listen_drops",
                 &[(Vec::new(), l.drops as f64)],
+            )?;
+            for (name, v) in [
+                ("shedder_syncookies_sent", l.syncookies_sent),
+                ("shedder_syncookies_received", l.syncookies_received),
+                ("shedder_syncookies_failed", l.syncookies_failed),
+            ] {
+                counters(&mut encoder, name, &[(Vec::new(), v as f64)])?;
+            }
+        }
+        if let Some(hold) = st.handshake_hold_ms {
+            gauges(
+                &mut encoder,
+                "shedder_handshake_hold_seconds",
+                &[(Vec::new(), hold / 1000.0)],
             )?;
         }
 
@@ -490,6 +510,33 @@ fn fleet_metrics(
         "shedder_fleet_etcd_errors",
         &one(f.etcd_errors as f64),
     )?;
+    // What the members' records held that was not believed, every label from zero (a
+    // counter that appears only when first incremented hides that increase from rate()).
+    let by = |label: &'static str, names: &[&str], m: &std::collections::BTreeMap<String, u64>| {
+        names
+            .iter()
+            .map(|n| {
+                (
+                    vec![(label, n.to_string())],
+                    m.get(*n).copied().unwrap_or(0) as f64,
+                )
+            })
+            .collect::<Vec<(Labels, f64)>>()
+    };
+    counters(
+        encoder,
+        "shedder_fleet_records_rejected",
+        &by("record", &crate::fleet::trust::RECORDS, &f.rejected),
+    )?;
+    let fields: Vec<&str> = crate::fleet::trust::Field::ALL
+        .iter()
+        .map(|f| f.as_str())
+        .collect();
+    counters(
+        encoder,
+        "shedder_fleet_record_values_clamped",
+        &by("field", &fields, &f.clamped),
+    )?;
     for (name, pick) in [
         (
             "shedder_fleet_global_limit",
@@ -501,6 +548,7 @@ fn fleet_metrics(
         ("shedder_fleet_claim", |s| s.claim),
         ("shedder_fleet_reserved", |s| s.reserved),
         ("shedder_fleet_static_share", |s| s.static_share),
+        ("shedder_fleet_global_limit_disagreement", |s| s.disagreeing),
     ] {
         let series = one_label(&f.services, "service", |s| &s.service, &|s| {
             Some(pick(s) as f64)
@@ -516,6 +564,8 @@ fn fleet_metrics(
         ("shedder_fleet_node_need", |n| n.need.iter().sum()),
         ("shedder_fleet_node_weight", |n| n.weight),
         ("shedder_fleet_node_share", |n| n.share as f64),
+        ("shedder_fleet_node_claim", |n| n.claim as f64),
+        ("shedder_fleet_node_claim_counted", |n| n.counted as f64),
     ] {
         let series: Vec<(Labels, f64)> = f
             .services
@@ -532,6 +582,39 @@ fn fleet_metrics(
         gauges(encoder, name, &series)?;
     }
     Ok(())
+}
+
+/// One series per (service, class, verdict, reason) of a service's decision counters (`pick`:
+/// those of proven or of unproven attempts), with every series that can happen from zero on
+/// (see [`possible`]); services whose counters were not read are left out.
+fn decision_series(
+    services: &[Cumulative],
+    name: &dyn Fn(usize) -> String,
+    pick: fn(&Cumulative) -> Option<&[u64; shedder_common::COUNTERS_PER_SERVICE]>,
+) -> Vec<(Labels, f64)> {
+    let mut out = Vec::new();
+    for (i, c) in services.iter().enumerate() {
+        let Some(c) = pick(c) else { continue };
+        for class in 0..CLASS_NAMES.len() as u32 {
+            for verdict in 0..NUM_VERDICTS {
+                for reason in 0..NUM_REASONS {
+                    let n = c[decision_index(class, verdict, reason) as usize];
+                    if n > 0 || possible(verdict, reason) {
+                        out.push((
+                            vec![
+                                ("service", name(i)),
+                                ("class", CLASS_NAMES[class as usize].to_string()),
+                                ("verdict", VERDICT_NAMES[verdict as usize].to_string()),
+                                ("reason", REASON_NAMES[reason as usize].to_string()),
+                            ],
+                            n as f64,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// One series per (service, class) of a per-class kernel counter, every class from zero on

@@ -373,6 +373,7 @@ impl System {
                         "rst"
                     },
                     attach: "native",
+                    medium_source_prefix: None,
                 };
                 let daemon = Daemon::start(
                     &pair.server,
