@@ -16,6 +16,7 @@ pub mod admit;
 pub mod csum;
 pub mod fair;
 pub mod flow;
+pub mod frag;
 pub mod gcra;
 pub mod hist;
 pub mod mask;
@@ -23,6 +24,7 @@ pub mod proof;
 pub mod quic;
 pub mod table;
 pub mod tp;
+pub mod tunnel;
 
 /// Services one node can protect. Sizes the policy, in-flight and counter maps.
 pub const MAX_SERVICES: u32 = 256;
@@ -50,8 +52,12 @@ pub const SYN_SETS: u32 = 16384;
 /// counts each connection in the class it was admitted in: 16,384 entries (replacement
 /// makes a demoted connection count in its source's own class).
 pub const DEMOTED_SETS: u32 = 4096;
-/// Longest IPv6 extension-header chain walked before giving up (and passing).
-pub const MAX_IPV6_EXT_HEADERS: usize = 6;
+/// Longest IPv6 extension-header chain the packet path walks; a longer one is dropped
+/// ([`STAT_EXT_CHAIN_DROPPED`]). RFC 8200 §4.1 has each extension header occur once, the
+/// destination options at most twice: hop-by-hop, destination options twice, routing,
+/// fragment, authentication, mobility, HIP, shim6 and the two experimental values make
+/// eleven, so a longer chain is not one a conforming sender builds.
+pub const MAX_IPV6_EXT_HEADERS: usize = 12;
 
 /// The four-level criticality ladder (CRITICAL, HIGH, MEDIUM, SHEDDABLE, as Google's SRE
 /// book names them). Lower id = more important.
@@ -254,7 +260,8 @@ impl Default for ServiceHist {
     }
 }
 
-/// Node-wide per-CPU statistics (exceptional paths only; the hot non-SYN path counts nothing).
+/// Node-wide per-CPU statistics (exceptional paths and new attempts only; the hot non-SYN
+/// path counts nothing).
 pub const NUM_STATS: u32 = 32;
 /// Decisions taken with the fallback limits because the heartbeat was stale.
 pub const STAT_FALLBACK: u32 = 0;
@@ -273,6 +280,33 @@ pub const STAT_PENDING_MISS: u32 = 5;
 /// A kernel debug log line was not written: over the per-CPU budget of
 /// [`KLOG_LINES_PER_SECOND`] (only with `daemon.kernel_debug_log`).
 pub const STAT_LOG_SUPPRESSED: u32 = 6;
+/// A fragment dropped by a rule of [`frag`]: a TCP first fragment too short to hold its
+/// TCP header, or an IPv4 TCP fragment at offset 1.
+pub const STAT_FRAGMENTS_DROPPED: u32 = 7;
+/// An IPv6 packet whose extension-header chain is longer than the walk
+/// ([`MAX_IPV6_EXT_HEADERS`]): dropped.
+pub const STAT_EXT_CHAIN_DROPPED: u32 = 8;
+/// An ESP packet (IPv4, or after an IPv6 chain): encrypted, so no SYN can be read in it;
+/// passed.
+pub const STAT_ESP_PASSED: u32 = 9;
+/// A header shedder does not parse, after which a SYN could still follow: an IPv6 chain
+/// ending in a next header that is not TCP, UDP, ICMPv6, "no next header", ESP or a tunnel
+/// protocol (an extension header it does not know, or another upper-layer protocol), or a
+/// third VLAN tag; passed.
+pub const STAT_UNKNOWN_HEADER_PASSED: u32 = 10;
+/// A tunnel packet (IP in IP, GRE) of a kind the configuration does not say the node
+/// terminates: passed undecided.
+pub const STAT_TUNNELS_PASSED: u32 = 11;
+/// A packet of a tunnel the node terminates whose encapsulation header shedder does not
+/// read (see [`tunnel::Header::Unknown`]): passed undecided.
+pub const STAT_TUNNELS_UNPARSED: u32 = 12;
+/// A tunnel the node terminates inside another: only one level is parsed; dropped.
+pub const STAT_NESTED_TUNNELS_DROPPED: u32 = 13;
+/// A new attempt (SYN or QUIC Initial) found inside a tunnel and decided on its inner
+/// headers (refused, it is dropped: no reset is built inside a tunnel).
+pub const STAT_ATTEMPTS_IN_TUNNELS: u32 = 14;
+/// A new attempt found in a first fragment and decided (refused, it is dropped).
+pub const STAT_ATTEMPTS_IN_FRAGMENTS: u32 = 15;
 /// A refusal of a proven attempt was dropped instead of answered: the node's budget for
 /// replies to proven sources was spent (`Globals::reply_interval_ns`).
 pub const STAT_REPLY_LIMITED_PROVEN: u32 = 16;
@@ -294,15 +328,15 @@ pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
     "untracked_sockets",
     "pending_miss",
     "log_suppressed",
-    "reserved7",
-    "reserved8",
-    "reserved9",
-    "reserved10",
-    "reserved11",
-    "reserved12",
-    "reserved13",
-    "reserved14",
-    "reserved15",
+    "fragments_dropped",
+    "ext_chain_dropped",
+    "esp_passed",
+    "unknown_header_passed",
+    "tunnels_passed",
+    "tunnels_unparsed",
+    "nested_tunnels_dropped",
+    "attempts_in_tunnels",
+    "attempts_in_fragments",
     "replies_limited_proven",
     "replies_limited_unproven",
     "quic_server_ids_learned",
@@ -388,11 +422,14 @@ pub mod maps {
     pub const ALIVE: &str = "SHEDDER_ALIVE";
     /// Connections to count at attach ([`crate::SeedSock`]); private to one load, not pinned.
     pub const SEED: &str = "SHEDDER_SEED";
+    /// The tunnels the node terminates, by UDP port and IP protocol
+    /// ([`crate::tunnel::DECAP_ENTRIES`]).
+    pub const DECAP: &str = "SHEDDER_DECAP";
     /// Addresses that completed a handshake recently ([`crate::proof`]).
     pub const STANDING: &str = "SHEDDER_STANDING";
     /// The node's reply budgets' token buckets (`[proven, unproven]`, [`crate::Bucket`]).
     pub const REPLIES: &str = "SHEDDER_REPLIES";
-    pub const ALL: [&str; 26] = [
+    pub const ALL: [&str; 27] = [
         GLOBALS,
         PORTS,
         QUIC_PORTS,
@@ -417,6 +454,7 @@ pub mod maps {
         QUIC_TC,
         FLOWS,
         ALIVE,
+        DECAP,
         STANDING,
         REPLIES,
     ];

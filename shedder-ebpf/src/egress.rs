@@ -15,10 +15,11 @@ use shedder_common::{
     csum::IPPROTO_UDP,
     flow::{self, FlowKey},
     quic::{CID_WINDOW, HEADER_FORM_LONG, LongType, MAX_CID_LEN, long_type},
+    tunnel::{ETH_P_IP, ETH_P_IPV6},
 };
 
 use crate::{
-    parse::{ETH_HLEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, digest, load, ptr_at},
+    parse::{digest, ethernet, load, ptr_at},
     shed::{SHEDDER_FLOWS, SHEDDER_STATS, bump, is_quic_port},
 };
 
@@ -54,19 +55,7 @@ pub fn server_packet(data: usize, data_end: usize) {
 
 #[inline(always)]
 fn server_initial(data: usize, data_end: usize) -> Option<ServerInitial> {
-    let eth = ptr_at::<[u8; ETH_HLEN]>(data, data_end, 0)?;
-    let mut proto = u16::from_be(unsafe { load::<u16>(eth.cast(), 12) });
-    let mut l3_off = ETH_HLEN;
-    let mut tags = 0;
-    while tags < 2 {
-        if proto != ETH_P_8021Q && proto != ETH_P_8021AD {
-            break;
-        }
-        let tag = ptr_at::<[u8; 4]>(data, data_end, l3_off)?;
-        proto = u16::from_be(unsafe { load::<u16>(tag.cast(), 2) });
-        l3_off += 4;
-        tags += 1;
-    }
+    let (proto, l3_off) = ethernet(data, data_end, 0)?;
     // The client's address (the destination), and where the UDP header starts.
     let (addr, v6, l4_off) = if proto == ETH_P_IP {
         let ip = ptr_at::<[u8; 20]>(data, data_end, l3_off)?;

@@ -329,6 +329,8 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             };
         }
         Parsed::Datagram(d) => return Outcome::Flow(d),
+        // A documented drop rule of the parser (counted there).
+        Parsed::Drop => return Outcome::Drop,
         Parsed::Reset(r) => {
             if !QUIC {
                 disown(&r);
@@ -634,12 +636,14 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             count_decision(service, class, VERDICT_DRY_RUN, decision.reason, unique);
             break 'act Outcome::Pass;
         }
-        if policy.action == ACTION_RST && !reply_allowed(globals, 0) {
+        // An attempt in a fragment or a tunnel is dropped, not answered (see `parse`).
+        let answer = policy.action == ACTION_RST && syn.reply == 1;
+        if answer && !reply_allowed(globals, 0) {
             // Over the node's budget for replies: dropped instead (see `reply_allowed`).
             count_decision(service, class, VERDICT_DROP, decision.reason, unique);
             break 'act Outcome::Drop;
         }
-        if policy.action == ACTION_RST {
+        if answer {
             if syn.quic == 1 {
                 // Answered last, once nothing of the decision is left to tell its paths
                 // apart (see `answer_quic`).
@@ -823,6 +827,7 @@ impl Answer {
             tcp_len: 20,
             quic: 1,
             cids: self.cids,
+            reply: 1,
         }
     }
 }
@@ -1295,7 +1300,7 @@ fn unproven<F: Frame, const QUIC: bool>(
         count_in(service, 1, class, VERDICT_DRY_RUN, decision.reason, 1);
         return Outcome::Pass;
     }
-    if QUIC && policy.action == ACTION_RST && reply_allowed(globals, 1) {
+    if QUIC && policy.action == ACTION_RST && syn.reply == 1 && reply_allowed(globals, 1) {
         unsafe {
             core::ptr::write_volatile(&raw mut (*memo).class, class);
             core::ptr::write_volatile(&raw mut (*memo).reason, decision.reason);
@@ -1308,7 +1313,7 @@ fn unproven<F: Frame, const QUIC: bool>(
         }
         return Outcome::Negotiate;
     }
-    if !QUIC && policy.action == ACTION_RST && reply_allowed(globals, 1) {
+    if !QUIC && policy.action == ACTION_RST && syn.reply == 1 && reply_allowed(globals, 1) {
         if write_rst(frame, syn) {
             count_in(service, 1, class, VERDICT_RST, decision.reason, 1);
             return Outcome::Reply;

@@ -13,6 +13,7 @@ pub mod packet;
 pub mod peers;
 pub mod plot;
 pub mod policy;
+pub mod raw;
 pub mod scenario;
 pub mod stats;
 pub mod tcp;

@@ -33,12 +33,16 @@ mod setups;
 mod classes;
 #[path = "fixtures/encapsulation.rs"]
 mod encapsulation;
+#[path = "fixtures/extension_headers.rs"]
+mod extension_headers;
 #[path = "fixtures/fair.rs"]
 mod fair;
 #[path = "fixtures/fallback.rs"]
 mod fallback;
 #[path = "fixtures/flows.rs"]
 mod flows;
+#[path = "fixtures/fragments.rs"]
+mod fragments;
 #[path = "fixtures/lengths.rs"]
 mod lengths;
 #[path = "fixtures/limits.rs"]
@@ -59,6 +63,8 @@ mod retries;
 mod services;
 #[path = "fixtures/tcp_flags.rs"]
 mod tcp_flags;
+#[path = "fixtures/tunnels.rs"]
+mod tunnels;
 
 use std::sync::{
     Mutex,
@@ -73,6 +79,9 @@ fn table() -> Vec<Case> {
     [
         lengths::rows(),
         encapsulation::rows(),
+        fragments::rows(),
+        extension_headers::rows(),
+        tunnels::rows(),
         tcp_flags::rows(),
         services::rows(),
         classes::rows(),

@@ -1,5 +1,6 @@
 //! Real TCP over a veth pair between two network namespaces, with shedder attached to the
-//! server side's interface (native XDP, generic XDP, or TC ingress).
+//! server side's interface (native XDP, generic XDP, or TC ingress); SYNs sent in IPv4
+//! fragments through a raw socket, and SYNs inside a VXLAN overlay the server terminates.
 //!
 //! Each test builds its own namespaces (removed on drop, also on panic) and uses only
 //! 198.18.0.0/15 and 2001:db8::/32.
@@ -7,18 +8,23 @@
 use shedder::kernel::MapReader;
 use std::{
     io::ErrorKind,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    time::Duration,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener},
+    time::{Duration, Instant},
 };
 
 use shedder::kernel::{AttachMode, Attached, Shedder};
 use shedder_common::{
-    ACTION_DROP, ACTION_RST, CLASS_CRITICAL, CLASS_MEDIUM, CLASS_SHEDDABLE, MODE_ENFORCE,
-    REASON_CRITICAL, REASON_PRIORITY, REASON_UNDER_LIMIT, VERDICT_DROP, VERDICT_PASS, VERDICT_RST,
+    ACTION_DROP, ACTION_RST, CLASS_CRITICAL, CLASS_MEDIUM, CLASS_SHEDDABLE, Inflight, MODE_ENFORCE,
+    REASON_CRITICAL, REASON_PRIORITY, REASON_UNDER_LIMIT, REASONS_IN_USE,
+    STAT_ATTEMPTS_IN_FRAGMENTS, STAT_ATTEMPTS_IN_TUNNELS, ServicePolicy, VERDICT_DROP,
+    VERDICT_PASS, VERDICT_RST,
+    tunnel::{TUNNEL_VXLAN, port_index},
 };
 use shedder_tests::{
-    netns::{IFACE, Pair},
+    netns::{IFACE, Netns, Pair},
+    packet::{Packet, TCP_ACK, ipv4_fragments},
     policy::*,
+    raw::{RawTcp, drop_own_resets},
     require_root,
     tcp::{Attempt, TestServer, connect_from, echo_roundtrip},
 };
@@ -289,6 +295,267 @@ fn tc_ingress() {
 #[test]
 fn generic_xdp() {
     scenario("gen", AttachMode::Generic, Attached::XdpGeneric);
+}
+
+/// Attempts of `class` dropped by `service`, whatever the reason.
+fn drops(shedder: &Shedder, service: u32, class: u32) -> u64 {
+    (0..REASONS_IN_USE)
+        .map(|r| {
+            shedder
+                .counter(service, class, VERDICT_DROP, r)
+                .expect("counter")
+        })
+        .sum()
+}
+
+fn stat(shedder: &Shedder, stat: u32) -> u64 {
+    shedder.stats().expect("stats")[stat as usize]
+}
+
+/// The rst service with a fixed limit of one connection (MEDIUM's share one too).
+fn limit_of_one() -> ServicePolicy {
+    let mut p = open_policy(ACTION_RST, MODE_ENFORCE);
+    p.total_limit = 1;
+    p.fallback_total = 1;
+    for c in &mut p.classes[1..] {
+        c.limit = 1;
+        c.fallback_limit = 1;
+    }
+    p
+}
+
+/// A listener of the server's namespace whose accepted connections the test sees.
+struct Listener(TcpListener);
+
+impl Listener {
+    fn bind(ns: &Netns, port: u16) -> Self {
+        let l = ns.run(|| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).expect("listen"));
+        l.set_nonblocking(true).expect("nonblocking listener");
+        Self(l)
+    }
+
+    /// The peer of the next connection the listener gets within `wait`.
+    fn accept_within(&self, wait: Duration) -> Option<SocketAddr> {
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline {
+            match self.0.accept() {
+                Ok((_, peer)) => return Some(peer),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(e) => panic!("accept: {e}"),
+            }
+        }
+        None
+    }
+}
+
+/// A SYN with 32 bytes of data from `sport` and initial sequence number `isn`, as two IPv4
+/// fragments: the first holds the whole TCP header and 8 bytes of the data, the second
+/// the rest (what a router fragmenting the datagram would send).
+fn fragmented_syn(sport: u16, isn: u32) -> [Vec<u8>; 2] {
+    let mut syn = Packet::syn_v4(CLIENT_V4, SERVER_V4, PORT_RST);
+    syn.tcp.sport = sport;
+    syn.tcp.seq = isn;
+    syn.tcp.payload = vec![0x5a; 32];
+    ipv4_fragments(&syn.ip_bytes(), 48)
+}
+
+/// The ACK that completes a handshake begun by hand.
+fn handshake_ack(sport: u16, isn: u32, server_isn: u32) -> Vec<u8> {
+    let mut ack = Packet::syn_v4(CLIENT_V4, SERVER_V4, PORT_RST);
+    ack.tcp.sport = sport;
+    ack.tcp.seq = isn.wrapping_add(1);
+    ack.tcp.ack = server_isn.wrapping_add(1);
+    ack.tcp.flags = TCP_ACK;
+    ack.tcp.options.clear();
+    ack.ip_bytes()
+}
+
+/// A SYN sent as two IPv4 fragments is decided like a whole one: with a limit of one
+/// connection and that slot held, a plain SYN is refused, and the same SYN in fragments
+/// never reaches the listener (dropped: a fragmented SYN is never reset); with room, the
+/// fragmented SYN is admitted and the listener gets its connection.
+fn fragments(tag: &str, mode: AttachMode, expect: Attached) {
+    require_root();
+    let pair = Pair::new(tag);
+    let mut shedder = Shedder::load().expect("load shedder");
+    install_standard(&mut shedder);
+    shedder
+        .set_policy(SVC_RST, &limit_of_one())
+        .expect("policy");
+    let held = Inflight {
+        class: [0, 0, 1, 0],
+    };
+    shedder.set_inflight(SVC_RST, &held).expect("slot held");
+    let listener = Listener::bind(&pair.server, PORT_RST);
+    let attached = pair
+        .server
+        .run(|| shedder.attach(IFACE, mode))
+        .unwrap_or_else(|e| panic!("attach {mode:?}: {e}"));
+    assert_eq!(attached, expect, "attach mode");
+    let _client_xdp = (expect == Attached::XdpNative).then(|| pair.pass_program_on_client());
+    drop_own_resets(&pair.client);
+    let raw = pair.client.run(RawTcp::open);
+
+    // The plain SYN, refused.
+    let plain = pair.client.run(|| {
+        connect_from(
+            IpAddr::V4(CLIENT_V4),
+            IpAddr::V4(SERVER_V4),
+            PORT_RST,
+            ADMIT_WAIT,
+        )
+    });
+    assert_refused_fast(plain, "a plain SYN with the one slot held");
+    assert_eq!(listener.accept_within(Duration::ZERO), None);
+
+    // The same SYN in two fragments: no SYN-ACK, and the listener gets nothing.
+    let (dropped, found) = (
+        drops(&shedder, SVC_RST, CLASS_MEDIUM),
+        stat(&shedder, STAT_ATTEMPTS_IN_FRAGMENTS),
+    );
+    let (sport, isn) = (20_101, 0x1111_0000);
+    for f in fragmented_syn(sport, isn) {
+        raw.send(&f, SERVER_V4);
+    }
+    assert_eq!(
+        raw.syn_ack(SERVER_V4, PORT_RST, sport, DROP_WAIT),
+        None,
+        "the fragmented SYN was answered with the slot held"
+    );
+    assert_eq!(
+        listener.accept_within(Duration::from_millis(200)),
+        None,
+        "the listener got a connection with the slot held"
+    );
+    assert_eq!(drops(&shedder, SVC_RST, CLASS_MEDIUM) - dropped, 1);
+    assert_eq!(stat(&shedder, STAT_ATTEMPTS_IN_FRAGMENTS) - found, 1);
+
+    // Room again: the fragmented SYN is admitted and the listener gets its connection.
+    shedder
+        .set_inflight(SVC_RST, &Inflight::default())
+        .expect("slot freed");
+    let admitted = shedder
+        .counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, REASON_UNDER_LIMIT)
+        .expect("counter");
+    let (sport, isn) = (20_102, 0x2222_0000);
+    for f in fragmented_syn(sport, isn) {
+        raw.send(&f, SERVER_V4);
+    }
+    let server_isn = raw
+        .syn_ack(SERVER_V4, PORT_RST, sport, ADMIT_WAIT)
+        .expect("a SYN-ACK to the fragmented SYN once there is room");
+    raw.send(&handshake_ack(sport, isn, server_isn), SERVER_V4);
+    let peer = listener
+        .accept_within(ADMIT_WAIT)
+        .expect("the listener gets the fragmented SYN's connection");
+    assert_eq!(peer.port(), sport, "the connection is the fragmented SYN's");
+    assert_eq!(
+        shedder
+            .counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, REASON_UNDER_LIMIT)
+            .expect("counter")
+            - admitted,
+        1
+    );
+    drop(raw);
+    drop(listener);
+}
+
+#[test]
+fn fragmented_syn_native_xdp() {
+    fragments("frx", AttachMode::Native, Attached::XdpNative);
+}
+
+#[test]
+fn fragmented_syn_tc() {
+    fragments("frt", AttachMode::Tc, Attached::Tc);
+}
+
+/// A VXLAN overlay between the client and the server, whose endpoint is the server (the
+/// node): shedder, attached to the underlay's interface with VXLAN's port named, decides on
+/// the SYN inside the tunnel. Full, the inner SYN is dropped (not reset: no reply is built
+/// inside a tunnel); with room it is admitted, and data flows through the tunnel.
+fn vxlan(tag: &str, mode: AttachMode, expect: Attached) {
+    let mut lab = Lab::new(tag, mode, expect);
+    for (ns, local, remote, host) in [
+        (&lab.pair.client, "198.18.0.1", "198.18.0.2", 1),
+        (&lab.pair.server, "198.18.0.2", "198.18.0.1", 2),
+    ] {
+        ns.ip(&[
+            "link", "add", "vx0", "type", "vxlan", "id", "42", "local", local, "remote", remote,
+            "dstport", "4789", "dev", IFACE,
+        ]);
+        ns.ip(&["addr", "add", &format!("198.19.42.{host}/24"), "dev", "vx0"]);
+        ns.ip(&[
+            "addr",
+            "add",
+            &format!("2001:db8:42::{host}/64"),
+            "dev",
+            "vx0",
+            "nodad",
+        ]);
+        ns.ip(&["link", "set", "vx0", "up"]);
+    }
+    lab.shedder
+        .set_decap(port_index(4789), TUNNEL_VXLAN)
+        .expect("VXLAN terminated");
+    let overlay = [
+        (
+            "IPv4 in VXLAN",
+            IpAddr::V4(Ipv4Addr::new(198, 19, 42, 1)),
+            IpAddr::V4(Ipv4Addr::new(198, 19, 42, 2)),
+        ),
+        (
+            "IPv6 in VXLAN",
+            IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0x42, 0, 0, 0, 0, 1)),
+            IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0x42, 0, 0, 0, 0, 2)),
+        ),
+    ];
+    for (name, client, server) in overlay {
+        lab.shedder
+            .set_policy(SVC_RST, &closed_policy(ACTION_RST, MODE_ENFORCE))
+            .expect("policy");
+        let (dropped, found) = (
+            drops(&lab.shedder, SVC_RST, CLASS_MEDIUM),
+            stat(&lab.shedder, STAT_ATTEMPTS_IN_TUNNELS),
+        );
+        assert_timed_out(
+            lab.connect(client, server, PORT_RST, DROP_WAIT),
+            &format!("{name}: full"),
+        );
+        let dropped = drops(&lab.shedder, SVC_RST, CLASS_MEDIUM) - dropped;
+        assert!(
+            dropped >= 2,
+            "{name}: the inner SYN and its retransmission were dropped ({dropped})"
+        );
+        assert!(stat(&lab.shedder, STAT_ATTEMPTS_IN_TUNNELS) - found >= dropped);
+
+        lab.shedder
+            .set_policy(SVC_RST, &open_policy(ACTION_RST, MODE_ENFORCE))
+            .expect("policy");
+        let before = lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, REASON_UNDER_LIMIT);
+        let mut stream = assert_admitted(
+            lab.connect(client, server, PORT_RST, ADMIT_WAIT),
+            &format!("{name}: room"),
+        );
+        echo_roundtrip(&mut stream, b"through the tunnel").expect("echo through VXLAN");
+        assert_eq!(
+            lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, REASON_UNDER_LIMIT) - before,
+            1,
+            "{name}: admitted once"
+        );
+    }
+}
+
+#[test]
+fn vxlan_native_xdp() {
+    vxlan("vxx", AttachMode::Native, Attached::XdpNative);
+}
+
+#[test]
+fn vxlan_tc() {
+    vxlan("vxt", AttachMode::Tc, Attached::Tc);
 }
 
 /// Removes a test's pin directory on drop (also on panic).

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::defaults;
+use super::{decapsulate::Decapsulate, defaults};
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
@@ -100,6 +100,10 @@ pub struct Daemon {
     /// bound that keeps refusals of a spoofed flood from reflecting it. 0: no bound.
     #[serde(default = "defaults::max_replies_unproven_per_s")]
     pub max_replies_unproven_per_s: u64,
+    /// The tunnels this node terminates, whose inner headers the packet path decides on.
+    /// None by default. Reloadable.
+    #[serde(default)]
+    pub decapsulate: Decapsulate,
 }
 
 impl Default for Daemon {
@@ -123,6 +127,7 @@ impl Default for Daemon {
             handshake_hold_ms: 0,
             max_replies_proven_per_s: defaults::max_replies_proven_per_s(),
             max_replies_unproven_per_s: defaults::max_replies_unproven_per_s(),
+            decapsulate: Decapsulate::default(),
         }
     }
 }

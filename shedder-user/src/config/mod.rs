@@ -2,13 +2,15 @@
 //! field at fault and checks every value against the map capacities before anything is
 //! written.
 //!
-//! One file a concern: the sections' types ([`daemon`](Daemon), [`classes`](Classes),
-//! [`service`](Service), [`fleet`](Fleet)) and the whole file ([`Config`]); their
-//! [`defaults`]; the parsing of a text ([`Config::parse`]); the rules across keys
-//! ([`Config::validate`]); and the error both report ([`ConfigError`]).
+//! One file a concern: the sections' types ([`daemon`](Daemon) and its
+//! [`decapsulate`](Decapsulate), [`classes`](Classes), [`service`](Service),
+//! [`fleet`](Fleet)) and the whole file ([`Config`]); their [`defaults`]; the parsing of
+//! a text ([`Config::parse`]); the rules across keys ([`Config::validate`]); and the error
+//! both report ([`ConfigError`]).
 
 mod classes;
 mod daemon;
+mod decapsulate;
 pub mod defaults;
 mod document;
 mod error;
@@ -22,6 +24,7 @@ mod validate;
 
 pub use classes::{Class, ClassName, Classes, Prefix};
 pub use daemon::{Attach, Daemon};
+pub use decapsulate::{Decapsulate, MAX_TUNNEL_PORTS};
 pub use document::Config;
 pub use error::ConfigError;
 pub use fleet::{Fleet, Shares};

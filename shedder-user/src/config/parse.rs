@@ -387,7 +387,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
             ),
             (
                 "[daemon]\ntick = 100\n".into(),
-                "line 2, column 1: daemon.tick: unknown key, expected one of `interfaces`, `measure_only`, `attach`, `metrics_listen`, `control_socket`, `control_group`, `tick_ms`, `heartbeat_timeout_ms`, `pin_dir`, `signal_window_ms`, `detach_on_exit`, `fail_static`, `kernel_debug_log`, `syn_retransmit_window_ms`, `standing_window_s`, `handshake_hold_ms`, `max_replies_proven_per_s`, `max_replies_unproven_per_s`",
+                "line 2, column 1: daemon.tick: unknown key, expected one of `interfaces`, `measure_only`, `attach`, `metrics_listen`, `control_socket`, `control_group`, `tick_ms`, `heartbeat_timeout_ms`, `pin_dir`, `signal_window_ms`, `detach_on_exit`, `fail_static`, `kernel_debug_log`, `syn_retransmit_window_ms`, `standing_window_s`, `handshake_hold_ms`, `max_replies_proven_per_s`, `max_replies_unproven_per_s`, `decapsulate`",
             ),
             (
                 format!("{SVC}max_limt = 5\n"),

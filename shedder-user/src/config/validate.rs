@@ -10,6 +10,7 @@ use shedder_common::{CLASS_NAMES, MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVIC
 
 use super::{
     classes::Prefix,
+    decapsulate::MAX_TUNNEL_PORTS,
     document::Config,
     error::{ConfigError, err},
     service::{MAX_ACTIVE_WINDOW_MS, Protocol},
@@ -147,9 +148,54 @@ impl Config {
         }
         self.validate_classes()?;
         self.validate_services()?;
+        self.validate_decapsulate()?;
         self.validate_fleet()?;
         // Last: a file with a mistake elsewhere hears of that mistake first.
         self.validate_measure_only()
+    }
+
+    /// Tunnel ports: each a port, at most [`MAX_TUNNEL_PORTS`] a kind, one kind a port, and
+    /// none a QUIC service's (a datagram to it is either a tunnel's or an attempt).
+    fn validate_decapsulate(&self) -> Result<(), ConfigError> {
+        let mut seen: HashMap<u16, &str> = HashMap::new();
+        for (key, ports, _) in self.daemon.decapsulate.port_lists() {
+            let field = format!("daemon.decapsulate.{key}");
+            if ports.len() > MAX_TUNNEL_PORTS {
+                return Err(err(
+                    field,
+                    format!("{} ports; at most {MAX_TUNNEL_PORTS}", ports.len()),
+                ));
+            }
+            for (j, &port) in ports.iter().enumerate() {
+                let field = format!("{field}[{j}]");
+                if port == 0 {
+                    return Err(err(field, "port 0 is not a port"));
+                }
+                if let Some(other) = seen.insert(port, key) {
+                    return Err(err(
+                        field,
+                        format!(
+                            "{port} is listed twice (also in {other}): a UDP port carries one kind of tunnel"
+                        ),
+                    ));
+                }
+                if let Some(s) = self
+                    .services
+                    .iter()
+                    .find(|s| s.protocol == Protocol::Quic && s.ports.contains(&port))
+                {
+                    return Err(err(
+                        field,
+                        format!(
+                            "UDP port {port} is a port of QUIC service `{}`: a datagram to it \
+                             would be both a tunnel's and a connection attempt",
+                            s.name
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A file without interfaces would shed nothing: refused unless it says so.
@@ -863,6 +909,65 @@ mod tests {
         // Without services too: a daemon that only serves its status.
         assert!(Config::parse("[daemon]\nmeasure_only = true\n").is_ok());
         assert!(Config::parse("").is_err());
+    }
+
+    #[test]
+    fn tunnels_to_decapsulate() {
+        let c = Config::parse(&format!(
+            "{IFACE}[daemon.decapsulate]\nipip = true\ngre = true\nvxlan_ports = [4789]\n\
+             gue_ports = [6080]\nfou_ports = [5555]\n"
+        ))
+        .expect("every kind");
+        assert_eq!(c.daemon.decapsulate.entries().len(), 6);
+        // A TCP service may use the number of a tunnel's UDP port.
+        let tcp = "[[service]]\nname = \"web\"\nports = [4789]\n";
+        Config::parse(&format!(
+            "{IFACE}[daemon.decapsulate]\nvxlan_ports = [4789]\n{tcp}"
+        ))
+        .expect("TCP 4789 beside VXLAN on UDP 4789");
+        for (text, refusal) in [
+            (
+                "vxlan_ports = [0]",
+                "line 8, column 16: daemon.decapsulate.vxlan_ports[0]: port 0 is not a port",
+            ),
+            (
+                "vxlan_ports = [4789]\nfou_ports = [5555, 4789]",
+                "line 9, column 20: daemon.decapsulate.fou_ports[1]: 4789 is listed twice (also in vxlan_ports): a UDP port carries one kind of tunnel",
+            ),
+            (
+                "gue_ports = [443]",
+                "line 8, column 14: daemon.decapsulate.gue_ports[0]: UDP port 443 is a port of QUIC service `h3`: a datagram to it would be both a tunnel's and a connection attempt",
+            ),
+            (
+                "vxlan_ports = [70000]",
+                "line 8, column 16: daemon.decapsulate.vxlan_ports[0]: invalid value: integer `70000`, expected an integer in 0..=65535",
+            ),
+            (
+                "gre = \"yes\"",
+                "line 8, column 7: daemon.decapsulate.gre: invalid type: string \"yes\", expected a boolean",
+            ),
+            (
+                "geneve_ports = [6081]",
+                "line 8, column 1: daemon.decapsulate.geneve_ports: unknown key, expected one of `ipip`, `gre`, `vxlan_ports`, `gue_ports`, `fou_ports`",
+            ),
+        ] {
+            let quic = "[[service]]\nname = \"h3\"\nprotocol = \"quic\"\nports = [443]\n";
+            let e = Config::parse(&format!("{quic}{IFACE}[daemon.decapsulate]\n{text}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.ends_with(refusal), "{text}:\n  {e}\n  expected {refusal}");
+        }
+        let many: Vec<String> = (1..=65).map(|p| p.to_string()).collect();
+        let e = Config::parse(&format!(
+            "{IFACE}[daemon.decapsulate]\nvxlan_ports = [{}]\n",
+            many.join(", ")
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.ends_with("daemon.decapsulate.vxlan_ports: 65 ports; at most 64"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -187,6 +187,10 @@ impl Daemon {
                 xdp_tx_errors: None,
             });
         }
+        let tunnels = cfg.daemon.decapsulate.describe();
+        if !tunnels.is_empty() {
+            info!(tunnels = ?tunnels, "deciding on the inner headers of the tunnels this node terminates");
+        }
         warnings.extend(shedder.egress_problems().iter().cloned());
         if kernel_log {
             match shedder.kernel_logger() {

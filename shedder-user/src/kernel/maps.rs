@@ -9,6 +9,7 @@ use shedder_common::{
     Globals, HIST_PER_SERVICE, Inflight, NUM_CLASSES, NUM_REASONS, NUM_STATS, NUM_VERDICTS,
     PORT_HAS_ADDR_SERVICES, PORT_SERVICE_MASK, ServiceAddrKey, ServiceCounters, ServiceHist,
     ServicePolicy, classmap, decision_index, hist, maps,
+    tunnel::{DECAP_ENTRIES, TUNNEL_NONE},
 };
 
 use super::{Error, Result, Shedder};
@@ -461,8 +462,15 @@ impl Shedder {
                 m.insert(k, v, 0).map_err(map_err(maps::ADDR_SERVICES))?;
             }
         }
-        self.write_ports(maps::PORTS, &tcp)?;
-        self.write_ports(maps::QUIC_PORTS, &quic)?;
+        self.write_array(maps::PORTS, &tcp)?;
+        self.write_array(maps::QUIC_PORTS, &quic)?;
+        let mut decap = vec![TUNNEL_NONE; DECAP_ENTRIES as usize];
+        for &(index, kind) in &compiled.decap {
+            if let Some(entry) = decap.get_mut(index as usize) {
+                *entry = kind;
+            }
+        }
+        self.write_array(maps::DECAP, &decap)?;
         {
             let mut m: HashMap<&mut MapData, ServiceAddrKey, u32> =
                 HashMap::try_from(self.map_mut(maps::ADDR_SERVICES)?)
@@ -490,8 +498,21 @@ impl Shedder {
         self.set_globals(&globals)
     }
 
-    /// Make port map `name` hold `want` (indexed by port), writing only what differs.
-    fn write_ports(&mut self, name: &'static str, want: &[u32]) -> Result<()> {
+    /// Mark decapsulation map entry `index` (a UDP port, or `DECAP_PROTOCOLS` plus an IP
+    /// protocol: see `shedder_common::tunnel`) as a tunnel of `kind` the node terminates
+    /// (`TUNNEL_NONE`: none).
+    pub fn set_decap(&mut self, index: u32, kind: u32) -> Result<()> {
+        if index >= DECAP_ENTRIES {
+            return Err(Error::Range("decapsulation entry", index.to_string()));
+        }
+        let mut m: Array<&mut MapData, u32> =
+            Array::try_from(self.map_mut(maps::DECAP)?).map_err(map_err(maps::DECAP))?;
+        m.set(index, kind, 0).map_err(map_err(maps::DECAP))
+    }
+
+    /// Make array map `name` of `u32` (a port map, the decapsulation map) hold `want`,
+    /// writing only what differs.
+    fn write_array(&mut self, name: &'static str, want: &[u32]) -> Result<()> {
         let mut m: Array<&mut MapData, u32> =
             Array::try_from(self.map_mut(name)?).map_err(map_err(name))?;
         for (port, want) in want.iter().enumerate() {

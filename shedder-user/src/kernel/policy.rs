@@ -32,6 +32,9 @@ pub struct Compiled {
     pub services: Vec<CompiledService>,
     pub class_rules: Vec<(Prefix, u32)>,
     pub globals: Globals,
+    /// The decapsulation map's entries that are not empty: (index, tunnel kind), see
+    /// `shedder_common::tunnel`.
+    pub decap: Vec<(u32, u32)>,
 }
 
 /// A service's retry window in jiffies at `hz` (rounded up; 0 keeps retry recognition off).
@@ -276,12 +279,14 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
                 reply_burst_ns(cfg.daemon.max_replies_unproven_per_s),
             ],
         },
+        decap: cfg.daemon.decapsulate.entries(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shedder_common::tunnel;
 
     #[test]
     fn a_quic_service_is_paced_at_its_limit_per_window_and_a_configured_rate_still_binds() {
@@ -362,6 +367,20 @@ mod tests {
         assert_eq!(c.globals.reply_interval_ns, [100_000, 1_000_000]);
         assert_eq!(c.globals.reply_burst_ns, [100_000_000, 100_000_000]);
         assert_eq!(c.class_rules.len(), 1);
+        assert!(c.decap.is_empty(), "no tunnel is terminated by default");
+        let mut tunnels = cfg.clone();
+        tunnels.daemon.decapsulate.gre = true;
+        tunnels.daemon.decapsulate.vxlan_ports = vec![4789];
+        assert_eq!(
+            compile(&tunnels, 250).decap,
+            [
+                (
+                    tunnel::protocol_index(tunnel::IPPROTO_GRE),
+                    tunnel::TUNNEL_GRE
+                ),
+                (tunnel::port_index(4789), tunnel::TUNNEL_VXLAN),
+            ]
+        );
         let s = &c.services[0];
         assert_eq!(s.ports, [8080, 8443]);
         let p = &s.policy;
