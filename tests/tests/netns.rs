@@ -386,6 +386,7 @@ fn fragments(tag: &str, mode: AttachMode, expect: Attached) {
         .expect("policy");
     let held = Inflight {
         class: [0, 0, 1, 0],
+        ..Default::default()
     };
     shedder.set_inflight(SVC_RST, &held).expect("slot held");
     let listener = Listener::bind(&pair.server, PORT_RST);
