@@ -398,6 +398,11 @@ fn fragments(tag: &str, mode: AttachMode, expect: Attached) {
     let _client_xdp = (expect == Attached::XdpNative).then(|| pair.pass_program_on_client());
     drop_own_resets(&pair.client);
     let raw = pair.client.run(RawTcp::open);
+    // A client that has connected before (the proof of a handshake has tests of its own):
+    // its attempts are decided as proven, in the counters read below.
+    shedder
+        .set_standing(IpAddr::V4(CLIENT_V4), u16::MAX)
+        .expect("standing");
 
     // The plain SYN, refused.
     let plain = pair.client.run(|| {
@@ -514,6 +519,10 @@ fn vxlan(tag: &str, mode: AttachMode, expect: Attached) {
         ),
     ];
     for (name, client, server) in overlay {
+        // A client that has connected before, as in `fragments`.
+        lab.shedder
+            .set_standing(client, u16::MAX)
+            .expect("standing");
         lab.shedder
             .set_policy(SVC_RST, &closed_policy(ACTION_RST, MODE_ENFORCE))
             .expect("policy");
