@@ -398,8 +398,9 @@ fn v4(pkt: Pkt, l3_off: usize, limit: usize, frag_in: u32) -> Step<Net> {
     let mut proto: u8 = unsafe { load(ip, 9) };
     let mut frag = frag_in;
     let field = u16::from_be(unsafe { load(ip, 6) });
-    // The hot path, a segment of an established connection, ends here.
-    if proto == IPPROTO_TCP && field & 0x3fff == 0 {
+    // The hot path, a segment of an established connection, ends here; not inside a
+    // tunnel in a first fragment, whose TCP header may lie in a later fragment.
+    if proto == IPPROTO_TCP && field & 0x3fff == 0 && frag_in == 0 {
         syn_flags(pkt.at::<[u8; 20]>(l3_off + ihl)?).ok_or(Stop::Pass)?;
     }
     if field & 0x3fff != 0 {
@@ -476,8 +477,8 @@ fn v6(pkt: Pkt, l3_off: usize, limit: usize, frag_in: u32) -> Step<Net> {
     }
     let mut next: u8 = unsafe { load(ip, 6) };
     let mut l4_off = l3_off + 40;
-    // The hot path, a segment of an established connection, ends here.
-    if next == IPPROTO_TCP {
+    // The hot path, a segment of an established connection, ends here (see `v4`).
+    if next == IPPROTO_TCP && frag_in == 0 {
         syn_flags(pkt.at::<[u8; 20]>(l4_off)?).ok_or(Stop::Pass)?;
     }
     let mut plain = 1;
@@ -487,7 +488,14 @@ fn v6(pkt: Pkt, l3_off: usize, limit: usize, frag_in: u32) -> Step<Net> {
         if next == IPPROTO_TCP || next == IPPROTO_UDP {
             break;
         }
-        let ext = pkt.at::<[u8; 4]>(l4_off)?.cast::<u8>();
+        // A first fragment must hold the whole chain (RFC 7112): the rest would pass.
+        let Some(ext) = ptr_at::<[u8; 4]>(pkt.data, pkt.data_end, l4_off) else {
+            if frag != 0 {
+                return counted(STAT_FRAGMENTS_DROPPED, Stop::Drop);
+            }
+            return Err(Stop::Pass);
+        };
+        let ext = ext.cast::<u8>();
         let (nh, len) = unsafe { (load::<u8>(ext, 0), load::<u8>(ext, 1) as usize) };
         l4_off += match next {
             IPV6_HOPOPTS | IPV6_ROUTING | IPV6_DSTOPTS | IPV6_MOBILITY | IPV6_HIP | IPV6_SHIM6

@@ -14,6 +14,7 @@ pub mod peers;
 pub mod plot;
 pub mod policy;
 pub mod raw;
+pub mod reference;
 pub mod scenario;
 pub mod stats;
 pub mod tcp;

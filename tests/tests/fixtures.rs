@@ -43,6 +43,8 @@ mod fallback;
 mod flows;
 #[path = "fixtures/fragments.rs"]
 mod fragments;
+#[path = "fixtures/fuzz.rs"]
+mod fuzz;
 #[path = "fixtures/lengths.rs"]
 mod lengths;
 #[path = "fixtures/limits.rs"]
