@@ -99,6 +99,9 @@ pub struct ClassEpoch {
     /// take while they are. Counted by source, not attempt, so that one heavy source
     /// refused at the start of each epoch (before it has had its quota) weighs as one.
     pub denied: u32,
+    /// Attempts from sources without standing decided ([`record_unproven`]). They have no
+    /// source of their own; together they count as one source.
+    pub unproven: u32,
 }
 
 /// One epoch of one service.
@@ -144,6 +147,7 @@ impl Fairness {
             out.retries = out.retries.wrapping_add(c.retries);
             out.pressed = out.pressed.wrapping_add(c.pressed);
             out.denied = out.denied.wrapping_add(c.denied);
+            out.unproven = out.unproven.wrapping_add(c.unproven);
             i += 1;
         }
         out
@@ -223,6 +227,22 @@ pub fn record(c: &mut ClassEpoch, d: &Decided) {
         .wrapping_add(d.pressed & 1 & unique & (1 - retry) & (1 - over) & d.unrefused & 1);
 }
 
+/// The class's counts after an attempt from a source without standing was decided
+/// (`admitted` 0 or 1). New clients are not sources with a share (their address proves
+/// nothing), but the class's equal share must still be shared with them: otherwise one
+/// heavy source with standing, the only source its class sees, would be within its share
+/// whatever it took from them, and its retries would compete as first attempts. So the
+/// unproven attempts together count as one more source, and their admissions among the
+/// class's. A flood of them adds that one source and what the unproven cap admits, no more.
+#[inline(always)]
+pub fn record_unproven(c: &mut ClassEpoch, admitted: u32) {
+    c.sources = c
+        .sources
+        .wrapping_add(mask::zero(c.unproven as u64) as u32 & 1);
+    c.unproven = c.unproven.wrapping_add(1);
+    c.admitted = c.admitted.wrapping_add(admitted & 1);
+}
+
 /// A retry may fill idle room while the sources refused for want of room (within their
 /// share) over the window are at most one per [`FILL_RATIO`] first attempts admitted.
 pub const FILL_RATIO: u32 = 8;
@@ -260,6 +280,7 @@ fn scaled(c: &ClassEpoch, m: u32) -> ClassEpoch {
         retries: c.retries & m,
         pressed: c.pressed & m,
         denied: c.denied & m,
+        unproven: c.unproven & m,
     }
 }
 
@@ -451,9 +472,9 @@ pub fn tag(h: u64) -> u32 {
 const _: () = {
     assert!(size_of::<SourceSlot>() == 16);
     assert!(size_of::<SourceSet>() == 64);
-    assert!(size_of::<ClassEpoch>() == 32);
-    assert!(size_of::<FairSlot>() == 136);
-    assert!(size_of::<Fairness>() == 272);
+    assert!(size_of::<ClassEpoch>() == 36);
+    assert!(size_of::<FairSlot>() == 152);
+    assert!(size_of::<Fairness>() == 304);
     assert!(SOURCE_SETS.is_power_of_two());
 };
 

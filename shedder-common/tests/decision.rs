@@ -247,6 +247,14 @@ impl Node {
         if proven == 0 {
             let d = self.unproven_decision(own);
             self.check_priority_over_unproven(own, &d);
+            // One source among the class's, as the packet path counts them.
+            let epoch = self.epoch();
+            let fs = &mut self.counts.slots[(epoch & 1) as usize];
+            if fs.epoch != epoch {
+                fs.class = [ClassEpoch::default(); NUM_CLASSES];
+                fs.epoch = epoch;
+            }
+            fair::record_unproven(&mut fs.class[(own as usize) & (NUM_CLASSES - 1)], d.admit);
             if d.admit == 1 {
                 let held = self.in_handshake()[1][own as usize];
                 assert!(

@@ -684,6 +684,12 @@ fn transport<const QUIC: bool>(pkt: Pkt, net: &Net, l3_off: usize, tunneled: u32
         )
     };
     if net.proto == IPPROTO_UDP {
+        // A first fragment too short for the UDP header would leave the port, and with it
+        // the decision, to a later fragment; none is legitimate (a fragment carries a
+        // multiple of 8 bytes).
+        if net.frag != 0 && net.l4_off + 8 > net.end_off {
+            return counted(STAT_FRAGMENTS_DROPPED, Stop::Drop);
+        }
         if !QUIC {
             return udp_port(data, data_end, net.l4_off).ok_or(Stop::Pass);
         }
@@ -698,6 +704,13 @@ fn transport<const QUIC: bool>(pkt: Pkt, net: &Net, l3_off: usize, tunneled: u32
         let Some((sport, dport, seq, dcid, cids)) =
             parse_initial(data, data_end, net.l4_off, ip_end)
         else {
+            // QUIC datagrams are never fragmented (RFC 9000 §14): a first fragment that may
+            // be the start of an Initial but does not hold one readable would reach the
+            // server undecided once reassembled. A short-header packet cannot open a
+            // connection and passes.
+            if net.frag != 0 && may_be_long_header(data, data_end, net.l4_off) {
+                return counted(STAT_FRAGMENTS_DROPPED, Stop::Drop);
+            }
             return datagram(data, data_end, net.l4_off, src, net.v6).ok_or(Stop::Pass);
         };
         count_attempt(net.frag, tunneled);
@@ -857,6 +870,16 @@ pub(crate) fn digest(w: *const [u8; CID_WINDOW], len: usize) -> u32 {
         i += 1;
     }
     h
+}
+
+/// Whether the QUIC packet after the UDP header at `l4_off` has a long header, or is cut
+/// before its first byte.
+#[inline(always)]
+fn may_be_long_header(data: usize, data_end: usize, l4_off: usize) -> bool {
+    match ptr_at::<[u8; 9]>(data, data_end, l4_off) {
+        Some(h) => (unsafe { load::<u8>(h.cast(), 8) }) & HEADER_FORM_LONG != 0,
+        None => true,
+    }
 }
 
 /// The destination port of the UDP datagram at `l4_off`.

@@ -869,6 +869,22 @@ fn answer_quic<F: Frame>(frame: &F, memo: *mut Memo) -> Outcome {
     Outcome::Pass
 }
 
+/// `class`'s counts of `service` in `epoch`, the slot two epochs old reset first.
+#[inline(always)]
+fn class_counts(service: u32, epoch: u64, class: usize) -> Option<*mut ClassEpoch> {
+    let fs = SHEDDER_FAIR.get_ptr_mut(service)?;
+    let slot = unsafe { &raw mut (*fs).slots[(epoch & 1) as usize] };
+    unsafe {
+        if (*slot).epoch != epoch {
+            // A new epoch reuses the slot two epochs old (racing CPUs may both reset it: at
+            // worst an attempt of the same instant goes uncounted).
+            (*slot).class = [ClassEpoch::default(); NUM_CLASSES];
+            (*slot).epoch = epoch;
+        }
+        Some(&raw mut (*slot).class[class & (NUM_CLASSES - 1)])
+    }
+}
+
 /// After the decision: the class's counts (always: the floors in admissions need them),
 /// and, with the source memory on, the source's admissions and credits. The slot is
 /// rewritten with masks rather than branches (see [`shedder_common::mask`]): this
@@ -886,19 +902,9 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
             core::ptr::read_volatile(&raw const (*memo).unique),
         )
     };
-    let Some(fs) = SHEDDER_FAIR.get_ptr_mut(service) else {
+    let Some(counts) = class_counts(service, epoch, class) else {
         return;
     };
-    let slot = unsafe { &raw mut (*fs).slots[(epoch & 1) as usize] };
-    unsafe {
-        if (*slot).epoch != epoch {
-            // A new epoch reuses the slot two epochs old (racing CPUs may both reset it: at
-            // worst an attempt of the same instant goes uncounted).
-            (*slot).class = [ClassEpoch::default(); NUM_CLASSES];
-            (*slot).epoch = epoch;
-        }
-    }
-    let counts = unsafe { &raw mut (*slot).class[class] };
     let a = admitted & 1;
     fair::record(
         unsafe { &mut *counts },
@@ -1274,6 +1280,12 @@ fn unproven<F: Frame, const QUIC: bool>(
         policy.fair_share == 1 && counts.is_some(),
         || counts.map_or(ClassEpoch::default(), |f| f.window(class as usize, epoch)),
     );
+    // The unproven attempts are one source among the class's (`fair::record_unproven`).
+    if policy.fair_share == 1
+        && let Some(c) = class_counts(service, epoch, class as usize)
+    {
+        fair::record_unproven(unsafe { &mut *c }, decision.admit);
+    }
     if decision.admit == 1 {
         count_in(service, 1, class, VERDICT_PASS, decision.reason, 1);
         if !QUIC {

@@ -405,14 +405,27 @@ fn transport(b: &[u8], ip: &Ip, tunneled: bool) -> R<Expect> {
         })
     };
     if ip.proto == UDP {
+        // A first fragment must hold the UDP header.
+        if ip.frag && ip.l4 + 8 > ip.end {
+            return Err(Expect::Drop(STAT_FRAGMENTS_DROPPED));
+        }
         let dport = u16_at(b, ip.l4 + 2)?;
         if !QUIC_PORTS.contains(&dport) {
             return pass();
         }
+        // A fragmented QUIC datagram that may start an Initial but holds none readable is
+        // dropped (QUIC datagrams are never fragmented); a short header passes.
+        let unreadable = || {
+            if ip.frag && b.get(ip.l4 + 8).is_none_or(|first| first & 0x80 != 0) {
+                Err(Expect::Drop(STAT_FRAGMENTS_DROPPED))
+            } else {
+                pass()
+            }
+        };
         let udp = bytes(b, ip.l4, 8)?;
         let len = usize::from(u16::from_be_bytes([udp[4], udp[5]]));
         if len < 8 + MIN_INITIAL_DATAGRAM || (!ip.frag && ip.l4 + len > ip.end) {
-            return pass();
+            return unreadable();
         }
         // A first fragment holds the start of its datagram only: the header must be there,
         // the rest is taken on the UDP length's word.
@@ -426,9 +439,9 @@ fn transport(b: &[u8], ip: &Ip, tunneled: bool) -> R<Expect> {
                 (token, header) if token <= MAX_TOKEN && header <= here.len() => {
                     Ok(attempt(u16_at(b, ip.l4)?, dport, true))
                 }
-                _ => pass(),
+                _ => unreadable(),
             },
-            Err(_) => pass(),
+            Err(_) => unreadable(),
         };
     }
     if ip.proto != TCP {

@@ -29,6 +29,10 @@ const RETRIERS: &str = "198.18.60.0/24";
 const FRESH: &str = "198.19.0.0/16";
 
 fn config(pins: &std::path::Path, demote: bool, fair: bool) -> String {
+    // Demotion as such (fair shares off) takes each address for a source, so that each
+    // retrying client has its own retry credits; with the defaults a source is a /24, and
+    // the 254 retrying hosts are one source sharing its credits.
+    let prefix = if fair { 24 } else { 32 };
     format!(
         r#"
 [daemon]
@@ -40,8 +44,8 @@ tick_ms = 100
 # First attempts are MEDIUM (the default class), with half the limit reserved; retries are
 # decided, and counted once admitted, as SHEDDABLE.
 [classes]
-medium = {{ floor = 0.5 }}
-sheddable = {{ floor = 0.0 }}
+medium = {{ floor = 0.5, source_prefix_v4 = {prefix} }}
+sheddable = {{ floor = 0.0, source_prefix_v4 = {prefix} }}
 
 [[service]]
 name = "backend"

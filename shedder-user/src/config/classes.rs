@@ -19,10 +19,10 @@ pub struct Class {
     /// Fraction of the service's max_limit this class may never exceed.
     pub ceiling: Option<f64>,
     /// What counts as one source when the class is shared fairly: an IPv4 address masked
-    /// to this prefix length (default 32: an address; 24: one tenant's /24).
+    /// to this prefix length (default 24: one tenant's /24; 32: an address).
     #[serde(default = "defaults::source_prefix_v4")]
     pub source_prefix_v4: u8,
-    /// The same for IPv6 (default 128; 64 is one host's or one site's /64).
+    /// The same for IPv6 (default 64: one host's or one site's /64; 128: an address).
     #[serde(default = "defaults::source_prefix_v6")]
     pub source_prefix_v6: u8,
 }
