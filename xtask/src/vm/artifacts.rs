@@ -1,4 +1,4 @@
-//! Building what runs inside: `shedder` and the test executables of [`CHECKS`], located
+//! Building what runs inside: `shedder` and the test executables of [`super::checks::CHECKS`], located
 //! through cargo's JSON messages.
 
 use std::{
@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::checks::CHECKS;
+use super::checks::selected;
 use crate::cmd::{cargo, show};
 
 /// The executables that run inside (and on the host).
@@ -65,17 +65,17 @@ pub fn build() -> Result<Built> {
         .cloned()
         .context("cargo build -p shedder-user reported no `shedder` executable")?;
     let mut args = vec!["test", "-p", "shedder-tests", "--no-run"];
-    let names: BTreeSet<&str> = CHECKS.iter().filter(|c| !c.bin).map(|c| c.test).collect();
+    let names: BTreeSet<&str> = selected().filter(|c| !c.bin).map(|c| c.test).collect();
     for name in &names {
         args.extend(["--test", name]);
     }
     let mut tests = executables(&cargo_artifacts(&args)?, "test");
     let mut args = vec!["build", "-p", "shedder-tests"];
-    for c in CHECKS.iter().filter(|c| c.bin) {
+    for c in selected().filter(|c| c.bin) {
         args.extend(["--bin", c.test]);
     }
     tests.extend(executables(&cargo_artifacts(&args)?, "bin"));
-    for name in CHECKS.iter().map(|c| c.test) {
+    for name in selected().map(|c| c.test) {
         if !tests.contains_key(name) {
             bail!("cargo reported no executable for the shedder-tests target `{name}`");
         }

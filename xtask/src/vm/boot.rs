@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use super::{
-    checks::{CHECKS, Row},
+    checks::{Row, selected},
     console::{Echo, parse_check, printable},
     initramfs::{Entry, write_initramfs},
     kernels::Prepared,
@@ -228,10 +228,7 @@ pub fn boot_and_check(
     if !ended.is_empty() {
         notes.push(ended.clone());
     }
-    let results = CHECKS
-        .iter()
-        .map(|c| parse_check(c, &lines, &ended))
-        .collect();
+    let results = selected().map(|c| parse_check(c, &lines, &ended)).collect();
     Ok(Row {
         kernel: kernel.release.clone(),
         how: format!("VM, {}, {}", accel.name(), kernel.package),

@@ -65,6 +65,32 @@ pub const CHECKS: &[Check] = &[
     },
 ];
 
+/// The names `--only` picked, set once before anything runs; every check when unset.
+static ONLY: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Run only the checks named in `names` (an error names any unknown one).
+pub fn only(names: Vec<String>) -> anyhow::Result<()> {
+    for n in &names {
+        if !CHECKS.iter().any(|c| c.name == n) {
+            let known: Vec<&str> = CHECKS.iter().map(|c| c.name).collect();
+            anyhow::bail!(
+                "--only: no check named `{n}` (the checks: {})",
+                known.join(", ")
+            );
+        }
+    }
+    ONLY.set(names)
+        .map_err(|_| anyhow::anyhow!("--only given twice"))
+}
+
+/// The checks this run makes, in order.
+pub fn selected() -> impl Iterator<Item = &'static Check> {
+    CHECKS.iter().filter(|c| {
+        ONLY.get()
+            .is_none_or(|only| only.iter().any(|n| n == c.name))
+    })
+}
+
 pub enum Outcome {
     Pass,
     Fail(i32),
@@ -101,8 +127,7 @@ impl Row {
             how: "not booted".into(),
             log: None,
             notes: vec![why.clone()],
-            results: CHECKS
-                .iter()
+            results: selected()
                 .map(|c| CheckResult {
                     name: c.name,
                     outcome: Outcome::NoResult("kernel not available".into()),
@@ -127,7 +152,7 @@ pub fn mark_needs_newer(row: &mut Row) {
         return;
     };
     for r in &mut row.results {
-        let Some(check) = CHECKS.iter().find(|c| c.name == r.name) else {
+        let Some(check) = selected().find(|c| c.name == r.name) else {
             continue;
         };
         if let Some((since, what, refusal)) = check.since

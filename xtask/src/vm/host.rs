@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result};
 
 use super::{
     artifacts::Built,
-    checks::{CHECKS, CheckResult, Outcome, Row},
+    checks::{CheckResult, Outcome, Row, selected},
 };
 use crate::cmd::{cmd, root, show, stdout, wait_until};
 
@@ -23,7 +23,7 @@ pub fn host_row(built: &Built, vm_dir: &Path, timeout: Duration) -> Result<Row> 
     let mut log =
         File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let mut results = Vec::new();
-    for check in CHECKS {
+    for check in selected() {
         let exe = &built.tests[check.test];
         writeln!(log, "@@HOST-BEGIN {}", check.name)?;
         log.flush()?;

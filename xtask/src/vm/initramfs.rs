@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{artifacts::Built, checks::CHECKS, cpio::Cpio, kernels::Prepared};
+use super::{artifacts::Built, checks::selected, cpio::Cpio, kernels::Prepared};
 use crate::cmd::capture;
 
 /// Where the programs the tests call go inside the VM (first on its PATH).
@@ -208,7 +208,7 @@ pub fn common_entries(built: &Built) -> Result<Vec<Entry>> {
         });
     }
     let mut commands = String::new();
-    for check in CHECKS {
+    for check in selected() {
         let exe = fs::canonicalize(&built.tests[check.test])?;
         commands.push_str(&format!(
             "{} {} {}\n",

@@ -93,9 +93,22 @@ pub struct VmTestArgs {
     /// figures, the next runs' baseline once committed): `--out docs`.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Run only these checks, comma-separated (e.g. `verifier,netns::native_xdp`: a quick
+    /// look at whether the programs still load and attach). Not with `--out`, whose tables
+    /// need every check.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "CHECKS",
+        conflicts_with = "out"
+    )]
+    only: Option<Vec<String>>,
 }
 
 pub fn run_vm_test(args: &VmTestArgs) -> Result<()> {
+    if let Some(only) = &args.only {
+        checks::only(only.clone())?;
+    }
     let start = Instant::now();
     let kernels = select_kernels(args.kernels.as_deref())?;
     if !args.skip_host {

@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result};
 
 use super::{
     boot::{VM_CPUS, VM_MEMORY_MB},
-    checks::{CHECKS, Outcome, Row},
+    checks::{Outcome, Row, selected},
     verifier::{VERIFIER_BASELINE, VERIFIER_REGRESSION, VerifierTable},
 };
 use crate::cmd::{cmd, stdout};
@@ -105,15 +105,15 @@ pub fn write_docs(
         VM_CPUS,
     );
     md.push_str("| kernel | how |");
-    for c in CHECKS {
+    for c in selected() {
         md.push_str(&format!(" {} |", c.name));
     }
     md.push_str("\n|---|---|");
-    md.push_str(&"---|".repeat(CHECKS.len()));
+    md.push_str(&"---|".repeat(selected().count()));
     md.push('\n');
     for row in rows {
         md.push_str(&format!("| {} | {} |", row.kernel, row.how));
-        for c in CHECKS {
+        for c in selected() {
             let cell = row.results.iter().find(|r| r.name == c.name).map_or_else(
                 || "—".to_owned(),
                 |r| {
@@ -162,7 +162,7 @@ pub fn write_docs(
 
 /// The results per kernel on the terminal, then why each failed check failed.
 pub fn report(rows: &[Row], total: Duration) {
-    let name_width = CHECKS.iter().map(|c| c.name.len()).max().unwrap_or(0);
+    let name_width = selected().map(|c| c.name.len()).max().unwrap_or(0);
     eprintln!("\n=== vm-test results");
     for row in rows {
         eprintln!("\n{} ({}) {:.1} s", row.kernel, row.how, row.secs);
