@@ -99,8 +99,8 @@ pub struct ClassEpoch {
     /// take while they are. Counted by source, not attempt, so that one heavy source
     /// refused at the start of each epoch (before it has had its quota) weighs as one.
     pub denied: u32,
-    /// Attempts from sources without standing decided ([`record_unproven`]). They have no
-    /// source of their own; together they count as one source.
+    /// Attempts from sources without standing refused for pressure ([`record_unproven`]).
+    /// They have no source of their own; from the first, together they count as one.
     pub unproven: u32,
 }
 
@@ -227,19 +227,24 @@ pub fn record(c: &mut ClassEpoch, d: &Decided) {
         .wrapping_add(d.pressed & 1 & unique & (1 - retry) & (1 - over) & d.unrefused & 1);
 }
 
-/// The class's counts after an attempt from a source without standing was decided
-/// (`admitted` 0 or 1). New clients are not sources with a share (their address proves
-/// nothing), but the class's equal share must still be shared with them: otherwise one
+/// The class's counts after an attempt from a source without standing was decided:
+/// `decision` its [`crate::admit::Decision`]'s admit bit and reason. New clients are not
+/// sources with a share (their address proves nothing), but once they are being turned
+/// away for want of room, the class's equal share must be shared with them: otherwise one
 /// heavy source with standing, the only source its class sees, would be within its share
-/// whatever it took from them, and its retries would compete as first attempts. So the
-/// unproven attempts together count as one more source, and their admissions among the
-/// class's. A flood of them adds that one source and what the unproven cap admits, no more.
+/// whatever it took from them, and its retries would compete as first attempts. So, from
+/// the first unproven attempt refused for pressure in an epoch, the unproven attempts
+/// together count as one more source, and their admissions among the class's. Refusals
+/// for the unproven cap are not pressure: a flood adds at most that one source and what
+/// the cap admits. (Counted from any unproven attempt, a lone client's own first attempt,
+/// before it had standing, made it share with itself.)
 #[inline(always)]
-pub fn record_unproven(c: &mut ClassEpoch, admitted: u32) {
+pub fn record_unproven(c: &mut ClassEpoch, admitted: u32, reason: u32) {
+    let pressed = (1 - (admitted & 1)) & crate::is_pressure(reason);
     c.sources = c
         .sources
-        .wrapping_add(mask::zero(c.unproven as u64) as u32 & 1);
-    c.unproven = c.unproven.wrapping_add(1);
+        .wrapping_add(mask::zero(c.unproven as u64) as u32 & pressed);
+    c.unproven = c.unproven.wrapping_add(pressed);
     c.admitted = c.admitted.wrapping_add(admitted & 1);
 }
 
@@ -483,6 +488,21 @@ mod tests {
     use std::vec::Vec;
 
     use super::*;
+
+    #[test]
+    fn unproven_attempts_are_one_source_once_refused_for_pressure() {
+        use crate::{REASON_PRIORITY, REASON_UNDER_LIMIT, REASON_UNPROVEN};
+        let mut c = ClassEpoch::default();
+        // Admitted, and refused for the cap (a flood's): no source yet.
+        record_unproven(&mut c, 1, REASON_UNDER_LIMIT);
+        record_unproven(&mut c, 0, REASON_UNPROVEN);
+        assert_eq!((c.sources, c.admitted, c.unproven), (0, 1, 0));
+        // Turned away for want of room: one source, however many are.
+        record_unproven(&mut c, 0, REASON_PRIORITY);
+        record_unproven(&mut c, 0, REASON_PRIORITY);
+        record_unproven(&mut c, 1, REASON_UNDER_LIMIT);
+        assert_eq!((c.sources, c.admitted, c.unproven), (1, 2, 2));
+    }
 
     fn class(admitted: u32, sources: u32) -> ClassEpoch {
         ClassEpoch {

@@ -254,7 +254,11 @@ impl Node {
                 fs.class = [ClassEpoch::default(); NUM_CLASSES];
                 fs.epoch = epoch;
             }
-            fair::record_unproven(&mut fs.class[(own as usize) & (NUM_CLASSES - 1)], d.admit);
+            fair::record_unproven(
+                &mut fs.class[(own as usize) & (NUM_CLASSES - 1)],
+                d.admit,
+                d.reason,
+            );
             if d.admit == 1 {
                 let held = self.in_handshake()[1][own as usize];
                 assert!(

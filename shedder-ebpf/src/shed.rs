@@ -1284,7 +1284,7 @@ fn unproven<F: Frame, const QUIC: bool>(
     if policy.fair_share == 1
         && let Some(c) = class_counts(service, epoch, class as usize)
     {
-        fair::record_unproven(unsafe { &mut *c }, decision.admit);
+        fair::record_unproven(unsafe { &mut *c }, decision.admit, decision.reason);
     }
     if decision.admit == 1 {
         count_in(service, 1, class, VERDICT_PASS, decision.reason, 1);
