@@ -178,6 +178,9 @@ fn unlimited_policy(action: u8, mode: u8) -> ServicePolicy {
         c.limit = u32::MAX;
         c.fallback_limit = u32::MAX;
         c.ceiling = u32::MAX;
+        // Unproven attempts too: a flood row's new sources, one per call, would otherwise
+        // fill the cap of held attempts (and QUIC's unproven flows) within a hold.
+        c.unproven_cap = u32::MAX;
     }
     p.total_limit = u32::MAX;
     p.fallback_total = u32::MAX;
