@@ -608,10 +608,17 @@ fn decapsulate(pkt: Pkt, outer: &Net) -> Step<Option<Net>> {
         Header::Control => return Err(Stop::Pass),
         Header::Unknown => return counted(STAT_TUNNELS_UNPARSED, Stop::Pass),
     };
+    // Bounded before any read at it: older verifiers (6.1, 6.12) reject a packet pointer
+    // whose variable offset they cannot bound, where 6.18 follows the checks.
+    let inner_off = start + len;
+    if inner_off as u64 > MAX_HEADER_OFFSET {
+        return Err(Stop::Pass);
+    }
+    let inner_off = canon(inner_off, MAX_HEADER_OFFSET);
     let (ethertype, l3_off) = if ethertype == ETH_P_TEB {
-        l2(pkt, start + len)?
+        l2(pkt, inner_off)?
     } else {
-        (ethertype, start + len)
+        (ethertype, inner_off)
     };
     if l3_off as u64 > MAX_HEADER_OFFSET {
         return Err(Stop::Pass);
