@@ -14,12 +14,11 @@ use shedder_common::{
     STAT_QUIC_SERVER_IDS,
     csum::IPPROTO_UDP,
     flow::{self, FlowKey},
-    quic::{CID_WINDOW, HEADER_FORM_LONG, LongType, MAX_CID_LEN, long_type},
     tunnel::{ETH_P_IP, ETH_P_IPV6},
 };
 
 use crate::{
-    parse::{digest, ethernet, load, ptr_at},
+    parse::{ethernet, initial_ids, load, ptr_at},
     shed::{SHEDDER_FLOWS, SHEDDER_STATS, bump, is_quic_port},
 };
 
@@ -85,32 +84,9 @@ fn server_initial(data: usize, data_end: usize) -> Option<ServerInitial> {
     if !is_quic_port(sport) {
         return None;
     }
-    let q = l4_off + 8;
-    let head = ptr_at::<[u8; 6]>(data, data_end, q)?;
-    let h = head.cast::<u8>();
-    let (first, version, dcid_len) = unsafe {
-        (
-            load::<u8>(h, 0),
-            u32::from_be(load(h, 1)),
-            load::<u8>(h, 5) as usize,
-        )
-    };
-    // The fixed bit may be greased (RFC 9287): not looked at.
-    if first & HEADER_FORM_LONG == 0
-        || !matches!(long_type(version, first), Some(LongType::Initial))
-        || dcid_len > MAX_CID_LEN
-    {
-        return None;
-    }
-    let client_id = digest(ptr_at::<[u8; CID_WINDOW]>(data, data_end, q + 6)?, dcid_len);
-    let scid_len = unsafe { *ptr_at::<u8>(data, data_end, q + 6 + dcid_len)? } as usize;
-    if scid_len > MAX_CID_LEN {
-        return None;
-    }
-    let server_id = digest(
-        ptr_at::<[u8; CID_WINDOW]>(data, data_end, q + 7 + dcid_len)?,
-        scid_len,
-    );
+    // The server's Initial: its destination ID is the client's, its source ID the one the
+    // server chose.
+    let (client_id, server_id, _, scid_len) = initial_ids(data, data_end, l4_off + 8)?;
     Some(ServerInitial {
         key: FlowKey {
             addr,

@@ -868,7 +868,7 @@ fn datagram(data: usize, data_end: usize, l4_off: usize, src: [u32; 4], v6: u32)
 
 /// The digest of a connection ID of `len` bytes at the start of the window `w`.
 #[inline(always)]
-pub(crate) fn digest(w: *const [u8; CID_WINDOW], len: usize) -> u32 {
+fn digest(w: *const [u8; CID_WINDOW], len: usize) -> u32 {
     let mut h = cid_digest_start(len as u32);
     let mut i = 0;
     while i < CID_WINDOW / 4 {
@@ -894,6 +894,43 @@ fn may_be_long_header(data: usize, data_end: usize, l4_off: usize) -> bool {
 fn udp_port(data: usize, data_end: usize, l4_off: usize) -> Option<Parsed> {
     let udp = ptr_at::<[u8; 4]>(data, data_end, l4_off)?;
     Some(Parsed::Udp(u16::from_be(unsafe { load(udp.cast(), 2) })))
+}
+
+/// The long header of a QUIC Initial at `q` (the fixed bit may be greased, RFC 9287 §3.1,
+/// and is not looked at): the digests of its destination and source connection IDs, read
+/// word by word from the packet, and their lengths. Shared by the way in (a client's
+/// Initial) and the way out (a server's, see `egress`).
+#[inline(always)]
+pub(crate) fn initial_ids(
+    data: usize,
+    data_end: usize,
+    q: usize,
+) -> Option<(u32, u32, usize, usize)> {
+    let head = ptr_at::<[u8; 6]>(data, data_end, q)?;
+    let h = head.cast::<u8>();
+    let (first, version, dcid_len) = unsafe {
+        (
+            load::<u8>(h, 0),
+            u32::from_be(load(h, 1)),
+            load::<u8>(h, 5) as usize,
+        )
+    };
+    if first & HEADER_FORM_LONG == 0
+        || !matches!(long_type(version, first), Some(LongType::Initial))
+        || dcid_len > MAX_CID_LEN
+    {
+        return None;
+    }
+    let dcid = digest(ptr_at::<[u8; CID_WINDOW]>(data, data_end, q + 6)?, dcid_len);
+    let scid_len = unsafe { *ptr_at::<u8>(data, data_end, q + 6 + dcid_len)? } as usize;
+    if scid_len > MAX_CID_LEN {
+        return None;
+    }
+    let scid = digest(
+        ptr_at::<[u8; CID_WINDOW]>(data, data_end, q + 7 + dcid_len)?,
+        scid_len,
+    );
+    Some((dcid, scid, dcid_len, scid_len))
 }
 
 /// Longest token an Initial may carry and still be recognised: tokens from a Retry or a
@@ -931,36 +968,8 @@ fn parse_initial(
     }
     let q = l4_off + 8;
     let end = l4_off + ulen;
-    let head = ptr_at::<[u8; 6]>(data, data_end, q)?;
-    let h = head.cast::<u8>();
-    let (first, version, dcid_len) = unsafe {
-        (
-            load::<u8>(h, 0),
-            u32::from_be(load(h, 1)),
-            load::<u8>(h, 5) as usize,
-        )
-    };
-    // A client may grease the fixed bit of its Initial (RFC 9287 §3.1): not looked at.
-    if first & HEADER_FORM_LONG == 0 {
-        return None;
-    }
-    if !matches!(long_type(version, first), Some(LongType::Initial)) {
-        return None;
-    }
-    if dcid_len > MAX_CID_LEN {
-        return None;
-    }
-    // The IDs' digests, word by word from the packet (the Initial is at least 1,200
-    // bytes, so both windows lie inside it).
-    let dcid = digest(ptr_at::<[u8; CID_WINDOW]>(data, data_end, q + 6)?, dcid_len);
-    let scid_len = unsafe { *ptr_at::<u8>(data, data_end, q + 6 + dcid_len)? } as usize;
-    if scid_len > MAX_CID_LEN {
-        return None;
-    }
-    let scid = digest(
-        ptr_at::<[u8; CID_WINDOW]>(data, data_end, q + 7 + dcid_len)?,
-        scid_len,
-    );
+    // The IDs' digests (the Initial is at least 1,200 bytes, so both windows lie inside it).
+    let (dcid, scid, dcid_len, scid_len) = initial_ids(data, data_end, q)?;
     // Offsets past the IDs and the token, masked where the verifier sees it (see
     // `opaque`): it keeps no bound on their sum across the spills between here and the
     // reads, and it checks a read against the packet's end only at offsets below 64 KiB

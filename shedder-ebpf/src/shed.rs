@@ -705,15 +705,7 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         // Remember the admitted flow and count it in flight (see `shedder_common::flow`).
         // A failed insertion only leaves it unmeasured.
         let slot = flow::slot(now, globals.epoch_shift());
-        unsafe {
-            let f = &raw mut (*memo).flow;
-            (*f).admitted_ns = bpf_ktime_get_ns();
-            (*f).service = service as u16;
-            (*f).class = class as u8;
-            (*f).slot = slot;
-            #[allow(clippy::needless_borrows_for_generic_args)] // by value would copy them
-            let _ = SHEDDER_FLOWS.insert(&(*memo).flow_key, &*f, 0);
-        }
+        remember_flow(memo, service, class, slot);
         flow_admitted(service, class, slot, WAITING);
     }
     if admitted {
@@ -867,6 +859,21 @@ fn answer_quic<F: Frame>(frame: &F, memo: *mut Memo) -> Outcome {
     }
     count_in(service, pool, class, VERDICT_PASS, reason, unique as u64);
     Outcome::Pass
+}
+
+/// Insert the admitted QUIC flow whose key and IDs the memo holds (a failed insertion
+/// only leaves it unmeasured).
+#[inline(always)]
+fn remember_flow(memo: *mut Memo, service: u32, class: u32, slot: u32) {
+    unsafe {
+        let f = &raw mut (*memo).flow;
+        (*f).admitted_ns = bpf_ktime_get_ns();
+        (*f).service = service as u16;
+        (*f).class = class as u8;
+        (*f).slot = slot;
+        #[allow(clippy::needless_borrows_for_generic_args)] // by value would copy them
+        let _ = SHEDDER_FLOWS.insert(&(*memo).flow_key, &*f, 0);
+    }
 }
 
 /// `class`'s counts of `service` in `epoch`, the slot two epochs old reset first.
@@ -1295,16 +1302,8 @@ fn unproven<F: Frame, const QUIC: bool>(
         // The flow, to recognise the client's answer (the flow key and IDs were put in the
         // memo as the program began), counted in flight as unproven from now.
         let slot = flow::slot(now, globals.epoch_shift());
-        unsafe {
-            let f = &raw mut (*memo).flow;
-            (*f).admitted_ns = bpf_ktime_get_ns();
-            (*f).service = service as u16;
-            (*f).class = class as u8;
-            (*f).slot = slot;
-            (*f).state = FLOW_UNPROVEN;
-            #[allow(clippy::needless_borrows_for_generic_args)] // by value would copy them
-            let _ = SHEDDER_FLOWS.insert(&(*memo).flow_key, &*f, 0);
-        }
+        unsafe { (*memo).flow.state = FLOW_UNPROVEN };
+        remember_flow(memo, service, class, slot);
         flow_admitted(service, class, slot, UNPROVEN);
         return Outcome::Pass;
     }
