@@ -163,20 +163,6 @@ impl Drop for Flood {
     }
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
-
 fn send_loop(cfg: &FloodConfig, stop: &AtomicBool, sent: &AtomicU64) {
     // SAFETY: plain socket call.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
@@ -185,7 +171,7 @@ fn send_loop(cfg: &FloodConfig, stop: &AtomicBool, sent: &AtomicU64) {
         "raw socket: {} (the flood needs root)",
         std::io::Error::last_os_error()
     );
-    let mut rng = Rng(cfg.seed | 1);
+    let mut rng = crate::load::XorShift::from_state(cfg.seed | 1);
     let mut bufs = [[0u8; LEN]; BATCH];
     let dst = libc::sockaddr_in {
         sin_family: libc::AF_INET as u16,
@@ -210,9 +196,9 @@ fn send_loop(cfg: &FloodConfig, stop: &AtomicBool, sent: &AtomicU64) {
         }
         iovs.clear();
         for buf in bufs.iter_mut() {
-            let p = cfg.sources[(rng.next() % cfg.sources.len() as u64) as usize];
-            let src = p.pick(rng.next());
-            let r = rng.next();
+            let p = cfg.sources[(rng.next_u64() % cfg.sources.len() as u64) as usize];
+            let src = p.pick(rng.next_u64());
+            let r = rng.next_u64();
             write_syn(
                 buf,
                 src,

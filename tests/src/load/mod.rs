@@ -63,5 +63,5 @@ pub use cpu::{CpuTimes, burn, online_cpus, pin_current_thread, pin_process, pin_
 pub use generator::{ClassMix, LoadGen, LoadHandle, add_local_range, nth_address};
 pub use https::{HTTPS_PATH, Https};
 pub use protocol::{BUSY, REQUEST, RESPONSE};
-pub use schedule::{Arrivals, Phase, Rate};
+pub use schedule::{Arrivals, Phase, Rate, XorShift};
 pub use stats::{Counts, LoadReport, Record, SecondStats, Window};

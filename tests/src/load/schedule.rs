@@ -74,11 +74,17 @@ pub enum Arrivals {
     Uniform,
 }
 
-/// xorshift64*: tiny, seeded, good enough for arrival gaps and class picks.
+/// xorshift64*: tiny, seeded, good enough for arrival gaps, class picks, forged headers
+/// and generated frames.
 #[derive(Clone, Debug)]
-pub(super) struct XorShift(u64);
+pub struct XorShift(u64);
 
 impl XorShift {
+    /// The generator started at `state` as it is (not 0), for a sequence fixed by it.
+    pub fn from_state(state: u64) -> Self {
+        Self(state | 1)
+    }
+
     pub(super) fn new(seed: u64) -> Self {
         // splitmix64 of the seed, never zero.
         let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -87,7 +93,7 @@ impl XorShift {
         Self((z ^ (z >> 31)) | 1)
     }
 
-    fn next_u64(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
