@@ -385,13 +385,15 @@ impl Node {
 
     /// The node dies: its daemon is killed outright and its backend and clients stop.
     fn die(&mut self) {
-        if let Some(l) = self.load.take() {
-            l.stop();
-        }
+        // The daemon first: dropping the load waits for its requests in flight (up to
+        // their deadline), which would count against the time the others take to notice.
         if let Some(d) = &mut self.daemon {
             d.kill();
         }
         self.daemon = None;
+        if let Some(l) = self.load.take() {
+            l.stop();
+        }
         self.backend = None;
     }
 
