@@ -45,6 +45,9 @@ struct Held {
     class: u32,
     /// 1 proven, 0 unproven.
     proven: u32,
+    /// The pool it is held in: 0 proven, 1 with the unproven ones (unproven, or proven
+    /// from a disputed address).
+    pool: u32,
     slot: u64,
     addr: u32,
     /// A client's attempt completes; a forged one never does.
@@ -173,7 +176,19 @@ impl Node {
         let now = self.hold_slot();
         for h in &self.held {
             if now - h.slot <= 1 {
-                out[1 - h.proven as usize][h.class as usize] += 1;
+                out[h.pool as usize][h.class as usize] += 1;
+            }
+        }
+        out
+    }
+
+    /// Unproven attempts in handshake by class: what each class's cap bounds.
+    fn unproven_held(&self) -> [u64; NUM_CLASSES] {
+        let mut out = [0u64; NUM_CLASSES];
+        let now = self.hold_slot();
+        for h in &self.held {
+            if now - h.slot <= 1 && h.proven == 0 {
+                out[h.class as usize] += 1;
             }
         }
         out
@@ -260,7 +275,7 @@ impl Node {
                 d.reason,
             );
             if d.admit == 1 {
-                let held = self.in_handshake()[1][own as usize];
+                let held = self.unproven_held()[own as usize];
                 assert!(
                     held < self.policy.classes[own as usize].unproven_cap as u64,
                     "an unproven attempt admitted with the cap ({}) held",
@@ -269,6 +284,7 @@ impl Node {
                 self.held.push(Held {
                     class: own,
                     proven: 0,
+                    pool: 1,
                     slot: self.hold_slot(),
                     addr,
                     real,
@@ -356,13 +372,17 @@ impl Node {
         fs.class[ci].sources = fs.class[ci].sources.wrapping_add(first);
         self.sources.insert(key, next);
         if d.admit == 1 {
-            // An admission spends a token of its address's standing.
+            // An admission spends a token of its address's standing; a disputed address's
+            // is held with the unproven attempts.
+            let mut pool = 0;
             if let Some(s) = self.standing.get_mut(&addr) {
+                pool = proof::disputed(s, now_units);
                 s.tokens = proof::spend(s);
             }
             self.held.push(Held {
                 class,
                 proven: 1,
+                pool,
                 slot: self.hold_slot(),
                 addr,
                 real,
@@ -418,8 +438,10 @@ impl Node {
             return;
         };
         let h = self.held.remove(i);
+        let now = proof::seen_now(self.now);
         if let Some(s) = self.standing.get_mut(&h.addr) {
             s.tokens = proof::refund(s);
+            s.disowned = proof::disowned_at(now);
         }
     }
 
@@ -432,17 +454,30 @@ impl Node {
 
     /// Occupancy against its bound: the limit, plus CRITICAL up to its ceiling, the floors,
     /// the within-share attempts admitted over the limit in place of over-share ones, and
-    /// the unproven part (held within the caps, or grown into connections since).
+    /// the part held apart (unproven attempts within the caps, a disputed address's within
+    /// its tokens, or grown into connections since).
     fn check_occupancy(&self, unproven_grown: u64) {
         let held = self.in_handshake();
         let p = &self.policy;
         let preempted = self.conns.iter().filter(|c| c.preempt).count() as u64
             + self.held.iter().filter(|h| h.preempt).count() as u64;
-        for (c, (held, class)) in held[1].iter().zip(&p.classes).enumerate() {
+        for (c, (held, class)) in self.unproven_held().iter().zip(&p.classes).enumerate() {
             assert!(
                 *held <= class.unproven_cap as u64,
                 "class {c} holds {held} unproven attempts, its cap is {}",
                 class.unproven_cap
+            );
+        }
+        // A disputed address's attempts held apart: at most its tokens' worth.
+        let mut apart: HashMap<u32, u32> = HashMap::new();
+        for h in self.held.iter().filter(|h| h.proven == 1 && h.pool == 1) {
+            *apart.entry(h.addr).or_default() += 1;
+        }
+        for (addr, n) in apart {
+            assert!(
+                n <= proof::MAX_TOKENS,
+                "address {addr} holds {n} attempts apart, over {} tokens",
+                proof::MAX_TOKENS
             );
         }
         let occupancy: u64 = self.conns.len() as u64 + held[0].iter().sum::<u64>();
@@ -469,8 +504,8 @@ proptest! {
         events in prop::collection::vec(event(), 1..300),
     ) {
         let mut node = Node::new(policy);
-        // Connections born of unproven attempts: they were admitted within the caps, and
-        // the bound allows for them.
+        // Connections born of attempts held apart (unproven ones, within the caps, and a
+        // disputed address's, within its tokens): the bound allows for them.
         let mut unproven_grown = 0u64;
         let mut pressed = false;
         for e in events {
@@ -482,9 +517,9 @@ proptest! {
                     }
                 }
                 Event::Complete => {
-                    let before = node.held.iter().filter(|h| h.real && h.proven == 0).count();
+                    let before = node.held.iter().filter(|h| h.real && h.pool == 1).count();
                     node.complete();
-                    let after = node.held.iter().filter(|h| h.real && h.proven == 0).count();
+                    let after = node.held.iter().filter(|h| h.real && h.pool == 1).count();
                     unproven_grown += (before - after.min(before)) as u64;
                 }
                 Event::Disown => node.disown(),
@@ -549,4 +584,46 @@ fn an_exhausted_address_is_unproven_and_a_disowning_reset_gives_its_token_back()
     node.disown();
     assert_eq!(node.in_handshake()[0][2], 1);
     assert_eq!(node.standing[&2].tokens, 1);
+}
+
+#[test]
+fn a_disowning_reset_disputes_the_address_and_its_attempts_are_held_apart() {
+    let mut node = Node::new(ServicePolicy {
+        total_limit: 8,
+        classes: [ClassPolicy {
+            limit: 8,
+            ceiling: 8,
+            unproven_cap: 1,
+            ..Default::default()
+        }; NUM_CLASSES],
+        fair_share: 1,
+        ..Default::default()
+    });
+    // Client 4 (CRITICAL) proves itself three times: its address has four tokens.
+    for _ in 0..3 {
+        node.attempt(4, true);
+        node.complete();
+    }
+    // A forged SYN in its name is held as proven, and MEDIUM sees it.
+    node.attempt(4, false);
+    assert_eq!(node.in_handshake()[0][0], 1);
+    // Its owner disowns it: the address is disputed, and the next copies are held apart,
+    // where no proven attempt of another class sees them.
+    node.disown();
+    let before = node.proven_decision(2, false, false);
+    for _ in 0..3 {
+        node.attempt(4, false);
+    }
+    assert_eq!(node.in_handshake()[0][0], 0);
+    assert_eq!(node.in_handshake()[1][0], 3);
+    assert_eq!(node.proven_decision(2, false, false), before);
+    // The owner's own attempt is still decided as proven (CRITICAL: admitted), and
+    // completes.
+    node.attempt(4, true);
+    assert_eq!(node.held.last().map(|h| (h.proven, h.pool)), Some((1, 1)));
+    node.complete();
+    // The dispute lapses after one to two units of the standing clock.
+    node.now += 2 << proof::SEEN_SHIFT;
+    node.attempt(4, true);
+    assert_eq!(node.held.last().map(|h| (h.proven, h.pool)), Some((1, 0)));
 }

@@ -603,7 +603,8 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         if admitted {
             // A QUIC admission is counted in flight at once instead (see `flow_admitted`).
             if !QUIC {
-                count_pending(pending, 0, class, hold);
+                let at = unsafe { core::ptr::read_volatile(&raw const (*memo).standing) };
+                count_pending(pending, pool_of(at), class, hold);
             }
             count_decision(service, class, VERDICT_PASS, decision.reason, unique);
             break 'act Outcome::Pass;
@@ -1211,10 +1212,19 @@ fn standing(syn: &Syn, globals: &Globals, now: u64) -> u32 {
         return 0;
     }
     let slot = &set.slot[way & (STANDING_WAYS - 1)];
-    let proven = proof::proven(slot, proof::seen_now(now), globals.standing_window as u16);
+    let units = proof::seen_now(now);
+    let proven = proof::proven(slot, units, globals.standing_window as u16);
     // Where the slot is, for the admission to spend its token (`spend_token`): the set
-    // below 2^13, the way in the low 3 bits, bit 31 set.
-    (proven << 31) | (index << 3) | way as u32
+    // below 2^13, the way in the low 3 bits, bit 31 set; bit 30 if the address is
+    // disputed (its admission is held in the unproven pool, `pool_of`).
+    (proven << 31) | (proof::disputed(slot, units) << 30) | (index << 3) | way as u32
+}
+
+/// The pool an admitted proven attempt is held in (`standing`'s answer, `at`): 0, or 1
+/// (with the unproven attempts) for a disputed address (`shedder_common::proof`).
+#[inline(always)]
+fn pool_of(at: u32) -> usize {
+    ((at >> 30) & 1) as usize
 }
 
 /// An admitted proven attempt spends a token of its source's standing (`standing`'s
@@ -1340,8 +1350,8 @@ fn unproven<F: Frame, const QUIC: bool>(
 /// A reset to a protected service: if it answers the server's SYN-ACK for a proven attempt
 /// still in handshake (its sequence number is that attempt's initial one plus one), the
 /// source disowns the attempt, which was spoofed in its name. The attempt stops holding
-/// capacity at once and the token it spent goes back to the source
-/// (`shedder_common::proof`). Resets pass whatever they say.
+/// capacity at once, the token it spent goes back to the source, and the source is
+/// disputed for a while (`shedder_common::proof`). Resets pass whatever they say.
 #[inline(always)]
 fn disown(r: &Reset) {
     let Some(globals) = SHEDDER_GLOBALS.get(0) else {
@@ -1379,27 +1389,34 @@ fn disown(r: &Reset) {
     }
     slot.word = table::without_flag(word);
     let class = table::class_of(word);
-    if let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) {
-        let s = unsafe { &raw mut (*pending).slots[(born & 1) as usize] };
-        if unsafe { (*s).slot } == born {
-            unsafe {
-                atomic::decrement_if_positive(
-                    &raw mut (*s).class[0][(class as usize) & (NUM_CLASSES - 1)],
-                )
-            };
-        }
-    }
-    if let Some(c) = SHEDDER_COUNTERS.get_ptr_mut(service) {
-        unsafe { (*c).disowned[(class as usize) & (NUM_CLASSES - 1)] += 1 };
-    }
+    // The token back, and the address disputed from now (`shedder_common::proof`). The
+    // attempt was held in the pool its address's dispute put it in when admitted: read
+    // before this reset renews it.
+    let mut pool = 0usize;
     let h = table::hash(globals.table_seed, &proof::key_words(r.src, r.v6));
     if let Some(set) = SHEDDER_STANDING.get_ptr_mut(table::set_index(h, STANDING_SETS)) {
         let set = unsafe { &mut *set };
         let way = proof::find(set, proof::tag(h));
         if way < STANDING_WAYS {
             let s = &mut set.slot[way & (STANDING_WAYS - 1)];
+            let units = proof::seen_now(now);
+            pool = proof::disputed(s, units) as usize;
             s.tokens = proof::refund(s);
+            s.disowned = proof::disowned_at(units);
         }
+    }
+    if let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) {
+        let s = unsafe { &raw mut (*pending).slots[(born & 1) as usize] };
+        if unsafe { (*s).slot } == born {
+            unsafe {
+                atomic::decrement_if_positive(
+                    &raw mut (*s).class[pool & 1][(class as usize) & (NUM_CLASSES - 1)],
+                )
+            };
+        }
+    }
+    if let Some(c) = SHEDDER_COUNTERS.get_ptr_mut(service) {
+        unsafe { (*c).disowned[(class as usize) & (NUM_CLASSES - 1)] += 1 };
     }
 }
 

@@ -158,11 +158,13 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
         class: class as u8,
         ..Default::default()
     };
-    // The handshake is complete: the address has proved itself. Whether its attempt was
-    // a proven one is read from its standing before this proof (an address with standing
-    // made it as proven, unless it had spent every token: then it is retired from the
-    // proven attempts, and its unproven count lapses with its hold slot).
-    let pool = 1 - prove(remote, v6);
+    // The handshake is complete: the address has proved itself. The pool its attempt was
+    // held in is read from its standing before this proof (an address with standing made
+    // it as proven, unless it had spent every token: then it is retired from the proven
+    // attempts, and its unproven count lapses with its hold slot; a disputed address's
+    // attempt was held with the unproven ones).
+    let (stood, disputed) = prove(remote, v6);
+    let pool = 1 - (stood & (1 - disputed));
     if !count_connection(sk, &state) {
         bump(&SHEDDER_STATS, STAT_UNTRACKED);
         return;
@@ -170,7 +172,7 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
     if !retire_pending(service, class, pool) {
         bump(&SHEDDER_STATS, STAT_PENDING_MISS);
     }
-    if pool == 1
+    if stood == 0
         && let Some(c) = SHEDDER_COUNTERS.get_ptr_mut(service)
     {
         unsafe { (*c).completed_unproven[(class as usize) & (NUM_CLASSES - 1)] += 1 };
@@ -178,15 +180,16 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
 }
 
 /// `remote` completed a handshake (or holds a connection found at start): it earns
-/// standing (see [`shedder_common::proof`]). Returns 1 if it had standing before.
+/// standing (see [`shedder_common::proof`]). Returns whether it had standing before, and
+/// whether it was disputed (each 0 or 1).
 #[inline(always)]
-fn prove(remote: [u32; 4], v6: u32) -> u32 {
+fn prove(remote: [u32; 4], v6: u32) -> (u32, u32) {
     let Some(globals) = SHEDDER_GLOBALS.get(0) else {
-        return 0;
+        return (0, 0);
     };
     let h = table::hash(globals.table_seed, &proof::key_words(remote, v6));
     let Some(set) = SHEDDER_STANDING.get_ptr_mut(table::set_index(h, STANDING_SETS)) else {
-        return 0;
+        return (0, 0);
     };
     let set = unsafe { &mut *set };
     let tag = proof::tag(h);
@@ -195,9 +198,15 @@ fn prove(remote: [u32; 4], v6: u32) -> u32 {
     let found = proof::find(set, tag);
     let (way, had) = if found < STANDING_WAYS {
         let slot = &set.slot[found & (STANDING_WAYS - 1)];
-        (found, proof::stands(slot, now, window) as u32)
+        (
+            found,
+            (
+                proof::stands(slot, now, window) as u32,
+                proof::disputed(slot, now),
+            ),
+        )
     } else {
-        (proof::victim(set, now), 0)
+        (proof::victim(set, now), (0, 0))
     };
     let slot = &mut set.slot[way & (STANDING_WAYS - 1)];
     *slot = proof::earn(slot, found < STANDING_WAYS, tag, now, window);

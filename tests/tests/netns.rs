@@ -401,7 +401,7 @@ fn fragments(tag: &str, mode: AttachMode, expect: Attached) {
     // A client that has connected before (the proof of a handshake has tests of its own):
     // its attempts are decided as proven, in the counters read below.
     shedder
-        .set_standing(IpAddr::V4(CLIENT_V4), u16::MAX)
+        .set_standing(IpAddr::V4(CLIENT_V4), u8::MAX)
         .expect("standing");
 
     // The plain SYN, refused.
@@ -520,9 +520,7 @@ fn vxlan(tag: &str, mode: AttachMode, expect: Attached) {
     ];
     for (name, client, server) in overlay {
         // A client that has connected before, as in `fragments`.
-        lab.shedder
-            .set_standing(client, u16::MAX)
-            .expect("standing");
+        lab.shedder.set_standing(client, u8::MAX).expect("standing");
         lab.shedder
             .set_policy(SVC_RST, &closed_policy(ACTION_RST, MODE_ENFORCE))
             .expect("policy");

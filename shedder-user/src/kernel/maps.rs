@@ -51,7 +51,7 @@ fn standing_slot(seed: u64, addr: IpAddr) -> (u32, u32) {
 impl Shedder {
     /// Give `addr` standing now with `tokens`, as a completed handshake would (for tests
     /// and drills: the packet path's tracking earns standing by itself).
-    pub fn set_standing(&mut self, addr: IpAddr, tokens: u16) -> Result<()> {
+    pub fn set_standing(&mut self, addr: IpAddr, tokens: u8) -> Result<()> {
         use shedder_common::proof;
         let g = self.globals()?;
         let (set_index, tag) = standing_slot(g.table_seed, addr);
@@ -71,6 +71,7 @@ impl Shedder {
         set.slot[way] = proof::Standing {
             tag,
             tokens,
+            disowned: 0,
             seen: now,
         };
         let mut m: Array<&mut MapData, proof::StandingSet> =
