@@ -339,8 +339,13 @@ impl Node {
                 "a proven attempt within its share refused ({d:?}) where an unproven one would be admitted"
             );
         }
-        // What the packet path remembers: the class's counts and the source's slot.
-        let pressed = (1 - d.admit) & is_pressure(d.reason);
+        // What the packet path remembers: the class's counts and the source's slot. A
+        // disputed address's refusals are not its class's pressure.
+        let disputed = self
+            .standing
+            .get(&addr)
+            .map_or(0, |s| proof::disputed(s, now_units));
+        let pressed = (1 - d.admit) & is_pressure(d.reason) & (1 - disputed);
         let unrefused = (epoch as u32 != (slot.refused_jiffies as u64 >> EPOCH_BITS) as u32
             || absent != 0) as u32;
         let ci = (class as usize) & (NUM_CLASSES - 1);
@@ -374,15 +379,13 @@ impl Node {
         if d.admit == 1 {
             // An admission spends a token of its address's standing; a disputed address's
             // is held with the unproven attempts.
-            let mut pool = 0;
             if let Some(s) = self.standing.get_mut(&addr) {
-                pool = proof::disputed(s, now_units);
                 s.tokens = proof::spend(s);
             }
             self.held.push(Held {
                 class,
                 proven: 1,
-                pool,
+                pool: disputed,
                 slot: self.hold_slot(),
                 addr,
                 real,

@@ -599,12 +599,15 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     }
     let admitted = decision.admit == 1;
     let dry_run = policy.mode == MODE_DRY_RUN;
+    // 1 for a disputed address (`pool_of`): an admission is held with the unproven
+    // attempts, and a refusal counted with theirs: its refusals are mostly forged copies,
+    // which as proven refusals would read as its class's pressure.
+    let pool = pool_of(unsafe { core::ptr::read_volatile(&raw const (*memo).standing) }) as u32;
     let outcome = 'act: {
         if admitted {
             // A QUIC admission is counted in flight at once instead (see `flow_admitted`).
             if !QUIC {
-                let at = unsafe { core::ptr::read_volatile(&raw const (*memo).standing) };
-                count_pending(pending, pool_of(at), class, hold);
+                count_pending(pending, pool as usize, class, hold);
             }
             count_decision(service, class, VERDICT_PASS, decision.reason, unique);
             break 'act Outcome::Pass;
@@ -634,14 +637,21 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             );
         }
         if dry_run {
-            count_decision(service, class, VERDICT_DRY_RUN, decision.reason, unique);
+            count_in(
+                service,
+                pool,
+                class,
+                VERDICT_DRY_RUN,
+                decision.reason,
+                unique,
+            );
             break 'act Outcome::Pass;
         }
         // An attempt in a fragment or a tunnel is dropped, not answered (see `parse`).
         let answer = policy.action == ACTION_RST && syn.reply == 1;
         if answer && !reply_allowed(globals, 0) {
             // Over the node's budget for replies: dropped instead (see `reply_allowed`).
-            count_decision(service, class, VERDICT_DROP, decision.reason, unique);
+            count_in(service, pool, class, VERDICT_DROP, decision.reason, unique);
             break 'act Outcome::Drop;
         }
         if answer {
@@ -655,7 +665,7 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
                 break 'act Outcome::Reply;
             }
             if write_rst(frame, &syn) {
-                count_decision(service, class, VERDICT_RST, decision.reason, unique);
+                count_in(service, pool, class, VERDICT_RST, decision.reason, unique);
                 break 'act Outcome::Reply;
             }
             // Fail open: the reset could not be built, the attempt goes through.
@@ -668,10 +678,10 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
                     service
                 );
             }
-            count_decision(service, class, VERDICT_PASS, decision.reason, unique);
+            count_in(service, pool, class, VERDICT_PASS, decision.reason, unique);
             break 'act Outcome::Pass;
         }
-        count_decision(service, class, VERDICT_DROP, decision.reason, unique);
+        count_in(service, pool, class, VERDICT_DROP, decision.reason, unique);
         Outcome::Drop
     };
 
@@ -747,7 +757,9 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         // every path through the decision has joined).
         core::ptr::write_volatile(
             &raw mut (*memo).pressed,
-            (1 - (admitted as u32)) & is_pressure(decision.reason),
+            (1 - (admitted as u32))
+                & is_pressure(decision.reason)
+                & (1 - pool_of((*memo).standing) as u32),
         );
     }
     remember_source(service, (now, epoch), memo);

@@ -17,7 +17,7 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "shedder_unproven_attempts",
         "counter",
         &["service", "class", "verdict", "reason"],
-        "Unique new connection attempts from sources without standing (no handshake completed from the address within daemon.standing_window_s, or its tokens spent): decided apart, held within the class's unproven cap, and not in shedder_connection_attempts. Reason unproven: refused because the class held its cap of them.",
+        "Unique new connection attempts from sources without standing (no handshake completed from the address within daemon.standing_window_s, or its tokens spent), and refusals of addresses disputed by a recent disowning reset: decided apart, held within the class's unproven cap, and not in shedder_connection_attempts. Reason unproven: refused because the class held its cap of them.",
     ),
     (
         "shedder_unproven_completed",
