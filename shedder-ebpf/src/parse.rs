@@ -145,8 +145,8 @@ pub enum Parsed {
     /// legitimate sender makes (see [`shedder_common::frag`]), an IPv6 extension-header
     /// chain longer than the walk, a tunnel inside a tunnel.
     Drop,
-    /// A TCP reset, seen by the TCP program: it may disown an attempt made in its
-    /// sender's name ([`shedder_common::proof`]).
+    /// A TCP reset without ACK, seen by the TCP program: it may disown an attempt made in
+    /// its sender's name ([`shedder_common::proof`]).
     Reset(Reset),
     /// Anything else: passes.
     Other,
@@ -792,7 +792,10 @@ fn transport<const QUIC: bool>(pkt: Pkt, net: &Net, l3_off: usize, tunneled: u32
 fn syn_flags(tcp: *const [u8; 20]) -> Option<bool> {
     let flags: u8 = unsafe { load(tcp.cast(), 13) };
     let attempt = flags & (TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN) == TCP_SYN;
-    if !attempt && flags & (TCP_SYN | TCP_RST) != TCP_RST {
+    // A reset that may disown an attempt answers the server's SYN-ACK, and so carries no
+    // ACK (RFC 9293 §3.10.7.1: the reset answering a segment with an ACK takes its sequence
+    // number from that ACK and has none of its own); an abortive close (RST|ACK) is not one.
+    if !attempt && flags & (TCP_SYN | TCP_RST | TCP_ACK) != TCP_RST {
         return None;
     }
     Some(attempt)

@@ -1359,9 +1359,9 @@ fn unproven<F: Frame, const QUIC: bool>(
     Outcome::Drop
 }
 
-/// A reset to a protected service: if it answers the server's SYN-ACK for a proven attempt
-/// still in handshake (its sequence number is that attempt's initial one plus one), the
-/// source disowns the attempt, which was spoofed in its name. The attempt stops holding
+/// A reset to a protected service: if it answers the server's SYN-ACK for an admitted
+/// proven attempt (no ACK, and its sequence number is that attempt's initial one plus one),
+/// the source disowns the attempt, which was spoofed in its name. The attempt stops holding
 /// capacity at once, the token it spent goes back to the source, and the source is
 /// disputed for a while (`shedder_common::proof`). Resets pass whatever they say.
 #[inline(always)]
@@ -1392,11 +1392,10 @@ fn disown(r: &Reset) {
     let word = slot.word;
     let now = unsafe { bpf_jiffies64() };
     let born = globals.hold_slot(now.wrapping_sub(table::age(now, word)));
-    // Admitted, proven, and still held (its hold slot is this one or the last).
-    if !table::flag_of(word)
-        || table::proven_of(word) == 0
-        || globals.hold_slot(now).wrapping_sub(born) > 1
-    {
+    // Admitted and proven. One whose hold has lapsed (its reset slower than the hold, on a
+    // loaded node) holds nothing any more, but its token still comes back, its address is
+    // disputed, and it is counted: otherwise it would stay in the class's demand.
+    if !table::flag_of(word) || table::proven_of(word) == 0 {
         return;
     }
     slot.word = table::without_flag(word);

@@ -459,7 +459,8 @@ fn transport(b: &[u8], ip: &Ip, tunneled: bool) -> R<Expect> {
     let flags = tcp[13];
     // SYN, ACK, RST, FIN.
     if flags & 0x17 != 0x02 {
-        return Ok(if flags & 0x06 == 0x04 {
+        // A reset without ACK: one that may disown an attempt.
+        return Ok(if flags & 0x16 == 0x04 {
             Expect::Reset
         } else {
             Expect::Pass(None)
