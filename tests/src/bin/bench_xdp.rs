@@ -17,10 +17,10 @@
 //! SYN-RST, none at all for the paths that take no decision).
 //!
 //! Proof (see docs/design.md, *Proof of a handshake*): every row but the floods sends from
-//! a source with standing, given tokens before every 255 runs (an admission spends one,
-//! and no handshake completes here to earn it back; a call of more runs is made of parts
-//! that long, and its time is their mean); the flood rows' sources have none, as forged
-//! sources have not, and take the unproven path.
+//! a source with standing, given 255 tokens before each call (an admission spends one, and
+//! no handshake completes here to earn it back), so those rows run 255 times a call (their
+//! per-run mean rounds down to whole ns over fewer runs than the baselines'); the flood
+//! rows' sources have none, as forged sources have not, and take the unproven path.
 
 use shedder::kernel::MapReader;
 use std::{
@@ -81,8 +81,8 @@ const ISN_OFFSET: usize = 14 + 20 + 4;
 #[derive(Debug, Parser)]
 #[command(name = "bench_xdp")]
 struct Args {
-    /// Runs per BPF_PROG_TEST_RUN call for the repeated paths (a proven source's runs in
-    /// parts of 255: its tokens last that long).
+    /// Runs per BPF_PROG_TEST_RUN call for the repeated paths (at most 255 for a source
+    /// with standing: its tokens last that long).
     #[arg(long, default_value_t = 60_000)]
     repeat: u32,
     /// Rounds, interleaved across all programs and paths.
@@ -559,46 +559,38 @@ impl Subject {
                 isn.copy_from_slice(&next.to_be_bytes());
             }
         }
-        // A proven source's tokens last at most u8::MAX admissions: given again before
-        // each part of the call that long.
-        let part = if self.proven {
-            u32::from(u8::MAX)
+        // A proven source's tokens last at most u8::MAX admissions: given before the call,
+        // which runs at most that many times (see the module's note on proof).
+        let repeat = if self.proven {
+            repeat.min(u32::from(u8::MAX))
         } else {
-            repeat.max(1)
+            repeat
         };
-        let (mut left, mut spent, mut size) = (repeat.max(1), Duration::ZERO, 0);
-        let mut data_out = data_out;
-        while left > 0 {
-            let runs = left.min(part);
-            if let Program::Shedder { shedder, .. } = &mut self.program
-                && self.proven
-            {
-                let src = shedder_tests::packet::source_address(&self.frame).context("a source")?;
-                shedder.set_standing(src, u8::MAX)?;
-            }
-            let r = self
-                .program
-                .xdp()?
-                .test_run(TestRunOptions {
-                    data_in: Some(&self.frame),
-                    data_out: data_out.as_deref_mut(),
-                    repeat: runs,
-                    ..Default::default()
-                })
-                .with_context(|| format!("{}: BPF_PROG_TEST_RUN", self.label))?;
-            self.runs += u64::from(runs);
-            ensure!(
-                r.return_value == self.action,
-                "{}: returned {} instead of {}",
-                self.label,
-                action_name(r.return_value),
-                action_name(self.action)
-            );
-            spent += r.duration * runs;
-            size = r.data_size_out;
-            left -= runs;
+        if let Program::Shedder { shedder, .. } = &mut self.program
+            && self.proven
+        {
+            let src = shedder_tests::packet::source_address(&self.frame).context("a source")?;
+            shedder.set_standing(src, u8::MAX)?;
         }
-        Ok((spent / repeat.max(1), size))
+        let r = self
+            .program
+            .xdp()?
+            .test_run(TestRunOptions {
+                data_in: Some(&self.frame),
+                data_out,
+                repeat,
+                ..Default::default()
+            })
+            .with_context(|| format!("{}: BPF_PROG_TEST_RUN", self.label))?;
+        self.runs += u64::from(repeat);
+        ensure!(
+            r.return_value == self.action,
+            "{}: returned {} instead of {}",
+            self.label,
+            action_name(r.return_value),
+            action_name(self.action)
+        );
+        Ok((r.duration, r.data_size_out))
     }
 
     /// Run once and compare the frame the program leaves with the expected one.
@@ -713,6 +705,8 @@ struct Row {
     target: Option<f64>,
     pass: Option<bool>,
     samples: usize,
+    /// From a source with standing: a repeated call runs at most 255 times.
+    proven: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -783,6 +777,7 @@ fn rows(subjects: &[Subject]) -> Vec<Row> {
                 target: s.target,
                 pass: s.target.map(|t| ratio <= t),
                 samples: s.samples.len(),
+                proven: s.proven,
             }
         })
         .collect()
@@ -802,6 +797,11 @@ fn thousands(n: u64) -> String {
 
 fn markdown(report: &Report) -> String {
     let m = &report.machine;
+    let repeated_proven = format!(
+        "repeat {} × {} rounds",
+        report.repeat.min(u32::from(u8::MAX)),
+        report.rounds
+    );
     let repeated = format!(
         "repeat {} × {} rounds",
         thousands(report.repeat.into()),
@@ -825,6 +825,7 @@ fn markdown(report: &Report) -> String {
     md.push_str("|---|---|---|---:|---:|---:|---:|---:|---|\n");
     for r in &report.rows {
         let method = match r.method {
+            Method::Repeated if r.proven => &repeated_proven,
             Method::Repeated => &repeated,
             Method::SingleShot => &single,
         };
