@@ -371,7 +371,8 @@ impl Node {
             &slot,
             (fair::tag(addr as u64), absent),
             (self.now, epoch),
-            (d.admit, 1),
+            // A disputed address's refusal earns no retry credit.
+            (d.admit, 1 - (disputed & (1 - d.admit))),
             paid,
         );
         fs.class[ci].sources = fs.class[ci].sources.wrapping_add(first);
@@ -629,4 +630,32 @@ fn a_disowning_reset_disputes_the_address_and_its_attempts_are_held_apart() {
     node.now += 2 << proof::SEEN_SHIFT;
     node.attempt(4, true);
     assert_eq!(node.held.last().map(|h| (h.proven, h.pool)), Some((1, 0)));
+}
+
+#[test]
+fn a_disputed_addresss_refusals_earn_no_retry_credit() {
+    let mut node = Node::new(ServicePolicy {
+        total_limit: 1,
+        classes: [ClassPolicy {
+            limit: 1,
+            ceiling: 1,
+            unproven_cap: 1,
+            ..Default::default()
+        }; NUM_CLASSES],
+        fair_share: 1,
+        ..Default::default()
+    });
+    // Client 2 (MEDIUM) holds the only connection; its next attempt is refused and leaves
+    // a credit.
+    node.attempt(2, true);
+    node.complete();
+    node.attempt(2, false);
+    let credits = |n: &Node| n.sources[&(2, 2)].credits;
+    assert_eq!(credits(&node), 1);
+    // Disputed: its refusals leave none.
+    let now = proof::seen_now(node.now);
+    node.standing.get_mut(&2).expect("standing").disowned = proof::disowned_at(now);
+    node.attempt(2, false);
+    node.attempt(2, false);
+    assert_eq!(credits(&node), 1);
 }

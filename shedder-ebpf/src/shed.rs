@@ -757,9 +757,7 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         // every path through the decision has joined).
         core::ptr::write_volatile(
             &raw mut (*memo).pressed,
-            (1 - (admitted as u32))
-                & is_pressure(decision.reason)
-                & (1 - pool_of((*memo).standing) as u32),
+            (1 - (admitted as u32)) & is_pressure(decision.reason) & (1 - pool),
         );
     }
     remember_source(service, (now, epoch), memo);
@@ -959,11 +957,14 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
     let paid = m
         .clock
         .wrapping_add(m.interval & 0u32.wrapping_sub(a & (1 - m.over)));
+    // A disputed address's refusal earns no retry credit: mostly it is a forged copy's.
+    let disputed = pool_of(unsafe { core::ptr::read_volatile(&raw const (*memo).standing) });
+    let earns = 1 - (disputed as u32 & (1 - a));
     let (next, first) = fair::next(
         s,
         (m.source_tag, absent),
         (now, epoch),
-        (a, unique & 1),
+        (a, unique & earns),
         paid,
     );
     *s = next;
