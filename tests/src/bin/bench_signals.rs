@@ -409,7 +409,7 @@ fn real_server(args: &Args) -> Result<String> {
     }
     let mut md = format!(
         "#### A real server: nginx under wrk, with and without shedder\n\n\
-         Debian's nginx (one worker, CPU 0) serves a 16-byte file to wrk (one thread, \
+         Debian's nginx (one worker, CPU 0) serves a 64-byte file to wrk (one thread, \
          {WRK_CONNECTIONS} connections, CPU 1) over the veth pair. {} rounds; in each, one \
          {} s wrk run per attachment below, the order rotated by one each round so that a \
          drift of the machine falls on all alike. shedder's policy protects nginx's port and \

@@ -65,7 +65,7 @@ pub fn raise_nofile_limit() -> u64 {
 /// What a client speaks over its connection.
 #[derive(Clone, Debug, Default)]
 pub enum Protocol {
-    /// The 16-byte request and response of the [module documentation](super).
+    /// The 16-byte request and 64-byte response of the [module documentation](super).
     #[default]
     Line,
     /// One full TLS handshake and one HTTP `GET` (see [`Https`]).

@@ -5,7 +5,7 @@
 //! # Protocol
 //!
 //! One connection carries one request. The client connects, sends the 16-byte [`REQUEST`]
-//! and waits for the 16-byte [`RESPONSE`]; a backend worker accepts the connection, reads the
+//! and waits for the 64-byte [`RESPONSE`]; a backend worker accepts the connection, reads the
 //! request, holds it for the current service time, answers and closes. A backend with `w`
 //! workers and service time `s` therefore serves at most `w / s` requests per second, and
 //! connections beyond the workers wait in the kernel's accept queue — the queue shedder

@@ -83,7 +83,7 @@ pub fn shed_point_markdown(
         (Server::Tls { rsa_bits }, _) => format!(
             "Debian's nginx terminates TLS with one worker process: RSA-{rsa_bits}, no session \
              cache and no tickets, so every connection costs a full handshake; it serves a \
-             16-byte file. The clients are rustls with resumption off (**measured capacity \
+             64-byte file. The clients are rustls with resumption off (**measured capacity \
              {:.0} handshakes and requests/s**, the median of {} closed-loop runs of {} \
              clients: {runs}; a request served costs the node about {:.1} ms of CPU).",
             run.capacity_rps,
