@@ -144,7 +144,16 @@ mod tests {
 
     #[test]
     fn a_response_is_complete_with_its_content_length() {
-        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 16\r\n\r\nshedder respond\n";
+        let ok = [
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                RESPONSE.len()
+            )
+            .as_bytes(),
+            RESPONSE,
+        ]
+        .concat();
+        let ok = &ok[..];
         assert_eq!(parse(ok).unwrap(), Some(Reply::Served));
         assert_eq!(parse(&ok[..ok.len() - 1]).unwrap(), None);
         assert_eq!(parse(&ok[..20]).unwrap(), None);
