@@ -395,7 +395,15 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     // An attempt from a source without standing is decided apart (see `unproven`).
     let at = standing(&syn, globals, now);
     if at >> 31 == 0 {
-        return unproven::<F, QUIC>(frame, &syn, service, policy, globals, own_class, hold);
+        return unproven::<F, QUIC>(
+            frame,
+            &syn,
+            service,
+            policy,
+            globals,
+            own_class,
+            (now, epoch, hold),
+        );
     }
     let Some(memo) = SHEDDER_MEMO.get_ptr_mut(0) else {
         return Outcome::Pass;
@@ -890,7 +898,12 @@ fn remember_flow(memo: *mut Memo, service: u32, class: u32, slot: u32) {
 /// `class`'s counts of `service` in `epoch`, the slot two epochs old reset first.
 #[inline(always)]
 fn class_counts(service: u32, epoch: u64, class: usize) -> Option<*mut ClassEpoch> {
-    let fs = SHEDDER_FAIR.get_ptr_mut(service)?;
+    Some(counts_in(SHEDDER_FAIR.get_ptr_mut(service)?, epoch, class))
+}
+
+/// [`class_counts`] in a service's entry already looked up.
+#[inline(always)]
+fn counts_in(fs: *mut Fairness, epoch: u64, class: usize) -> *mut ClassEpoch {
     let slot = unsafe { &raw mut (*fs).slots[(epoch & 1) as usize] };
     unsafe {
         if (*slot).epoch != epoch {
@@ -899,7 +912,7 @@ fn class_counts(service: u32, epoch: u64, class: usize) -> Option<*mut ClassEpoc
             (*slot).class = [ClassEpoch::default(); NUM_CLASSES];
             (*slot).epoch = epoch;
         }
-        Some(&raw mut (*slot).class[class & (NUM_CLASSES - 1)])
+        &raw mut (*slot).class[class & (NUM_CLASSES - 1)]
     }
 }
 
@@ -1270,9 +1283,8 @@ fn unproven<F: Frame, const QUIC: bool>(
     policy: &ServicePolicy,
     globals: &Globals,
     class: u32,
-    hold: u64,
+    (now, epoch, hold): (u64, u64, u64),
 ) -> Outcome {
-    let now = unsafe { bpf_jiffies64() };
     let stale = heartbeat_stale(globals, now);
     let Some(pending) = SHEDDER_PENDING.get_ptr_mut(service) else {
         return Outcome::Pass;
@@ -1299,8 +1311,7 @@ fn unproven<F: Frame, const QUIC: bool>(
             }
         }
     }
-    let counts = SHEDDER_FAIR.get(service);
-    let epoch = globals.epoch(now);
+    let counts = SHEDDER_FAIR.get_ptr_mut(service);
     let decision = admit::unproven(
         policy,
         class,
@@ -1308,12 +1319,21 @@ fn unproven<F: Frame, const QUIC: bool>(
         unsafe { &(*memo).inflight },
         stale,
         policy.fair_share == 1 && counts.is_some(),
-        || counts.map_or(ClassEpoch::default(), |f| f.window(class as usize, epoch)),
+        || {
+            counts.map_or(ClassEpoch::default(), |f| unsafe {
+                (*f).window(class as usize, epoch)
+            })
+        },
     );
     // The unproven attempts are one source among the class's (`fair::record_unproven`).
+    // Only an admission or a refusal for pressure changes what that records: a flood's
+    // refusals for the cap, most of its SYNs, leave alone the entry every CPU shares (and
+    // its cache line, which each write would take from the other CPUs).
     if policy.fair_share == 1
-        && let Some(c) = class_counts(service, epoch, class as usize)
+        && (decision.admit | is_pressure(decision.reason)) != 0
+        && let Some(f) = counts
     {
+        let c = counts_in(f, epoch, class as usize);
         fair::record_unproven(unsafe { &mut *c }, decision.admit, decision.reason);
     }
     if decision.admit == 1 {
