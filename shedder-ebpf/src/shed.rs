@@ -768,7 +768,7 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             (1 - (admitted as u32)) & is_pressure(decision.reason) & (1 - pool),
         );
     }
-    remember_source(service, (now, epoch), memo);
+    remember_source(service, (now, epoch), pool, memo);
     if syn.quic == 1
         && let Outcome::Reply = outcome
     {
@@ -920,8 +920,9 @@ fn counts_in(fs: *mut Fairness, epoch: u64, class: usize) -> *mut ClassEpoch {
 /// and, with the source memory on, the source's admissions and credits. The slot is
 /// rewritten with masks rather than branches (see [`shedder_common::mask`]): this
 /// runs after every path through the decision, so each branch here would multiply them.
+/// `pool` is the one the attempt was decided in (`pool_of`: 1 for a disputed address).
 #[inline(always)]
-fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
+fn remember_source(service: u32, (now, epoch): (u64, u64), pool: u32, memo: *mut Memo) {
     let m = unsafe { &*memo };
     if unsafe { core::ptr::read_volatile(&raw const (*memo).counted) } == 0 {
         return;
@@ -970,9 +971,9 @@ fn remember_source(service: u32, (now, epoch): (u64, u64), memo: *mut Memo) {
     let paid = m
         .clock
         .wrapping_add(m.interval & 0u32.wrapping_sub(a & (1 - m.over)));
-    // A disputed address's refusal earns no retry credit: mostly it is a forged copy's.
-    let disputed = pool_of(unsafe { core::ptr::read_volatile(&raw const (*memo).standing) });
-    let earns = 1 - (disputed as u32 & (1 - a));
+    // A disputed address's refusal (`pool` 1) earns no retry credit: mostly it is a
+    // forged copy's.
+    let earns = 1 - (pool & (1 - a));
     let (next, first) = fair::next(
         s,
         (m.source_tag, absent),
