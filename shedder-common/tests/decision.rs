@@ -557,19 +557,24 @@ proptest! {
     }
 }
 
-#[test]
-fn an_exhausted_address_is_unproven_and_a_disowning_reset_gives_its_token_back() {
-    let mut node = Node::new(ServicePolicy {
-        total_limit: 100,
+/// Every class limited to `limit` (the service too), an unproven cap of 1, fair shares on.
+fn flat(limit: u32) -> ServicePolicy {
+    ServicePolicy {
+        total_limit: limit,
         classes: [ClassPolicy {
-            limit: 100,
-            ceiling: 100,
+            limit,
+            ceiling: limit,
             unproven_cap: 1,
             ..Default::default()
         }; NUM_CLASSES],
         fair_share: 1,
         ..Default::default()
-    });
+    }
+}
+
+#[test]
+fn an_exhausted_address_is_unproven_and_a_disowning_reset_gives_its_token_back() {
+    let mut node = Node::new(flat(100));
     // Client 2 (MEDIUM) completes a handshake: two tokens.
     node.attempt(2, true);
     node.complete();
@@ -592,17 +597,7 @@ fn an_exhausted_address_is_unproven_and_a_disowning_reset_gives_its_token_back()
 
 #[test]
 fn a_disowning_reset_disputes_the_address_and_its_attempts_are_held_apart() {
-    let mut node = Node::new(ServicePolicy {
-        total_limit: 8,
-        classes: [ClassPolicy {
-            limit: 8,
-            ceiling: 8,
-            unproven_cap: 1,
-            ..Default::default()
-        }; NUM_CLASSES],
-        fair_share: 1,
-        ..Default::default()
-    });
+    let mut node = Node::new(flat(8));
     // Client 4 (CRITICAL) proves itself three times: its address has four tokens.
     for _ in 0..3 {
         node.attempt(4, true);
@@ -634,17 +629,7 @@ fn a_disowning_reset_disputes_the_address_and_its_attempts_are_held_apart() {
 
 #[test]
 fn a_disputed_addresss_refusals_earn_no_retry_credit() {
-    let mut node = Node::new(ServicePolicy {
-        total_limit: 1,
-        classes: [ClassPolicy {
-            limit: 1,
-            ceiling: 1,
-            unproven_cap: 1,
-            ..Default::default()
-        }; NUM_CLASSES],
-        fair_share: 1,
-        ..Default::default()
-    });
+    let mut node = Node::new(flat(1));
     // Client 2 (MEDIUM) holds the only connection; its next attempt is refused and leaves
     // a credit.
     node.attempt(2, true);
