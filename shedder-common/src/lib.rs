@@ -25,6 +25,7 @@ pub mod quic;
 pub mod table;
 pub mod tp;
 pub mod tunnel;
+pub mod work;
 
 /// Services one node can protect. Sizes the policy, in-flight and counter maps.
 pub const MAX_SERVICES: u32 = 256;
@@ -34,10 +35,11 @@ pub const PORT_MAP_ENTRIES: u32 = 65536;
 pub const MAX_ADDR_SERVICES: u32 = 1024;
 /// Source-prefix class rules, per address family.
 pub const MAX_CLASS_RULES: u32 = 16384;
-/// Connections of protected services tracked at once (socket map entries). The daemon may
-/// size the map differently at load time; when it is full new connections go uncounted
-/// (and `STAT_UNTRACKED` says so).
-pub const DEFAULT_TRACKED_SOCKETS: u32 = 65536;
+/// Connections of protected services tracked at once (socket map entries, allocated as
+/// connections come: the map is not preallocated, so an idle node pays for none); when it
+/// is full new connections go uncounted (and `STAT_UNTRACKED` says so). Each service's
+/// `max_connections` is at most this.
+pub const DEFAULT_TRACKED_SOCKETS: u32 = 262_144;
 /// IPv4 class lookup table, first level: one entry per /16.
 pub const CLASS_L1_ENTRIES: u32 = 65536;
 /// IPv4 class lookup table, second level: blocks of 256 /24 cells, in two halves that
@@ -113,6 +115,9 @@ pub const REASON_FLOORS_BELOW: u32 = 9;
 /// An attempt from a source without standing ([`proof`]) while the class already holds its
 /// cap of such attempts (`ClassPolicy::unproven_cap`).
 pub const REASON_UNPROVEN: u32 = 10;
+/// The service holds its ceiling of established connections (`ServicePolicy::max_connections`):
+/// a safety bound on what the node keeps open, busy or idle, not the controller's limit.
+pub const REASON_CONNECTIONS: u32 = 11;
 pub const REASON_NAMES: [&str; NUM_REASONS as usize] = [
     "under_limit",
     "floor",
@@ -125,14 +130,14 @@ pub const REASON_NAMES: [&str; NUM_REASONS as usize] = [
     "fair_share",
     "floors_below",
     "unproven",
-    "reserved11",
+    "connections",
     "reserved12",
     "reserved13",
     "reserved14",
     "reserved15",
 ];
 /// Reasons that are used (the rest of [`REASON_NAMES`] are reserved and never counted).
-pub const REASONS_IN_USE: u32 = 11;
+pub const REASONS_IN_USE: u32 = 12;
 
 /// The refusals that mean a class wants more of the service than it got, one bit per
 /// reason: its share, the service's total, the floors below it, a source's fair share. Not
@@ -429,7 +434,10 @@ pub mod maps {
     pub const STANDING: &str = "SHEDDER_STANDING";
     /// The node's reply budgets' token buckets (`[proven, unproven]`, [`crate::Bucket`]).
     pub const REPLIES: &str = "SHEDDER_REPLIES";
-    pub const ALL: [&str; 27] = [
+    /// Per service and CPU, the requests in service by the slot they started in
+    /// ([`crate::work::Ring`]).
+    pub const WORK: &str = "SHEDDER_WORK";
+    pub const ALL: [&str; 28] = [
         GLOBALS,
         PORTS,
         QUIC_PORTS,
@@ -457,6 +465,7 @@ pub mod maps {
         DECAP,
         STANDING,
         REPLIES,
+        WORK,
     ];
 }
 
@@ -482,24 +491,32 @@ pub mod programs {
     pub const SOCK_STATE: &str = "shedder_sock_state";
     /// sock:sock_recv_length: accept-queue age (first read), start of a request.
     pub const SOCK_RECV: &str = "shedder_sock_recv";
-    /// sock:sock_send_length: response latency (read → next write).
+    /// sock:sock_send_length: response latency (read → next write), end of a request.
     pub const SOCK_SEND: &str = "shedder_sock_send";
+    /// sock:sk_data_ready: start of a request (data arrived on an idle connection).
+    pub const SOCK_DATA: &str = "shedder_sock_data";
     /// `iter/tcp`: counts the connections that were open before the tracking programs were
     /// attached (the daemon hands them over in `SHEDDER_SEED`). Never attached to an event;
     /// the daemon runs it once per network namespace when it starts.
     pub const SEED: &str = "shedder_seed";
     /// (program, tracepoint category, tracepoint name) of the tracking programs.
-    pub const TRACEPOINTS: [(&str, &str, &str); 3] = [
+    pub const TRACEPOINTS: [(&str, &str, &str); 4] = [
         (SOCK_STATE, "sock", "inet_sock_set_state"),
         (SOCK_RECV, "sock", "sock_recv_length"),
         (SOCK_SEND, "sock", "sock_send_length"),
+        (SOCK_DATA, "sock", "sk_data_ready"),
     ];
     /// The tracepoints shedder can run without: accept-queue age and response latency,
-    /// which Linux has only since [`LATENCY_TRACEPOINTS_SINCE`]. Without them in-flight
-    /// connections are still counted (`inet_sock_set_state`, Linux 4.16).
-    pub const OPTIONAL_TRACEPOINTS: [&str; 2] = ["sock_recv_length", "sock_send_length"];
+    /// which Linux has only since [`LATENCY_TRACEPOINTS_SINCE`], and the arrival of data,
+    /// since [`DATA_TRACEPOINT_SINCE`]. Without the first two in-flight connections are
+    /// still counted (`inet_sock_set_state`, Linux 4.16); without the last, every
+    /// established connection counts as work ([`super::WORK_FROM_CONNECTIONS`]).
+    pub const OPTIONAL_TRACEPOINTS: [&str; 3] =
+        ["sock_recv_length", "sock_send_length", "sk_data_ready"];
     /// The kernel that added `sock:sock_recv_length` and `sock:sock_send_length`.
     pub const LATENCY_TRACEPOINTS_SINCE: &str = "6.3";
+    /// The kernel that added `sock:sk_data_ready`.
+    pub const DATA_TRACEPOINT_SINCE: &str = "6.6";
 }
 
 /// Node-wide settings and the daemon's heartbeat (single-entry array).
@@ -545,7 +562,18 @@ pub struct Globals {
     /// dropped instead, so refusals cannot be used as a reflector.
     pub reply_interval_ns: [u64; 2],
     pub reply_burst_ns: [u64; 2],
+    /// What the tracking programs count as work in flight: [`WORK_FROM_DATA`] (busy
+    /// connections, from the arrival of a request to the next write) or
+    /// [`WORK_FROM_CONNECTIONS`] (every established connection, on a kernel without
+    /// `sock:sk_data_ready`).
+    pub work_source: u32,
+    pub _pad: u32,
 }
+
+/// [`Globals::work_source`]: every established connection is work (no data-arrival event).
+pub const WORK_FROM_CONNECTIONS: u32 = 0;
+/// [`Globals::work_source`]: a connection is work from a request's arrival to its answer.
+pub const WORK_FROM_DATA: u32 = 1;
 
 impl Globals {
     /// The length of an epoch as a power of two of jiffies: `epoch_bits`, or
@@ -662,11 +690,19 @@ pub struct ServicePolicy {
     /// 0 turns the budget off.
     pub retry_budget: u32,
     pub retry_budget_min: u32,
+    /// Established connections (busy or idle) the service may hold: an attempt beyond is
+    /// refused ([`REASON_CONNECTIONS`]) in every class and mode. A safety bound on what
+    /// idle pools may pin, far above the limit on work; 0: none (the daemon always writes
+    /// one).
+    pub max_connections: u32,
+    pub _pad: u32,
 }
 
-/// Established connections per class of one service. Written by the tracepoint programs
-/// (or, before those exist, by the daemon or a test); a QUIC service's, by the daemon from
-/// its flows (see [`flow`]) and by the packet path as it admits them.
+/// Work in flight per class of one service: for TCP the busy connections ([`work`]: a
+/// request received and not yet answered), or every established connection on a kernel
+/// without the data-arrival tracepoint ([`Globals::work_source`]). Written by the
+/// tracepoint programs (or, before those exist, by the daemon or a test); a QUIC service's,
+/// by the daemon from its flows (see [`flow`]) and by the packet path as it admits them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Inflight {
@@ -675,6 +711,20 @@ pub struct Inflight {
     /// unproven cap bounds. 0 for TCP: an unproven SYN is held in [`PendingSlot`] until its
     /// connection is born, and then it is proven.
     pub unproven: [u32; NUM_CLASSES],
+    /// Established TCP connections, busy or idle: what the connection ceiling
+    /// (`ServicePolicy::max_connections`) bounds.
+    pub connections: [u32; NUM_CLASSES],
+}
+
+impl Inflight {
+    /// Established connections of every class (wrapping: counts are far below 2^32).
+    #[inline(always)]
+    pub fn connections_total(&self) -> u32 {
+        self.connections[0]
+            .wrapping_add(self.connections[1])
+            .wrapping_add(self.connections[2])
+            .wrapping_add(self.connections[3])
+    }
 }
 
 /// One hold slot's count of admitted-but-not-yet-established attempts of one service, by
@@ -805,13 +855,16 @@ pub struct SockState {
     pub read_ns: u64,
     pub service: u16,
     pub class: u8,
-    /// [`SOCK_AGE_SEEN`] once the accept-queue age has been recorded.
+    /// [`SOCK_AGE_SEEN`], [`SOCK_BUSY`].
     pub flags: u8,
-    pub _pad: u32,
+    /// While [`SOCK_BUSY`]: the [`work::epoch`] its request arrived in.
+    pub busy_epoch: u32,
 }
 
 /// [`SockState::flags`]: the first read (end of the accept-queue wait) was seen.
 pub const SOCK_AGE_SEEN: u8 = 1;
+/// [`SockState::flags`]: the connection is counted as work in flight ([`work`]).
+pub const SOCK_BUSY: u8 = 2;
 
 /// A connection that was open before the tracking programs were attached, handed by the
 /// daemon to the seeding iterator (`iter/tcp`) in [`maps::SEED`], keyed by its socket
@@ -828,7 +881,12 @@ pub struct SeedSock {
     pub remote_port: u16,
     /// 1 for IPv6 (not v4-mapped), else 0.
     pub v6: u8,
-    pub _pad: [u8; 3],
+    /// 1: it holds a request not yet answered (data received after the last sent), per
+    /// sock_diag's `tcp_info`; the daemon decides, as [`work`] would have.
+    pub busy: u8,
+    pub _pad: [u8; 2],
+    /// While `busy`: how long ago that request arrived, in milliseconds.
+    pub busy_ms: u32,
 }
 
 /// What the seeding iterator writes for each socket it found in [`maps::SEED`].
@@ -873,11 +931,11 @@ pub struct ClassRule {
 
 const _: () = {
     assert!(core::mem::offset_of!(ServiceCounters, unproven) == 8 * COUNTERS_PER_SERVICE);
-    assert!(size_of::<Globals>() == 96);
+    assert!(size_of::<Globals>() == 104);
     assert!(size_of::<ClassPolicy>() == 72);
-    assert!(size_of::<ServicePolicy>() == 320);
+    assert!(size_of::<ServicePolicy>() == 328);
     assert!(size_of::<table::Set>() == 64);
-    assert!(size_of::<Inflight>() == 32);
+    assert!(size_of::<Inflight>() == 48);
     assert!(size_of::<PendingSlot>() == 72);
     assert!(size_of::<Pending>() == 144);
     assert!(size_of::<Bucket>() == 8);
@@ -885,7 +943,8 @@ const _: () = {
     assert!(size_of::<ClassRule>() == 4);
     assert!(size_of::<ClassBlock>() == 256);
     assert!(size_of::<SockState>() == 24);
-    assert!(size_of::<SeedSock>() == 40);
+    assert!(size_of::<SeedSock>() == 44);
+    assert!(size_of::<work::Ring>() == 8 * work::SLOTS as usize + 8);
     assert!(size_of::<SeedResult>() == 16);
     assert!(COUNTERS_PER_SERVICE.is_power_of_two());
     assert!(NUM_CLASSES.is_power_of_two());
@@ -919,6 +978,7 @@ mod pod {
     unsafe impl aya::Pod for flow::FlowKey {}
     unsafe impl aya::Pod for flow::Flow {}
     unsafe impl aya::Pod for flow::AliveRing {}
+    unsafe impl aya::Pod for work::Ring {}
 }
 
 #[cfg(test)]

@@ -31,6 +31,18 @@ pub mod state {
     ];
 }
 
+/// sock:sk_data_ready (Linux 6.6): data (or a FIN) arrived on a socket.
+pub mod data {
+    pub const SKADDR: usize = 8;
+    pub const FAMILY: usize = 16;
+    pub const PROTOCOL: usize = 18;
+    pub const FIELDS: [(&str, usize, usize); 3] = [
+        ("skaddr", SKADDR, 8),
+        ("family", FAMILY, 2),
+        ("protocol", PROTOCOL, 2),
+    ];
+}
+
 /// sock:sock_recv_length and sock:sock_send_length
 pub mod length {
     pub const SK: usize = 8;

@@ -241,6 +241,13 @@ pub fn shedder_sock_send(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// sock:sk_data_ready — a request arrives.
+#[tracepoint]
+pub fn shedder_sock_data(ctx: TracePointContext) -> u32 {
+    track::on_data(&ctx);
+    0
+}
+
 /// `iter/tcp`: counts the connections that were open before tracking began (see
 /// [`track::seed`]). The daemon opens it once per network namespace at start; for each
 /// socket the daemon listed, one [`shedder_common::SeedResult`] is written to the output.

@@ -601,6 +601,10 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         decision = settled;
         m.preempt = preempt as u32;
     }
+    if decision.admit == 1 && at_connection_ceiling(service, policy) {
+        decision.admit = 0;
+        decision.reason = shedder_common::REASON_CONNECTIONS;
+    }
     if decision.admit == 1 && !take_token(service, class, policy) {
         decision.admit = 0;
         decision.reason = shedder_common::REASON_RATE;
@@ -1008,6 +1012,18 @@ fn flow_admitted(service: u32, class: u32, slot: u32, state: usize) {
 /// Add `by` (1, or -1 as `u32::MAX`) to the flows of `class` in `state` last seen in
 /// `slot`, shared by the CPUs (see [`shedder_common::flow::add`], whose rule this is, with
 /// atomics).
+/// The service holds its ceiling of established connections (busy or idle): every class is
+/// refused, whatever the work in flight. A ceiling of 0 is none (a policy written without
+/// one: fail open).
+#[inline(always)]
+fn at_connection_ceiling(service: u32, policy: &ServicePolicy) -> bool {
+    let max = policy.max_connections;
+    max != 0
+        && SHEDDER_INFLIGHT
+            .get(service)
+            .is_some_and(|i| i.connections_total() >= max)
+}
+
 #[inline(always)]
 pub fn alive_add(ring: *mut AliveRing, slot: u32, state: usize, class: u32, by: u32) {
     let e = unsafe { &raw mut (*ring).slots[ring_index(slot)] };
@@ -1326,6 +1342,11 @@ fn unproven<F: Frame, const QUIC: bool>(
             })
         },
     );
+    let mut decision = decision;
+    if decision.admit == 1 && at_connection_ceiling(service, policy) {
+        decision.admit = 0;
+        decision.reason = shedder_common::REASON_CONNECTIONS;
+    }
     // The unproven attempts are one source among the class's (`fair::record_unproven`).
     // Only an admission or a refusal for pressure changes what that records: a flood's
     // refusals for the cap, most of its SYNs, leave alone the entry every CPU shares (and

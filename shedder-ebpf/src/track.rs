@@ -1,6 +1,7 @@
 //! Connection tracking from the `sock` tracepoints (the stable ABI; kprobes and fentry are not
-//! available everywhere): in-flight connections per (service, class), admitted attempts
-//! retired when they become connections, accept-queue age and response latency histograms.
+//! available everywhere): established and busy connections per (service, class) (see
+//! [`shedder_common::work`]), the ages of requests in service, admitted attempts retired
+//! when they become connections, accept-queue age and response latency histograms.
 //!
 //! Only children of listening sockets on protected ports are tracked, in a hash map keyed by
 //! the kernel socket address. Every other socket costs the tracepoint one failed lookup.
@@ -18,15 +19,16 @@ use aya_ebpf::{
 use shedder_common::{
     DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
     POLICY_CONFIGURED, SEED_BATCH, SEED_COUNTED, SEED_ENDED, SEED_KNOWN, SEED_TABLE_FULL,
-    SEED_UNPROTECTED, SOCK_AGE_SEEN, STAT_PENDING_MISS, STAT_QUIC_ANSWERS_NOT_PROVEN,
-    STAT_UNTRACKED, SeedResult, SeedSock, ServiceHist, SockState,
+    SEED_UNPROTECTED, SOCK_AGE_SEEN, SOCK_BUSY, STAT_PENDING_MISS, STAT_QUIC_ANSWERS_NOT_PROVEN,
+    STAT_UNTRACKED, SeedResult, SeedSock, ServiceHist, SockState, WORK_FROM_DATA,
     flow::{
         self, ANSWERED, FLOW_ANSWERED, FLOW_EARNED, FLOW_UNPROVEN, SEEN_LIVENESS, UNPROVEN, WAITING,
     },
     hist,
     proof::{self, STANDING_SETS, STANDING_WAYS},
     table,
-    tp::{length, state},
+    tp::{data, length, state},
+    work,
 };
 
 use crate::{
@@ -41,13 +43,16 @@ use crate::{
 
 #[map]
 static SHEDDER_SOCKS: HashMap<u64, SockState> =
-    HashMap::with_max_entries(DEFAULT_TRACKED_SOCKETS, 0);
+    HashMap::with_max_entries(DEFAULT_TRACKED_SOCKETS, BPF_F_NO_PREALLOC);
 /// Connections to count at attach, by socket cookie (filled by the daemon before each run
 /// of the seeding iterator; private to one load).
 #[map]
 static SHEDDER_SEED: HashMap<u64, SeedSock> = HashMap::with_max_entries(SEED_BATCH, 0);
 #[map]
 static SHEDDER_HIST: PerCpuArray<ServiceHist> = PerCpuArray::with_max_entries(MAX_SERVICES, 0);
+/// Per service, this CPU's count of requests in service by the slot they arrived in.
+#[map]
+static SHEDDER_WORK: PerCpuArray<work::Ring> = PerCpuArray::with_max_entries(MAX_SERVICES, 0);
 
 const TCP_ESTABLISHED: i32 = 1;
 const TCP_SYN_RECV: i32 = 3;
@@ -62,6 +67,9 @@ const AF_INET6: u16 = 10;
 const IPPROTO_TCP: u16 = 6;
 const MSG_PEEK: i32 = 2;
 const BPF_NOEXIST: u64 = 1;
+/// Entries are allocated as connections come (a preallocated map of every connection the
+/// node may track would take its memory from the start).
+const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// A naturally aligned field of the tracepoint record.
 #[inline(always)]
@@ -158,6 +166,12 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
         class: class as u8,
         ..Default::default()
     };
+    // Without the data-arrival event every connection is work from its birth to its end.
+    let busy_from = if by_data() {
+        None
+    } else {
+        Some(work::epoch(unsafe { bpf_ktime_get_ns() }))
+    };
     // The handshake is complete: the address has proved itself. The pool its attempt was
     // held in is read from its standing before this proof (an address with standing made
     // it as proven, unless it had spent every token: then it is retired from the proven
@@ -165,7 +179,7 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
     // attempt was held with the unproven ones).
     let (stood, disputed) = prove(remote, v6);
     let pool = 1 - (stood & (1 - disputed));
-    if !count_connection(sk, &state) {
+    if !count_connection(sk, &state, busy_from) {
         bump(&SHEDDER_STATS, STAT_UNTRACKED);
         return;
     }
@@ -213,22 +227,81 @@ fn prove(remote: [u32; 4], v6: u32) -> (u32, u32) {
     had
 }
 
-/// Track `sk` and count it in its service's and class's in-flight connections; false if it
-/// could not be added (already tracked, or the table is full).
+/// Whether work is counted from data arrivals ([`WORK_FROM_DATA`]) rather than from births.
 #[inline(always)]
-fn count_connection(sk: u64, state: &SockState) -> bool {
-    if SHEDDER_SOCKS.insert(sk, *state, BPF_NOEXIST).is_err() {
+fn by_data() -> bool {
+    SHEDDER_GLOBALS
+        .get(0)
+        .is_some_and(|g| g.work_source == WORK_FROM_DATA)
+}
+
+/// Track `sk` and count it in its service's and class's connections, and as work in flight
+/// from slot `busy_from` if given; false if it could not be added (already tracked, or the
+/// table is full).
+#[inline(always)]
+fn count_connection(sk: u64, state: &SockState, busy_from: Option<u32>) -> bool {
+    let mut state = *state;
+    if let Some(e) = busy_from {
+        state.flags |= SOCK_BUSY;
+        state.busy_epoch = e;
+    }
+    if SHEDDER_SOCKS.insert(sk, state, BPF_NOEXIST).is_err() {
         return false;
     }
-    if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(state.service as u32) {
-        unsafe {
-            atomic::add32(
-                &raw mut (*inflight).class[(state.class as usize) & (NUM_CLASSES - 1)],
-                1,
-            )
-        };
+    let (service, c) = (
+        state.service as u32,
+        (state.class as usize) & (NUM_CLASSES - 1),
+    );
+    if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service) {
+        unsafe { atomic::add32(&raw mut (*inflight).connections[c], 1) };
+    }
+    if let Some(e) = busy_from {
+        work_moves(service, c, e, 1);
     }
     true
+}
+
+/// A request of class `c` that arrived in slot `start` begins (`by` 1) or ends (`by` -1):
+/// the class's work in flight and the service's ring of ages follow.
+#[inline(always)]
+fn work_moves(service: u32, c: usize, start: u32, by: i32) {
+    if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service) {
+        unsafe { atomic::add32(&raw mut (*inflight).class[c & (NUM_CLASSES - 1)], by as u32) };
+    }
+    if let Some(ring) = SHEDDER_WORK.get_ptr_mut(service) {
+        let now = work::epoch(unsafe { bpf_ktime_get_ns() });
+        work::add(unsafe { &mut *ring }, start, now, by);
+    }
+}
+
+/// Data arrived on a tracked connection: an idle one starts a request.
+#[inline(always)]
+pub fn on_data(ctx: &TracePointContext) {
+    if field::<u16>(ctx, data::PROTOCOL) != IPPROTO_TCP {
+        return;
+    }
+    let sk: u64 = field(ctx, data::SKADDR);
+    let Some(st) = SHEDDER_SOCKS.get_ptr_mut(sk) else {
+        return;
+    };
+    let st = unsafe { &mut *st };
+    if st.flags & SOCK_BUSY != 0 {
+        return;
+    }
+    let e = work::epoch(unsafe { bpf_ktime_get_ns() });
+    st.flags |= SOCK_BUSY;
+    st.busy_epoch = e;
+    work_moves(st.service as u32, st.class as usize, e, 1);
+}
+
+/// The application answered on a tracked connection: its request is no longer waiting.
+#[inline(always)]
+fn answered(st: &mut SockState) {
+    if st.flags & SOCK_BUSY == 0 || !by_data() {
+        return;
+    }
+    st.flags &= !SOCK_BUSY;
+    work_moves(st.service as u32, st.class as usize, st.busy_epoch, -1);
 }
 
 /// The seeding iterator's visit of one TCP socket (`sk` in TCP state `state`, with socket
@@ -272,8 +345,20 @@ pub fn seed(sk: u64, cookie: u64, state: i32) -> Option<SeedResult> {
         flags: SOCK_AGE_SEEN,
         ..Default::default()
     };
+    // Work as the tracepoints would have counted it: busy if the daemon found a request
+    // unanswered (since the time it arrived), or every connection without the data event.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let busy_from = if !by_data() {
+        Some(work::epoch(now))
+    } else if s.busy == 1 {
+        Some(work::epoch(
+            now.saturating_sub(s.busy_ms as u64 * 1_000_000),
+        ))
+    } else {
+        None
+    };
     // Not added: already tracked (born while tracking was attached), or the table is full.
-    result.outcome = if count_connection(sk, &state) {
+    result.outcome = if count_connection(sk, &state, busy_from) {
         SEED_COUNTED
     } else if SHEDDER_SOCKS.get_ptr(sk).is_some() {
         SEED_KNOWN
@@ -315,18 +400,17 @@ fn connection_ended(sk: u64) {
     let Some(st) = SHEDDER_SOCKS.get_ptr(sk) else {
         return;
     };
-    let (service, class) = unsafe { ((*st).service as u32, (*st).class as usize) };
+    let st = unsafe { *st };
+    let (service, class) = (st.service as u32, (st.class as usize) & (NUM_CLASSES - 1));
     // Only the caller that removes the entry decrements, so a connection ends once.
     if SHEDDER_SOCKS.remove(sk).is_err() {
         return;
     }
     if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service) {
-        unsafe {
-            atomic::add32(
-                &raw mut (*inflight).class[class & (NUM_CLASSES - 1)],
-                u32::MAX,
-            )
-        };
+        unsafe { atomic::add32(&raw mut (*inflight).connections[class], u32::MAX) };
+    }
+    if st.flags & SOCK_BUSY != 0 {
+        work_moves(service, class, st.busy_epoch, -1);
     }
 }
 
@@ -401,6 +485,7 @@ pub fn on_send(ctx: &TracePointContext) {
             );
             (*st).read_ns = 0;
         }
+        answered(&mut *st);
     }
 }
 

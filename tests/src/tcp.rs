@@ -43,6 +43,28 @@ pub fn echo(mut conn: TcpStream) {
     }
 }
 
+/// Requests of one byte: `h` is held (read, and not answered) until `release` is set, any
+/// other byte is answered at once; each answer is 64 bytes (longer than a request, as in any
+/// real protocol). Ground truth for work in service: the held requests.
+pub fn hold_until(release: Arc<AtomicBool>) -> impl Fn(TcpStream) + Send + Sync + Clone + 'static {
+    move |mut conn: TcpStream| {
+        let mut b = [0u8; 1];
+        loop {
+            match conn.read(&mut b) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    while b[0] == b'h' && !release.load(Ordering::Relaxed) {
+                        thread::sleep(Duration::from_millis(2));
+                    }
+                    if conn.write_all(&[b[0]; 64]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Answer each read with the same bytes after `service_time` (a request/response server
 /// with a known service time), until EOF.
 pub fn respond_after(service_time: Duration) -> impl Fn(TcpStream) + Send + Sync + Clone + 'static {

@@ -26,7 +26,7 @@ use shedder_tests::{
     netns::{IFACE, Pair},
     policy::*,
     require_root,
-    tcp::{TestServer, connect_from, respond_after},
+    tcp::{TestServer, connect_from, hold_until, respond_after},
 };
 
 static TRACKING: Mutex<()> = Mutex::new(());
@@ -183,13 +183,25 @@ fn queue_age_and_latency_match_ground_truth() {
     }
 }
 
-/// In-flight connections per class are exact after N open and M close, and after churn.
+/// Work in flight is the connections holding a request not yet answered, per class, and
+/// the ring's ages are how long those have waited; connections are every established one.
+/// Ground truth is the server's: requests it holds unanswered. Checked after N open and
+/// none sends, after some send a request the server holds (its age within 10%), after the
+/// answers, after M close, after churn, and after the server closes.
 #[test]
-fn inflight_is_exact_per_class() {
+fn work_in_flight_is_the_requests_held_per_class() {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    };
     let _one = TRACKING.lock().unwrap_or_else(|p| p.into_inner());
     let port = 7200;
-    let lab = Lab::new("infl", port);
-    let _server = lab.pair.server.run(|| TestServer::echo(port));
+    let mut lab = Lab::new("infl", port);
+    let release = Arc::new(AtomicBool::new(false));
+    let _server = lab
+        .pair
+        .server
+        .run(|| TestServer::start(port, Duration::ZERO, hold_until(release.clone())));
     let sources = [
         (CLASS_CRITICAL, CRITICAL_V4, 2usize),
         (CLASS_HIGH, HIGH_V4, 5),
@@ -202,16 +214,93 @@ fn inflight_is_exact_per_class() {
             open.push((class, lab.connect(IpAddr::V4(src))));
         }
     }
-    let expect = |open: &[(u32, TcpStream)]| {
+    let by_class = |open: &[(u32, TcpStream)]| {
         let mut e = [0u32; 4];
         for (c, _) in open {
             e[*c as usize] += 1;
         }
         e
     };
+    let connections = |lab: &Lab| lab.shedder.inflight(SVC).expect("inflight").connections;
+    // Connected, nothing sent: connections, and no work.
     wait_for(
-        || lab.inflight() == expect(&open),
-        || format!("{:?} vs {:?}", lab.inflight(), expect(&open)),
+        || connections(&lab) == by_class(&open) && lab.inflight() == [0; 4],
+        || {
+            format!(
+                "{:?} / {:?} vs {:?} / idle",
+                connections(&lab),
+                lab.inflight(),
+                by_class(&open)
+            )
+        },
+    );
+    // A request answered at once on each: idle again (keep-alive between requests).
+    let ask = |c: &mut TcpStream, b: u8| {
+        c.write_all(&[b]).expect("send");
+    };
+    let answer = |c: &mut TcpStream| {
+        let mut r = [0u8; 64];
+        c.read_exact(&mut r).expect("answer");
+    };
+    for (_, c) in open.iter_mut() {
+        ask(c, b'a');
+        answer(c);
+    }
+    wait_for(
+        || lab.inflight() == [0; 4],
+        || format!("after answered requests: {:?}", lab.inflight()),
+    );
+    // Every other connection sends a request the server holds.
+    let mut reader = SignalReader::new(vec![lab.spec(None)], 1000);
+    let sent = Instant::now();
+    let mut held = [0u32; 4];
+    for (i, (c, s)) in open.iter_mut().enumerate() {
+        if i % 2 == 0 {
+            ask(s, b'h');
+            held[*c as usize] += 1;
+        }
+    }
+    wait_for(
+        || lab.inflight() == held,
+        || format!("held {:?} vs {held:?}", lab.inflight()),
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    let sig = lab.tick(&mut reader);
+    let truth_ms = sent.elapsed().as_secs_f64() * 1000.0;
+    let waiting = match &sig.waiting {
+        Reading::Ok { value } => *value,
+        other => panic!("the ages of requests in service: {other:?}"),
+    };
+    assert_eq!(waiting.requests, held.iter().sum::<u32>() as u64);
+    for (what, v) in [("p50", waiting.p50_ms), ("oldest", waiting.oldest_ms)] {
+        let v = v.expect("an age");
+        assert!(
+            (v - truth_ms).abs() <= truth_ms * 0.1,
+            "{what} age {v:.1} ms vs {truth_ms:.1} ms waited"
+        );
+    }
+    assert_eq!(
+        match &sig.connections {
+            Reading::Ok { value } => *value,
+            other => panic!("connections: {other:?}"),
+        },
+        by_class(&open)
+    );
+    release.store(true, Ordering::Relaxed);
+    for (i, (_, s)) in open.iter_mut().enumerate() {
+        if i % 2 == 0 {
+            answer(s);
+        }
+    }
+    wait_for(
+        || lab.inflight() == [0; 4],
+        || format!("after the held answers: {:?}", lab.inflight()),
+    );
+    let sig = lab.tick(&mut reader);
+    assert!(
+        matches!(sig.waiting, Reading::Ok { value } if value.requests == 0 && value.oldest_ms.is_none()),
+        "{:?}",
+        sig.waiting
     );
 
     // Close M: two high, all sheddable.
@@ -226,11 +315,12 @@ fn inflight_is_exact_per_class() {
         }
     });
     wait_for(
-        || lab.inflight() == expect(&open),
-        || format!("{:?} vs {:?}", lab.inflight(), expect(&open)),
+        || connections(&lab) == by_class(&open),
+        || format!("{:?} vs {:?}", connections(&lab), by_class(&open)),
     );
 
-    // Churn: 4 threads open and close 50 connections each while the others stay open.
+    // Churn: 4 threads open and close 50 connections each, a request each, while the
+    // others stay open.
     std::thread::scope(|s| {
         for src in [CLIENT_V4, HIGH_V4, SHEDDABLE_V4, CRITICAL_V4] {
             let lab = &lab;
@@ -238,27 +328,47 @@ fn inflight_is_exact_per_class() {
                 for _ in 0..50 {
                     let mut c = lab.connect(IpAddr::V4(src));
                     c.write_all(b"x").expect("send");
-                    let mut b = [0u8; 1];
-                    c.read_exact(&mut b).expect("echo");
+                    let mut b = [0u8; 64];
+                    c.read_exact(&mut b).expect("answer");
                 }
             });
         }
     });
     wait_for(
-        || lab.inflight() == expect(&open),
-        || format!("after churn {:?} vs {:?}", lab.inflight(), expect(&open)),
+        || connections(&lab) == by_class(&open) && lab.inflight() == [0; 4],
+        || {
+            format!(
+                "after churn {:?} / {:?} vs {:?}",
+                connections(&lab),
+                lab.inflight(),
+                by_class(&open)
+            )
+        },
     );
     assert_eq!(
         lab.shedder.stats().expect("stats")[shedder_common::STAT_UNTRACKED as usize],
         0
     );
 
-    // The server closing its side ends a connection too.
+    // A request in service when the server closes ends with the connection.
+    release.store(false, Ordering::Relaxed);
+    ask(&mut open[0].1, b'h');
+    wait_for(
+        || lab.inflight().iter().sum::<u32>() == 1,
+        || format!("one held: {:?}", lab.inflight()),
+    );
     drop(_server);
+    release.store(true, Ordering::Relaxed);
     open.clear();
     wait_for(
-        || lab.inflight() == [0; 4],
-        || format!("after the server closed: {:?}", lab.inflight()),
+        || connections(&lab) == [0; 4] && lab.inflight() == [0; 4],
+        || {
+            format!(
+                "after the server closed: {:?} / {:?}",
+                connections(&lab),
+                lab.inflight()
+            )
+        },
     );
 }
 
@@ -412,9 +522,12 @@ fn seeding_skips_a_connection_that_closed_after_the_listing() {
             .result
             .expect("connect")
     };
-    let (open_client, closing_client) = (connect(), connect());
+    let (mut open_client, closing_client) = (connect(), connect());
     let (open_server, _) = listener.accept().expect("accept");
     let (closing_server, _) = listener.accept().expect("accept");
+    // The open one holds a request its server has not read: work in service, to be
+    // counted as the tracepoints would have counted it.
+    open_client.write_all(b"request").expect("send");
 
     let mut shedder = tracking(port);
 
@@ -422,6 +535,17 @@ fn seeding_skips_a_connection_that_closed_after_the_listing() {
     let sockets = pair.server.run(diag::open_sockets).expect("sock_diag");
     let listed = candidates(&sockets, &[port].into_iter().collect());
     assert_eq!(listed.len(), 2, "{sockets:?}");
+    // tcp_info and the unread bytes tell the busy one from the idle one.
+    assert_eq!(
+        listed
+            .iter()
+            .map(|(_, s)| s.busy)
+            .collect::<Vec<_>>()
+            .iter()
+            .sum::<u8>(),
+        1,
+        "{listed:?}"
+    );
     let closing_port = closing_client.local_addr().unwrap().port();
     let closing_cookie = listed
         .iter()
@@ -473,13 +597,23 @@ fn seeding_skips_a_connection_that_closed_after_the_listing() {
         [SEED_ENDED],
         "the closed connection: {results:?}"
     );
-    let counted = |s: &Shedder| s.inflight(SVC).expect("inflight").class.iter().sum::<u32>();
-    assert_eq!(counted(&shedder), 1, "only the open connection is counted");
+    let counted = |s: &Shedder| {
+        let i = s.inflight(SVC).expect("inflight");
+        (
+            i.connections.iter().sum::<u32>(),
+            i.class.iter().sum::<u32>(),
+        )
+    };
+    assert_eq!(
+        counted(&shedder),
+        (1, 1),
+        "only the open connection is counted, as busy"
+    );
     // And it ends as any other.
     drop(open_server);
     drop(open_client);
     let deadline = Instant::now() + Duration::from_secs(3);
-    while counted(&shedder) != 0 {
+    while counted(&shedder) != (0, 0) {
         assert!(
             Instant::now() < deadline,
             "the seeded connection's end was not counted"

@@ -115,6 +115,12 @@ pub struct ServiceState {
     pub fallback_limit: u32,
     pub min_limit: u32,
     pub max_limit: u32,
+    /// Established connections (busy or idle) the service may hold.
+    #[serde(default)]
+    pub max_connections: u32,
+    /// `enforce` or `dry-run`.
+    #[serde(default)]
+    pub enforcement: String,
     /// Fleet mode: this node's ceiling for the service (its share of `global_limit`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet_ceiling: Option<u32>,

@@ -86,6 +86,12 @@ pub fn max_limit() -> u32 {
 pub fn fallback_limit() -> u32 {
     256
 }
+/// A quarter of the connections the node tracks: room for the keep-alive pools of a load
+/// balancer's clients (browsers hold about six a site, upstream proxies hundreds), and for
+/// four services at their ceiling at once.
+pub fn max_connections() -> u32 {
+    shedder_common::DEFAULT_TRACKED_SOCKETS / 4
+}
 pub fn fleet_prefix() -> String {
     "/shedder".into()
 }

@@ -102,6 +102,11 @@ pub struct Service {
     /// Limit in force when the daemon's heartbeat is stale.
     #[serde(default = "defaults::fallback_limit")]
     pub fallback_limit: u32,
+    /// Established connections, busy or idle, the service may hold; an attempt beyond is
+    /// refused in every class (`connections`). A safety bound on what idle keep-alive pools
+    /// may pin, not the controller's variable (that is work in flight: see `max_limit`).
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: u32,
     /// The limit of the `fixed` controller (default: fallback_limit).
     pub fixed_limit: Option<u32>,
     /// Expected request rate; when set, the hard ceiling is also bounded by Little's law:

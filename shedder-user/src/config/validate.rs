@@ -571,6 +571,27 @@ impl Config {
                     format!("{} is below min_limit ({})", s.max_limit, s.min_limit),
                 ));
             }
+            if s.max_connections > shedder_common::DEFAULT_TRACKED_SOCKETS {
+                return Err(err(
+                    field("max_connections"),
+                    format!(
+                        "{} is above the {} connections the node tracks",
+                        s.max_connections,
+                        shedder_common::DEFAULT_TRACKED_SOCKETS
+                    ),
+                ));
+            }
+            if s.max_connections < s.max_limit.min(shedder_common::DEFAULT_TRACKED_SOCKETS) {
+                return Err(err(
+                    field("max_connections"),
+                    format!(
+                        "{} is below max_limit ({}): every request in service holds a \
+                         connection, so the ceiling on connections must be at least the limit \
+                         on work",
+                        s.max_connections, s.max_limit
+                    ),
+                ));
+            }
             if s.fallback_limit < s.min_limit || s.fallback_limit > s.max_limit {
                 return Err(err(
                     field("fallback_limit"),

@@ -336,6 +336,12 @@ impl ServiceControl {
             fallback_limit: self.limiter.service(&self.cfg).fallback_limit,
             min_limit: self.cfg.min_limit,
             max_limit: self.cfg.max_limit,
+            max_connections: self.cfg.max_connections,
+            enforcement: match self.cfg.mode {
+                crate::config::Mode::Enforce => "enforce",
+                crate::config::Mode::DryRun => "dry-run",
+            }
+            .into(),
             fleet_ceiling: self.limiter.cap().map(|c| c.ceiling),
             target_latency_ms: self.cfg.target_latency_ms,
             override_limit: self.override_in_force().map(|o| OverrideState {
@@ -407,6 +413,7 @@ impl ServiceControl {
 /// started.
 pub fn observation(sig: &Signals, now: Duration) -> Observation {
     let (age, latency) = (sig.queue_age.ok(), sig.latency.ok());
+    let waiting = sig.waiting.ok();
     let inflight = sig.inflight.ok();
     let fresh = age.is_some() && latency.is_some() && inflight.is_some();
     let occupancy = inflight.map_or(0, |i| i.iter().sum::<u32>())
@@ -433,9 +440,12 @@ pub fn observation(sig: &Signals, now: Duration) -> Observation {
         queue_age_p99_ms: age.and_then(|q| q.p99_ms).unwrap_or(0.0),
         latency_p50_ms: latency.and_then(|q| q.p50_ms).unwrap_or(0.0),
         latency_p99_ms: latency.and_then(|q| q.p99_ms).unwrap_or(0.0),
+        waiting_p50_ms: waiting.and_then(|w| w.p50_ms).unwrap_or(0.0),
+        waiting_p90_ms: waiting.and_then(|w| w.p90_ms).unwrap_or(0.0),
         samples: age
             .map_or(0, |q| q.samples)
-            .max(latency.map_or(0, |q| q.samples)),
+            .max(latency.map_or(0, |q| q.samples))
+            .max(waiting.map_or(0, |w| w.requests)),
         occupancy,
         overflows,
         datagram,
@@ -598,6 +608,8 @@ mod tests {
             queue_age_p99_ms: 2.0,
             latency_p50_ms: 5.0,
             latency_p99_ms: 10.0,
+            waiting_p50_ms: 3.0,
+            waiting_p90_ms: 8.0,
             samples: 100,
             occupancy: limit,
             overflows: Some(0),

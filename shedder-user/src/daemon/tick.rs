@@ -106,8 +106,14 @@ impl Daemon {
                             .saturating_add(waiting[c])
                             .saturating_add(unproven[c])
                     });
-                    self.shedder
-                        .set_inflight(id as u32, &Inflight { class, unproven })
+                    self.shedder.set_inflight(
+                        id as u32,
+                        &Inflight {
+                            class,
+                            unproven,
+                            ..Inflight::default()
+                        },
+                    )
                 });
             if let Err(e) = counted {
                 warn!(service = %s.name, error = %e, "counting the QUIC service's open flows");

@@ -123,14 +123,17 @@ pub(super) fn check_tracepoints(tracefs_mounted: bool) -> Check {
         Ok(missing) => match crate::kernel::missing_tracepoints_note(&missing) {
             None => Check::ok(
                 NAME,
-                "sock:inet_sock_set_state, sock_recv_length, sock_send_length have the layout shedder reads",
+                "sock:inet_sock_set_state, sock_recv_length, sock_send_length, sk_data_ready have the layout shedder reads",
             ),
             Some(note) => Check::warn(
                 NAME,
                 note,
                 format!(
-                    "for latency-driven limits run Linux ≥ {}",
-                    shedder_common::programs::LATENCY_TRACEPOINTS_SINCE
+                    "for latency-driven limits run Linux ≥ {}; to count requests rather than \
+                     connections (idle keep-alive connections left out, and the age of \
+                     requests in service measured), Linux ≥ {}",
+                    shedder_common::programs::LATENCY_TRACEPOINTS_SINCE,
+                    shedder_common::programs::DATA_TRACEPOINT_SINCE
                 ),
             ),
         },

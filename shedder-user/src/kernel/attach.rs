@@ -185,6 +185,14 @@ impl Shedder {
     pub fn attach_tracking(&mut self) -> Result<Vec<&'static str>> {
         crate::kernel::sysfs::ensure_tracefs().map_err(|e| Error::Tracing(e.to_string()))?;
         let missing = check_tracepoint_formats().map_err(Error::Tracing)?;
+        // Before a connection is born under the tracepoints: what counts as its work.
+        let mut globals = super::MapReader::globals(self)?;
+        globals.work_source = if missing.contains(&super::tracepoints::DATA_EVENT) {
+            shedder_common::WORK_FROM_CONNECTIONS
+        } else {
+            shedder_common::WORK_FROM_DATA
+        };
+        self.set_globals(&globals)?;
         for (program, category, name) in programs::TRACEPOINTS {
             if missing.contains(&name) {
                 continue;

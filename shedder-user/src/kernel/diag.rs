@@ -57,6 +57,26 @@ pub struct TcpSocket {
     pub state: u8,
     /// The socket cookie (`bpf_get_socket_cookie`'s value for the same socket).
     pub cookie: u64,
+    /// Bytes received and not yet read by the application.
+    pub unread: u32,
+    /// `tcp_info`'s milliseconds since data was last received and last sent (`None`
+    /// when the kernel sent no `tcp_info`).
+    pub since_data: Option<(u32, u32)>,
+}
+
+impl TcpSocket {
+    /// Whether it holds a request not yet answered, as `shedder_common::work` counts one:
+    /// bytes not yet read, or data received after the last data it sent. Its age (ms) if
+    /// it does. A connection whose request came in the same millisecond tick as its last
+    /// answer, and was read at once, is taken for idle (the times do not tell them apart).
+    pub fn busy_for_ms(&self) -> Option<u32> {
+        match self.since_data {
+            Some((recv, sent)) if recv < sent => Some(recv),
+            Some((recv, _)) if self.unread > 0 => Some(recv),
+            None if self.unread > 0 => Some(0),
+            _ => None,
+        }
+    }
 }
 
 pub const TCP_ESTABLISHED: u8 = 1;
@@ -70,9 +90,17 @@ pub fn open_sockets() -> io::Result<Vec<TcpSocket>> {
     dump(
         IPPROTO_TCP,
         StateFlags::LISTEN | StateFlags::ESTABLISHED | StateFlags::CLOSE_WAIT,
-        ExtensionFlags::empty(),
+        ExtensionFlags::INFO,
         |r| {
             let h = &r.header;
+            let field = |b: &[u8], at: usize| {
+                b.get(at..at + 4)
+                    .map(|v| u32::from_ne_bytes(v.try_into().expect("4 bytes")))
+            };
+            let since_data = r.nlas.iter().find_map(|n| match n {
+                Nla::TcpInfo(b) => field(b, TCPI_LAST_DATA_RECV).zip(field(b, TCPI_LAST_DATA_SENT)),
+                _ => None,
+            });
             let id = &h.socket_id;
             // The kernel writes the cookie as two native-endian 32-bit halves, low first.
             let half = |o: usize| {
@@ -87,6 +115,8 @@ pub fn open_sockets() -> io::Result<Vec<TcpSocket>> {
                 remote_port: id.destination_port,
                 state: h.state,
                 cookie: half(0) | half(4) << 32,
+                unread: h.recv_queue,
+                since_data,
             })
         },
     )?;
@@ -98,6 +128,11 @@ pub fn open_sockets() -> io::Result<Vec<TcpSocket>> {
 /// `tcpi_rcv_ssthresh`. The struct only grows at its end, so the offset holds on every
 /// kernel since 2.6.
 const TCPI_RTT: usize = 68;
+/// Offsets of `tcpi_last_data_sent` and `tcpi_last_data_recv` (ms since) in `struct
+/// tcp_info`: the first and third of its times, after the 8 bytes of states and flags and
+/// nine 32-bit counters.
+const TCPI_LAST_DATA_SENT: usize = 44;
+const TCPI_LAST_DATA_RECV: usize = 52;
 
 /// The smoothed round-trip times (µs) of the established TCP connections whose local port
 /// is one of `ports`, at most `limit` of them (a sample, in the kernel's order). On a

@@ -307,6 +307,19 @@ pub trait MapReader {
         Ok(shedder_common::flow::alive(&ring, state, now, window))
     }
 
+    /// The requests in service of a service by age, and the clock they were read at (see
+    /// [`shedder_common::work`]): each CPU's ring read in one lookup, and CLOCK_MONOTONIC
+    /// (the clock of `bpf_ktime_get_ns`) read right after.
+    fn work(&self, service: u32) -> Result<crate::signals::WorkTally> {
+        check_service(service)?;
+        let m: PerCpuArray<&MapData, shedder_common::work::Ring> =
+            PerCpuArray::try_from(self.map_named(maps::WORK)?).map_err(map_err(maps::WORK))?;
+        let rings = m.get(&service, 0).map_err(map_err(maps::WORK))?;
+        let now_ns = crate::signals::monotonic_ns();
+        let slots = shedder_common::work::tally(rings.iter(), shedder_common::work::epoch(now_ns));
+        Ok(crate::signals::WorkTally { slots, now_ns })
+    }
+
     /// The service's per-class fair-share and retry-budget counts of its last two epochs.
     fn fairness(&self, service: u32) -> Result<shedder_common::fair::Fairness> {
         check_service(service)?;
@@ -489,6 +502,8 @@ impl Shedder {
         let current = self.globals()?;
         globals.heartbeat_jiffies = current.heartbeat_jiffies;
         globals.generation = current.generation.wrapping_add(1);
+        // Chosen when the tracepoints are attached, by what this kernel has.
+        globals.work_source = current.work_source;
         // The attempt tables' hash seed: kept while the maps live (a reload or a restart
         // that adopts pinned maps keeps what the tables remember), drawn at random when
         // the maps are new.

@@ -150,6 +150,8 @@ pub fn service_policy(
             0
         },
         retry_budget_min: s.retry_budget_min,
+        max_connections: s.max_connections,
+        _pad: 0,
     }
 }
 
@@ -278,6 +280,9 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
                 reply_burst_ns(cfg.daemon.max_replies_proven_per_s),
                 reply_burst_ns(cfg.daemon.max_replies_unproven_per_s),
             ],
+            // Chosen when the tracepoints are attached (`Shedder::attach_tracking`).
+            work_source: shedder_common::WORK_FROM_CONNECTIONS,
+            _pad: 0,
         },
         decap: cfg.daemon.decapsulate.entries(),
     }

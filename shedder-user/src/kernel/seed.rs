@@ -162,7 +162,9 @@ pub fn candidates(sockets: &[TcpSocket], protected: &BTreeSet<u16>) -> Vec<(u64,
                     local_port: s.local_port,
                     remote_port: s.remote_port,
                     v6,
-                    _pad: [0; 3],
+                    busy: u8::from(s.busy_for_ms().is_some()),
+                    _pad: [0; 2],
+                    busy_ms: s.busy_for_ms().unwrap_or(0),
                 },
             )
         })
@@ -409,6 +411,8 @@ mod tests {
             remote_port: rport,
             state,
             cookie,
+            unread: 0,
+            since_data: None,
         }
     }
 

@@ -10,10 +10,11 @@ pub fn check_tracepoint_formats() -> Result<Vec<&'static str>, String> {
     use shedder_common::tp;
     /// (field, offset, size) as in `shedder_common::tp`.
     type Layout = [(&'static str, usize, usize)];
-    let checks: [(&str, &Layout); 3] = [
+    let checks: [(&str, &Layout); 4] = [
         ("inet_sock_set_state", &tp::state::FIELDS),
         ("sock_recv_length", &tp::length::FIELDS),
         ("sock_send_length", &tp::length::FIELDS),
+        ("sk_data_ready", &tp::data::FIELDS),
     ];
     let mut missing = Vec::new();
     for (event, fields) in checks {
@@ -57,23 +58,40 @@ pub fn check_tracepoint_formats() -> Result<Vec<&'static str>, String> {
 
 /// What is lost without the optional tracepoints in `missing` (empty: nothing).
 pub fn missing_tracepoints_note(missing: &[&str]) -> Option<String> {
-    if missing.is_empty() {
-        return None;
+    let latency: Vec<String> = missing
+        .iter()
+        .filter(|t| **t != DATA_EVENT)
+        .map(|t| format!("sock:{t}"))
+        .collect();
+    let mut notes = Vec::new();
+    if !latency.is_empty() {
+        notes.push(format!(
+            "this kernel has no {} (Linux {} and later have them): in-flight connections are \
+             counted, but accept-queue age and response latency are not measured, so the aimd \
+             and gradient2 controllers have no latency signal and hold each service at its \
+             fallback_limit; use controller = \"fixed\" to choose the limit, or a kernel ≥ {}",
+            latency.join(" or "),
+            programs::LATENCY_TRACEPOINTS_SINCE,
+            programs::LATENCY_TRACEPOINTS_SINCE,
+        ));
     }
-    Some(format!(
-        "this kernel has no {} (Linux {} and later have them): in-flight connections are \
-         counted, but accept-queue age and response latency are not measured, so the aimd and \
-         gradient2 controllers have no latency signal and hold each service at its \
-         fallback_limit; use controller = \"fixed\" to choose the limit, or a kernel ≥ {}",
-        missing
-            .iter()
-            .map(|t| format!("sock:{t}"))
-            .collect::<Vec<_>>()
-            .join(" or "),
-        programs::LATENCY_TRACEPOINTS_SINCE,
-        programs::LATENCY_TRACEPOINTS_SINCE,
-    ))
+    if missing.contains(&DATA_EVENT) {
+        notes.push(format!(
+            "this kernel has no sock:{DATA_EVENT} (Linux {} and later have it): every \
+             established connection counts as work in flight, idle keep-alive connections \
+             included, so a pool of idle connections fills the limit; and the age of requests \
+             still in service is not measured (only completed ones), so a service whose answers \
+             stop is seen only as they complete; set max_limit above the idle connections a \
+             service holds, or run a kernel ≥ {}",
+            programs::DATA_TRACEPOINT_SINCE,
+            programs::DATA_TRACEPOINT_SINCE,
+        ));
+    }
+    (!notes.is_empty()).then(|| notes.join("; "))
 }
+
+/// The tracepoint that tells when a request arrives (see `shedder_common::work`).
+pub const DATA_EVENT: &str = "sk_data_ready";
 
 /// `(name, offset, size)` of each field line of a tracefs `format` file.
 pub(super) fn parse_format(text: &str) -> Vec<(String, usize, usize)> {

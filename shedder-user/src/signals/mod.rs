@@ -14,6 +14,8 @@ pub mod snmp;
 
 mod reader;
 mod reading;
+mod waiting;
 
 pub use reader::{Cumulative, SignalReader};
 pub use reading::*;
+pub use waiting::{Waiting, WorkTally, monotonic_ns, span_ms};

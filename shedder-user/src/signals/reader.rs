@@ -19,7 +19,7 @@ use crate::{
 use super::{
     AcceptQueue, ClassRates, ClassSources, Overflows, PressureWindow, Pressures, Quantiles,
     Reading, RetryWindow, ServiceSpec, Signals, ThrottlingWindow, UdpQueue, Unproven,
-    UnprovenRates, netstat, psi, retry_ratio, snmp,
+    UnprovenRates, Waiting, netstat, psi, retry_ratio, snmp,
 };
 
 /// A source whose last good value is remembered for `STALE_FOR` after a failure.
@@ -83,6 +83,8 @@ struct Shared {
     udp: Result<Vec<diag::UdpSocket>, String>,
     /// The fair-share epoch and the hold slot of the kernel's clock.
     epoch: Result<(u64, u64), String>,
+    /// What the tracking programs count as work (`Globals::work_source`).
+    work_source: Result<u32, String>,
 }
 
 /// Turns cumulative kernel state into per-tick [`Signals`].
@@ -148,13 +150,15 @@ impl SignalReader {
         };
         let listen = self.listen_window(elapsed);
         self.udp_errors = snmp::read().ok();
+        let globals = shedder.globals().map_err(|e| e.to_string());
         let shared = Shared {
             listeners,
             udp,
-            epoch: shedder
-                .globals()
+            epoch: globals
+                .as_ref()
                 .map(|g| (g.epoch(g.clock_jiffies), g.hold_slot(g.clock_jiffies)))
-                .map_err(|e| e.to_string()),
+                .map_err(Clone::clone),
+            work_source: globals.map(|g| g.work_source),
         };
         let window_ticks = self.window_ticks;
         self.services
@@ -250,16 +254,29 @@ impl ServiceReader {
             listeners,
             udp,
             epoch,
+            work_source,
         } = shared;
         let id = self.spec.id;
         let (queue_age, latency, window_ms) = self.histograms(shedder, elapsed, window_ticks);
-        let inflight = self.inflight.update(
-            now,
-            shedder
-                .inflight(id)
-                .map(|i| i.class)
-                .map_err(|e| e.to_string()),
-        );
+        let read = shedder.inflight(id).map_err(|e| e.to_string());
+        let inflight = self
+            .inflight
+            .update(now, read.as_ref().map(|i| i.class).map_err(Clone::clone));
+        let (connections, waiting) = match self.spec.protocol {
+            Protocol::Tcp => (
+                match read {
+                    Ok(i) => Reading::Ok {
+                        value: i.connections,
+                    },
+                    Err(e) => Reading::missing(e),
+                },
+                self.waiting(shedder, work_source),
+            ),
+            Protocol::Quic => (
+                Reading::missing("a QUIC service: see inflight"),
+                Reading::missing("a QUIC service: its answers are not seen (see queue_age)"),
+            ),
+        };
         let held = match (shedder.pending(id), epoch) {
             (Ok(p), Ok((_, hold))) => Ok(p
                 .count(*hold)
@@ -316,6 +333,8 @@ impl ServiceReader {
             queue_age,
             latency,
             inflight,
+            connections,
+            waiting,
             pending,
             unproven,
             rates,
@@ -361,6 +380,27 @@ impl ServiceReader {
             sockets: mine.len() as u32,
             drops,
         })
+    }
+
+    /// The ages of the requests in service, when the kernel tells a request from an idle
+    /// connection (`sock:sk_data_ready`); without it a connection's age is not a request's.
+    fn waiting(
+        &self,
+        shedder: &impl MapReader,
+        work_source: &Result<u32, String>,
+    ) -> Reading<Waiting> {
+        match work_source {
+            Ok(shedder_common::WORK_FROM_DATA) => match shedder.work(self.spec.id) {
+                Ok(t) => Reading::Ok { value: t.waiting() },
+                Err(e) => Reading::missing(format!("requests in service: {e}")),
+            },
+            Ok(_) => Reading::missing(format!(
+                "this kernel has no sock:sk_data_ready (Linux {}): every established connection \
+                 counts as work, and the age of requests in service is not measured",
+                shedder_common::programs::DATA_TRACEPOINT_SINCE
+            )),
+            Err(e) => Reading::missing(e.clone()),
+        }
     }
 
     fn histograms(

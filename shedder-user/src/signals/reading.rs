@@ -6,6 +6,7 @@ use std::{net::IpAddr, path::PathBuf};
 use serde::{Deserialize, Serialize};
 use shedder_common::NUM_CLASSES;
 
+use super::Waiting;
 use crate::config::Protocol;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -262,8 +263,16 @@ pub struct Signals {
     pub queue_age: Reading<Quantiles>,
     /// A read → the next write.
     pub latency: Reading<Quantiles>,
-    /// Established connections per class (kernel count).
+    /// Work in flight per class (kernel count): connections holding a request not yet
+    /// answered (see `shedder_common::work`), or every established connection on a kernel
+    /// without `sock:sk_data_ready` (`waiting` says which).
     pub inflight: Reading<[u32; NUM_CLASSES]>,
+    /// Established connections per class, busy or idle: what `max_connections` bounds.
+    #[serde(default = "connections_missing")]
+    pub connections: Reading<[u32; NUM_CLASSES]>,
+    /// The requests in service now and how long they have waited so far.
+    #[serde(default = "waiting_missing")]
+    pub waiting: Reading<Waiting>,
     /// Admitted proven attempts not yet established, per class.
     pub pending: Reading<[u32; NUM_CLASSES]>,
     /// Attempts from sources without standing: what they did and what they hold.
@@ -282,6 +291,14 @@ pub struct Signals {
     /// Per class: active sources and the retry budget's use.
     #[serde(default = "sources_missing")]
     pub sources: Reading<[ClassSources; NUM_CLASSES]>,
+}
+
+fn connections_missing() -> Reading<[u32; NUM_CLASSES]> {
+    Reading::missing("not reported by this daemon")
+}
+
+fn waiting_missing() -> Reading<Waiting> {
+    Reading::missing("not reported by this daemon")
 }
 
 fn unproven_missing() -> Reading<Unproven> {

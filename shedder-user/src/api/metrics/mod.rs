@@ -171,6 +171,47 @@ impl Collector for ShedderCollector {
             "shedder_fallback_limit",
             &per_service(&|s| Some(s.fallback_limit as f64)),
         )?;
+        type ServiceGauge = fn(&crate::api::state::ServiceState) -> Option<f64>;
+        for (name, f) in [
+            (
+                "shedder_min_limit",
+                (|s| Some(s.min_limit as f64)) as ServiceGauge,
+            ),
+            ("shedder_max_limit", |s| Some(s.max_limit as f64)),
+            ("shedder_target_latency_seconds", |s| {
+                Some(s.target_latency_ms as f64 / 1000.0)
+            }),
+            ("shedder_max_connections", |s| {
+                (s.protocol == "tcp").then_some(s.max_connections as f64)
+            }),
+            ("shedder_waiting_requests", |s| {
+                s.signals.waiting.value().map(|w| w.requests as f64)
+            }),
+            ("shedder_oldest_waiting_seconds", |s| {
+                let w = s.signals.waiting.value()?;
+                Some(w.oldest_ms.unwrap_or(0.0) / 1000.0)
+            }),
+        ] {
+            gauges(&mut encoder, name, &per_service(&f))?;
+        }
+        let mut enforcement = Vec::new();
+        let mut waiting = Vec::new();
+        for s in &st.services {
+            enforcement.push((
+                vec![("service", s.name.clone()), ("mode", s.enforcement.clone())],
+                1.0,
+            ));
+            if let Some(w) = s.signals.waiting.value() {
+                for (q, v) in [("0.5", w.p50_ms), ("0.9", w.p90_ms), ("0.99", w.p99_ms)] {
+                    waiting.push((
+                        vec![("service", s.name.clone()), ("quantile", q.to_string())],
+                        v.unwrap_or(0.0) / 1000.0,
+                    ));
+                }
+            }
+        }
+        gauges(&mut encoder, "shedder_enforcement", &enforcement)?;
+        gauges(&mut encoder, "shedder_waiting_age_seconds", &waiting)?;
         let per_class =
             |f: &dyn Fn(&crate::api::state::ServiceState, usize) -> Option<f64>| -> Vec<(Labels, f64)> {
                 let mut out = Vec::new();
@@ -205,6 +246,11 @@ impl Collector for ShedderCollector {
             &mut encoder,
             "shedder_inflight",
             &per_class(&|s, c| s.signals.inflight.value().map(|v| v[c] as f64)),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_connections",
+            &per_class(&|s, c| s.signals.connections.value().map(|v| v[c] as f64)),
         )?;
         gauges(
             &mut encoder,

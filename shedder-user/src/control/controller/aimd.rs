@@ -55,7 +55,7 @@ impl Controller for Aimd {
             .map_or(Duration::ZERO, |t| obs.now.saturating_sub(t));
         self.last_tick = Some(obs.now);
         let target_ms = self.guard.tuning.target.as_secs_f64() * 1000.0;
-        let delay = obs.queue_age_p99_ms + obs.latency_p99_ms;
+        let delay = obs.delay_ms();
         let overflowed = obs.overflows.is_some_and(|o| o > 0);
         let (action, signal, delay_ms, cut) = match self.guard.gate(obs) {
             // Overflows are counted by the kernel whether or not latency samples exist.
@@ -85,7 +85,7 @@ impl Controller for Aimd {
                     .cpu_pressure
                     .is_some_and(|p| p > self.guard.tuning.cpu_pressure_high);
                 if delay > 2.0 * target_ms && cooled {
-                    let factor = self.cut_factor();
+                    let factor = self.deep_cut(obs, target_ms).min(self.cut_factor());
                     self.cut(obs.now, factor);
                     (
                         Action::Decrease { factor },
@@ -151,6 +151,23 @@ impl Aimd {
         } else {
             0.8
         }
+    }
+
+    /// The cut when most requests wait far too long: while the median delay is over twice
+    /// the target, the factor that takes the limit to the concurrency the target supports
+    /// by Little's law (`occupancy × target / median delay`: if N requests in the service
+    /// take D each, N × T / D of them take T), never below a tenth a cut. The usual factors
+    /// answer a tail over the target (the p99); a median over twice the target is a queue
+    /// many times the service's concurrency, such as a start at the fallback limit into an
+    /// overload (256 where 20 is right), which cut by 0.5 and 0.8 a cooldown apart took
+    /// 20 s to drain. 1 (no deeper cut) otherwise.
+    fn deep_cut(&self, obs: &Observation, target_ms: f64) -> f64 {
+        let median = obs.median_delay_ms();
+        if median <= 2.0 * target_ms || self.limit <= 0.0 {
+            return 1.0;
+        }
+        let supported = obs.load(self.limit) * target_ms / median;
+        (supported / self.limit).clamp(0.1, 1.0)
     }
 
     /// Whether the window can judge the last cut. A sample is taken when an attempt is

@@ -15,7 +15,9 @@ use super::{
 /// (app-limited); the queue allowance may raise the limit only while the gradient is near 1
 /// (≥ 0.95) — below that it can soften a decrease but never turn it into an increase, so the
 /// limit cannot creep up under modest overload; no periodic min-RTT probing (the long-term
-/// delay is an average, decayed toward the current one when it is far above it).
+/// delay is an average, decayed toward the current one when it is far above it); no growth
+/// while the delay (the age of requests in service included) is over the service's target,
+/// since a gradient is relative and a backlog there from the start reads as steady.
 #[derive(Clone, Debug)]
 pub struct Gradient2 {
     bounds: Bounds,
@@ -69,7 +71,7 @@ impl Controller for Gradient2 {
             }
             Gate::Freeze => (Action::Freeze, Signal::NoData, None),
             Gate::Go => {
-                let short = obs.queue_age_p50_ms + obs.latency_p50_ms;
+                let short = obs.median_delay_ms();
                 let long = self.long_ms.get_or_insert(short);
                 *long += (short - *long) / self.long_window;
                 if *long / short.max(1e-3) > 2.0 {
@@ -82,7 +84,10 @@ impl Controller for Gradient2 {
                     .is_some_and(|p| p > self.guard.tuning.cpu_pressure_high);
                 let load = obs.load(self.limit).min(u32::MAX as f64) as u32;
                 let mut next = self.step(self.limit, long, short, load);
-                if pressured {
+                // A gradient is relative: a backlog present from the start (long = short)
+                // reads as healthy. Over the target the limit does not grow.
+                let over = obs.delay_ms() > self.guard.tuning.target.as_secs_f64() * 1000.0;
+                if pressured || over {
                     next = next.min(self.limit);
                 }
                 self.limit = next;
@@ -96,6 +101,7 @@ impl Controller for Gradient2 {
                     Action::Hold
                 };
                 let signal = match action {
+                    Action::Hold if over => delay_signal(obs),
                     Action::Hold if pressured => Signal::CpuPressure,
                     Action::Increase | Action::Decrease { .. } => delay_signal(obs),
                     _ => Signal::None,

@@ -7,12 +7,21 @@
 //! |---|---|---|
 //! | accept-queue age | primary pressure signal (time waiting is the earliest sign of overload) | part of the delay compared with the target |
 //! | response latency | health signal | the other part of the delay |
+//! | age of requests in service | pressure before anything completes (a stalled backend, a queue behind a proxy) | the delay when it is larger |
 //! | listen overflows (QUIC: the sockets' receive drops) | failure signal | an immediate multiplicative cut |
 //! | cgroup CPU pressure | secondary signal | blocks increases while high |
 //!
 //! The *delay* of a window is the p99 accept-queue age plus the p99 response latency (an
-//! upper bound on the p99 time a request spends in the service). AIMD compares it with the
-//! service's target; Gradient2 compares the median delay with its long-term average.
+//! upper bound on the p99 time a request spends in the service), or the p90 age of the
+//! requests still in service when that is larger. Completed requests alone say nothing of
+//! the ones that have not finished: when answers stop, or a proxy on the node holds its
+//! clients' requests while its backend queues them, no sample completes and the old ones
+//! look healthy, while the age of what waits grows by the tick. A request in service for
+//! 300 ms takes at least that long, so its age is a lower bound on its latency: never a
+//! false alarm for a service whose requests are short. (The p90 rather than the oldest:
+//! one long-poll or slow endpoint among a few requests does not make a service look
+//! overloaded.) AIMD compares the delay with the service's target; Gradient2 compares the
+//! median delay (the median age of what waits, when larger) with its long-term average.
 //!
 //! Every [`Decision`] names the signal that drove it. Samples come only from connections
 //! that were admitted (the kernel measures sockets, and a shed attempt never becomes one),
@@ -111,7 +120,11 @@ pub struct Observation {
     pub queue_age_p99_ms: f64,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
-    /// Latency observations in the window.
+    /// Ages of the requests in service now (`sock:sk_data_ready` kernels; 0 without).
+    pub waiting_p50_ms: f64,
+    pub waiting_p90_ms: f64,
+    /// Latency observations in the window, or the requests in service if more: either
+    /// is enough to judge the delay by.
     pub samples: u64,
     /// Connections occupying the service (established + admitted, not yet established).
     pub occupancy: u32,
@@ -130,6 +143,18 @@ pub struct Observation {
 }
 
 impl Observation {
+    /// The delay compared with the target: the completed requests' p99 (queue age plus
+    /// latency), or the p90 age of those still in service when larger.
+    pub fn delay_ms(&self) -> f64 {
+        (self.queue_age_p99_ms + self.latency_p99_ms).max(self.waiting_p90_ms)
+    }
+
+    /// The median delay: the completed requests' medians, or the median age of those in
+    /// service when larger.
+    pub fn median_delay_ms(&self) -> f64 {
+        (self.queue_age_p50_ms + self.latency_p50_ms).max(self.waiting_p50_ms)
+    }
+
     /// The occupancy the saturation guards compare with `limit`: while attempts are
     /// refused for pressure the limit is binding whatever the occupancy of the moment (a
     /// class split to its floors keeps the occupancy below the limit while the classes
@@ -149,6 +174,8 @@ impl Observation {
 pub enum Signal {
     QueueAge,
     Latency,
+    /// The age of requests in service.
+    Waiting,
     ListenOverflow,
     /// A QUIC service's sockets dropped datagrams (full receive buffers).
     ReceiveDrops,
@@ -169,6 +196,7 @@ impl Signal {
         match self {
             Self::QueueAge => "queue_age",
             Self::Latency => "latency",
+            Self::Waiting => "waiting",
             Self::ListenOverflow => "listen_overflow",
             Self::ReceiveDrops => "receive_drops",
             Self::CpuPressure => "cpu_pressure",

@@ -33,10 +33,13 @@ fn obs(t_ms: u64, delay_ms: f64, occupancy: u32) -> Observation {
     Observation {
         now: Duration::from_millis(t_ms),
         fresh: true,
-        queue_age_p50_ms: delay_ms / 2.0,
+        // The medians half the tail: most requests well inside it.
+        queue_age_p50_ms: delay_ms / 4.0,
         queue_age_p99_ms: delay_ms / 2.0,
-        latency_p50_ms: delay_ms / 2.0,
+        latency_p50_ms: delay_ms / 4.0,
         latency_p99_ms: delay_ms / 2.0,
+        waiting_p50_ms: 0.0,
+        waiting_p90_ms: 0.0,
         samples: 100,
         occupancy,
         overflows: Some(0),
@@ -152,12 +155,73 @@ fn aimd_first_cut_after_quiet_is_half_then_eighty_percent() {
 
 #[test]
 fn aimd_waits_out_a_long_delay_for_at_most_two_seconds_past_the_cooldown() {
+    // A long tail (the medians within the target): the usual factors.
+    let tail = |t_ms, occupancy| Observation {
+        queue_age_p50_ms: 10.0,
+        latency_p50_ms: 10.0,
+        ..obs(t_ms, 9000.0, occupancy)
+    };
     let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 200);
-    assert_eq!(c.update(&obs(0, 9000.0, 200)).limit, 100);
-    let d = c.update(&obs(2500, 9000.0, 100));
+    assert_eq!(c.update(&tail(0, 200)).limit, 100);
+    let d = c.update(&tail(2500, 100));
     assert_eq!((d.action, d.limit), (Action::Hold, 100));
-    let d = c.update(&obs(2600, 9000.0, 100));
+    let d = c.update(&tail(2600, 100));
     assert_eq!((d.action, d.limit), (Action::Decrease { factor: 0.8 }, 80));
+}
+
+#[test]
+fn aimd_cuts_to_what_littles_law_supports_when_most_requests_wait() {
+    // A start at 256 into an overload: 256 requests in the service, the median 600 ms
+    // against a 100 ms target. 256 × 100 / 600 ≈ 43 of them would take the target.
+    let mut c = Aimd::new(
+        Bounds::new(8, 1000, 256, None, TARGET),
+        Tuning::new(TARGET),
+        256,
+    );
+    let mut o = obs(0, 1200.0, 256);
+    o.queue_age_p50_ms = 300.0;
+    o.latency_p50_ms = 300.0;
+    let d = c.update(&o);
+    assert_eq!(d.limit, 43);
+    assert!(
+        matches!(d.action, Action::Decrease { factor } if (factor - 100.0 / 600.0).abs() < 1e-9)
+    );
+    // Never below a tenth a cut, however long the wait.
+    let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 500);
+    let mut o = obs(0, 20_000.0, 500);
+    o.queue_age_p50_ms = 10_000.0;
+    let d = c.update(&o);
+    assert_eq!(d.limit, 50);
+}
+
+#[test]
+fn requests_in_service_are_pressure_before_any_completes() {
+    // Answers stopped: no completed sample in the window, but 40 requests wait, the p90
+    // for 450 ms (target 100): one tick is enough to cut, and the signal says why.
+    let mut o = obs(0, 0.0, 40);
+    o.samples = 40;
+    (o.waiting_p50_ms, o.waiting_p90_ms) = (300.0, 450.0);
+    let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 50);
+    let d = c.update(&o);
+    assert_eq!(d.signal, Signal::Waiting);
+    assert_eq!(d.delay_ms, Some(450.0));
+    // Half of them have waited 300 ms: 40 × 100 / 300 ≈ 13 would meet the target.
+    assert_eq!(d.limit, 13);
+    // And a limit never grows while what waits is over the target, however healthy the
+    // completed requests look (a proxy on the node answers nothing while its backend
+    // queues).
+    let mut o = obs(0, 20.0, 50);
+    o.waiting_p90_ms = 150.0;
+    let mut c = Aimd::new(bounds(), Tuning::new(TARGET), 50);
+    let d = c.update(&o);
+    assert_ne!(d.action, Action::Increase);
+    assert_eq!(d.limit, 50);
+    let mut g = Gradient2::new(bounds(), Tuning::new(TARGET), 50);
+    for t in 0..20 {
+        let mut o = obs(t * 200, 20.0, 50);
+        (o.waiting_p50_ms, o.waiting_p90_ms) = (150.0, 300.0);
+        assert!(g.update(&o).limit <= 50);
+    }
 }
 
 #[test]
