@@ -193,4 +193,44 @@ impl Pair {
         client.ip(&["-6", "route", "add", "2001:db8::/32", "dev", IFACE]);
         Self { client, server }
     }
+
+    /// A third namespace behind the server, as a backend on another host is behind a
+    /// load-balancer node: `upstream` (`198.19.0.2/24`) joined to the server's `veth1`
+    /// (`198.19.0.1/24`). Deleted on drop, with its link.
+    pub fn upstream(&self, tag: &str) -> Netns {
+        let upstream = Netns::new(&format!("{tag}u"));
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let (a, b) = (
+            format!("shu{}x{n}", std::process::id() % 100_000),
+            format!("shv{}x{n}", std::process::id() % 100_000),
+        );
+        sh(&[
+            "ip",
+            "link",
+            "add",
+            &a,
+            "netns",
+            &self.server.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &b,
+            "netns",
+            &upstream.name,
+        ]);
+        self.server.ip(&["link", "set", &a, "name", UPSTREAM_IFACE]);
+        upstream.ip(&["link", "set", &b, "name", UPSTREAM_IFACE]);
+        self.server
+            .ip(&["addr", "add", "198.19.0.1/24", "dev", UPSTREAM_IFACE]);
+        upstream.ip(&["addr", "add", "198.19.0.2/24", "dev", UPSTREAM_IFACE]);
+        self.server.ip(&["link", "set", UPSTREAM_IFACE, "up"]);
+        upstream.ip(&["link", "set", UPSTREAM_IFACE, "up"]);
+        upstream
+    }
 }
+
+/// The server's interface towards [`Pair::upstream`], and the upstream's own.
+pub const UPSTREAM_IFACE: &str = "veth1";
+/// The upstream namespace's address.
+pub const UPSTREAM_V4: std::net::Ipv4Addr = std::net::Ipv4Addr::new(198, 19, 0, 2);

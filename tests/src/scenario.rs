@@ -227,7 +227,8 @@ pub struct LimitSampler {
 }
 
 impl LimitSampler {
-    fn start(pins: &Path, every: Duration) -> Self {
+    /// Sample service 0's limit in the maps pinned under `pins`.
+    pub fn start(pins: &Path, every: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::new()));
         let pins = pins.to_path_buf();

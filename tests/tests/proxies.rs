@@ -1,0 +1,224 @@
+//! A proxy on the node, its backend on another host: haproxy in the server namespace in TCP
+//! mode, the lab's backend of known capacity (4 workers × 20 ms) in a third namespace behind
+//! it, and the real daemon protecting haproxy's port. haproxy accepts every connection at
+//! once and queues its requests for the backend's four connections, so the node's accept
+//! queue stays empty and no answer completes while they wait: only the age of the requests
+//! in service tells the controller (see `shedder_common::work`).
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use shedder_tests::{
+    daemon::Daemon,
+    load::{Backend, BackendConfig, LoadGen, Window, measure_capacity, prepare_client_namespace},
+    netns::{IFACE, Netns, Pair, UPSTREAM_V4},
+    peers::{Haproxy, HaproxyConfig},
+    policy::{CLIENT_V4, SERVER_V4},
+    require_root,
+    scenario::{LimitSampler, MIX, limits_between},
+};
+
+const BACKEND_PORT: u16 = 8300;
+const PROXY_PORT: u16 = 8301;
+const DEADLINE: Duration = Duration::from_secs(1);
+const TARGET_MS: u64 = 100;
+
+/// These tests measure latency on two CPUs: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn p99_ms(w: &Window) -> f64 {
+    w.all
+        .p99()
+        .map_or(f64::INFINITY, |d| d.as_secs_f64() * 1000.0)
+}
+
+/// The node: namespaces, the backend upstream, haproxy in front of it, the capacity
+/// measured through haproxy.
+struct Node {
+    pair: Pair,
+    _upstream: Netns,
+    _backend: Backend,
+    _haproxy: Haproxy,
+    capacity: f64,
+    pins: PathBuf,
+    tag: String,
+}
+
+impl Node {
+    fn new(tag: &str) -> Self {
+        require_root();
+        shedder_tests::ensure_fs();
+        let pair = Pair::new(tag);
+        prepare_client_namespace(&pair.client);
+        let upstream = pair.upstream(tag);
+        let backend = Backend::start_in(
+            &upstream,
+            BackendConfig::new(BACKEND_PORT, 4, Duration::from_millis(20)),
+        );
+        let haproxy = Haproxy::start(
+            &pair.server,
+            &HaproxyConfig {
+                listen_port: PROXY_PORT,
+                backend: SocketAddr::new(IpAddr::V4(UPSTREAM_V4), BACKEND_PORT),
+                // One connection per backend worker: the rest wait in haproxy's queue.
+                server_maxconn: 4,
+                frontend_maxconn: 5000,
+                timeout_queue: Duration::from_secs(5),
+            },
+        );
+        let capacity = pair
+            .client
+            .run(|| {
+                measure_capacity(
+                    SocketAddr::new(IpAddr::V4(SERVER_V4), PROXY_PORT),
+                    IpAddr::V4(CLIENT_V4),
+                    8,
+                    Duration::from_secs(2),
+                )
+            })
+            .rps;
+        Self {
+            pair,
+            _upstream: upstream,
+            _backend: backend,
+            _haproxy: haproxy,
+            capacity,
+            pins: PathBuf::from(format!(
+                "/sys/fs/bpf/shedder-proxy-{}-{tag}",
+                std::process::id()
+            )),
+            tag: tag.to_string(),
+        }
+    }
+
+    /// The daemon protecting haproxy's port with the documented default limits, or a
+    /// starting limit of `fallback`.
+    fn protect(&self, fallback: Option<u32>) -> Daemon {
+        let limits = fallback.map_or(String::new(), |f| format!("fallback_limit = {f}\n"));
+        let config = format!(
+            r#"
+[daemon]
+interfaces = ["{IFACE}"]
+pin_dir = "{pins}"
+
+[classes]
+critical  = {{ sources = ["198.18.10.0/25"], ceiling = 0.05 }}
+high      = {{ sources = ["198.18.20.0/24"], floor = 0.6 }}
+medium    = {{ floor = 0.05 }}
+sheddable = {{ sources = ["198.18.99.0/24", "198.18.10.128/25"], floor = 0.0 }}
+
+[[service]]
+name = "proxy"
+ports = [{PROXY_PORT}]
+target_latency_ms = {TARGET_MS}
+{limits}"#,
+            pins = self.pins.display(),
+        );
+        let d = Daemon::start(&self.pair.server, &self.tag, &config, &self.pins);
+        d.wait_for_log("running", Duration::from_secs(15));
+        d
+    }
+
+    fn load(&self) -> LoadGen {
+        let target = SocketAddr::new(IpAddr::V4(SERVER_V4), PROXY_PORT);
+        MIX.iter()
+            .fold(LoadGen::new(target), |g, (label, src, f)| {
+                g.class(label, IpAddr::V4(*src), *f)
+            })
+            .deadline(DEADLINE)
+    }
+}
+
+/// From the documented defaults (a starting limit of 256), 3× the backend's capacity
+/// through haproxy: the limit comes down to its steady range within 3 s, and the p99 of
+/// the successes after the first 5 s is within 1.5× the target.
+#[test]
+fn haproxy_on_the_node_from_the_defaults_at_3x() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let node = Node::new("px3");
+    let rate = 3.0 * node.capacity;
+    eprintln!(
+        "capacity through haproxy {:.0}/s, offering {rate:.0}/s",
+        node.capacity
+    );
+    let mut daemon = node.protect(None);
+    let sampler = LimitSampler::start(&node.pins, Duration::from_millis(100));
+    let report = node
+        .load()
+        .phase(Duration::from_secs(16), rate)
+        .run_in(&node.pair.client, |_| {});
+    let limits = sampler.finish();
+    daemon.terminate();
+    eprintln!("{}", report.table());
+    let steady = limits_between(&limits, 8.0, 16.0);
+    let (lo, hi) = (
+        *steady.iter().min().expect("limits sampled"),
+        *steady.iter().max().expect("limits sampled"),
+    );
+    // The steady range, with a quarter's tolerance either way.
+    let (lo, hi) = (
+        (lo as f64 / 1.25).floor() as u32,
+        (hi as f64 * 1.25).ceil() as u32,
+    );
+    let after3 = limits_between(&limits, 3.0, 16.0);
+    let first = limits_between(&limits, 0.0, 3.0);
+    eprintln!("limits in the first 3 s: {first:?}");
+    eprintln!("from 3 s: {after3:?}; steady range {lo}..={hi}");
+    assert!(
+        after3.iter().all(|l| (lo..=hi).contains(l)),
+        "the limit is not in its steady range {lo}..={hi} from 3 s: {after3:?}"
+    );
+    let late = report.range(5..16);
+    let p99 = p99_ms(&late);
+    eprintln!(
+        "after 5 s: p99 {p99:.1} ms, goodput {:.0}/s",
+        late.goodput()
+    );
+    assert!(
+        p99 <= 1.5 * TARGET_MS as f64,
+        "p99 of successes after 5 s {p99:.1} ms > 1.5 × {TARGET_MS} ms"
+    );
+    assert!(
+        late.goodput() >= 0.8 * node.capacity,
+        "goodput {:.0}/s of {:.0}/s",
+        late.goodput(),
+        node.capacity
+    );
+}
+
+/// haproxy already holds a backlog when the daemon starts (at a limit of 20): haproxy
+/// accepts at once and no answer completes for seconds, so the accept queue is empty and
+/// the completed requests are few. The limit never rises while requests wait.
+#[test]
+fn a_backlog_behind_haproxy_at_start_never_raises_the_limit() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let node = Node::new("pxb");
+    let rate = 3.0 * node.capacity;
+    let started = Instant::now();
+    let (report, limits) = std::thread::scope(|s| {
+        let load = s.spawn(|| {
+            node.load()
+                .phase(Duration::from_secs(10), rate)
+                .run_in(&node.pair.client, |_| {})
+        });
+        // Three seconds of 3× unprotected: haproxy's queue holds seconds of work.
+        std::thread::sleep(Duration::from_secs(3).saturating_sub(started.elapsed()));
+        let mut daemon = node.protect(Some(20));
+        let sampler = LimitSampler::start(&node.pins, Duration::from_millis(100));
+        std::thread::sleep(Duration::from_secs(5));
+        let limits = sampler.finish();
+        daemon.terminate();
+        (load.join().expect("load"), limits)
+    });
+    eprintln!("{}", report.table());
+    eprintln!("limits after the start: {limits:?}");
+    assert!(!limits.is_empty(), "the limit was sampled");
+    let highest = limits.iter().map(|(_, l)| *l).max().unwrap();
+    assert!(
+        highest <= 20,
+        "the limit rose to {highest} while haproxy held a backlog: {limits:?}"
+    );
+}
