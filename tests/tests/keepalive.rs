@@ -5,7 +5,7 @@
 
 use std::{
     io::{Read, Write},
-    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream},
+    net::{IpAddr, Ipv4Addr, TcpStream},
     path::PathBuf,
     time::{Duration, Instant},
 };
