@@ -298,18 +298,27 @@ pub fn refused(pair: &Pair, port: u16, what: &str) {
     }
 }
 
-/// Open `n` connections to `port`, each admitted, and wait until the kernel counts them in
-/// flight.
+/// An admitted connection that sends a request the server holds unanswered (`h`, to a
+/// [`crate::tcp::TestServer::holding`] server): work in flight, as shedder counts it.
+pub fn busy(pair: &Pair, port: u16, what: &str) -> TcpStream {
+    let mut c = admitted(pair, port, what);
+    c.write_all(b"h")
+        .unwrap_or_else(|e| panic!("{what}: sending the request: {e}"));
+    c
+}
+
+/// Open `n` busy connections to `port` ([`busy`]), each admitted, and wait until the
+/// kernel counts them in flight.
 pub fn hold(pair: &Pair, pins: &Path, port: u16, n: u32) -> Vec<TcpStream> {
     let held = (0..n)
-        .map(|i| admitted(pair, port, &format!("connection {i} of {n}")))
+        .map(|i| busy(pair, port, &format!("connection {i} of {n}")))
         .collect();
     settle(pins, n);
     held
 }
 
-/// Wait until the kernel counts `n` connections in flight (connection teardown is
-/// asynchronous).
+/// Wait until the kernel counts `n` connections in flight (busy: a request not yet
+/// answered; connection teardown is asynchronous).
 pub fn settle(pin_dir: &Path, n: u32) {
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {

@@ -43,9 +43,9 @@ pub fn echo(mut conn: TcpStream) {
     }
 }
 
-/// Requests of one byte: `h` is held (read, and not answered) until `release` is set, any
-/// other byte is answered at once; each answer is 64 bytes (longer than a request, as in any
-/// real protocol). Ground truth for work in service: the held requests.
+/// Requests of one byte: `h` is held (read, and not answered) until `release` is set or the
+/// client closes, any other byte is answered at once; each answer is 64 bytes (longer than
+/// a request, as in any real protocol). Ground truth for work in service: the held requests.
 pub fn hold_until(release: Arc<AtomicBool>) -> impl Fn(TcpStream) + Send + Sync + Clone + 'static {
     move |mut conn: TcpStream| {
         let mut b = [0u8; 1];
@@ -53,12 +53,51 @@ pub fn hold_until(release: Arc<AtomicBool>) -> impl Fn(TcpStream) + Send + Sync 
             match conn.read(&mut b) {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
-                    while b[0] == b'h' && !release.load(Ordering::Relaxed) {
-                        thread::sleep(Duration::from_millis(2));
+                    if b[0] == b'h' && !held_until(&conn, &release) {
+                        break;
                     }
                     if conn.write_all(&[b[0]; 64]).is_err() {
                         break;
                     }
+                }
+            }
+        }
+    }
+}
+
+/// Wait until `release` is set (true) or the client closes (false).
+fn held_until(conn: &TcpStream, release: &AtomicBool) -> bool {
+    let mut peek = [0u8; 1];
+    while !release.load(Ordering::Relaxed) {
+        let mut pfd = libc::pollfd {
+            fd: conn.as_raw_fd(),
+            events: libc::POLLIN | libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, 5) };
+        if n > 0 && matches!(conn.peek(&mut peek), Ok(0) | Err(_)) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Echo everything until EOF, except a request of the one byte `h`, which is held
+/// unanswered until the client closes: a connection with work in service, as shedder
+/// counts it (see [`TestServer::holding`]).
+pub fn echo_or_hold(mut conn: TcpStream) {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(1) if buf[0] == b'h' => {
+                held_until(&conn, &AtomicBool::new(false));
+                break;
+            }
+            Ok(n) => {
+                if conn.write_all(&buf[..n]).is_err() {
+                    break;
                 }
             }
         }
@@ -88,6 +127,12 @@ impl TestServer {
     /// An echo server without accept delay. Call from a thread inside the server's namespace.
     pub fn echo(port: u16) -> Self {
         Self::start(port, Duration::ZERO, echo)
+    }
+
+    /// An echo server whose connections that begin with `h` hold that request until the
+    /// client closes ([`echo_or_hold`]). Call from a thread inside the server's namespace.
+    pub fn holding(port: u16) -> Self {
+        Self::start(port, Duration::ZERO, echo_or_hold)
     }
 
     /// Call from a thread inside the server's namespace.

@@ -10,7 +10,7 @@ use std::{
 use shedder::kernel::{MapReader, PinnedMaps};
 use shedder_common::STAT_FALLBACK;
 use shedder_tests::{
-    daemon::{Daemon, admitted, hold, pin_dir, refused, settle, web_config},
+    daemon::{Daemon, busy, hold, pin_dir, refused, settle, web_config},
     netns::{IFACE, Pair},
     policy::{CLIENT_V4, SERVER_V4},
     require_root,
@@ -41,7 +41,7 @@ fn killed_daemon_keeps_its_limits_until_the_heartbeat_times_out_then_falls_back(
     require_root();
     shedder_tests::ensure_fs();
     let pair = Pair::new("dkill");
-    let _server = pair.server.run(|| TestServer::echo(KILL_PORT));
+    let _server = pair.server.run(|| TestServer::holding(KILL_PORT));
     let pins = pin_dir("kill");
     let mut daemon = Daemon::start(&pair.server, "kill", &config(&pins, KILL_PORT, 1500), &pins);
     daemon.wait_for_log("running", Duration::from_secs(10));
@@ -57,7 +57,7 @@ fn killed_daemon_keeps_its_limits_until_the_heartbeat_times_out_then_falls_back(
     refused(&pair, KILL_PORT, "right after the kill");
     held.pop();
     settle(&pins, 3);
-    held.push(admitted(
+    held.push(busy(
         &pair,
         KILL_PORT,
         "after the kill, under the live limit",
@@ -76,7 +76,7 @@ fn killed_daemon_keeps_its_limits_until_the_heartbeat_times_out_then_falls_back(
     refused(&pair, KILL_PORT, "one in flight, fallback limit 1");
     held.clear();
     settle(&pins, 0);
-    let _one = admitted(&pair, KILL_PORT, "none in flight, fallback limit 1");
+    let _one = busy(&pair, KILL_PORT, "none in flight, fallback limit 1");
     refused(&pair, KILL_PORT, "second under the fallback limit 1");
     let s = PinnedMaps::open(&pins).expect("pinned maps");
     assert!(
@@ -94,7 +94,7 @@ fn restart_adopts_the_pinned_attachment_without_a_gap_and_sigterm_detaches() {
     require_root();
     shedder_tests::ensure_fs();
     let pair = Pair::new("drst");
-    let _server = pair.server.run(|| TestServer::echo(RESTART_PORT));
+    let _server = pair.server.run(|| TestServer::holding(RESTART_PORT));
     let pins = pin_dir("restart");
     let mut daemon = Daemon::start(
         &pair.server,
@@ -166,7 +166,7 @@ fn restart_adopts_the_pinned_attachment_without_a_gap_and_sigterm_detaches() {
     refused(&pair, RESTART_PORT, "after the restart, at the limit");
     held.pop();
     settle(&pins, 3);
-    held.push(admitted(
+    held.push(busy(
         &pair,
         RESTART_PORT,
         "after the restart, under the limit",
@@ -176,11 +176,7 @@ fn restart_adopts_the_pinned_attachment_without_a_gap_and_sigterm_detaches() {
     let status = daemon.terminate();
     assert!(status.success(), "exit status {status}\n{}", daemon.log());
     assert!(!pins.exists(), "pins removed");
-    held.push(admitted(
-        &pair,
-        RESTART_PORT,
-        "unprotected after the detach",
-    ));
+    held.push(busy(&pair, RESTART_PORT, "unprotected after the detach"));
 }
 
 #[test]
@@ -188,7 +184,7 @@ fn sighup_reload_applies_a_good_policy_and_keeps_it_when_the_next_is_bad() {
     require_root();
     shedder_tests::ensure_fs();
     let pair = Pair::new("dhup");
-    let _server = pair.server.run(|| TestServer::echo(HUP_PORT));
+    let _server = pair.server.run(|| TestServer::holding(HUP_PORT));
     let pins = pin_dir("hup");
     let cfg = config(&pins, HUP_PORT, 3000);
     let daemon = Daemon::start(&pair.server, "hup", &cfg, &pins);
@@ -199,8 +195,8 @@ fn sighup_reload_applies_a_good_policy_and_keeps_it_when_the_next_is_bad() {
     daemon.rewrite_config(&cfg.replace("fixed_limit = 4", "fixed_limit = 6"));
     daemon.hangup();
     daemon.wait_for_log("configuration reloaded", Duration::from_secs(5));
-    held.push(admitted(&pair, HUP_PORT, "fifth under the new limit of 6"));
-    held.push(admitted(&pair, HUP_PORT, "sixth under the new limit of 6"));
+    held.push(busy(&pair, HUP_PORT, "fifth under the new limit of 6"));
+    held.push(busy(&pair, HUP_PORT, "sixth under the new limit of 6"));
     settle(&pins, 6);
     refused(&pair, HUP_PORT, "at the new limit of 6");
 
@@ -216,7 +212,7 @@ fn sighup_reload_applies_a_good_policy_and_keeps_it_when_the_next_is_bad() {
     refused(&pair, HUP_PORT, "still the limit of 6");
     held.pop();
     settle(&pins, 5);
-    held.push(admitted(
+    held.push(busy(
         &pair,
         HUP_PORT,
         "under the limit of 6 after the refused reload",

@@ -11,7 +11,7 @@ use std::{
 };
 
 use shedder_tests::{
-    daemon::{Daemon, Launch, admitted, connect, hold, pin_dir, refused, settle, web_config},
+    daemon::{Daemon, Launch, busy, connect, hold, pin_dir, refused, settle, web_config},
     netns::{IFACE, Netns, Pair},
     policy::{CLIENT_V4, SERVER_V4},
     require_root,
@@ -100,7 +100,7 @@ fn all_reset(pair: &Pair, port: u16, n: usize, what: &str) {
 fn resets_reach_a_client_whose_veth_has_no_xdp_program() {
     require_root();
     let pair = Pair::new("hrst");
-    let _server = pair.server.run(|| TestServer::echo(RST_PORT));
+    let _server = pair.server.run(|| TestServer::holding(RST_PORT));
     let pins = pin_dir("hrst");
     let daemon = Daemon::start(
         &pair.server,
@@ -141,7 +141,7 @@ fn resets_reach_a_client_whose_veth_has_no_xdp_program() {
 fn native_resets_on_a_veth_are_refused_or_watched() {
     require_root();
     let pair = Pair::new("hnat");
-    let _server = pair.server.run(|| TestServer::echo(NATIVE_PORT));
+    let _server = pair.server.run(|| TestServer::holding(NATIVE_PORT));
     let pins = pin_dir("hnat");
     let cfg = |tag| config(&pins, tag, NATIVE_PORT, "attach = \"native\"");
 
@@ -247,10 +247,10 @@ fn native_resets_on_a_veth_are_refused_or_watched() {
 fn connections_open_before_attach_are_counted() {
     require_root();
     let pair = Pair::new("hseed");
-    let _server = pair.server.run(|| TestServer::echo(SEED_PORT));
+    let _server = pair.server.run(|| TestServer::holding(SEED_PORT));
     let early: Vec<TcpStream> = (0..4)
         .map(|i| {
-            admitted(
+            busy(
                 &pair,
                 SEED_PORT,
                 &format!("connection {i} before the daemon"),
@@ -296,7 +296,7 @@ fn a_daemon_started_with_ip_netns_exec_stays_attached_after_kill() {
     require_root();
     shedder_tests::ensure_fs();
     let pair = Pair::new("hexec");
-    let _server = pair.server.run(|| TestServer::echo(NETNS_EXEC_PORT));
+    let _server = pair.server.run(|| TestServer::holding(NETNS_EXEC_PORT));
     let pins = pin_dir("hexec");
     let mut daemon = Daemon::start_as(
         &pair.server,
@@ -331,7 +331,7 @@ fn a_daemon_started_with_ip_netns_exec_stays_attached_after_kill() {
     refused(&pair, NETNS_EXEC_PORT, "fallback limit 1, one in flight");
     held.clear();
     settle(&pins, 0);
-    let _one = admitted(&pair, NETNS_EXEC_PORT, "fallback limit 1, none in flight");
+    let _one = busy(&pair, NETNS_EXEC_PORT, "fallback limit 1, none in flight");
     refused(
         &pair,
         NETNS_EXEC_PORT,
@@ -347,7 +347,7 @@ fn a_daemon_started_with_ip_netns_exec_stays_attached_after_kill() {
 fn a_daemon_whose_pins_would_die_with_it_refuses_to_enforce() {
     require_root();
     let pair = Pair::new("hpid1");
-    let _server = pair.server.run(|| TestServer::echo(PID1_PORT));
+    let _server = pair.server.run(|| TestServer::holding(PID1_PORT));
     let pins = pin_dir("hpid1");
     let mut refusing = Daemon::start_as(
         &pair.server,
@@ -389,7 +389,7 @@ fn a_daemon_whose_pins_would_die_with_it_refuses_to_enforce() {
         daemon.log()
     );
     let _held: Vec<TcpStream> = (0..4)
-        .map(|i| admitted(&pair, PID1_PORT, &format!("connection {i}")))
+        .map(|i| busy(&pair, PID1_PORT, &format!("connection {i}")))
         .collect();
     refused(&pair, PID1_PORT, "at the live limit");
     daemon.kill();

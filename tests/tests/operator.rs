@@ -12,7 +12,7 @@ use std::{
 };
 
 use shedder_tests::{
-    daemon::{Daemon, admitted, pin_dir, refused, settle, shedder_bin, web_config},
+    daemon::{Daemon, admitted, busy, pin_dir, refused, settle, shedder_bin, web_config},
     netns::{IFACE, Pair},
     policy::SERVER_V4,
     require_root,
@@ -109,7 +109,7 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
     require_root();
     shedder_tests::ensure_fs();
     let pair = Pair::new("opverb");
-    let _server = pair.server.run(|| TestServer::echo(VERBS_PORT));
+    let _server = pair.server.run(|| TestServer::holding(VERBS_PORT));
     let dir = scratch("verbs");
     let _cleanup = Scratch(dir.clone());
     let pins = pin_dir("opverb");
@@ -158,8 +158,8 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
     assert!(r.stdout.contains("OVERRIDE 2"), "{r:?}");
     assert_eq!(limit_of(&bin, s), 2);
     let mut held = vec![
-        admitted(&pair, VERBS_PORT, "first under the override of 2"),
-        admitted(&pair, VERBS_PORT, "second under the override of 2"),
+        busy(&pair, VERBS_PORT, "first under the override of 2"),
+        busy(&pair, VERBS_PORT, "second under the override of 2"),
     ];
     settle(&pins, 2);
     refused(&pair, VERBS_PORT, "third under the override of 2");
@@ -323,11 +323,7 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
     assert_eq!(r.stdout, format!("{good}: applied (1 service)\n"));
     assert_eq!(limit_of(&bin, s), 6);
     for i in 2..6 {
-        held.push(admitted(
-            &pair,
-            VERBS_PORT,
-            &format!("connection {i} under 6"),
-        ));
+        held.push(busy(&pair, VERBS_PORT, &format!("connection {i} under 6")));
     }
     settle(&pins, 6);
     refused(&pair, VERBS_PORT, "the seventh under 6");
@@ -603,7 +599,7 @@ fn metrics_scrape_is_valid_openmetrics_and_counts_what_happened() {
     require_root();
     shedder_tests::ensure_fs();
     let pair = Pair::new("opmet");
-    let _server = pair.server.run(|| TestServer::echo(METRICS_PORT));
+    let _server = pair.server.run(|| TestServer::holding(METRICS_PORT));
     let dir = scratch("metrics");
     let _cleanup = Scratch(dir.clone());
     let pins = pin_dir("opmet");
@@ -621,6 +617,8 @@ fn metrics_scrape_is_valid_openmetrics_and_counts_what_happened() {
         c.write_all(b"ping").unwrap();
         let mut b = [0u8; 4];
         c.read_exact(&mut b).unwrap();
+        // And a request the server holds: work in flight.
+        c.write_all(b"h").unwrap();
     }
     settle(&pins, 4);
     refused(&pair, METRICS_PORT, "fifth");
@@ -763,7 +761,7 @@ fn the_control_socket_admits_root_and_the_control_group_only() {
     require_root();
     shedder_tests::ensure_fs();
     let pair = Pair::new("opperm");
-    let _server = pair.server.run(|| TestServer::echo(PERMS_PORT));
+    let _server = pair.server.run(|| TestServer::holding(PERMS_PORT));
     let dir = scratch("perms");
     let _cleanup = Scratch(dir.clone());
     // A copy of the binary any user can run, wherever the checkout is.
@@ -836,7 +834,7 @@ fn kernel_debug_log_names_each_shed_decision_and_is_rate_limited() {
     require_root();
     shedder_tests::ensure_fs();
     let pair = Pair::new("opklog");
-    let _server = pair.server.run(|| TestServer::echo(KLOG_PORT));
+    let _server = pair.server.run(|| TestServer::holding(KLOG_PORT));
     let dir = scratch("klog");
     let _cleanup = Scratch(dir.clone());
     let pins = pin_dir("opklog");
@@ -849,7 +847,7 @@ fn kernel_debug_log_names_each_shed_decision_and_is_rate_limited() {
     let daemon = Daemon::start(&pair.server, "opklog", &cfg, &pins);
     daemon.wait_for_log("kernel debug log on", Duration::from_secs(10));
 
-    let _held = admitted(&pair, KLOG_PORT, "the one connection the limit allows");
+    let _held = busy(&pair, KLOG_PORT, "the one connection the limit allows");
     settle(&pins, 1);
     // Far more refusals than the budget of 20 lines a second per CPU.
     const ATTEMPTS: usize = 300;

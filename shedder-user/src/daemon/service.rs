@@ -175,6 +175,19 @@ impl ServiceControl {
         )
     }
 
+    /// A first start on a node that already carries traffic: the controller begins no lower
+    /// than the `busy` connections the seeding found (within the bounds), since a limit
+    /// below the work in service refuses every new client until the controller has
+    /// climbed past it. Returns the new limit if it was raised.
+    pub fn start_no_lower_than(&mut self, busy: u32) -> Option<u32> {
+        let floor = busy.clamp(self.cfg.min_limit, self.cfg.max_limit);
+        if floor <= self.limit_in_force() {
+            return None;
+        }
+        self.limiter.resume_from(floor);
+        Some(self.limit_in_force())
+    }
+
     /// The policy in force now, as a start or a reload writes it with everything else; it
     /// counts as written.
     pub fn initial_policy(&mut self, ctx: Context<'_>) -> ServicePolicy {
@@ -639,6 +652,20 @@ mod tests {
 
     fn by() -> (String, Option<String>) {
         ("uid 0 (pid 1)".into(), Some("incident".into()))
+    }
+
+    #[test]
+    fn a_first_start_begins_no_lower_than_the_work_found() {
+        let s = service("aimd");
+        let mut sc = ServiceControl::new(0, &s, s.fallback_limit, None);
+        let start = sc.limit_in_force();
+        // Less work than the starting limit: nothing changes.
+        assert_eq!(sc.start_no_lower_than(start - 1), None);
+        assert_eq!(sc.limit_in_force(), start);
+        // More: the limit starts there, within max_limit.
+        assert_eq!(sc.start_no_lower_than(start + 40), Some(start + 40));
+        assert_eq!(sc.limit_in_force(), start + 40);
+        assert_eq!(sc.start_no_lower_than(u32::MAX), Some(s.max_limit));
     }
 
     #[test]

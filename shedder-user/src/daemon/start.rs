@@ -145,6 +145,33 @@ impl Daemon {
         let mut warnings: Vec<String> = crate::kernel::seed::seed_and_report(&mut shedder, &cfg)
             .into_iter()
             .collect();
+        // A first start begins no lower than the work it found in service (a restart that
+        // adopts the maps continues from the limit in them instead).
+        if !adopting {
+            for (sc, s) in services.iter_mut().zip(&cfg.services) {
+                let id = sc.id;
+                let Ok(found) = shedder.inflight(id) else {
+                    continue;
+                };
+                let busy: u32 = found.class.iter().sum();
+                if let Some(limit) = sc.start_no_lower_than(busy) {
+                    info!(
+                        service = %s.name,
+                        requests_in_service = busy,
+                        limit,
+                        "starting above the fallback limit: the node already carries this much work"
+                    );
+                    let policy = sc.initial_policy(Context {
+                        ladder: &ladder,
+                        hz,
+                        hold: hold.duration(hz),
+                    });
+                    shedder
+                        .set_policy(id, &policy)
+                        .context("writing the starting policy")?;
+                }
+            }
+        }
         if let Durability::Private(why) = &pins.durability {
             warnings.push(format!(
                 "no fail-static: the pins die with this daemon ({why}); if it dies, nothing is shed"

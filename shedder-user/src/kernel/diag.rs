@@ -62,20 +62,21 @@ pub struct TcpSocket {
     /// `tcp_info`'s milliseconds since data was last received and last sent (`None`
     /// when the kernel sent no `tcp_info`).
     pub since_data: Option<(u32, u32)>,
+    /// `tcp_info`'s data segments received and sent (`None` without `tcp_info`).
+    pub data_segs: Option<(u32, u32)>,
 }
 
 impl TcpSocket {
     /// Whether it holds a request not yet answered, as `shedder_common::work` counts one:
-    /// bytes not yet read, or data received after the last data it sent. Its age (ms) if
-    /// it does. A connection whose request came in the same millisecond tick as its last
-    /// answer, and was read at once, is taken for idle (the times do not tell them apart).
+    /// bytes not yet read, data received and nothing ever sent, or data received after the
+    /// last data it sent. Its age (ms) if it does. The kernel keeps those times in jiffies:
+    /// a later request that came in the same jiffy as the last answer, and was read at
+    /// once, is taken for idle (the times do not tell them apart).
     pub fn busy_for_ms(&self) -> Option<u32> {
-        match self.since_data {
-            Some((recv, sent)) if recv < sent => Some(recv),
-            Some((recv, _)) if self.unread > 0 => Some(recv),
-            None if self.unread > 0 => Some(0),
-            _ => None,
-        }
+        let recv = self.since_data.map_or(0, |(recv, _)| recv);
+        let answered_nothing = self.data_segs.is_some_and(|(i, o)| i > 0 && o == 0);
+        let later = self.since_data.is_some_and(|(recv, sent)| recv < sent);
+        (self.unread > 0 || answered_nothing || later).then_some(recv)
     }
 }
 
@@ -97,6 +98,10 @@ pub fn open_sockets() -> io::Result<Vec<TcpSocket>> {
                 b.get(at..at + 4)
                     .map(|v| u32::from_ne_bytes(v.try_into().expect("4 bytes")))
             };
+            let data_segs = r.nlas.iter().find_map(|n| match n {
+                Nla::TcpInfo(b) => field(b, TCPI_DATA_SEGS_IN).zip(field(b, TCPI_DATA_SEGS_OUT)),
+                _ => None,
+            });
             let since_data = r.nlas.iter().find_map(|n| match n {
                 Nla::TcpInfo(b) => field(b, TCPI_LAST_DATA_RECV).zip(field(b, TCPI_LAST_DATA_SENT)),
                 _ => None,
@@ -117,6 +122,7 @@ pub fn open_sockets() -> io::Result<Vec<TcpSocket>> {
                 cookie: half(0) | half(4) << 32,
                 unread: h.recv_queue,
                 since_data,
+                data_segs,
             })
         },
     )?;
@@ -133,6 +139,10 @@ const TCPI_RTT: usize = 68;
 /// nine 32-bit counters.
 const TCPI_LAST_DATA_SENT: usize = 44;
 const TCPI_LAST_DATA_RECV: usize = 52;
+/// Offsets of `tcpi_data_segs_in` and `tcpi_data_segs_out` (Linux 4.6): after the 64-bit
+/// pacing rates and byte counts that follow the round-trip times.
+const TCPI_DATA_SEGS_IN: usize = 152;
+const TCPI_DATA_SEGS_OUT: usize = 156;
 
 /// The smoothed round-trip times (µs) of the established TCP connections whose local port
 /// is one of `ports`, at most `limit` of them (a sample, in the kernel's order). On a
@@ -263,5 +273,52 @@ fn dump_family(
             }
             offset += len;
         }
+    }
+}
+
+#[cfg(test)]
+mod busy_tests {
+    use super::*;
+
+    fn sock(unread: u32, since: Option<(u32, u32)>, segs: Option<(u32, u32)>) -> TcpSocket {
+        TcpSocket {
+            local: "198.18.0.2".parse().unwrap(),
+            local_port: 80,
+            remote: "198.18.0.1".parse().unwrap(),
+            remote_port: 40000,
+            state: TCP_ESTABLISHED,
+            cookie: 1,
+            unread,
+            since_data: since,
+            data_segs: segs,
+        }
+    }
+
+    #[test]
+    fn a_connection_is_busy_while_what_it_received_is_unanswered() {
+        // Opened, nothing exchanged: idle (both times are its birth).
+        assert_eq!(sock(0, Some((900, 900)), Some((0, 0))).busy_for_ms(), None);
+        // A request 40 ms ago, never answered, read at once in its birth's jiffy.
+        assert_eq!(
+            sock(0, Some((40, 40)), Some((1, 0))).busy_for_ms(),
+            Some(40)
+        );
+        // Keep-alive: answered 5 s ago after a request 5.02 s ago: idle.
+        assert_eq!(
+            sock(0, Some((5020, 5000)), Some((3, 3))).busy_for_ms(),
+            None
+        );
+        // Its next request, 30 ms ago, in service.
+        assert_eq!(
+            sock(0, Some((30, 5000)), Some((4, 3))).busy_for_ms(),
+            Some(30)
+        );
+        // Bytes waiting unread are a request whatever the times say.
+        assert_eq!(
+            sock(16, Some((70, 70)), Some((4, 4))).busy_for_ms(),
+            Some(70)
+        );
+        assert_eq!(sock(16, None, None).busy_for_ms(), Some(0));
+        assert_eq!(sock(0, None, None).busy_for_ms(), None);
     }
 }

@@ -413,6 +413,7 @@ mod tests {
             cookie,
             unread: 0,
             since_data: None,
+            data_segs: None,
         }
     }
 
