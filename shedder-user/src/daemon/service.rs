@@ -178,8 +178,13 @@ impl ServiceControl {
     /// A first start on a node that already carries traffic: the controller begins no lower
     /// than the `busy` connections the seeding found (within the bounds), since a limit
     /// below the work in service refuses every new client until the controller has
-    /// climbed past it. Returns the new limit if it was raised.
-    pub fn start_no_lower_than(&mut self, busy: u32) -> Option<u32> {
+    /// climbed past it. Not when that work has waited past the target (`waited_ms`, the p90
+    /// age of what was found): that is a backlog, not a load the service sustains, and
+    /// starting at its size would let more into it. Returns the new limit if it was raised.
+    pub fn start_no_lower_than(&mut self, busy: u32, waited_ms: Option<f64>) -> Option<u32> {
+        if waited_ms.is_some_and(|ms| ms > self.cfg.target_latency_ms as f64) {
+            return None;
+        }
         let floor = busy.clamp(self.cfg.min_limit, self.cfg.max_limit);
         if floor <= self.limit_in_force() {
             return None;
@@ -659,13 +664,20 @@ mod tests {
         let s = service("aimd");
         let mut sc = ServiceControl::new(0, &s, s.fallback_limit, None);
         let start = sc.limit_in_force();
+        let target = s.target_latency_ms as f64;
         // Less work than the starting limit: nothing changes.
-        assert_eq!(sc.start_no_lower_than(start - 1), None);
+        assert_eq!(sc.start_no_lower_than(start - 1, Some(1.0)), None);
         assert_eq!(sc.limit_in_force(), start);
-        // More: the limit starts there, within max_limit.
-        assert_eq!(sc.start_no_lower_than(start + 40), Some(start + 40));
+        // A backlog (what was found has waited past the target): nothing changes either.
+        assert_eq!(sc.start_no_lower_than(start + 40, Some(target * 3.0)), None);
+        assert_eq!(sc.limit_in_force(), start);
+        // More work, waiting within the target: the limit starts there, within max_limit.
+        assert_eq!(
+            sc.start_no_lower_than(start + 40, Some(target / 2.0)),
+            Some(start + 40)
+        );
         assert_eq!(sc.limit_in_force(), start + 40);
-        assert_eq!(sc.start_no_lower_than(u32::MAX), Some(s.max_limit));
+        assert_eq!(sc.start_no_lower_than(u32::MAX, None), Some(s.max_limit));
     }
 
     #[test]

@@ -145,8 +145,8 @@ impl Daemon {
         let mut warnings: Vec<String> = crate::kernel::seed::seed_and_report(&mut shedder, &cfg)
             .into_iter()
             .collect();
-        // A first start begins no lower than the work it found in service (a restart that
-        // adopts the maps continues from the limit in them instead).
+        // A first start begins no lower than the work it found in service, unless that work
+        // is a backlog (a restart that adopts the maps continues from the limit in them).
         if !adopting {
             for (sc, s) in services.iter_mut().zip(&cfg.services) {
                 let id = sc.id;
@@ -154,7 +154,18 @@ impl Daemon {
                     continue;
                 };
                 let busy: u32 = found.class.iter().sum();
-                if let Some(limit) = sc.start_no_lower_than(busy) {
+                let waited = shedder.work(id).ok().and_then(|t| t.waiting().p90_ms);
+                if busy > sc.limit_in_force()
+                    && let Some(ms) = waited.filter(|&ms| ms > s.target_latency_ms as f64)
+                {
+                    info!(
+                        service = %s.name,
+                        requests_in_service = busy,
+                        waiting_p90_ms = ms.round(),
+                        "found a backlog: starting at the fallback limit, not at the work found"
+                    );
+                }
+                if let Some(limit) = sc.start_no_lower_than(busy, waited) {
                     info!(
                         service = %s.name,
                         requests_in_service = busy,
