@@ -19,6 +19,7 @@ mod flood;
 mod interfaces;
 mod kernel;
 mod sockets;
+mod work;
 
 use std::{fmt::Write as _, path::Path};
 
@@ -190,6 +191,7 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
     out.push(daemon_check);
     out.push(check_control_socket(&daemon.control_socket, alive));
     out.extend(flood::check_flood(&daemon.control_socket, alive));
+    out.extend(work::check_work(&daemon.control_socket, alive));
     out
 }
 
