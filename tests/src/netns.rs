@@ -145,28 +145,7 @@ impl Pair {
     pub fn new(tag: &str) -> Self {
         let client = Netns::new(&format!("{tag}c"));
         let server = Netns::new(&format!("{tag}s"));
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let (a, b) = (
-            format!("shc{}x{n}", std::process::id() % 100_000),
-            format!("shs{}x{n}", std::process::id() % 100_000),
-        );
-        sh(&[
-            "ip",
-            "link",
-            "add",
-            &a,
-            "netns",
-            &client.name,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &b,
-            "netns",
-            &server.name,
-        ]);
-        client.ip(&["link", "set", &a, "name", IFACE]);
-        server.ip(&["link", "set", &b, "name", IFACE]);
+        veth(&client, &server, IFACE, ("shc", "shs"));
         for addr in [
             "198.18.0.1/16",
             "198.18.10.1/16",
@@ -199,28 +178,7 @@ impl Pair {
     /// (`198.19.0.1/24`). Deleted on drop, with its link.
     pub fn upstream(&self, tag: &str) -> Netns {
         let upstream = Netns::new(&format!("{tag}u"));
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let (a, b) = (
-            format!("shu{}x{n}", std::process::id() % 100_000),
-            format!("shv{}x{n}", std::process::id() % 100_000),
-        );
-        sh(&[
-            "ip",
-            "link",
-            "add",
-            &a,
-            "netns",
-            &self.server.name,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &b,
-            "netns",
-            &upstream.name,
-        ]);
-        self.server.ip(&["link", "set", &a, "name", UPSTREAM_IFACE]);
-        upstream.ip(&["link", "set", &b, "name", UPSTREAM_IFACE]);
+        veth(&self.server, &upstream, UPSTREAM_IFACE, ("shu", "shv"));
         self.server
             .ip(&["addr", "add", "198.19.0.1/24", "dev", UPSTREAM_IFACE]);
         upstream.ip(&["addr", "add", "198.19.0.2/24", "dev", UPSTREAM_IFACE]);
@@ -228,6 +186,20 @@ impl Pair {
         upstream.ip(&["link", "set", UPSTREAM_IFACE, "up"]);
         upstream
     }
+}
+
+/// A veth pair between namespaces `a` and `b`, named `iface` in both (created under unique
+/// names with the prefixes `tmp`, then renamed inside each namespace).
+fn veth(a: &Netns, b: &Netns, iface: &str, tmp: (&str, &str)) {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id() % 100_000;
+    let (ta, tb) = (format!("{}{pid}x{n}", tmp.0), format!("{}{pid}x{n}", tmp.1));
+    sh(&[
+        "ip", "link", "add", &ta, "netns", &a.name, "type", "veth", "peer", "name", &tb, "netns",
+        &b.name,
+    ]);
+    a.ip(&["link", "set", &ta, "name", iface]);
+    b.ip(&["link", "set", &tb, "name", iface]);
 }
 
 /// The server's interface towards [`Pair::upstream`], and the upstream's own.

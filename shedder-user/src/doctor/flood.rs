@@ -14,14 +14,19 @@ const NAME: &str = "syn flood";
 
 /// Ask the daemon on `socket` for its state; with none answering, nothing to say.
 pub(super) fn check_flood(socket: &Path, daemon_alive: bool) -> Option<Check> {
+    Some(verdict(&daemon_state(socket, daemon_alive)?))
+}
+
+/// The running daemon's state from its control socket; `None` without a daemon alive, or
+/// when it does not answer.
+pub(super) fn daemon_state(socket: &Path, daemon_alive: bool) -> Option<State> {
     if !daemon_alive {
         return None;
     }
     let body = Client::new(socket)
         .call("GET", "/shedding/state", b"")
         .ok()?;
-    let state: State = serde_json::from_str(&body).ok()?;
-    Some(verdict(&state))
+    serde_json::from_str(&body).ok()
 }
 
 /// One service's flood, in words: "api (medium, high): 99870/s unproven attempts, 0.0/s

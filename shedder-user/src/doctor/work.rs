@@ -5,10 +5,7 @@
 use std::path::Path;
 
 use super::Check;
-use crate::api::{
-    control::Client,
-    state::{ServiceState, State},
-};
+use crate::api::state::{ServiceState, State};
 
 const NAME: &str = "work";
 
@@ -19,14 +16,7 @@ const NEAR_MAX_LIMIT: f64 = 0.9;
 
 /// Ask the daemon on `socket` for its state; with none answering, nothing to say.
 pub(super) fn check_work(socket: &Path, daemon_alive: bool) -> Option<Check> {
-    if !daemon_alive {
-        return None;
-    }
-    let body = Client::new(socket)
-        .call("GET", "/shedding/state", b"")
-        .ok()?;
-    let state: State = serde_json::from_str(&body).ok()?;
-    Some(verdict(&state))
+    Some(verdict(&super::flood::daemon_state(socket, daemon_alive)?))
 }
 
 /// What is wrong with one TCP service's bounds, in words, if anything.
