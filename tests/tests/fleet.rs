@@ -832,10 +832,20 @@ fn fleet_shares_a_global_limit_through_kill_join_etcd_restart_and_partition() {
     monitor.set(BUDGET, "short etcd outage");
     etcd.kill();
     std::thread::sleep(FAIL_STATIC / 3);
-    assert!(
-        enforced_all(&nodes.lock().unwrap(), &all, near(third)),
-        "fail-static: last ceilings kept"
-    );
+    {
+        let n = nodes.lock().unwrap();
+        assert!(
+            enforced_all(&n, &all, near(third)),
+            "fail-static: last ceilings kept: {:?}",
+            n.iter()
+                .map(|node| (
+                    node.index,
+                    node.enforced(),
+                    node.state().and_then(|s| s.fleet).map(|f| f.standing)
+                ))
+                .collect::<Vec<_>>()
+        );
+    }
     etcd.spawn();
     wait_until(
         &nodes,
