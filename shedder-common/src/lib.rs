@@ -865,6 +865,13 @@ pub struct SockState {
 pub const SOCK_AGE_SEEN: u8 = 1;
 /// [`SockState::flags`]: the connection is counted as work in flight ([`work`]).
 pub const SOCK_BUSY: u8 = 2;
+/// [`SockState::flags`]: born, its first request not yet arrived: the attempt admitted for
+/// it stays pending (in its hold slot) until then, so that the packet path never sees the
+/// slot free between the handshake and the request ([`work`]).
+pub const SOCK_PENDING: u8 = 4;
+/// [`SockState::flags`]: with [`SOCK_PENDING`], its attempt is held with the unproven
+/// ones.
+pub const SOCK_POOL_UNPROVEN: u8 = 8;
 
 /// A connection that was open before the tracking programs were attached, handed by the
 /// daemon to the seeding iterator (`iter/tcp`) in [`maps::SEED`], keyed by its socket

@@ -19,8 +19,9 @@ use aya_ebpf::{
 use shedder_common::{
     DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
     POLICY_CONFIGURED, SEED_BATCH, SEED_COUNTED, SEED_ENDED, SEED_KNOWN, SEED_TABLE_FULL,
-    SEED_UNPROTECTED, SOCK_AGE_SEEN, SOCK_BUSY, STAT_PENDING_MISS, STAT_QUIC_ANSWERS_NOT_PROVEN,
-    STAT_UNTRACKED, SeedResult, SeedSock, ServiceHist, SockState, WORK_FROM_DATA,
+    SEED_UNPROTECTED, SOCK_AGE_SEEN, SOCK_BUSY, SOCK_PENDING, SOCK_POOL_UNPROVEN,
+    STAT_PENDING_MISS, STAT_QUIC_ANSWERS_NOT_PROVEN, STAT_UNTRACKED, SeedResult, SeedSock,
+    ServiceHist, SockState, WORK_FROM_DATA,
     flow::{
         self, ANSWERED, FLOW_ANSWERED, FLOW_EARNED, FLOW_UNPROVEN, SEEN_LIVENESS, UNPROVEN, WAITING,
     },
@@ -161,17 +162,6 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
             slot.tag = 0;
         }
     }
-    let state = SockState {
-        service: service as u16,
-        class: class as u8,
-        ..Default::default()
-    };
-    // Without the data-arrival event every connection is work from its birth to its end.
-    let busy_from = if by_data() {
-        None
-    } else {
-        Some(work::epoch(unsafe { bpf_ktime_get_ns() }))
-    };
     // The handshake is complete: the address has proved itself. The pool its attempt was
     // held in is read from its standing before this proof (an address with standing made
     // it as proven, unless it had spent every token: then it is retired from the proven
@@ -179,11 +169,30 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
     // attempt was held with the unproven ones).
     let (stood, disputed) = prove(remote, v6);
     let pool = 1 - (stood & (1 - disputed));
+    let by_data = by_data();
+    let state = SockState {
+        service: service as u16,
+        class: class as u8,
+        // Counting work from data, the attempt stays pending until the first request
+        // arrives (or its hold slot lapses: a connection opened and never used).
+        flags: if by_data {
+            SOCK_PENDING | ((pool as u8 & 1) * SOCK_POOL_UNPROVEN)
+        } else {
+            0
+        },
+        ..Default::default()
+    };
+    // Without the data-arrival event every connection is work from its birth to its end.
+    let busy_from = if by_data {
+        None
+    } else {
+        Some(work::epoch(unsafe { bpf_ktime_get_ns() }))
+    };
     if !count_connection(sk, &state, busy_from) {
         bump(&SHEDDER_STATS, STAT_UNTRACKED);
         return;
     }
-    if !retire_pending(service, class, pool) {
+    if !by_data && !retire_pending(service, class, pool) {
         bump(&SHEDDER_STATS, STAT_PENDING_MISS);
     }
     if stood == 0
@@ -287,6 +296,13 @@ pub fn on_data(ctx: &TracePointContext) {
     let st = unsafe { &mut *st };
     if st.flags & SOCK_BUSY != 0 {
         return;
+    }
+    if st.flags & SOCK_PENDING != 0 {
+        // Its first request: the attempt's hold ends as its work begins (a lapsed hold,
+        // a connection that waited longer than a handshake to speak, has nothing to retire).
+        let pool = u32::from(st.flags & SOCK_POOL_UNPROVEN != 0);
+        st.flags &= !(SOCK_PENDING | SOCK_POOL_UNPROVEN);
+        retire_pending(st.service as u32, st.class as u32, pool);
     }
     let e = work::epoch(unsafe { bpf_ktime_get_ns() });
     st.flags |= SOCK_BUSY;
