@@ -83,6 +83,25 @@ pub fn add(ring: &mut Ring, start: u32, now: u32, by: i32) {
     }
 }
 
+/// One reading of a service's rings: requests by age in slots (`[i]`: started `i` slots
+/// before the slot of `now_ns`; the last element: older than the ring), and the
+/// CLOCK_MONOTONIC time of the reading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tally {
+    pub slots: [u64; SLOTS as usize + 1],
+    pub now_ns: u64,
+}
+
+impl Tally {
+    /// The CPUs' `rings` read at `now_ns` ([`tally`]).
+    pub fn of<'a>(rings: impl IntoIterator<Item = &'a Ring>, now_ns: u64) -> Self {
+        Self {
+            slots: tally(rings, epoch(now_ns)),
+            now_ns,
+        }
+    }
+}
+
 /// The requests waiting at slot `now`, summed over the CPUs' `rings`, by age in whole
 /// slots (`[i]`: started `i` slots before `now`), and those older than the ring (the last
 /// element). A sum below zero (an end counted before its start was read) counts zero.

@@ -154,7 +154,10 @@ impl Daemon {
                     continue;
                 };
                 let busy: u32 = found.class.iter().sum();
-                let waited = shedder.work(id).ok().and_then(|t| t.waiting().p90_ms);
+                let waited = shedder
+                    .work(id)
+                    .ok()
+                    .and_then(|t| crate::signals::waiting(&t).p90_ms);
                 if busy > sc.limit_in_force()
                     && let Some(ms) = waited.filter(|&ms| ms > s.target_latency_ms as f64)
                 {

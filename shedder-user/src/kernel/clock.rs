@@ -6,6 +6,17 @@ use shedder_common::{CLOCK_STAMP_HEARTBEAT, programs};
 
 use super::{Error, MapReader as _, Result, Shedder};
 
+/// CLOCK_MONOTONIC in nanoseconds: the clock `bpf_ktime_get_ns` reads.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write into; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 impl Shedder {
     /// The kernel's jiffies, read by running the clock program; with `stamp_heartbeat` the
     /// program also records them as the daemon's heartbeat.

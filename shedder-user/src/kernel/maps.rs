@@ -310,14 +310,15 @@ pub trait MapReader {
     /// The requests in service of a service by age, and the clock they were read at (see
     /// [`shedder_common::work`]): each CPU's ring read in one lookup, and CLOCK_MONOTONIC
     /// (the clock of `bpf_ktime_get_ns`) read right after.
-    fn work(&self, service: u32) -> Result<crate::signals::WorkTally> {
+    fn work(&self, service: u32) -> Result<shedder_common::work::Tally> {
         check_service(service)?;
         let m: PerCpuArray<&MapData, shedder_common::work::Ring> =
             PerCpuArray::try_from(self.map_named(maps::WORK)?).map_err(map_err(maps::WORK))?;
         let rings = m.get(&service, 0).map_err(map_err(maps::WORK))?;
-        let now_ns = crate::signals::monotonic_ns();
-        let slots = shedder_common::work::tally(rings.iter(), shedder_common::work::epoch(now_ns));
-        Ok(crate::signals::WorkTally { slots, now_ns })
+        Ok(shedder_common::work::Tally::of(
+            rings.iter(),
+            crate::kernel::clock::monotonic_ns(),
+        ))
     }
 
     /// The service's per-class fair-share and retry-budget counts of its last two epochs.

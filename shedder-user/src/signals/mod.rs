@@ -18,4 +18,4 @@ mod waiting;
 
 pub use reader::{Cumulative, SignalReader};
 pub use reading::*;
-pub use waiting::{Waiting, WorkTally, monotonic_ns, span_ms};
+pub use waiting::{Waiting, span_ms, waiting};

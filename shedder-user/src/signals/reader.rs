@@ -391,7 +391,9 @@ impl ServiceReader {
     ) -> Reading<Waiting> {
         match work_source {
             Ok(shedder_common::WORK_FROM_DATA) => match shedder.work(self.spec.id) {
-                Ok(t) => Reading::Ok { value: t.waiting() },
+                Ok(t) => Reading::Ok {
+                    value: super::waiting(&t),
+                },
                 Err(e) => Reading::missing(format!("requests in service: {e}")),
             },
             Ok(_) => Reading::missing(format!(
