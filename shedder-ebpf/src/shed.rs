@@ -158,6 +158,8 @@ struct Memo {
     /// program's Version Negotiation needs.
     held: [[u64; NUM_CLASSES]; 2],
     inflight: [u32; NUM_CLASSES],
+    /// The service's established connections, read with `inflight`.
+    open: u32,
     /// Where the source's standing is (see `standing`), for an admission to spend a token.
     standing: u32,
     /// What that answer needs of the attempt.
@@ -550,12 +552,14 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     // Proven attempts see the connections and the proven attempts in handshake only
     // (`admit::occupancy`); the stack cannot hold the unproven counts as well.
     let mut occ = unsafe { (*pending).count(hold)[0] };
+    let mut open = 0;
     if let Some(inflight) = SHEDDER_INFLIGHT.get(service) {
         let mut c = 0;
         while c < NUM_CLASSES {
             occ[c] += inflight.class[c] as u64;
             c += 1;
         }
+        open = inflight.connections_total();
     }
 
     // The class's floor also as a share of the service's admissions (a fraction of one
@@ -601,7 +605,7 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         decision = settled;
         m.preempt = preempt as u32;
     }
-    if decision.admit == 1 && at_connection_ceiling(service, policy) {
+    if decision.admit == 1 && at_connection_ceiling(open, policy) {
         decision.admit = 0;
         decision.reason = shedder_common::REASON_CONNECTIONS;
     }
@@ -1009,21 +1013,17 @@ fn flow_admitted(service: u32, class: u32, slot: u32, state: usize) {
     }
 }
 
+/// The service holds its ceiling of established connections (`open`, busy or idle):
+/// every class is refused, whatever the work in flight. A ceiling of 0 is none (a policy
+/// written without one: fail open).
+#[inline(always)]
+fn at_connection_ceiling(open: u32, policy: &ServicePolicy) -> bool {
+    policy.max_connections != 0 && open >= policy.max_connections
+}
+
 /// Add `by` (1, or -1 as `u32::MAX`) to the flows of `class` in `state` last seen in
 /// `slot`, shared by the CPUs (see [`shedder_common::flow::add`], whose rule this is, with
 /// atomics).
-/// The service holds its ceiling of established connections (busy or idle): every class is
-/// refused, whatever the work in flight. A ceiling of 0 is none (a policy written without
-/// one: fail open).
-#[inline(always)]
-fn at_connection_ceiling(service: u32, policy: &ServicePolicy) -> bool {
-    let max = policy.max_connections;
-    max != 0
-        && SHEDDER_INFLIGHT
-            .get(service)
-            .is_some_and(|i| i.connections_total() >= max)
-}
-
 #[inline(always)]
 pub fn alive_add(ring: *mut AliveRing, slot: u32, state: usize, class: u32, by: u32) {
     let e = unsafe { &raw mut (*ring).slots[ring_index(slot)] };
@@ -1314,7 +1314,9 @@ fn unproven<F: Frame, const QUIC: bool>(
     unsafe {
         (*memo).held = (*pending).count(hold);
         (*memo).inflight = [0; NUM_CLASSES];
+        (*memo).open = 0;
         if let Some(i) = SHEDDER_INFLIGHT.get(service) {
+            (*memo).open = i.connections_total();
             let mut c = 0;
             while c < NUM_CLASSES {
                 let u = if i.unproven[c] < i.class[c] {
@@ -1343,7 +1345,12 @@ fn unproven<F: Frame, const QUIC: bool>(
         },
     );
     let mut decision = decision;
-    if decision.admit == 1 && at_connection_ceiling(service, policy) {
+    if decision.admit == 1
+        && at_connection_ceiling(
+            unsafe { core::ptr::read_volatile(&raw const (*memo).open) },
+            policy,
+        )
+    {
         decision.admit = 0;
         decision.reason = shedder_common::REASON_CONNECTIONS;
     }

@@ -186,7 +186,8 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
     let busy_from = if by_data {
         None
     } else {
-        Some(work::epoch(unsafe { bpf_ktime_get_ns() }))
+        let now = work::epoch(unsafe { bpf_ktime_get_ns() });
+        Some((now, now))
     };
     if !count_connection(sk, &state, busy_from) {
         bump(&SHEDDER_STATS, STAT_UNTRACKED);
@@ -245,12 +246,12 @@ fn by_data() -> bool {
 }
 
 /// Track `sk` and count it in its service's and class's connections, and as work in flight
-/// from slot `busy_from` if given; false if it could not be added (already tracked, or the
-/// table is full).
+/// if `busy_from` gives the slot its request arrived in and the slot of now; false if it
+/// could not be added (already tracked, or the table is full).
 #[inline(always)]
-fn count_connection(sk: u64, state: &SockState, busy_from: Option<u32>) -> bool {
+fn count_connection(sk: u64, state: &SockState, busy_from: Option<(u32, u32)>) -> bool {
     let mut state = *state;
-    if let Some(e) = busy_from {
+    if let Some((e, _)) = busy_from {
         state.flags |= SOCK_BUSY;
         state.busy_epoch = e;
     }
@@ -264,23 +265,28 @@ fn count_connection(sk: u64, state: &SockState, busy_from: Option<u32>) -> bool 
     if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service) {
         unsafe { atomic::add32(&raw mut (*inflight).connections[c], 1) };
     }
-    if let Some(e) = busy_from {
-        work_moves(service, c, e, 1);
+    if let Some((e, now)) = busy_from {
+        work_moves(service, c, (e, now), 1);
     }
     true
 }
 
-/// A request of class `c` that arrived in slot `start` begins (`by` 1) or ends (`by` -1):
-/// the class's work in flight and the service's ring of ages follow.
+/// A request of class `c` that arrived in slot `start` begins (`by` 1) or ends (`by` -1)
+/// at slot `now`: the class's work in flight and the service's ring of ages follow.
 #[inline(always)]
-fn work_moves(service: u32, c: usize, start: u32, by: i32) {
+fn work_moves(service: u32, c: usize, (start, now): (u32, u32), by: i32) {
     if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service) {
         unsafe { atomic::add32(&raw mut (*inflight).class[c & (NUM_CLASSES - 1)], by as u32) };
     }
     if let Some(ring) = SHEDDER_WORK.get_ptr_mut(service) {
-        let now = work::epoch(unsafe { bpf_ktime_get_ns() });
         work::add(unsafe { &mut *ring }, start, now, by);
     }
+}
+
+/// The slot of now ([`work::epoch`]).
+#[inline(always)]
+fn work_now() -> u32 {
+    work::epoch(unsafe { bpf_ktime_get_ns() })
 }
 
 /// Data arrived on a tracked connection: an idle one starts a request.
@@ -304,10 +310,10 @@ pub fn on_data(ctx: &TracePointContext) {
         st.flags &= !(SOCK_PENDING | SOCK_POOL_UNPROVEN);
         retire_pending(st.service as u32, st.class as u32, pool);
     }
-    let e = work::epoch(unsafe { bpf_ktime_get_ns() });
+    let e = work_now();
     st.flags |= SOCK_BUSY;
     st.busy_epoch = e;
-    work_moves(st.service as u32, st.class as usize, e, 1);
+    work_moves(st.service as u32, st.class as usize, (e, e), 1);
 }
 
 /// The application answered on a tracked connection: its request is no longer waiting.
@@ -317,7 +323,12 @@ fn answered(st: &mut SockState) {
         return;
     }
     st.flags &= !SOCK_BUSY;
-    work_moves(st.service as u32, st.class as usize, st.busy_epoch, -1);
+    work_moves(
+        st.service as u32,
+        st.class as usize,
+        (st.busy_epoch, work_now()),
+        -1,
+    );
 }
 
 /// The seeding iterator's visit of one TCP socket (`sk` in TCP state `state`, with socket
@@ -365,10 +376,11 @@ pub fn seed(sk: u64, cookie: u64, state: i32) -> Option<SeedResult> {
     // unanswered (since the time it arrived), or every connection without the data event.
     let now = unsafe { bpf_ktime_get_ns() };
     let busy_from = if !by_data() {
-        Some(work::epoch(now))
+        Some((work::epoch(now), work::epoch(now)))
     } else if s.busy == 1 {
-        Some(work::epoch(
-            now.saturating_sub(s.busy_ms as u64 * 1_000_000),
+        Some((
+            work::epoch(now.saturating_sub(s.busy_ms as u64 * 1_000_000)),
+            work::epoch(now),
         ))
     } else {
         None
@@ -426,7 +438,7 @@ fn connection_ended(sk: u64) {
         unsafe { atomic::add32(&raw mut (*inflight).connections[class], u32::MAX) };
     }
     if st.flags & SOCK_BUSY != 0 {
-        work_moves(service, class, st.busy_epoch, -1);
+        work_moves(service, class, (st.busy_epoch, work_now()), -1);
     }
 }
 
