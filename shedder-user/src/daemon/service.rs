@@ -180,17 +180,17 @@ impl ServiceControl {
     /// below the work in service refuses every new client until the controller has
     /// climbed past it. Not when that work has waited past the target (`waited_ms`, the p90
     /// age of what was found): that is a backlog, not a load the service sustains, and
-    /// starting at its size would let more into it. Returns the new limit if it was raised.
-    pub fn start_no_lower_than(&mut self, busy: u32, waited_ms: Option<f64>) -> Option<u32> {
-        if waited_ms.is_some_and(|ms| ms > self.cfg.target_latency_ms as f64) {
-            return None;
-        }
+    /// starting at its size would let more into it.
+    pub fn start_no_lower_than(&mut self, busy: u32, waited_ms: Option<f64>) -> StartFloor {
         let floor = busy.clamp(self.cfg.min_limit, self.cfg.max_limit);
         if floor <= self.limit_in_force() {
-            return None;
+            return StartFloor::Kept;
+        }
+        if let Some(ms) = waited_ms.filter(|&ms| ms > self.cfg.target_latency_ms as f64) {
+            return StartFloor::Backlog { waited_ms: ms };
         }
         self.limiter.resume_from(floor);
-        Some(self.limit_in_force())
+        StartFloor::Raised(self.limit_in_force())
     }
 
     /// The policy in force now, as a start or a reload writes it with everything else; it
@@ -425,6 +425,19 @@ impl ServiceControl {
             );
         }
     }
+}
+
+/// What a first start made of the work it found in service
+/// ([`ServiceControl::start_no_lower_than`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StartFloor {
+    /// No more than the starting limit: it stands.
+    Kept,
+    /// The limit starts at this, the work found (within the bounds).
+    Raised(u32),
+    /// More than the starting limit, but waiting this long (p90, ms): a backlog, and the
+    /// starting limit stands.
+    Backlog { waited_ms: f64 },
 }
 
 /// The controller's view of one tick of signals; `now` is the time since the daemon
@@ -666,18 +679,29 @@ mod tests {
         let start = sc.limit_in_force();
         let target = s.target_latency_ms as f64;
         // Less work than the starting limit: nothing changes.
-        assert_eq!(sc.start_no_lower_than(start - 1, Some(1.0)), None);
+        assert_eq!(
+            sc.start_no_lower_than(start - 1, Some(1.0)),
+            StartFloor::Kept
+        );
         assert_eq!(sc.limit_in_force(), start);
         // A backlog (what was found has waited past the target): nothing changes either.
-        assert_eq!(sc.start_no_lower_than(start + 40, Some(target * 3.0)), None);
+        assert_eq!(
+            sc.start_no_lower_than(start + 40, Some(target * 3.0)),
+            StartFloor::Backlog {
+                waited_ms: target * 3.0
+            }
+        );
         assert_eq!(sc.limit_in_force(), start);
         // More work, waiting within the target: the limit starts there, within max_limit.
         assert_eq!(
             sc.start_no_lower_than(start + 40, Some(target / 2.0)),
-            Some(start + 40)
+            StartFloor::Raised(start + 40)
         );
         assert_eq!(sc.limit_in_force(), start + 40);
-        assert_eq!(sc.start_no_lower_than(u32::MAX, None), Some(s.max_limit));
+        assert_eq!(
+            sc.start_no_lower_than(u32::MAX, None),
+            StartFloor::Raised(s.max_limit)
+        );
     }
 
     #[test]

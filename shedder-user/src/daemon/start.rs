@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::{
     Daemon, delivering_mode,
-    service::{Context, ServiceControl},
+    service::{Context, ServiceControl, StartFloor},
     specs,
 };
 use crate::{
@@ -158,32 +158,33 @@ impl Daemon {
                     .work(id)
                     .ok()
                     .and_then(|t| crate::signals::waiting(&t).p90_ms);
-                if busy > sc.limit_in_force()
-                    && let Some(ms) = waited.filter(|&ms| ms > s.target_latency_ms as f64)
-                {
-                    info!(
-                        service = %s.name,
-                        requests_in_service = busy,
-                        waiting_p90_ms = ms.round(),
-                        "found a backlog: starting at the fallback limit, not at the work found"
-                    );
-                }
-                if let Some(limit) = sc.start_no_lower_than(busy, waited) {
-                    info!(
-                        service = %s.name,
-                        requests_in_service = busy,
-                        limit,
-                        "starting above the fallback limit: the node already carries this much work"
-                    );
-                    let policy = sc.initial_policy(Context {
-                        ladder: &ladder,
-                        hz,
-                        hold: hold.duration(hz),
-                    });
-                    shedder
-                        .set_policy(id, &policy)
-                        .context("writing the starting policy")?;
-                }
+                let limit = match sc.start_no_lower_than(busy, waited) {
+                    StartFloor::Kept => continue,
+                    StartFloor::Backlog { waited_ms } => {
+                        info!(
+                            service = %s.name,
+                            requests_in_service = busy,
+                            waiting_p90_ms = waited_ms.round(),
+                            "found a backlog: starting at the fallback limit, not at the work found"
+                        );
+                        continue;
+                    }
+                    StartFloor::Raised(limit) => limit,
+                };
+                info!(
+                    service = %s.name,
+                    requests_in_service = busy,
+                    limit,
+                    "starting above the fallback limit: the node already carries this much work"
+                );
+                let policy = sc.initial_policy(Context {
+                    ladder: &ladder,
+                    hz,
+                    hold: hold.duration(hz),
+                });
+                shedder
+                    .set_policy(id, &policy)
+                    .context("writing the starting policy")?;
             }
         }
         if let Durability::Private(why) = &pins.durability {
