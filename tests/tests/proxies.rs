@@ -158,16 +158,21 @@ fn haproxy_on_the_node_from_the_defaults_at_3x() {
         *steady.iter().min().expect("limits sampled"),
         *steady.iter().max().expect("limits sampled"),
     );
-    // The steady range, within a factor of two either way: from 256, the limit is where it
-    // stays (AIMD's steps of one and an occasional cut move it within that).
-    let (lo, hi) = (lo / 2, hi * 2);
+    // From 256 the limit comes down: from 3 s on it is never above the steady range (the
+    // last 8 s, a quarter's tolerance). Below it an AIMD cut may take it for a while (to
+    // 12 against a settled 20-21 in one CI run); never below half the range, a collapse.
+    let (floor, top) = (lo / 2, (hi as f64 * 1.25).ceil() as u32);
     let after3 = limits_between(&limits, 3.0, 16.0);
     let first = limits_between(&limits, 0.0, 3.0);
     eprintln!("limits in the first 3 s: {first:?}");
     eprintln!("from 3 s: {after3:?}; steady range {lo}..={hi}");
     assert!(
-        after3.iter().all(|l| (lo..=hi).contains(l)),
-        "the limit is not in its steady range {lo}..={hi} from 3 s: {after3:?}"
+        after3.iter().all(|l| *l <= top),
+        "the limit is above its steady range {lo}..={hi} (+25%) after 3 s: {after3:?}"
+    );
+    assert!(
+        after3.iter().all(|l| *l >= floor),
+        "the limit collapsed below half its steady range {lo}..={hi} after 3 s: {after3:?}"
     );
     let late = report.range(5..16);
     let p99 = p99_ms(&late);
