@@ -95,6 +95,10 @@ pub struct ClassState {
     /// Attempts from sources without standing the class holds at most.
     #[serde(default)]
     pub unproven_cap: u32,
+    /// Keep-alive connections recalled since the daemon started (dry-run: that would have
+    /// been).
+    #[serde(default)]
+    pub recalled: u64,
 }
 
 fn tcp() -> String {
@@ -118,6 +122,12 @@ pub struct ServiceState {
     /// Established connections (busy or idle) the service may hold.
     #[serde(default)]
     pub max_connections: u32,
+    /// Keep-alive connections of refused classes recalled a second at most (0: off).
+    #[serde(default)]
+    pub recall_per_second: u32,
+    /// Recalls the kernel refused (not counting connections gone since the listing).
+    #[serde(default)]
+    pub recall_errors: u64,
     /// `enforce` or `dry-run`.
     #[serde(default)]
     pub enforcement: String,

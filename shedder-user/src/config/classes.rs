@@ -137,6 +137,11 @@ impl Prefix {
         }
         Ok(Self { addr, len })
     }
+
+    /// Whether `addr` is inside the prefix (an address of the other family never is).
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        addr.is_ipv4() == self.addr.is_ipv4() && mask(addr, self.len) == self.addr
+    }
 }
 
 fn mask(addr: IpAddr, len: u32) -> IpAddr {

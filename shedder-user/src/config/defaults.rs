@@ -92,6 +92,12 @@ pub fn fallback_limit() -> u32 {
 pub fn max_connections() -> u32 {
     shedder_common::DEFAULT_TRACKED_SOCKETS / 4
 }
+/// Enough to take a class's keep-alive load back to the gate within a few seconds at the
+/// default limits (a few hundred connections over), few enough that a misjudged recall
+/// costs clients a reconnect each, not a storm of resets.
+pub fn recall_per_second() -> u32 {
+    200
+}
 pub fn fleet_prefix() -> String {
     "/shedder".into()
 }

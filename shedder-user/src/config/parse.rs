@@ -391,7 +391,7 @@ rate = { sheddable = { per_second = 200, burst = 400 } }
             ),
             (
                 format!("{SVC}max_limt = 5\n"),
-                "line 4, column 1: service[0] (checkout).max_limt: unknown key, expected one of `name`, `protocol`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `max_connections`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`, `retry_window_ms`, `demote_retries`, `fair_share`, `retry_budget`, `retry_budget_min`, `unproven_share`, `global_limit`, `active_window_ms`",
+                "line 4, column 1: service[0] (checkout).max_limt: unknown key, expected one of `name`, `protocol`, `ports`, `addresses`, `default_class`, `cgroup`, `target_latency_ms`, `controller`, `min_limit`, `max_limit`, `fallback_limit`, `max_connections`, `recall_per_second`, `fixed_limit`, `target_rps`, `action`, `mode`, `rate`, `retry_window_ms`, `demote_retries`, `fair_share`, `retry_budget`, `retry_budget_min`, `unproven_share`, `global_limit`, `active_window_ms`",
             ),
             (
                 "[classes.high]\nflor = 0.5\n".into(),

@@ -107,6 +107,11 @@ pub struct Service {
     /// may pin, not the controller's variable (that is work in flight: see `max_limit`).
     #[serde(default = "defaults::max_connections")]
     pub max_connections: u32,
+    /// Keep-alive connections of a class the gate is refusing that may be recalled (closed
+    /// with a reset, so that their clients' next request meets the gate) per second; 0
+    /// turns recall off. TCP only; needs work counted from data arrival (Linux 6.6).
+    #[serde(default = "defaults::recall_per_second")]
+    pub recall_per_second: u32,
     /// The limit of the `fixed` controller (default: fallback_limit).
     pub fixed_limit: Option<u32>,
     /// Expected request rate; when set, the hard ceiling is also bounded by Little's law:

@@ -18,6 +18,9 @@ use super::{
 
 /// Largest concurrency limit accepted: far above any real service, far below overflow.
 pub const LIMIT_CEILING: u32 = 1 << 24;
+/// Most recalls a second a service may ask for: each is a reset a client must recover
+/// from, and each costs the daemon a netlink round trip.
+pub const MAX_RECALL_PER_SECOND: u32 = 10_000;
 
 /// Longest `daemon.standing_window_s`: a day. Standing is the proof that an address
 /// receives what is sent to it; a day-old proof says little about who holds it now.
@@ -589,6 +592,15 @@ impl Config {
                          connection, so the ceiling on connections must be at least the limit \
                          on work",
                         s.max_connections, s.max_limit
+                    ),
+                ));
+            }
+            if s.recall_per_second > MAX_RECALL_PER_SECOND {
+                return Err(err(
+                    field("recall_per_second"),
+                    format!(
+                        "{} is above the supported {MAX_RECALL_PER_SECOND} (0 turns recall off)",
+                        s.recall_per_second
                     ),
                 ));
             }

@@ -11,3 +11,4 @@ pub mod classes;
 pub mod controller;
 pub mod overridden;
 pub mod proof;
+pub mod recall;

@@ -23,6 +23,7 @@ use anyhow::{Context as _, Result};
 use tracing::{info, warn};
 
 mod hold;
+mod recall;
 mod reload;
 mod requests;
 pub mod service;
@@ -104,6 +105,8 @@ struct Daemon {
     delivery: crate::kernel::netdev::delivery::Monitor,
     /// How long the packet path holds an admitted attempt (see [`hold`]).
     hold: hold::Hold,
+    /// Recalling keep-alive connections of refused classes (see [`recall`]).
+    recall: recall::Recall,
 }
 
 pub fn run(opts: Options) -> Result<()> {

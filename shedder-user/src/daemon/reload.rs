@@ -130,6 +130,7 @@ impl Daemon {
         self.services = services;
         self.ladder = ladder;
         self.hold = hold;
+        self.recall.reload(&cfg);
         self.cfg = cfg;
         self.config_text = text;
         Ok(())

@@ -66,6 +66,11 @@ pub struct ServiceControl {
 }
 
 impl ServiceControl {
+    /// The policy the kernel holds for the service (None before the first write).
+    pub fn written(&self) -> Option<&ServicePolicy> {
+        self.written.as_ref()
+    }
+
     /// The 99th percentile of the handshake delay the last tick measured (for a QUIC
     /// service, its queue age: only proven flows are measured), if there was one.
     pub fn handshake_p99_ms(&self) -> Option<f64> {
@@ -355,6 +360,8 @@ impl ServiceControl {
             min_limit: self.cfg.min_limit,
             max_limit: self.cfg.max_limit,
             max_connections: self.cfg.max_connections,
+            recall_per_second: self.cfg.recall_per_second,
+            recall_errors: 0,
             enforcement: match self.cfg.mode {
                 crate::config::Mode::Enforce => "enforce",
                 crate::config::Mode::DryRun => "dry-run",
@@ -379,6 +386,7 @@ impl ServiceControl {
                     ceiling: c.ceiling,
                     reserve: c.reserve,
                     unproven_cap: c.unproven_cap,
+                    recalled: 0,
                 })
                 .collect(),
             flooded: CLASS_NAMES

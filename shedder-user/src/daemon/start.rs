@@ -263,6 +263,7 @@ impl Daemon {
         control::serve(control_listener, group, tx);
         Ok(Self {
             config_path,
+            recall: super::recall::Recall::new(&cfg),
             cfg,
             config_text,
             shedder,

@@ -40,6 +40,7 @@ impl Daemon {
                 f.report(&sc.cfg.name, report);
             }
         }
+        self.recall.tick(now, &self.services, &signals);
         match self.shedder.heartbeat() {
             Ok(_) => self.last_heartbeat = Instant::now(),
             Err(e) => error!(error = %e, "stamping the heartbeat"),
@@ -187,6 +188,10 @@ impl Daemon {
                 .services
                 .iter()
                 .filter_map(|sc| sc.state(now.duration_since(self.start)))
+                .map(|mut s| {
+                    self.recall.fill(&mut s);
+                    s
+                })
                 .collect(),
             fleet: self.fleet.as_ref().map(|f| f.state()),
             warnings: self
@@ -194,6 +199,11 @@ impl Daemon {
                 .iter()
                 .cloned()
                 .chain(self.delivery.problems())
+                .chain(
+                    self.recall
+                        .unavailable()
+                        .map(|why| format!("keep-alive recall is unavailable: {why}")),
+                )
                 .collect(),
         }
     }

@@ -6,7 +6,7 @@
 use std::{io, net::IpAddr};
 
 use netlink_packet_core::{
-    NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_sock_diag::{
     SockDiagMessage,
@@ -64,6 +64,8 @@ pub struct TcpSocket {
     pub since_data: Option<(u32, u32)>,
     /// `tcp_info`'s data segments received and sent (`None` without `tcp_info`).
     pub data_segs: Option<(u32, u32)>,
+    /// The device the socket is bound to (0: none), as the kernel's lookup needs it back.
+    pub interface: u32,
 }
 
 impl TcpSocket {
@@ -77,6 +79,12 @@ impl TcpSocket {
         let answered_nothing = self.data_segs.is_some_and(|(i, o)| i > 0 && o == 0);
         let later = self.since_data.is_some_and(|(recv, sent)| recv < sent);
         (self.unread > 0 || answered_nothing || later).then_some(recv)
+    }
+
+    /// Whether it has answered a request (sent data): a keep-alive connection if it is
+    /// still open. Unknown without `tcp_info`: taken for no.
+    pub fn answered(&self) -> bool {
+        self.data_segs.is_some_and(|(_, out)| out > 0)
     }
 }
 
@@ -123,10 +131,78 @@ pub fn open_sockets() -> io::Result<Vec<TcpSocket>> {
                 unread: h.recv_queue,
                 since_data,
                 data_segs,
+                interface: id.interface_id,
             })
         },
     )?;
     Ok(out)
+}
+
+/// `SOCK_DESTROY`: the sock_diag request that closes one socket (the same body as a
+/// lookup, `SOCK_DIAG_BY_FAMILY` + 1).
+const SOCK_DESTROY: u16 = 21;
+
+/// Closes TCP connections through sock_diag (`SOCK_DESTROY`, Linux 4.5 with
+/// `CONFIG_INET_DIAG_DESTROY`, which Debian's kernels set): the kernel aborts the
+/// connection as `tcp_abort` does, a reset to the peer and `ECONNABORTED` to the
+/// application, the same as `bpf_sock_destroy` from a socket iterator (Linux 6.5) without
+/// needing one. Needs CAP_NET_ADMIN in the socket's network namespace.
+pub struct Destroyer {
+    socket: Socket,
+}
+
+impl Destroyer {
+    pub fn new() -> io::Result<Self> {
+        let mut socket = Socket::new(NETLINK_SOCK_DIAG)?;
+        socket.bind_auto()?;
+        socket.connect(&SocketAddr::new(0, 0))?;
+        Ok(Self { socket })
+    }
+
+    /// Close `s`, found by its addresses, ports and cookie: a socket that closed since the
+    /// listing (its cookie gone, or reused by another) is not touched, `ENOENT` or
+    /// `ESTALE`. `EOPNOTSUPP`: the kernel was built without `CONFIG_INET_DIAG_DESTROY`.
+    pub fn destroy(&self, s: &TcpSocket) -> io::Result<()> {
+        let family = if s.local.is_ipv4() { AF_INET } else { AF_INET6 };
+        let mut cookie = [0u8; 8];
+        cookie[..4].copy_from_slice(&(s.cookie as u32).to_ne_bytes());
+        cookie[4..].copy_from_slice(&((s.cookie >> 32) as u32).to_ne_bytes());
+        let request = InetRequest {
+            family,
+            protocol: IPPROTO_TCP,
+            extensions: ExtensionFlags::empty(),
+            states: StateFlags::all(),
+            socket_id: SocketId {
+                source_port: s.local_port,
+                destination_port: s.remote_port,
+                source_address: s.local,
+                destination_address: s.remote,
+                interface_id: s.interface,
+                cookie,
+            },
+        };
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_ACK;
+        let mut msg = NetlinkMessage::new(header, SockDiagMessage::InetRequest(request).into());
+        msg.finalize();
+        let mut buf = vec![0; msg.buffer_len()];
+        msg.serialize(&mut buf);
+        // The crate knows the lookup's message type only; the destroy request is that body
+        // under another type (the header's bytes 4..6).
+        buf[4..6].copy_from_slice(&SOCK_DESTROY.to_ne_bytes());
+        self.socket.send(&buf, 0)?;
+        let mut rx = Vec::with_capacity(4096);
+        self.socket.recv(&mut rx, 0)?;
+        let msg = <NetlinkMessage<SockDiagMessage>>::deserialize(&rx)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        match msg.payload {
+            NetlinkPayload::Error(e) if e.code.is_none() => Ok(()),
+            NetlinkPayload::Error(e) => Err(e.to_io()),
+            other => Err(io::Error::other(format!(
+                "sock_diag destroy: unexpected reply {other:?}"
+            ))),
+        }
+    }
 }
 
 /// Offset of `tcpi_rtt` (smoothed round-trip time, µs) in the kernel's `struct tcp_info`:
@@ -291,6 +367,7 @@ mod busy_tests {
             unread,
             since_data: since,
             data_segs: segs,
+            interface: 0,
         }
     }
 

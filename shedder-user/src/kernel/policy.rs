@@ -37,6 +37,19 @@ pub struct Compiled {
     pub decap: Vec<(u32, u32)>,
 }
 
+/// The class rules of a validated configuration: each source prefix and its class.
+pub fn class_rules(cfg: &Config) -> Vec<(Prefix, u32)> {
+    let mut rules = Vec::new();
+    for (id, class) in cfg.classes.by_id().into_iter().enumerate() {
+        for src in &class.sources {
+            // Validated already; a parse failure here would be a bug in validate().
+            let p = Prefix::parse(src).expect("validated prefix");
+            rules.push((p, id as u32));
+        }
+    }
+    rules
+}
+
 /// A service's retry window in jiffies at `hz` (rounded up; 0 keeps retry recognition off).
 /// Configuration bounds it far below `u32::MAX` at any real HZ; a wildly wrong calibration
 /// saturates instead of wrapping to a short window.
@@ -239,17 +252,9 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
             ),
         })
         .collect();
-    let mut class_rules = Vec::new();
-    for (id, class) in cfg.classes.by_id().into_iter().enumerate() {
-        for src in &class.sources {
-            // Validated already; a parse failure here would be a bug in validate().
-            let p = Prefix::parse(src).expect("validated prefix");
-            class_rules.push((p, id as u32));
-        }
-    }
     Compiled {
         services,
-        class_rules,
+        class_rules: class_rules(cfg),
         globals: Globals {
             heartbeat_jiffies: 0,
             heartbeat_timeout_jiffies: ms_to_jiffies(cfg.daemon.heartbeat_timeout_ms, hz),

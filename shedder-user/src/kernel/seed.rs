@@ -414,6 +414,7 @@ mod tests {
             unread: 0,
             since_data: None,
             data_segs: None,
+            interface: 0,
         }
     }
 

@@ -184,6 +184,9 @@ impl Collector for ShedderCollector {
             ("shedder_max_connections", |s| {
                 (s.protocol == "tcp").then_some(s.max_connections as f64)
             }),
+            ("shedder_recall_per_second", |s| {
+                (s.protocol == "tcp").then_some(s.recall_per_second as f64)
+            }),
             ("shedder_waiting_requests", |s| {
                 s.signals.waiting.value().map(|w| w.requests as f64)
             }),
@@ -227,6 +230,20 @@ impl Collector for ShedderCollector {
                 }
                 out
             };
+        counters(
+            &mut encoder,
+            "shedder_recalled_connections",
+            &per_class(&|s, c| {
+                (s.protocol == "tcp")
+                    .then(|| s.classes.get(c).map(|x| x.recalled as f64))
+                    .flatten()
+            }),
+        )?;
+        counters(
+            &mut encoder,
+            "shedder_recall_errors",
+            &per_service(&|s| (s.protocol == "tcp").then_some(s.recall_errors as f64)),
+        )?;
         gauges(
             &mut encoder,
             "shedder_class_limit",

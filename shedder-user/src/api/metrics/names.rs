@@ -134,6 +134,24 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "Established connections, busy or idle, the service may hold before every attempt is refused (max_connections).",
     ),
     (
+        "shedder_recall_per_second",
+        "gauge",
+        &["service"],
+        "Keep-alive connections of refused classes the daemon may recall a second (recall_per_second; 0: off).",
+    ),
+    (
+        "shedder_recall_errors",
+        "counter",
+        &["service"],
+        "Recalls the kernel refused (connections already gone are not errors).",
+    ),
+    (
+        "shedder_recalled_connections",
+        "counter",
+        &["service", "class"],
+        "Keep-alive connections recalled (closed with a reset so that their next request meets the gate) while their class was over its bound; in dry-run, those that would have been.",
+    ),
+    (
         "shedder_connections",
         "gauge",
         &["service", "class"],

@@ -1,0 +1,240 @@
+//! Recalling keep-alive connections each tick (see [`crate::control::recall`] for which):
+//! list the services' connections once through sock_diag when some class is over the bound
+//! the gate refuses it at, close the chosen ones, count them.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use shedder_common::NUM_CLASSES;
+use tracing::{info, warn};
+
+use super::service::ServiceControl;
+use crate::{
+    api::state::ServiceState,
+    config::{Config, Mode, Prefix, Protocol, socket_serves},
+    control::recall::{Budget, Conn, choose, classify, wanted},
+    kernel::{
+        diag::{self, Destroyer, TCP_ESTABLISHED, TcpSocket},
+        policy::class_rules,
+    },
+    signals::Signals,
+};
+
+/// How often a service's recalls are logged at most (the counts in between are summed).
+const LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// One service's recall history, kept by name across reloads.
+#[derive(Debug, Default)]
+struct Record {
+    budget: Budget,
+    recalled: [u64; NUM_CLASSES],
+    errors: u64,
+    /// Recalled since the last log line, and when that was.
+    unlogged: [u64; NUM_CLASSES],
+    logged: Option<Instant>,
+}
+
+/// The daemon's recall state.
+pub struct Recall {
+    rules: Vec<(Prefix, u32)>,
+    records: HashMap<String, Record>,
+    destroyer: Option<Destroyer>,
+    last: Option<Instant>,
+    /// Why recall cannot close connections on this host (the first refusal that is not a
+    /// connection gone); once set, recall counts what it would have done and closes nothing.
+    unavailable: Option<String>,
+}
+
+impl Recall {
+    pub fn new(cfg: &Config) -> Self {
+        Self {
+            rules: class_rules(cfg),
+            records: HashMap::new(),
+            destroyer: None,
+            last: None,
+            unavailable: None,
+        }
+    }
+
+    /// A reload: the new class rules; the counts stay.
+    pub fn reload(&mut self, cfg: &Config) {
+        self.rules = class_rules(cfg);
+    }
+
+    /// Why recall closes nothing here, if it cannot.
+    pub fn unavailable(&self) -> Option<&str> {
+        self.unavailable.as_deref()
+    }
+
+    /// One tick: for each TCP service with recall on whose work is counted from data, the
+    /// recalls its policy and work call for, within its rate.
+    pub fn tick(&mut self, now: Instant, services: &[ServiceControl], signals: &[Signals]) {
+        let dt = self
+            .last
+            .map_or(Duration::from_millis(100), |l| now.duration_since(l));
+        self.last = Some(now);
+        let mut due = Vec::new();
+        for (sc, sig) in services.iter().zip(signals) {
+            let cfg = &sc.cfg;
+            if cfg.protocol != Protocol::Tcp || cfg.recall_per_second == 0 {
+                continue;
+            }
+            let record = self.records.entry(cfg.name.clone()).or_default();
+            // Without the data event every open connection counts as work, and recalling
+            // by it would close idle pools: no recall (doctor's `work` check says why).
+            let (Some(policy), Some(busy), Some(_)) =
+                (sc.written(), sig.inflight.ok(), sig.waiting.ok())
+            else {
+                record.budget.spent(cfg.recall_per_second, dt, 0);
+                continue;
+            };
+            // At most what every busy connection being reused would call for: nothing over
+            // any bound, no listing.
+            if wanted(policy, busy, busy).iter().all(|&n| n == 0) {
+                record.budget.spent(cfg.recall_per_second, dt, 0);
+                continue;
+            }
+            due.push((sc, *busy));
+        }
+        if due.is_empty() {
+            return;
+        }
+        let sockets = match diag::open_sockets() {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "listing connections to recall");
+                return;
+            }
+        };
+        for (sc, busy) in due {
+            self.service(sc, &busy, &sockets, dt, now);
+        }
+    }
+
+    fn service(
+        &mut self,
+        sc: &ServiceControl,
+        busy: &[u32; NUM_CLASSES],
+        sockets: &[TcpSocket],
+        dt: Duration,
+        now: Instant,
+    ) {
+        let cfg = &sc.cfg;
+        let Some(policy) = sc.written() else { return };
+        let mine: Vec<&TcpSocket> = sockets
+            .iter()
+            .filter(|s| {
+                s.state == TCP_ESTABLISHED
+                    && socket_serves(&cfg.ports, &cfg.addresses, s.local, s.local_port)
+            })
+            .collect();
+        let default = cfg.default_class.id();
+        let conns: Vec<Conn> = mine
+            .iter()
+            .map(|s| {
+                let busy_ms = s.busy_for_ms();
+                Conn {
+                    class: classify(&self.rules, default, s.remote),
+                    busy: busy_ms.is_some(),
+                    since_ms: busy_ms.unwrap_or_else(|| s.since_data.map_or(u32::MAX, |d| d.0)),
+                    answered: s.answered(),
+                }
+            })
+            .collect();
+        let mut reused = [0; NUM_CLASSES];
+        for c in conns.iter().filter(|c| c.busy && c.answered) {
+            reused[c.class as usize] += 1;
+        }
+        let want = wanted(policy, busy, &reused);
+        let record = self.records.entry(cfg.name.clone()).or_default();
+        let allowance = record.budget.allowance(cfg.recall_per_second, dt);
+        let chosen = choose(&conns, &want, allowance);
+        let mut done = 0;
+        for i in chosen {
+            let closed = if cfg.mode == Mode::DryRun || self.unavailable.is_some() {
+                true
+            } else {
+                close(&mut self.destroyer, mine[i], &mut self.unavailable)
+            };
+            if closed {
+                record.recalled[conns[i].class as usize] += 1;
+                record.unlogged[conns[i].class as usize] += 1;
+                done += 1;
+            } else {
+                record.errors += 1;
+            }
+        }
+        record.budget.spent(cfg.recall_per_second, dt, done);
+        if record.unlogged.iter().any(|&n| n > 0)
+            && record
+                .logged
+                .is_none_or(|t| now.duration_since(t) >= LOG_EVERY)
+        {
+            let [_, high, medium, sheddable] = record.unlogged;
+            let verb = match (cfg.mode, &self.unavailable) {
+                (Mode::DryRun, _) => "would have recalled (dry-run)",
+                (_, Some(_)) => "would have recalled (recall unavailable)",
+                _ => "recalled",
+            };
+            info!(
+                service = %cfg.name,
+                high, medium, sheddable,
+                per_second = cfg.recall_per_second,
+                "{verb} keep-alive connections of refused classes"
+            );
+            record.unlogged = [0; NUM_CLASSES];
+            record.logged = Some(now);
+        }
+    }
+
+    /// Fill a service's state with its recall counts.
+    pub fn fill(&self, s: &mut ServiceState) {
+        if let Some(r) = self.records.get(&s.name) {
+            for (c, n) in s.classes.iter_mut().zip(r.recalled) {
+                c.recalled = n;
+            }
+            s.recall_errors = r.errors;
+        }
+    }
+}
+
+/// Close one connection. A connection gone since the listing counts as closed (its client
+/// is already back at the gate); any other refusal is counted as an error, and one that
+/// says the host cannot do it turns recall into counting only, said loudly once.
+fn close(
+    destroyer: &mut Option<Destroyer>,
+    s: &TcpSocket,
+    unavailable: &mut Option<String>,
+) -> bool {
+    let d = match destroyer {
+        Some(d) => d,
+        None => match Destroyer::new() {
+            Ok(d) => destroyer.insert(d),
+            Err(e) => {
+                warn!(error = %e, "opening a sock_diag socket to recall connections");
+                return false;
+            }
+        },
+    };
+    match d.destroy(s) {
+        Ok(()) => true,
+        Err(e) => match e.raw_os_error() {
+            Some(libc::ENOENT | libc::ESTALE) => true,
+            Some(libc::EOPNOTSUPP | libc::EPERM | libc::EACCES) => {
+                let why = format!(
+                    "the kernel refused to close a connection ({e}): it needs \
+                     CONFIG_INET_DIAG_DESTROY and CAP_NET_ADMIN"
+                );
+                warn!("recall is unavailable: {why}; refusing new connections still works");
+                *unavailable = Some(why);
+                false
+            }
+            _ => {
+                warn!(error = %e, remote = %s.remote, "recalling a connection");
+                false
+            }
+        },
+    }
+}
