@@ -136,6 +136,7 @@ fn haproxy_serves_up_to_the_server_limit_and_closes_on_queue_timeout() {
             server_maxconn: 4,
             frontend_maxconn: 2000,
             timeout_queue: ms(200),
+            http: false,
         },
     );
     eprintln!("haproxy.cfg:\n{}", haproxy.config_text());

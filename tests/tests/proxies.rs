@@ -67,6 +67,7 @@ impl Node {
                 server_maxconn: 4,
                 frontend_maxconn: 5000,
                 timeout_queue: Duration::from_secs(5),
+                http: false,
             },
         );
         let capacity = pair

@@ -8,8 +8,10 @@
 //! connections; recalling as many of them as it is over sends their clients back through
 //! the gate. The rules:
 //!
-//! - lowest class first: a class's excess is recalled from it before the classes above
-//!   are looked at again, with what was recalled taken off its work;
+//! - lowest class first, and a class only while every class below it holds no more work
+//!   than its floor (once its own recall is taken off): a higher class over its share
+//!   because a lower one's queue slows everything down keeps its connections (the lower
+//!   one's go, and the higher one's work shrinks as the queue does);
 //! - CRITICAL never;
 //! - only connections that answered a request before (a keep-alive connection): one whose
 //!   first request is in service was admitted by the gate for that request;
@@ -50,8 +52,13 @@ pub fn wanted(
 ) -> [u32; NUM_CLASSES] {
     let mut occ: [u64; NUM_CLASSES] = std::array::from_fn(|c| busy[c] as u64);
     let mut out = [0; NUM_CLASSES];
+    // Some class below holds work over its floor (after its own recall): the classes above
+    // keep theirs, however far over their shares the slowness it causes puts them.
+    let mut below = false;
     for class in (0..NUM_CLASSES as u32).rev() {
-        if class == CLASS_CRITICAL {
+        let c = class as usize;
+        if class == CLASS_CRITICAL || below {
+            below |= occ[c] > policy.classes[c].floor as u64;
             continue;
         }
         let attempt = admit::Attempt {
@@ -60,15 +67,14 @@ pub fn wanted(
             ..Default::default()
         };
         let d = admit::decide(policy, &attempt, &occ, false);
-        if d.admit == 1 || is_pressure(d.reason) == 0 {
-            continue;
+        if d.admit == 0 && is_pressure(d.reason) == 1 {
+            // Over by `excess` at the bound the attempt met: at the bound exactly, the class's
+            // connections hold it there and nothing needs to go.
+            let n = d.excess.min(reused[c]);
+            out[c] = n;
+            occ[c] -= n as u64;
         }
-        let c = class as usize;
-        // Over by `excess` at the bound the attempt met: at the bound exactly, the class's
-        // connections hold it there and nothing needs to go.
-        let n = d.excess.min(reused[c]);
-        out[c] = n;
-        occ[c] -= n as u64;
+        below |= occ[c] > policy.classes[c].floor as u64;
     }
     out
 }
@@ -177,11 +183,14 @@ mod tests {
         // HIGH what is left of the service's excess (120 + 10 - 100).
         let w = wanted(&policy(), &[120, 10, 5, 5], &[120, 10, 5, 5]);
         assert_eq!(w, [0, 10, 5, 5]);
-        // HIGH 30 over its share fills the service: SHEDDABLE, at its own share exactly,
-        // keeps its 10; MEDIUM, refused by the full service, gives what the service is
-        // over; HIGH what it is over its share.
+        // HIGH 30 over its share fills the service, but SHEDDABLE, at its own share exactly
+        // (nothing to give), holds work over its floor of 0: nothing above it is recalled.
         let w = wanted(&policy(), &[0, 90, 20, 10], &[0, 90, 20, 10]);
-        assert_eq!(w, [0, 30, 10, 0]);
+        assert_eq!(w, [0; 4]);
+        // SHEDDABLE 15 over its share while HIGH is over its own (a queue SHEDDABLE's load
+        // makes): only SHEDDABLE gives, since it still holds work after its recall.
+        let w = wanted(&policy(), &[0, 90, 10, 25], &[0, 90, 10, 25]);
+        assert_eq!(w, [0, 0, 0, 15]);
     }
 
     fn conn(class: u32, busy: bool, since_ms: u32, answered: bool) -> Conn {

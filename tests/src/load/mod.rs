@@ -40,8 +40,8 @@
 //! # Layout
 //!
 //! One file per part, each using only those listed before it: `protocol` (the bytes),
-//! `cpu` (pinning threads, burning CPU, CPU clocks), `backend` ([`Backend`]), `https` (the
-//! TLS backend's client, [`Https`]), `client` (one request in either [`Protocol`] and its
+//! `cpu` (pinning threads, burning CPU, CPU clocks), `backend` ([`Backend`]), `http` (an HTTP/1.1 keep-alive server,
+//! [`HttpBackend`]), `https` (the TLS backend's client, [`Https`]), `client` (one request in either [`Protocol`] and its
 //! [`Outcome`]), `stats` (counts
 //! and windows of outcomes), `schedule` (arrival times), `generator` ([`LoadGen`]) and
 //! `capacity` ([`measure_capacity`]).
@@ -51,6 +51,7 @@ mod capacity;
 mod client;
 mod cpu;
 mod generator;
+mod http;
 mod https;
 mod protocol;
 mod schedule;
@@ -61,6 +62,7 @@ pub use capacity::{Capacity, measure_capacity, measure_capacity_speaking};
 pub use client::{Outcome, Protocol, prepare_client_namespace, raise_nofile_limit};
 pub use cpu::{CpuTimes, burn, online_cpus, pin_current_thread, pin_process, pin_task, read_clock};
 pub use generator::{ClassMix, LoadGen, LoadHandle, add_local_range, nth_address};
+pub use http::HttpBackend;
 pub use https::{HTTPS_PATH, Https};
 pub use protocol::{BUSY, REQUEST, RESPONSE};
 pub use schedule::{Arrivals, Phase, Rate, XorShift};

@@ -1,4 +1,4 @@
-//! haproxy in TCP mode: a per-server connection limit with a queue.
+//! haproxy in TCP or HTTP mode: a per-server connection limit with a queue.
 
 use std::{
     net::SocketAddr,
@@ -23,11 +23,22 @@ pub struct HaproxyConfig {
     pub frontend_maxconn: u32,
     /// How long a connection may wait in the queue before haproxy closes it.
     pub timeout_queue: Duration,
+    /// HTTP mode: haproxy keeps its clients' connections alive between requests and queues
+    /// each request (not each connection) for a server connection, which it reuses.
+    pub http: bool,
 }
 
 impl HaproxyConfig {
-    /// The configuration file: TCP mode, one thread, no logging.
+    /// The configuration file: TCP or HTTP mode, one thread, no logging.
     fn render(&self) -> String {
+        let mode = if self.http {
+            "mode http\n\
+             \x20   option http-keep-alive\n\
+             \x20   timeout http-keep-alive 30s\n\
+             \x20   http-reuse always"
+        } else {
+            "mode tcp"
+        };
         let backend = match self.backend {
             SocketAddr::V4(a) => a.to_string(),
             SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
@@ -38,7 +49,7 @@ impl HaproxyConfig {
              \x20   nbthread 1\n\
              \n\
              defaults\n\
-             \x20   mode tcp\n\
+             \x20   {mode}\n\
              \x20   timeout connect 1s\n\
              \x20   timeout client 10s\n\
              \x20   timeout server 10s\n\

@@ -12,6 +12,7 @@ mod haproxy;
 mod nft;
 mod nginx;
 mod quic;
+mod wrk;
 
 use std::{
     io,
@@ -29,6 +30,8 @@ pub use quic::{
     QUIC_SERVER_NAME, QuicClient, QuicOutcome, QuicServer, QuicServerConfig, QuicTally, QuicWork,
     closed_loop as quic_closed_loop, open_loop as quic_open_loop,
 };
+
+pub use wrk::{Wrk, WrkConfig, WrkResult, closed_loop_rate};
 
 use crate::netns::Netns;
 

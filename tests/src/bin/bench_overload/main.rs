@@ -356,6 +356,7 @@ impl System {
                         // Half the clients' deadline: a queued request still has time to be
                         // served, and one that waited this long is given up on.
                         timeout_queue: DEADLINE / 2,
+                        http: false,
                     },
                 ));
                 s.target = SocketAddr::new(IpAddr::V4(SERVER_V4), HAPROXY_PORT);
