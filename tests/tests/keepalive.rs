@@ -82,6 +82,7 @@ fn an_idle_keep_alive_pool_never_causes_a_refusal() {
             tls: None,
             worker_cpu: None,
             limit: NginxLimit::None,
+            upstream: None,
         },
     );
     let pins = PathBuf::from(format!("/sys/fs/bpf/shedder-ka-{}", std::process::id()));

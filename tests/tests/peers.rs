@@ -274,6 +274,7 @@ fn nginx_serves_https_and_its_limit_req_answers_503() {
         tls: Some(tls.clone()),
         worker_cpu: Some(0),
         limit,
+        upstream: None,
     };
     {
         let nginx = Nginx::start(&pair.server, &config(NginxLimit::None));

@@ -1,7 +1,8 @@
-//! A proxy on the node, its backend on another host: haproxy in the server namespace in TCP
-//! mode, the lab's backend of known capacity (4 workers × 20 ms) in a third namespace behind
-//! it, and the real daemon protecting haproxy's port. haproxy accepts every connection at
-//! once and queues its requests for the backend's four connections, so the node's accept
+//! A proxy on the node, its backend on another host: haproxy in TCP or HTTP mode, or nginx
+//! as a reverse proxy, in the server namespace; a backend of known capacity (4 workers × 20
+//! ms: the lab's line protocol for haproxy in TCP mode, HTTP/1.1 for the others) in a third
+//! namespace behind it; and the real daemon protecting the proxy's port. The proxy accepts
+//! every connection at once and queues its requests for the backend, so the node's accept
 //! queue stays empty and no answer completes while they wait: only the age of the requests
 //! in service tells the controller (see `shedder_common::work`).
 
@@ -13,9 +14,12 @@ use std::{
 
 use shedder_tests::{
     daemon::Daemon,
-    load::{Backend, BackendConfig, LoadGen, Window, measure_capacity, prepare_client_namespace},
+    load::{
+        Backend, BackendConfig, HttpBackend, LoadGen, Protocol, Window, measure_capacity_speaking,
+        prepare_client_namespace,
+    },
     netns::{IFACE, Netns, Pair, UPSTREAM_V4},
-    peers::{Haproxy, HaproxyConfig},
+    peers::{Haproxy, HaproxyConfig, Nginx, NginxConfig, NginxLimit},
     policy::{CLIENT_V4, SERVER_V4},
     require_root,
     scenario::{LimitSampler, MIX, limits_between},
@@ -35,45 +39,95 @@ fn p99_ms(w: &Window) -> f64 {
         .map_or(f64::INFINITY, |d| d.as_secs_f64() * 1000.0)
 }
 
-/// The node: namespaces, the backend upstream, haproxy in front of it, the capacity
-/// measured through haproxy.
+/// The proxy on the node.
+#[derive(Clone, Copy, Debug)]
+enum Front {
+    HaproxyTcp,
+    HaproxyHttp,
+    Nginx,
+}
+
+/// What runs on the node and behind it, held only to be dropped with the node (so its
+/// fields are never read).
+#[allow(dead_code)]
+enum Running {
+    Haproxy(Backend, Haproxy),
+    HaproxyHttp(HttpBackend, Haproxy),
+    Nginx(HttpBackend, Nginx),
+}
+
+/// The node: namespaces, the backend upstream, the proxy in front of it, the capacity
+/// measured through the proxy.
 struct Node {
     pair: Pair,
     _upstream: Netns,
-    _backend: Backend,
-    _haproxy: Haproxy,
+    _running: Running,
+    protocol: Protocol,
     capacity: f64,
     pins: PathBuf,
     tag: String,
 }
 
 impl Node {
-    fn new(tag: &str) -> Self {
+    fn new(tag: &str, front: Front) -> Self {
         require_root();
         shedder_tests::ensure_fs();
         let pair = Pair::new(tag);
         prepare_client_namespace(&pair.client);
         let upstream = pair.upstream(tag);
-        let backend = Backend::start_in(
-            &upstream,
-            BackendConfig::new(BACKEND_PORT, 4, Duration::from_millis(20)),
-        );
-        let haproxy = Haproxy::start(
-            &pair.server,
-            &HaproxyConfig {
-                listen_port: PROXY_PORT,
-                backend: SocketAddr::new(IpAddr::V4(UPSTREAM_V4), BACKEND_PORT),
-                // One connection per backend worker: the rest wait in haproxy's queue.
-                server_maxconn: 4,
-                frontend_maxconn: 5000,
-                timeout_queue: Duration::from_secs(5),
-                http: false,
-            },
-        );
+        let backend = SocketAddr::new(IpAddr::V4(UPSTREAM_V4), BACKEND_PORT);
+        let service_time = Duration::from_millis(20);
+        let haproxy = |http| {
+            Haproxy::start(
+                &pair.server,
+                &HaproxyConfig {
+                    listen_port: PROXY_PORT,
+                    backend,
+                    // One connection per backend worker: the rest wait in haproxy's queue.
+                    server_maxconn: 4,
+                    frontend_maxconn: 5000,
+                    timeout_queue: Duration::from_secs(5),
+                    http,
+                },
+            )
+        };
+        let (running, protocol) = match front {
+            Front::HaproxyTcp => (
+                Running::Haproxy(
+                    Backend::start_in(&upstream, BackendConfig::new(BACKEND_PORT, 4, service_time)),
+                    haproxy(false),
+                ),
+                Protocol::Line,
+            ),
+            Front::HaproxyHttp => (
+                Running::HaproxyHttp(
+                    HttpBackend::start_in(&upstream, BACKEND_PORT, 4, service_time),
+                    haproxy(true),
+                ),
+                Protocol::Http,
+            ),
+            Front::Nginx => (
+                Running::Nginx(
+                    HttpBackend::start_in(&upstream, BACKEND_PORT, 4, service_time),
+                    Nginx::start(
+                        &pair.server,
+                        &NginxConfig {
+                            port: PROXY_PORT,
+                            tls: None,
+                            worker_cpu: None,
+                            limit: NginxLimit::None,
+                            upstream: Some(backend),
+                        },
+                    ),
+                ),
+                Protocol::Http,
+            ),
+        };
         let capacity = pair
             .client
             .run(|| {
-                measure_capacity(
+                measure_capacity_speaking(
+                    &protocol,
                     SocketAddr::new(IpAddr::V4(SERVER_V4), PROXY_PORT),
                     IpAddr::V4(CLIENT_V4),
                     8,
@@ -84,8 +138,8 @@ impl Node {
         Self {
             pair,
             _upstream: upstream,
-            _backend: backend,
-            _haproxy: haproxy,
+            _running: running,
+            protocol,
             capacity,
             pins: PathBuf::from(format!(
                 "/sys/fs/bpf/shedder-proxy-{}-{tag}",
@@ -130,19 +184,19 @@ target_latency_ms = {TARGET_MS}
                 g.class(label, IpAddr::V4(*src), *f)
             })
             .deadline(DEADLINE)
+            .protocol(self.protocol.clone())
     }
 }
 
 /// From the documented defaults (a starting limit of 256), 3× the backend's capacity
-/// through haproxy: the limit comes down to its steady range within 3 s, and the p99 of
+/// through the proxy: the limit comes down to its steady range within 3 s, and the p99 of
 /// the successes after the first 5 s is within 1.5× the target.
-#[test]
-fn haproxy_on_the_node_from_the_defaults_at_3x() {
+fn from_the_defaults_at_3x(tag: &str, front: Front) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let node = Node::new("px3");
+    let node = Node::new(tag, front);
     let rate = 3.0 * node.capacity;
     eprintln!(
-        "capacity through haproxy {:.0}/s, offering {rate:.0}/s",
+        "capacity through {front:?} {:.0}/s, offering {rate:.0}/s",
         node.capacity
     );
     let mut daemon = node.protect(None);
@@ -193,13 +247,31 @@ fn haproxy_on_the_node_from_the_defaults_at_3x() {
     );
 }
 
+#[test]
+fn haproxy_on_the_node_from_the_defaults_at_3x() {
+    from_the_defaults_at_3x("px3", Front::HaproxyTcp);
+}
+
+/// The same through haproxy in HTTP mode, which queues requests rather than connections.
+#[test]
+fn haproxy_in_http_mode_on_the_node_from_the_defaults_at_3x() {
+    from_the_defaults_at_3x("pxh", Front::HaproxyHttp);
+}
+
+/// The same through nginx as a reverse proxy, which holds no queue of its own: requests
+/// wait in the backend's.
+#[test]
+fn nginx_reverse_proxy_on_the_node_from_the_defaults_at_3x() {
+    from_the_defaults_at_3x("pxn", Front::Nginx);
+}
+
 /// haproxy already holds a backlog when the daemon starts (at a limit of 20): haproxy
 /// accepts at once and no answer completes for seconds, so the accept queue is empty and
 /// the completed requests are few. The limit never rises while requests wait.
 #[test]
 fn a_backlog_behind_haproxy_at_start_never_raises_the_limit() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let node = Node::new("pxb");
+    let node = Node::new("pxb", Front::HaproxyTcp);
     let rate = 3.0 * node.capacity;
     let started = Instant::now();
     let (report, limits) = std::thread::scope(|s| {

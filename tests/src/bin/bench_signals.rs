@@ -402,6 +402,7 @@ fn real_server(args: &Args) -> Result<String> {
             tls: None,
             worker_cpu: Some(0),
             limit: NginxLimit::None,
+            upstream: None,
         },
     );
     for pid in nginx.pids() {

@@ -14,7 +14,7 @@ use tokio::{
 };
 
 use super::{
-    https::{Https, Reply},
+    https::{Https, Reply, http_exchange},
     protocol::{BUSY, REQUEST, RESPONSE},
 };
 use crate::netns::Netns;
@@ -70,6 +70,9 @@ pub enum Protocol {
     Line,
     /// One full TLS handshake and one HTTP `GET` (see [`Https`]).
     Https(Https),
+    /// One plain HTTP/1.1 `GET /` with `Connection: close`, as a new client of an HTTP
+    /// proxy sends; a 200 with the lab's response body is served, a 503 busy.
+    Http,
 }
 
 /// How one request ended.
@@ -174,10 +177,15 @@ async fn attempt(
             }
             Ok(())
         }
-        Protocol::Https(https) => match https.exchange(stream).await.map_err(after)? {
-            Reply::Served => Ok(()),
-            Reply::Busy => Err((Outcome::Busy, io::Error::other("HTTP 503"))),
-        },
+        Protocol::Https(https) => reply(https.exchange(stream).await.map_err(after)?),
+        Protocol::Http => reply(http_exchange(stream).await.map_err(after)?),
+    }
+}
+
+fn reply(r: Reply) -> Result<(), (Outcome, io::Error)> {
+    match r {
+        Reply::Served => Ok(()),
+        Reply::Busy => Err((Outcome::Busy, io::Error::other("HTTP 503"))),
     }
 }
 

@@ -1,5 +1,6 @@
 //! HTTPS for the TLS backend: one full TLS handshake and one `GET` per connection, the way
-//! a client with no session to resume meets a server that keeps none.
+//! a client with no session to resume meets a server that keeps none; and the same `GET`
+//! in plain HTTP, for an HTTP proxy.
 
 use std::{fmt, io, path::Path, sync::Arc};
 
@@ -9,7 +10,7 @@ use rustls::{
     pki_types::{CertificateDer, ServerName, pem::PemObject},
 };
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpStream,
 };
 use tokio_rustls::TlsConnector;
@@ -89,22 +90,40 @@ impl Https {
             .connector
             .connect(self.server_name.clone(), tcp)
             .await?;
-        tls.write_all(&self.request).await?;
-        let mut buf = Vec::with_capacity(512);
-        loop {
-            if let Some(reply) = parse(&buf)? {
-                return Ok(reply);
-            }
-            if buf.len() >= MAX_RESPONSE {
-                return Err(io::Error::other("response longer than 4 KiB"));
-            }
-            let mut chunk = [0u8; 1024];
-            let n = tls.read(&mut chunk).await?;
-            if n == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            buf.extend_from_slice(&chunk[..n]);
+        exchange(&mut tls, &self.request).await
+    }
+}
+
+/// The request of a plain HTTP client: one `GET /`, `Connection: close`.
+const HTTP_REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: shedder\r\nConnection: close\r\n\r\n";
+
+/// One plain HTTP/1.1 `GET /` over `tcp` and its whole response (see [`Protocol::Http`]).
+///
+/// [`Protocol::Http`]: super::Protocol::Http
+pub(super) async fn http_exchange(mut tcp: TcpStream) -> io::Result<Reply> {
+    exchange(&mut tcp, HTTP_REQUEST).await
+}
+
+/// Send `request` and read the whole response.
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    request: &[u8],
+) -> io::Result<Reply> {
+    s.write_all(request).await?;
+    let mut buf = Vec::with_capacity(512);
+    loop {
+        if let Some(reply) = parse(&buf)? {
+            return Ok(reply);
         }
+        if buf.len() >= MAX_RESPONSE {
+            return Err(io::Error::other("response longer than 4 KiB"));
+        }
+        let mut chunk = [0u8; 1024];
+        let n = s.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
     }
 }
 

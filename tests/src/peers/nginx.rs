@@ -1,5 +1,6 @@
 //! Debian's nginx in a namespace: the overload benchmark's TLS backend (a full handshake on
-//! every connection) and, with [`NginxLimit`], nginx's own limiters, which answer 503.
+//! every connection), with [`NginxLimit`] nginx's own limiters, which answer 503, and with
+//! [`NginxConfig::upstream`] a reverse proxy.
 
 use std::{
     path::{Path, PathBuf},
@@ -81,6 +82,9 @@ pub struct NginxConfig {
     /// The one worker process's CPU (`worker_cpu_affinity`); None: unpinned.
     pub worker_cpu: Option<usize>,
     pub limit: NginxLimit,
+    /// A reverse proxy: every path but [`HTTPS_PATH`] goes to this HTTP/1.1 server, over
+    /// kept-alive upstream connections.
+    pub upstream: Option<std::net::SocketAddr>,
 }
 
 impl NginxConfig {
@@ -119,6 +123,16 @@ impl NginxConfig {
             ),
             None => ("", String::new()),
         };
+        let (upstream, proxy) = match self.upstream {
+            Some(addr) => (
+                format!("    upstream backend {{\n        server {addr};\n        keepalive 64;\n    }}\n"),
+                "        location / {\n            proxy_pass http://backend;\n            \
+                 proxy_http_version 1.1;\n            proxy_set_header Connection \"\";\n            \
+                 proxy_read_timeout 30s;\n        }\n"
+                    .to_string(),
+            ),
+            None => (String::new(), String::new()),
+        };
         format!(
             "daemon off;\n\
              master_process on;\n\
@@ -136,6 +150,7 @@ impl NginxConfig {
              \x20   scgi_temp_path {dir}/scgi;\n\
              \x20   keepalive_requests 1000000;\n\
              {zones}\
+             {upstream}\
              \x20   server {{\n\
              \x20       listen {port}{ssl};\n\
              \x20       server_name shedder;\n\
@@ -145,6 +160,7 @@ impl NginxConfig {
              \x20           default_type text/plain;\n\
              \x20           alias {dir}/body;\n\
              \x20       }}\n\
+             {proxy}\
              \x20   }}\n\
              }}\n",
             port = self.port,

@@ -529,6 +529,7 @@ fn nginx_config(tls: &TlsFiles, placement: Option<Placement>, limit: NginxLimit)
         tls: Some(tls.clone()),
         worker_cpu: placement.map(|p| p.node_cpu),
         limit,
+        upstream: None,
     }
 }
 
