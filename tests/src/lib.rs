@@ -6,6 +6,7 @@ pub mod daemon;
 pub mod flood;
 pub mod flood_lab;
 pub mod interrupt;
+pub mod keepalive_lab;
 pub mod load;
 pub mod machine;
 pub mod netns;

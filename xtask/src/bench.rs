@@ -29,6 +29,11 @@ pub enum Bench {
     /// their success with the kernel alone, with shedder and without the flood; then 3×
     /// overload during a flood. Root only; about 4 minutes.
     Flood(PassThrough),
+    /// Load over keep-alive connections through haproxy in HTTP mode, recall off and on:
+    /// HIGH's wrk clients beside SHEDDABLE's wrk (HTTP/1.1) or h2load (HTTP/2) clients;
+    /// goodput within the deadline, HIGH's success, what was recalled. Root only; about 5
+    /// minutes.
+    Recall(PassThrough),
 }
 
 #[derive(Debug, Args)]
@@ -46,6 +51,7 @@ impl Bench {
             Self::Signals(p) => ("bench_signals", &p.args),
             Self::Overload(p) => ("bench_overload", &p.args),
             Self::Flood(p) => ("bench_flood", &p.args),
+            Self::Recall(p) => ("bench_recall", &p.args),
         }
     }
 }

@@ -9,9 +9,9 @@
 //! the gate. The rules:
 //!
 //! - lowest class first, and a class only while every class below it holds no more work
-//!   than its floor (once its own recall is taken off): a higher class over its share
-//!   because a lower one's queue slows everything down keeps its connections (the lower
-//!   one's go, and the higher one's work shrinks as the queue does);
+//!   than its floor: a higher class over its share because a lower one's queue slows
+//!   everything down keeps its connections (the lower one's go, and the higher one's work
+//!   shrinks as the queue drains);
 //! - CRITICAL never;
 //! - only connections that answered a request before (a keep-alive connection): one whose
 //!   first request is in service was admitted by the gate for that request;
@@ -52,13 +52,15 @@ pub fn wanted(
 ) -> [u32; NUM_CLASSES] {
     let mut occ: [u64; NUM_CLASSES] = std::array::from_fn(|c| busy[c] as u64);
     let mut out = [0; NUM_CLASSES];
-    // Some class below holds work over its floor (after its own recall): the classes above
-    // keep theirs, however far over their shares the slowness it causes puts them.
+    // Some class below holds work over its floor now: the classes above keep theirs,
+    // however far over their shares the queue it makes puts them. Now, not once its own
+    // recall is done: what it has queued drains only as it is served.
     let mut below = false;
     for class in (0..NUM_CLASSES as u32).rev() {
         let c = class as usize;
+        let over_floor = busy[c] > policy.classes[c].floor;
         if class == CLASS_CRITICAL || below {
-            below |= occ[c] > policy.classes[c].floor as u64;
+            below |= over_floor;
             continue;
         }
         let attempt = admit::Attempt {
@@ -74,7 +76,7 @@ pub fn wanted(
             out[c] = n;
             occ[c] -= n as u64;
         }
-        below |= occ[c] > policy.classes[c].floor as u64;
+        below |= over_floor;
     }
     out
 }
@@ -178,11 +180,20 @@ mod tests {
 
     #[test]
     fn the_lowest_class_gives_first_and_critical_never() {
-        // CRITICAL alone at 120 fills the service: HIGH (ahead = 130) would be refused by
-        // 30, MEDIUM and SHEDDABLE too. SHEDDABLE gives its 5 first, MEDIUM its 5, then
-        // HIGH what is left of the service's excess (120 + 10 - 100).
+        // CRITICAL alone at 120 fills the service: every other class would be refused.
+        // SHEDDABLE gives its 5 first; MEDIUM and HIGH keep theirs while it holds work.
         let w = wanted(&policy(), &[120, 10, 5, 5], &[120, 10, 5, 5]);
-        assert_eq!(w, [0, 10, 5, 5]);
+        assert_eq!(w, [0, 0, 0, 5]);
+        // A tick later SHEDDABLE is gone: MEDIUM gives its 5; then HIGH what is left of the
+        // service's excess (120 + 10 - 100), never CRITICAL.
+        assert_eq!(
+            wanted(&policy(), &[120, 10, 5, 0], &[120, 10, 5, 0]),
+            [0, 0, 5, 0]
+        );
+        assert_eq!(
+            wanted(&policy(), &[120, 10, 0, 0], &[120, 10, 0, 0]),
+            [0, 10, 0, 0]
+        );
         // HIGH 30 over its share fills the service, but SHEDDABLE, at its own share exactly
         // (nothing to give), holds work over its floor of 0: nothing above it is recalled.
         let w = wanted(&policy(), &[0, 90, 20, 10], &[0, 90, 20, 10]);

@@ -31,7 +31,7 @@ pub use quic::{
     closed_loop as quic_closed_loop, open_loop as quic_open_loop,
 };
 
-pub use wrk::{Wrk, WrkConfig, WrkResult, closed_loop_rate};
+pub use wrk::{H2Result, Wrk, WrkConfig, WrkResult, closed_loop_rate, h2load};
 
 use crate::netns::Netns;
 

@@ -9,6 +9,8 @@
 //! back, so the answers that count are the ones within the deadline after the warm-up,
 //! whatever wrk's own whole-run histogram says.
 //!
+//! [`h2load`] runs Debian's `h2load` over HTTP/2, many requests to a connection.
+//!
 //! [`HttpBackend`]: crate::load::HttpBackend
 
 use std::{
@@ -216,4 +218,109 @@ pub fn closed_loop_rate(
     );
     let r = run.wait();
     r.responses as f64 / duration.as_secs_f64()
+}
+
+/// What an `h2load` run over HTTP/2 (cleartext, prior knowledge) reported: its summary's
+/// request counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct H2Result {
+    pub total: u64,
+    pub started: u64,
+    pub done: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub errored: u64,
+    pub timeout: u64,
+    /// Requests in its per-request log (`--log-file`): answered 2xx, and the rest (a
+    /// status other than 2xx, or -1 for a stream that ended without one).
+    pub logged_2xx: u64,
+    pub logged_other: u64,
+    /// Of the 2xx, those answered within `deadline` of their start.
+    pub logged_in_time: u64,
+    /// The summary's lines, as printed.
+    pub summary: String,
+}
+
+/// Run Debian's `h2load` in `ns` against `target` over HTTP/2 without TLS: `clients`
+/// connections each keeping `streams` requests in flight (a closed loop: each answer starts
+/// the next request) for `duration`. Returns when it ends.
+pub fn h2load(
+    ns: &Netns,
+    target: SocketAddr,
+    (clients, streams): (u32, u32),
+    duration: Duration,
+    deadline: Duration,
+) -> H2Result {
+    let log = std::env::temp_dir().join(format!(
+        "shedder-h2load-{}-{}.log",
+        std::process::id(),
+        target.port()
+    ));
+    let out = nsenter(&ns.name, "h2load")
+        .arg(format!("--log-file={}", log.display()))
+        .arg(format!("-c{clients}"))
+        .arg(format!("-m{streams}"))
+        .arg("-t1")
+        .arg(format!("-D{}", duration.as_secs()))
+        .arg(format!("http://{target}/"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawning h2load (is nghttp2-client installed?)");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("requests:"))
+        .unwrap_or_else(|| {
+            panic!(
+                "h2load printed no request counts ({}):\n{stdout}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    // "requests: 10 total, 10 started, 10 done, 9 succeeded, 1 failed, 1 errored, 0 timeout"
+    let count = |name: &str| -> u64 {
+        line.split(',')
+            .find_map(|part| {
+                let mut words = part.split_whitespace().rev();
+                (words.next() == Some(name)).then(|| words.next()?.parse().ok())?
+            })
+            .unwrap_or(0)
+    };
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    // Columns: start (µs since the epoch), status, duration (µs).
+    let rows: Vec<(i64, u64)> = logged
+        .lines()
+        .filter_map(|l| {
+            let mut cols = l.split('\t').skip(1);
+            Some((
+                cols.next()?.trim().parse().ok()?,
+                cols.next()?.trim().parse().ok()?,
+            ))
+        })
+        .collect();
+    let ok = || rows.iter().filter(|(s, _)| (200..300).contains(s));
+    H2Result {
+        logged_2xx: ok().count() as u64,
+        logged_other: rows.len() as u64 - ok().count() as u64,
+        logged_in_time: ok()
+            .filter(|(_, us)| *us as u128 <= deadline.as_micros())
+            .count() as u64,
+        total: count("total"),
+        started: count("started"),
+        done: count("done"),
+        succeeded: count("succeeded"),
+        failed: count("failed"),
+        errored: count("errored"),
+        timeout: count("timeout"),
+        summary: stdout
+            .lines()
+            .filter(|l| {
+                l.starts_with("requests:")
+                    || l.starts_with("status codes:")
+                    || l.starts_with("finished in")
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+    }
 }
