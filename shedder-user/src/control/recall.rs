@@ -71,8 +71,10 @@ pub fn wanted(
         let d = admit::decide(policy, &attempt, &occ, false);
         if d.admit == 0 && is_pressure(d.reason) == 1 {
             // Over by `excess` at the bound the attempt met: at the bound exactly, the class's
-            // connections hold it there and nothing needs to go.
-            let n = d.excess.min(reused[c]);
+            // connections hold it there and nothing needs to go. Never more than the class
+            // holds: `reused` is sock_diag's count, taken at another instant than the
+            // kernel's `busy`, and may be the larger.
+            let n = d.excess.min(reused[c]).min(busy[c]);
             out[c] = n;
             occ[c] -= n as u64;
         }

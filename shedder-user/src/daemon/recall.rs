@@ -22,6 +22,8 @@ use crate::{
     signals::Signals,
 };
 
+/// A recall pass longer than this is logged: the tick waits on it.
+const SLOW_PASS: Duration = Duration::from_millis(50);
 /// How often a service's recalls are logged at most (the counts in between are summed).
 const LOG_EVERY: Duration = Duration::from_secs(5);
 
@@ -101,6 +103,7 @@ impl Recall {
         if due.is_empty() {
             return;
         }
+        let started = Instant::now();
         let sockets = match diag::open_sockets() {
             Ok(s) => s,
             Err(e) => {
@@ -110,6 +113,14 @@ impl Recall {
         };
         for (sc, busy) in due {
             self.service(sc, &busy, &sockets, dt, now);
+        }
+        let took = started.elapsed();
+        if took > SLOW_PASS {
+            warn!(
+                took_ms = took.as_millis() as u64,
+                sockets = sockets.len(),
+                "listing and recalling connections took long; the tick waited on it"
+            );
         }
     }
 
@@ -154,16 +165,21 @@ impl Recall {
         let mut done = 0;
         for i in chosen {
             let closed = if cfg.mode == Mode::DryRun || self.unavailable.is_some() {
-                true
+                Closed::Yes
             } else {
                 close(&mut self.destroyer, mine[i], &mut self.unavailable)
             };
-            if closed {
-                record.recalled[conns[i].class as usize] += 1;
-                record.unlogged[conns[i].class as usize] += 1;
-                done += 1;
-            } else {
-                record.errors += 1;
+            match closed {
+                Closed::Yes => {
+                    record.recalled[conns[i].class as usize] += 1;
+                    record.unlogged[conns[i].class as usize] += 1;
+                    done += 1;
+                }
+                Closed::No => record.errors += 1,
+                Closed::Stop => {
+                    record.errors += 1;
+                    break;
+                }
             }
         }
         record.budget.spent(cfg.recall_per_second, dt, done);
@@ -200,6 +216,14 @@ impl Recall {
     }
 }
 
+/// What closing one connection came to.
+enum Closed {
+    Yes,
+    No,
+    /// No answer in time: the rest of this tick's recalls wait for the next tick.
+    Stop,
+}
+
 /// Close one connection. A connection gone since the listing counts as closed (its client
 /// is already back at the gate); any other refusal is counted as an error, and one that
 /// says the host cannot do it turns recall into counting only, said loudly once.
@@ -207,21 +231,21 @@ fn close(
     destroyer: &mut Option<Destroyer>,
     s: &TcpSocket,
     unavailable: &mut Option<String>,
-) -> bool {
+) -> Closed {
     let d = match destroyer {
         Some(d) => d,
         None => match Destroyer::new() {
             Ok(d) => destroyer.insert(d),
             Err(e) => {
                 warn!(error = %e, "opening a sock_diag socket to recall connections");
-                return false;
+                return Closed::Stop;
             }
         },
     };
     match d.destroy(s) {
-        Ok(()) => true,
+        Ok(()) => Closed::Yes,
         Err(e) => match e.raw_os_error() {
-            Some(libc::ENOENT | libc::ESTALE) => true,
+            Some(libc::ENOENT | libc::ESTALE) => Closed::Yes,
             Some(libc::EOPNOTSUPP | libc::EPERM | libc::EACCES) => {
                 let why = format!(
                     "the kernel refused to close a connection ({e}): it needs \
@@ -229,11 +253,17 @@ fn close(
                 );
                 warn!("recall is unavailable: {why}; refusing new connections still works");
                 *unavailable = Some(why);
-                false
+                Closed::No
+            }
+            Some(libc::EAGAIN | libc::EINTR) => {
+                // A late answer would be read as the next request's: start afresh.
+                warn!(error = %e, "no answer to a recall in time; retrying next tick");
+                *destroyer = None;
+                Closed::Stop
             }
             _ => {
                 warn!(error = %e, remote = %s.remote, "recalling a connection");
-                false
+                Closed::No
             }
         },
     }

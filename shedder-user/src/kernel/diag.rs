@@ -3,7 +3,7 @@
 //! shows as Recv-Q / Send-Q), open TCP sockets, and the receive queues and drops of UDP
 //! sockets (what `ss -lnum` shows).
 
-use std::{io, net::IpAddr};
+use std::{io, net::IpAddr, os::fd::AsRawFd};
 
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
@@ -153,10 +153,7 @@ pub struct Destroyer {
 
 impl Destroyer {
     pub fn new() -> io::Result<Self> {
-        let mut socket = Socket::new(NETLINK_SOCK_DIAG)?;
-        socket.bind_auto()?;
-        socket.connect(&SocketAddr::new(0, 0))?;
-        Ok(Self { socket })
+        Ok(Self { socket: open()? })
     }
 
     /// Close `s`, found by its addresses, ports and cookie: a socket that closed since the
@@ -290,6 +287,35 @@ pub fn udp_sockets() -> io::Result<Vec<UdpSocket>> {
     Ok(out)
 }
 
+/// How long a reply may take: the daemon's tick waits on it, and a tick that stalls lets
+/// the heartbeat go stale.
+const REPLY_TIMEOUT: libc::timeval = libc::timeval {
+    tv_sec: 1,
+    tv_usec: 0,
+};
+
+/// A sock_diag socket whose receives time out after [`REPLY_TIMEOUT`] (`WouldBlock`).
+fn open() -> io::Result<Socket> {
+    let mut socket = Socket::new(NETLINK_SOCK_DIAG)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    let timeout = REPLY_TIMEOUT;
+    // SAFETY: a valid timeval of the size given, on a socket we own.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const timeout).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(socket)
+}
+
 /// Dump the sockets of `protocol` in `states` of both families with the attributes
 /// `extensions` asks for, calling `each` for every one.
 fn dump(
@@ -298,9 +324,7 @@ fn dump(
     extensions: ExtensionFlags,
     mut each: impl FnMut(&InetResponse),
 ) -> io::Result<()> {
-    let mut socket = Socket::new(NETLINK_SOCK_DIAG)?;
-    socket.bind_auto()?;
-    socket.connect(&SocketAddr::new(0, 0))?;
+    let socket = open()?;
     for (family, id) in [
         (AF_INET, SocketId::new_v4()),
         (AF_INET6, SocketId::new_v6()),
