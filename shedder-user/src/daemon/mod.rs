@@ -29,6 +29,7 @@ mod requests;
 pub mod service;
 mod start;
 mod tick;
+mod watchdog;
 
 use crate::{
     api::{
@@ -107,6 +108,8 @@ struct Daemon {
     hold: hold::Hold,
     /// Recalling keep-alive connections of refused classes (see [`recall`]).
     recall: recall::Recall,
+    /// Says which step a stalled tick is stuck in (see [`watchdog`]).
+    watchdog: watchdog::Watchdog,
 }
 
 pub fn run(opts: Options) -> Result<()> {
@@ -164,6 +167,7 @@ pub fn run(opts: Options) -> Result<()> {
             daemon.reload_file();
         }
         daemon.tick();
+        daemon.watchdog.step(watchdog::Step::Idle);
         next += Duration::from_millis(daemon.cfg.daemon.tick_ms);
         let now = Instant::now();
         if next < now {

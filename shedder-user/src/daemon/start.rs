@@ -264,6 +264,10 @@ impl Daemon {
         Ok(Self {
             config_path,
             recall: super::recall::Recall::new(&cfg),
+            // A third of the heartbeat's timeout: said well before the fallback takes over.
+            watchdog: super::watchdog::Watchdog::start(Duration::from_millis(
+                (cfg.daemon.heartbeat_timeout_ms / 3).max(100),
+            )),
             cfg,
             config_text,
             shedder,

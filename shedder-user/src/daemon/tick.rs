@@ -6,7 +6,7 @@ use std::time::Instant;
 use shedder_common::{Inflight, STAT_NAMES, flow};
 use tracing::{error, warn};
 
-use super::{Daemon, service::Context};
+use super::{Daemon, service::Context, watchdog::Step};
 use crate::{
     api::{
         metrics,
@@ -19,6 +19,7 @@ use crate::{
 impl Daemon {
     pub(super) fn tick(&mut self) {
         let now = Instant::now();
+        self.watchdog.step(Step::Signals);
         match self.shedder.clock(false) {
             Ok(jiffies) => self.count_quic_flows(jiffies),
             Err(e) => warn!(error = %e, "reading the kernel clock"),
@@ -26,6 +27,7 @@ impl Daemon {
         self.measure_hold(now);
         let signals = self.reader.tick(&self.shedder, now);
         let t = now.duration_since(self.start);
+        self.watchdog.step(Step::Controllers);
         let ctx = Context {
             ladder: &self.ladder,
             hz: self.hz,
@@ -40,11 +42,14 @@ impl Daemon {
                 f.report(&sc.cfg.name, report);
             }
         }
+        self.watchdog.step(Step::Recall);
         self.recall.tick(now, &self.services, &signals);
+        self.watchdog.step(Step::Heartbeat);
         match self.shedder.heartbeat() {
             Ok(_) => self.last_heartbeat = Instant::now(),
             Err(e) => error!(error = %e, "stamping the heartbeat"),
         }
+        self.watchdog.step(Step::Report);
         self.update_program_costs();
         self.delivery.poll(now, self.cfg.sends_replies());
         let snapshot = self.snapshot();
