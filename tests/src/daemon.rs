@@ -173,9 +173,19 @@ impl Daemon {
         }
     }
 
-    /// SIGTERM and wait for a clean exit (panics if it does not exit within 5 s).
+    /// SIGTERM and wait for a clean exit (panics if it does not exit within 5 s, or if it
+    /// had already died with an error: a daemon that crashed during a test leaves the
+    /// fallback limits in force, and the test's figures would blame the product's logic).
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let mut c = self.child.take().expect("running");
+        if let Some(status) = c.try_wait().expect("wait")
+            && !status.success()
+        {
+            panic!(
+                "the daemon died during the test ({status}):\n{}",
+                self.log()
+            );
+        }
         // SAFETY: plain kill(2) on our child's pid.
         unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -1,7 +1,8 @@
 //! A load balancer's keep-alive pool: thousands of HTTP/1.1 connections to Debian's nginx on
 //! the node that each made a request and now wait for the next, beside new clients. An idle
 //! connection costs the service nothing and must never cause a refusal: it counts among the
-//! service's connections, not its work in flight.
+//! service's connections, not its work in flight. Beside new clients at 3× the capacity of
+//! nginx's backend, the pool's own requests are served and the classes keep their order.
 
 use std::{
     io::{Read, Write},
@@ -14,21 +15,30 @@ use shedder::kernel::{MapReader, PinnedMaps};
 use shedder_common::{NUM_CLASSES, VERDICT_PASS, decision_index};
 use shedder_tests::{
     daemon::Daemon,
-    load::{HTTPS_PATH, prepare_client_namespace, raise_nofile_limit},
-    netns::{IFACE, Pair},
+    load::{
+        HTTPS_PATH, HttpBackend, LoadGen, Protocol, measure_capacity_speaking,
+        prepare_client_namespace, raise_nofile_limit,
+    },
+    netns::{IFACE, Pair, UPSTREAM_V4},
     peers::{Nginx, NginxConfig, NginxLimit},
     policy::{CLIENT_V4, CRITICAL_V4, HIGH_V4, SERVER_V4, SHEDDABLE_V4},
     require_root,
+    scenario::MIX,
     tcp::connect_from,
 };
 
 const PORT: u16 = 8400;
 const POOL: usize = 5000;
 
-/// One HTTP/1.1 request on a kept-alive connection, and its whole response (nginx sends a
-/// Content-Length; the body is the lab's 64-byte response).
+/// One HTTP/1.1 request for nginx's own small file on a kept-alive connection, and its
+/// whole response (nginx sends a Content-Length; the body is the lab's 64-byte response).
 fn get(conn: &mut TcpStream) -> std::io::Result<()> {
-    conn.write_all(format!("GET {HTTPS_PATH} HTTP/1.1\r\nHost: shedder\r\n\r\n").as_bytes())?;
+    get_path(conn, HTTPS_PATH)
+}
+
+/// The same for `path`.
+fn get_path(conn: &mut TcpStream, path: &str) -> std::io::Result<()> {
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: shedder\r\n\r\n").as_bytes())?;
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
     loop {
@@ -186,4 +196,156 @@ ports = [{PORT}]
     assert_eq!(new_ok, 600, "every new client is served");
     assert_eq!(pool_ok, POOL / 10, "the pool's requests are served");
     assert_eq!(refused, 0, "no attempt was refused");
+}
+
+const BACKEND_PORT: u16 = 8401;
+/// The pool's requests during the overload: one on every tenth connection.
+const POOL_REQUESTS: usize = POOL / 10;
+
+/// The same pool, through nginx as a reverse proxy (its backend, 4 workers × 20 ms, in a
+/// third namespace), beside new clients offering 3× the backend's capacity in the usual
+/// class mix, while the pool sends a request on every tenth connection (about a quarter of
+/// the capacity, bypassing the gate as kept-alive connections do). The new clients keep
+/// their classes' order, CRITICAL is served, and every request of the pool is answered:
+/// shedder refuses connections, never established traffic, and recall closes only
+/// connections between requests or of a class over its bound.
+#[test]
+fn a_keep_alive_pool_beside_3x_overload_from_new_clients() {
+    require_root();
+    shedder_tests::ensure_fs();
+    let nofile = raise_nofile_limit();
+    assert!(
+        nofile >= 2 * POOL as u64 + 4000,
+        "the test needs {} open files, the limit is {nofile}",
+        2 * POOL + 4000
+    );
+    let pair = Pair::new("kao");
+    prepare_client_namespace(&pair.client);
+    let upstream = pair.upstream("kao");
+    let _backend = HttpBackend::start_in(&upstream, BACKEND_PORT, 4, Duration::from_millis(20));
+    let _nginx = Nginx::start(
+        &pair.server,
+        &NginxConfig {
+            port: PORT,
+            tls: None,
+            worker_cpu: None,
+            limit: NginxLimit::None,
+            upstream: Some((UPSTREAM_V4, BACKEND_PORT).into()),
+        },
+    );
+    let server = IpAddr::V4(SERVER_V4);
+    let target = (SERVER_V4, PORT).into();
+    let capacity = pair
+        .client
+        .run(|| {
+            measure_capacity_speaking(
+                &Protocol::Http,
+                target,
+                IpAddr::V4(CLIENT_V4),
+                8,
+                Duration::from_secs(2),
+            )
+        })
+        .rps;
+    let pins = PathBuf::from(format!("/sys/fs/bpf/shedder-kao-{}", std::process::id()));
+    let config = format!(
+        r#"
+[daemon]
+interfaces = ["{IFACE}"]
+pin_dir = "{pins}"
+
+[classes]
+critical  = {{ sources = ["198.18.10.0/25"], ceiling = 0.05 }}
+high      = {{ sources = ["198.18.20.0/24"], floor = 0.6 }}
+medium    = {{ floor = 0.05 }}
+sheddable = {{ sources = ["198.18.99.0/24"], floor = 0.0 }}
+
+[[service]]
+name = "web"
+ports = [{PORT}]
+target_latency_ms = 100
+"#,
+        pins = pins.display()
+    );
+    let mut daemon = Daemon::start(&pair.server, "kao", &config, &pins);
+    daemon.wait_for_log("running", Duration::from_secs(15));
+    let sources: [Ipv4Addr; 4] = [CRITICAL_V4, HIGH_V4, CLIENT_V4, SHEDDABLE_V4];
+    let pool: Vec<TcpStream> = pair.client.run(|| {
+        (0..POOL)
+            .map(|i| {
+                let src = IpAddr::V4(sources[i % sources.len()]);
+                let mut c = connect_from(src, server, PORT, Duration::from_secs(3))
+                    .result
+                    .unwrap_or_else(|e| panic!("pool connection {i} from {src}: {e}"));
+                get(&mut c).unwrap_or_else(|e| panic!("pool request {i}: {e}"));
+                c
+            })
+            .collect()
+    });
+    let rate = 3.0 * capacity;
+    eprintln!("capacity through nginx {capacity:.0}/s; {POOL} kept alive; offering {rate:.0}/s");
+    // The pool's requests from 4 s to 14 s of the overload, each on its own thread (a
+    // connection already open needs no namespace).
+    let pool_requests = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(4));
+        let start = Instant::now();
+        let spacing = Duration::from_secs(10) / POOL_REQUESTS as u32;
+        let mut handles = Vec::new();
+        for (k, mut conn) in pool.into_iter().step_by(10).enumerate() {
+            let due = start + spacing * k as u32;
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            handles.push(std::thread::spawn(move || {
+                let t = Instant::now();
+                let result = get_path(&mut conn, "/");
+                (result.map_err(|e| e.to_string()), t.elapsed(), conn)
+            }));
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("pool request thread"))
+            .collect::<Vec<_>>()
+    });
+    let report = MIX
+        .iter()
+        .fold(LoadGen::new(target), |g, (label, src, f)| {
+            g.class(label, IpAddr::V4(*src), *f)
+        })
+        .deadline(Duration::from_secs(1))
+        .protocol(Protocol::Http)
+        .phase(Duration::from_secs(16), rate)
+        .run_in(&pair.client, |_| {});
+    let answered = pool_requests.join().expect("the pool's requests");
+    daemon.terminate();
+    eprintln!("{}", report.table());
+    let failed: Vec<&String> = answered
+        .iter()
+        .filter_map(|(r, _, _)| r.as_ref().err())
+        .collect();
+    let mut slowest: Vec<Duration> = answered.iter().map(|(_, d, _)| *d).collect();
+    slowest.sort();
+    eprintln!(
+        "pool requests: {} answered of {POOL_REQUESTS}, p99 {:?}; failures: {:?}",
+        answered.len() - failed.len(),
+        slowest[slowest.len() * 99 / 100],
+        &failed[..failed.len().min(5)]
+    );
+    for line in daemon.log().lines() {
+        eprintln!("{line}");
+    }
+    assert!(failed.is_empty(), "the pool's requests failed: {failed:?}");
+    let late = report.range(4..16);
+    let success = |label: &str| {
+        let c = late.class(label).expect("class");
+        c.share(c.ok)
+    };
+    let [critical, high, medium, sheddable] =
+        ["critical", "high", "medium", "sheddable"].map(success);
+    eprintln!(
+        "after 4 s: critical {critical:.3}, high {high:.3}, medium {medium:.3}, sheddable {sheddable:.3}"
+    );
+    assert!(critical >= 0.95, "CRITICAL's success {critical:.3}");
+    assert!(
+        high >= medium && medium >= sheddable,
+        "the classes' order: high {high:.3}, medium {medium:.3}, sheddable {sheddable:.3}"
+    );
 }
