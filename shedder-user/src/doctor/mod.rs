@@ -18,6 +18,7 @@ mod fleet;
 mod flood;
 mod interfaces;
 mod kernel;
+mod recall;
 mod sockets;
 mod work;
 
@@ -178,6 +179,7 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
     }
     if let Some(cfg) = config {
         out.extend(check_quic_kernel(cfg, kernel));
+        out.extend(recall::check_recall(cfg, kernel));
         out.extend(check_sockets(cfg));
     }
     if let Some(f) = config.and_then(|c| c.fleet.as_ref()) {

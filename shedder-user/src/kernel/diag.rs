@@ -202,6 +202,31 @@ impl Destroyer {
     }
 }
 
+/// Whether this kernel closes TCP connections on request ([`Destroyer`]): asks it to close a
+/// connection that cannot exist, which a kernel that can answers `ENOENT` (the lookup runs
+/// before any capability check) and one built without `CONFIG_INET_DIAG_DESTROY`
+/// `EOPNOTSUPP`.
+pub fn destroy_supported() -> io::Result<bool> {
+    let nothing = TcpSocket {
+        local: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        local_port: 0,
+        remote: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        remote_port: 0,
+        state: TCP_ESTABLISHED,
+        cookie: 0,
+        unread: 0,
+        since_data: None,
+        data_segs: None,
+        interface: 0,
+    };
+    match Destroyer::new()?.destroy(&nothing) {
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(false),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(true),
+        Ok(()) => Ok(true),
+        Err(e) => Err(e),
+    }
+}
+
 /// Offset of `tcpi_rtt` (smoothed round-trip time, µs) in the kernel's `struct tcp_info`:
 /// after 8 bytes of states and flags, 13 32-bit counters and times, `tcpi_pmtu` and
 /// `tcpi_rcv_ssthresh`. The struct only grows at its end, so the offset holds on every
