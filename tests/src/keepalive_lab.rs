@@ -25,6 +25,7 @@ use crate::{
     },
     policy::SERVER_V4,
     require_root,
+    scenario::one_service,
 };
 
 pub const BACKEND_PORT: u16 = 8310;
@@ -117,28 +118,15 @@ impl Node {
         } else {
             "recall_per_second = 0\n"
         };
-        let config = format!(
-            r#"
-[daemon]
-interfaces = ["{IFACE}"]
-pin_dir = "{pins}"
-
-[classes]
-critical  = {{ sources = ["198.18.10.0/25"], ceiling = 0.05 }}
-high      = {{ sources = ["198.18.20.0/24"], floor = 0.6 }}
-medium    = {{ floor = 0.05 }}
-sheddable = {{ sources = ["198.18.99.0/24"], floor = 0.0 }}
-
-[[service]]
-name = "proxy"
-ports = [{PROXY_PORT}]
-target_latency_ms = {TARGET_MS}
-# wrk opens a refused connection again at once, with no back-off: refused with resets it
-# spins at a thousand attempts a second. Dropped, it waits for its SYN's retransmissions,
-# as real clients do either way.
-action = "drop"
-{off}"#,
-            pins = self.pins.display(),
+        // wrk opens a refused connection again at once, with no back-off: refused with
+        // resets it spins at a thousand attempts a second. Dropped, it waits for its SYN's
+        // retransmissions, as real clients do either way.
+        let config = one_service(
+            &self.pins,
+            &format!(
+                "name = \"proxy\"\nports = [{PROXY_PORT}]\ntarget_latency_ms = {TARGET_MS}\n\
+                 action = \"drop\"\n{off}"
+            ),
         );
         let d = Daemon::start(&self.pair.server, &self.tag, &config, &self.pins);
         d.wait_for_log("running", Duration::from_secs(15));

@@ -64,6 +64,25 @@ impl Default for LabConfig {
     }
 }
 
+/// The labs' class ladder, for the [`MIX`]'s sources: CRITICAL's /25 under a ceiling, HIGH
+/// with a floor of 0.6, MEDIUM 0.05, SHEDDABLE none.
+pub const CLASSES: &str = r#"[classes]
+critical  = { sources = ["198.18.10.0/25"], ceiling = 0.05 }
+high      = { sources = ["198.18.20.0/24"], floor = 0.6 }
+medium    = { floor = 0.05 }
+sheddable = { sources = ["198.18.99.0/24", "198.18.10.128/25"], floor = 0.0 }
+"#;
+
+/// A daemon on the lab's interface with its pins at `pin_dir`, the labs' [`CLASSES`], and
+/// one service: `service` is its `[[service]]` table's body; every other key is the
+/// documented default.
+pub fn one_service(pin_dir: &Path, service: &str) -> String {
+    format!(
+        "[daemon]\ninterfaces = [\"{IFACE}\"]\npin_dir = \"{}\"\n\n{CLASSES}\n[[service]]\n{service}",
+        pin_dir.display()
+    )
+}
+
 impl LabConfig {
     /// The daemon's configuration for this lab.
     pub fn daemon_config(&self, pin_dir: &Path) -> String {

@@ -23,7 +23,7 @@ use shedder_tests::{
     peers::{Nginx, NginxConfig, NginxLimit},
     policy::{CLIENT_V4, CRITICAL_V4, HIGH_V4, SERVER_V4, SHEDDABLE_V4},
     require_root,
-    scenario::MIX,
+    scenario::{MIX, one_service},
     tcp::connect_from,
 };
 
@@ -65,6 +65,37 @@ fn get_path(conn: &mut TcpStream, path: &str) -> std::io::Result<()> {
     }
 }
 
+/// Root, the filesystems, and room for the pool's connections at both ends and `more`
+/// files.
+fn prepare(more: u64) {
+    require_root();
+    shedder_tests::ensure_fs();
+    let nofile = raise_nofile_limit();
+    let need = 2 * POOL as u64 + more;
+    assert!(
+        nofile >= need,
+        "the test needs {need} open files, the limit is {nofile}"
+    );
+}
+
+/// The pool: [`POOL`] connections from the client namespace to nginx, from `sources` in
+/// turn, each having made one request for nginx's own file.
+fn open_pool(pair: &Pair, sources: &[Ipv4Addr]) -> Vec<TcpStream> {
+    let server = IpAddr::V4(SERVER_V4);
+    pair.client.run(|| {
+        (0..POOL)
+            .map(|i| {
+                let src = IpAddr::V4(sources[i % sources.len()]);
+                let mut c = connect_from(src, server, PORT, Duration::from_secs(3))
+                    .result
+                    .unwrap_or_else(|e| panic!("pool connection {i} from {src}: {e}"));
+                get(&mut c).unwrap_or_else(|e| panic!("pool request {i}: {e}"));
+                c
+            })
+            .collect()
+    })
+}
+
 fn sum(v: [u32; NUM_CLASSES]) -> u32 {
     v.iter().sum()
 }
@@ -75,14 +106,7 @@ fn sum(v: [u32; NUM_CLASSES]) -> u32 {
 /// start) the pool alone would otherwise fill the limit twenty times over.
 #[test]
 fn an_idle_keep_alive_pool_never_causes_a_refusal() {
-    require_root();
-    shedder_tests::ensure_fs();
-    let nofile = raise_nofile_limit();
-    assert!(
-        nofile >= 2 * POOL as u64 + 1000,
-        "the test needs {} open files, the limit is {nofile}",
-        2 * POOL + 1000
-    );
+    prepare(1000);
     let pair = Pair::new("ka");
     prepare_client_namespace(&pair.client);
     let _nginx = Nginx::start(
@@ -121,18 +145,7 @@ ports = [{PORT}]
 
     // The pool: one request each, then idle.
     let started = Instant::now();
-    let pool: Vec<TcpStream> = pair.client.run(|| {
-        (0..POOL)
-            .map(|i| {
-                let src = IpAddr::V4(sources[i % sources.len()]);
-                let mut c = connect_from(src, server, PORT, Duration::from_secs(3))
-                    .result
-                    .unwrap_or_else(|e| panic!("pool connection {i} from {src}: {e}"));
-                get(&mut c).unwrap_or_else(|e| panic!("pool request {i}: {e}"));
-                c
-            })
-            .collect()
-    });
+    let pool = open_pool(&pair, &sources);
     eprintln!("{POOL} kept-alive connections in {:?}", started.elapsed());
     let inflight = maps.inflight(0).expect("inflight");
     eprintln!(
@@ -211,14 +224,7 @@ const POOL_REQUESTS: usize = POOL / 10;
 /// connections between requests or of a class over its bound.
 #[test]
 fn a_keep_alive_pool_beside_3x_overload_from_new_clients() {
-    require_root();
-    shedder_tests::ensure_fs();
-    let nofile = raise_nofile_limit();
-    assert!(
-        nofile >= 2 * POOL as u64 + 4000,
-        "the test needs {} open files, the limit is {nofile}",
-        2 * POOL + 4000
-    );
+    prepare(4000);
     let pair = Pair::new("kao");
     prepare_client_namespace(&pair.client);
     let upstream = pair.upstream("kao");
@@ -233,7 +239,6 @@ fn a_keep_alive_pool_beside_3x_overload_from_new_clients() {
             upstream: Some((UPSTREAM_V4, BACKEND_PORT).into()),
         },
     );
-    let server = IpAddr::V4(SERVER_V4);
     let target = (SERVER_V4, PORT).into();
     let capacity = pair
         .client
@@ -248,40 +253,14 @@ fn a_keep_alive_pool_beside_3x_overload_from_new_clients() {
         })
         .rps;
     let pins = PathBuf::from(format!("/sys/fs/bpf/shedder-kao-{}", std::process::id()));
-    let config = format!(
-        r#"
-[daemon]
-interfaces = ["{IFACE}"]
-pin_dir = "{pins}"
-
-[classes]
-critical  = {{ sources = ["198.18.10.0/25"], ceiling = 0.05 }}
-high      = {{ sources = ["198.18.20.0/24"], floor = 0.6 }}
-medium    = {{ floor = 0.05 }}
-sheddable = {{ sources = ["198.18.99.0/24"], floor = 0.0 }}
-
-[[service]]
-name = "web"
-ports = [{PORT}]
-target_latency_ms = 100
-"#,
-        pins = pins.display()
+    let config = one_service(
+        &pins,
+        &format!("name = \"web\"\nports = [{PORT}]\ntarget_latency_ms = 100\n"),
     );
     let mut daemon = Daemon::start(&pair.server, "kao", &config, &pins);
     daemon.wait_for_log("running", Duration::from_secs(15));
     let sources: [Ipv4Addr; 4] = [CRITICAL_V4, HIGH_V4, CLIENT_V4, SHEDDABLE_V4];
-    let pool: Vec<TcpStream> = pair.client.run(|| {
-        (0..POOL)
-            .map(|i| {
-                let src = IpAddr::V4(sources[i % sources.len()]);
-                let mut c = connect_from(src, server, PORT, Duration::from_secs(3))
-                    .result
-                    .unwrap_or_else(|e| panic!("pool connection {i} from {src}: {e}"));
-                get(&mut c).unwrap_or_else(|e| panic!("pool request {i}: {e}"));
-                c
-            })
-            .collect()
-    });
+    let pool = open_pool(&pair, &sources);
     let rate = 3.0 * capacity;
     eprintln!("capacity through nginx {capacity:.0}/s; {POOL} kept alive; offering {rate:.0}/s");
     // The pool's requests from 4 s to 14 s of the overload, each on its own thread (a

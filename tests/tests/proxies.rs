@@ -18,11 +18,11 @@ use shedder_tests::{
         Backend, BackendConfig, HttpBackend, LoadGen, Protocol, Window, measure_capacity_speaking,
         prepare_client_namespace,
     },
-    netns::{IFACE, Netns, Pair, UPSTREAM_V4},
+    netns::{Netns, Pair, UPSTREAM_V4},
     peers::{Haproxy, HaproxyConfig, Nginx, NginxConfig, NginxLimit},
     policy::{CLIENT_V4, SERVER_V4},
     require_root,
-    scenario::{LimitSampler, MIX, limits_between},
+    scenario::{LimitSampler, MIX, limits_between, one_service},
 };
 
 const BACKEND_PORT: u16 = 8300;
@@ -153,24 +153,11 @@ impl Node {
     /// starting limit of `fallback`.
     fn protect(&self, fallback: Option<u32>) -> Daemon {
         let limits = fallback.map_or(String::new(), |f| format!("fallback_limit = {f}\n"));
-        let config = format!(
-            r#"
-[daemon]
-interfaces = ["{IFACE}"]
-pin_dir = "{pins}"
-
-[classes]
-critical  = {{ sources = ["198.18.10.0/25"], ceiling = 0.05 }}
-high      = {{ sources = ["198.18.20.0/24"], floor = 0.6 }}
-medium    = {{ floor = 0.05 }}
-sheddable = {{ sources = ["198.18.99.0/24", "198.18.10.128/25"], floor = 0.0 }}
-
-[[service]]
-name = "proxy"
-ports = [{PROXY_PORT}]
-target_latency_ms = {TARGET_MS}
-{limits}"#,
-            pins = self.pins.display(),
+        let config = one_service(
+            &self.pins,
+            &format!(
+                "name = \"proxy\"\nports = [{PROXY_PORT}]\ntarget_latency_ms = {TARGET_MS}\n{limits}"
+            ),
         );
         let d = Daemon::start(&self.pair.server, &self.tag, &config, &self.pins);
         d.wait_for_log("running", Duration::from_secs(15));
