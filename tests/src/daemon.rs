@@ -123,7 +123,10 @@ impl Daemon {
             .arg(shedder_bin())
             .args(["run", "--config"])
             .arg(&self.config)
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("SHEDDER_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -1,7 +1,8 @@
 //! shedder in the shapes real hosts have: a client veth with no XDP program and default
 //! offloads (a container's), a daemon started with `ip netns exec` (a private mount
 //! namespace with no bpffs) or as pid 1 of its own namespaces (a container's entry point),
-//! and a service that already carries connections when shedder starts.
+//! a service that already carries connections when shedder starts, and a service in a
+//! pod's network namespace behind the node the daemon runs on.
 
 use std::{
     io::{Read as _, Write as _},
@@ -12,10 +13,10 @@ use std::{
 
 use shedder_tests::{
     daemon::{Daemon, Launch, busy, connect, hold, pin_dir, refused, settle, web_config},
-    netns::{IFACE, Netns, Pair},
+    netns::{IFACE, Netns, Pair, UPSTREAM_V4},
     policy::{CLIENT_V4, SERVER_V4},
     require_root,
-    tcp::{TestServer, connect_from},
+    tcp::{TestServer, connect_from, echo_or_hold, echo_roundtrip},
 };
 
 // Tracking sees every namespace's sockets on a protected port, so tests that may run at
@@ -25,6 +26,7 @@ const NATIVE_PORT: u16 = 7621;
 const SEED_PORT: u16 = 7622;
 const NETNS_EXEC_PORT: u16 = 7623;
 const PID1_PORT: u16 = 7624;
+const POD_PORT: u16 = 7625;
 const METRICS_PORT: u16 = 9464;
 
 /// The test daemon's service (`web` on `port`: a fixed limit of 4, fallback 1, resets),
@@ -406,4 +408,86 @@ fn a_daemon_whose_pins_would_die_with_it_refuses_to_enforce() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// A Kubernetes node's shape: the daemon on the node (the server namespace, forwarding),
+/// the service in a pod's namespace behind it (`198.19.0.2`, routed through the node), and
+/// its clients' keep-alive connections over the node. Eight connections, each answered
+/// once and so kept alive, then all eight send a request the service holds: eight busy
+/// against a fixed limit of four, over connections the gate admitted long ago. Recall
+/// finds them in the pod's namespace, where the daemon is not, and resets four.
+#[test]
+fn keep_alive_connections_of_a_pod_are_recalled_from_the_node() {
+    require_root();
+    let pair = Pair::new("hpod");
+    let pod = pair.upstream("hpod");
+    pair.server
+        .exec(&["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]);
+    pair.client.ip(&[
+        "route",
+        "add",
+        "198.19.0.0/24",
+        "via",
+        &SERVER_V4.to_string(),
+    ]);
+    pod.ip(&["route", "add", "198.18.0.0/16", "via", "198.19.0.1"]);
+    let _server = pod.run(|| TestServer::start(POD_PORT, Duration::ZERO, echo_or_hold));
+    let pins = pin_dir("hpod");
+    let daemon = Daemon::start(
+        &pair.server,
+        "hpod",
+        &config(&pins, "hpod", POD_PORT, "attach = \"tc\""),
+        &pins,
+    );
+    daemon.wait_for_log("running", Duration::from_secs(10));
+    let pod_addr = IpAddr::V4(UPSTREAM_V4);
+    let mut conns: Vec<TcpStream> = pair.client.run(|| {
+        (0..8)
+            .map(|i| {
+                let mut c = connect_from(
+                    IpAddr::V4(CLIENT_V4),
+                    pod_addr,
+                    POD_PORT,
+                    Duration::from_secs(2),
+                )
+                .result
+                .unwrap_or_else(|e| panic!("connection {i} to the pod: {e}"));
+                echo_roundtrip(&mut c, b"hello")
+                    .unwrap_or_else(|e| panic!("connection {i}'s first request: {e}"));
+                c
+            })
+            .collect()
+    });
+    for c in &mut conns {
+        c.write_all(b"h").expect("a held request");
+        c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    }
+    // A reset reads as an error at once; a connection still held reads nothing until the
+    // timeout.
+    let reset = std::thread::scope(|s| {
+        let handles: Vec<_> = conns
+            .iter_mut()
+            .map(|c| {
+                s.spawn(move || {
+                    let mut b = [0u8; 1];
+                    matches!(c.read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("reader"))
+            .filter(|&r| r)
+            .count()
+    });
+    let log = daemon.log();
+    eprintln!("{reset} of 8 reset");
+    assert!(
+        log.contains("recalled keep-alive connections"),
+        "nothing recalled in the pod's namespace:\n{log}"
+    );
+    assert_eq!(
+        reset, 4,
+        "eight busy against a limit of four: four recalled\n{log}"
+    );
 }

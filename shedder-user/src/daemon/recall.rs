@@ -1,14 +1,18 @@
 //! Recalling keep-alive connections each tick (see [`crate::control::recall`] for which):
 //! list the services' connections once through sock_diag when some class is over the bound
-//! the gate refuses it at, close the chosen ones, count them.
+//! the gate refuses it at, close the chosen ones, count them. The tracking counts a port's
+//! connections in every network namespace (a service in a container or a pod), so recall
+//! looks in every namespace with a listener on a recalling service's port, found again at
+//! most every [`REFRESH`].
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
+    io,
     time::{Duration, Instant},
 };
 
 use shedder_common::NUM_CLASSES;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::service::ServiceControl;
 use crate::{
@@ -17,11 +21,15 @@ use crate::{
     control::recall::{Budget, Conn, choose, classify, wanted},
     kernel::{
         diag::{self, Destroyer, TCP_ESTABLISHED, TcpSocket},
+        netns::{Namespace, in_namespace, namespaces},
         policy::class_rules,
     },
     signals::Signals,
 };
 
+/// How often the namespaces with a recalling service's listener are looked for again (a
+/// walk of every process's namespace).
+const REFRESH: Duration = Duration::from_secs(10);
 /// A recall pass longer than this is logged: the tick waits on it.
 const SLOW_PASS: Duration = Duration::from_millis(50);
 /// How often a service's recalls are logged at most (the counts in between are summed).
@@ -38,11 +46,21 @@ struct Record {
     logged: Option<Instant>,
 }
 
+/// A network namespace with a listener on a recalling service's port, and the sock_diag
+/// socket that closes its connections (made inside it: a netlink socket speaks to the
+/// namespace it was made in).
+struct Space {
+    ns: Namespace,
+    destroyer: Option<Destroyer>,
+}
+
 /// The daemon's recall state.
 pub struct Recall {
     rules: Vec<(Prefix, u32)>,
     records: HashMap<String, Record>,
-    destroyer: Option<Destroyer>,
+    spaces: Vec<Space>,
+    /// When `spaces` was last found.
+    found: Option<Instant>,
     last: Option<Instant>,
     /// Why recall cannot close connections on this host (the first refusal that is not a
     /// connection gone); once set, recall counts what it would have done and closes nothing.
@@ -54,15 +72,17 @@ impl Recall {
         Self {
             rules: class_rules(cfg),
             records: HashMap::new(),
-            destroyer: None,
+            spaces: Vec::new(),
+            found: None,
             last: None,
             unavailable: None,
         }
     }
 
-    /// A reload: the new class rules; the counts stay.
+    /// A reload: the new class rules, the namespaces found again; the counts stay.
     pub fn reload(&mut self, cfg: &Config) {
         self.rules = class_rules(cfg);
+        self.found = None;
     }
 
     /// Why recall closes nothing here, if it cannot.
@@ -104,13 +124,33 @@ impl Recall {
             return;
         }
         let started = Instant::now();
-        let sockets = match diag::open_sockets() {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(error = %e, "listing connections to recall");
-                return;
+        if self.found.is_none_or(|t| now.duration_since(t) >= REFRESH) {
+            let ports: BTreeSet<u16> = due
+                .iter()
+                .flat_map(|(sc, _)| sc.cfg.ports.iter().copied())
+                .collect();
+            self.spaces = with_listeners(&ports);
+            self.found = Some(now);
+        }
+        let mut sockets = Vec::new();
+        for (k, space) in self.spaces.iter().enumerate() {
+            match in_namespace(&space.ns, diag::open_sockets) {
+                Ok(found) => sockets.extend(found.into_iter().map(|s| (k, s))),
+                // Its last process exited: found again at the next refresh.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => warn!(
+                    namespace = %space.ns.path.display(),
+                    error = %e,
+                    "listing connections to recall"
+                ),
             }
-        };
+        }
+        debug!(
+            services = due.len(),
+            namespaces = self.spaces.len(),
+            sockets = sockets.len(),
+            "recall: connections listed"
+        );
         for (sc, busy) in due {
             self.service(sc, &busy, &sockets, dt, now);
         }
@@ -119,6 +159,7 @@ impl Recall {
             warn!(
                 took_ms = took.as_millis() as u64,
                 sockets = sockets.len(),
+                namespaces = self.spaces.len(),
                 "listing and recalling connections took long; the tick waited on it"
             );
         }
@@ -128,15 +169,15 @@ impl Recall {
         &mut self,
         sc: &ServiceControl,
         busy: &[u32; NUM_CLASSES],
-        sockets: &[TcpSocket],
+        sockets: &[(usize, TcpSocket)],
         dt: Duration,
         now: Instant,
     ) {
         let cfg = &sc.cfg;
         let Some(policy) = sc.written() else { return };
-        let mine: Vec<&TcpSocket> = sockets
+        let mine: Vec<&(usize, TcpSocket)> = sockets
             .iter()
-            .filter(|s| {
+            .filter(|(_, s)| {
                 s.state == TCP_ESTABLISHED
                     && socket_serves(&cfg.ports, &cfg.addresses, s.local, s.local_port)
             })
@@ -144,7 +185,7 @@ impl Recall {
         let default = cfg.default_class.id();
         let conns: Vec<Conn> = mine
             .iter()
-            .map(|s| {
+            .map(|(_, s)| {
                 let busy_ms = s.busy_for_ms();
                 Conn {
                     class: classify(&self.rules, default, s.remote),
@@ -154,11 +195,25 @@ impl Recall {
                 }
             })
             .collect();
-        let mut reused = [0; NUM_CLASSES];
-        for c in conns.iter().filter(|c| c.busy && c.answered) {
-            reused[c.class as usize] += 1;
+        // The class's work less its fresh connections (a first request in service): what
+        // arrived over keep-alive. Counted this way rather than by tcp_info's busy keep-alive
+        // connections: its times are in jiffies, and a request that follows its answer
+        // within one reads as idle (back-to-back requests, the heaviest keep-alive load);
+        // a connection that never answered is told apart exactly (nothing sent).
+        let mut fresh = [0u32; NUM_CLASSES];
+        for c in conns.iter().filter(|c| c.busy && !c.answered) {
+            fresh[c.class as usize] += 1;
         }
+        let reused: [u32; NUM_CLASSES] = std::array::from_fn(|c| busy[c].saturating_sub(fresh[c]));
         let want = wanted(policy, busy, &reused);
+        debug!(
+            service = %cfg.name,
+            connections = conns.len(),
+            ?busy,
+            ?reused,
+            ?want,
+            "recall: wanted"
+        );
         let record = self.records.entry(cfg.name.clone()).or_default();
         let allowance = record.budget.allowance(cfg.recall_per_second, dt);
         let chosen = choose(&conns, &want, allowance);
@@ -167,7 +222,8 @@ impl Recall {
             let closed = if cfg.mode == Mode::DryRun || self.unavailable.is_some() {
                 Closed::Yes
             } else {
-                close(&mut self.destroyer, mine[i], &mut self.unavailable)
+                let (k, s) = mine[i];
+                close(&mut self.spaces[*k], s, &mut self.unavailable)
             };
             match closed {
                 Closed::Yes => {
@@ -216,6 +272,21 @@ impl Recall {
     }
 }
 
+/// The namespaces with a listener on one of `ports`.
+fn with_listeners(ports: &BTreeSet<u16>) -> Vec<Space> {
+    namespaces()
+        .into_iter()
+        .filter(|ns| {
+            in_namespace(ns, diag::listeners)
+                .is_ok_and(|ls| ls.iter().any(|l| ports.contains(&l.port)))
+        })
+        .map(|ns| Space {
+            ns,
+            destroyer: None,
+        })
+        .collect()
+}
+
 /// What closing one connection came to.
 enum Closed {
     Yes,
@@ -227,14 +298,11 @@ enum Closed {
 /// Close one connection. A connection gone since the listing counts as closed (its client
 /// is already back at the gate); any other refusal is counted as an error, and one that
 /// says the host cannot do it turns recall into counting only, said loudly once.
-fn close(
-    destroyer: &mut Option<Destroyer>,
-    s: &TcpSocket,
-    unavailable: &mut Option<String>,
-) -> Closed {
+fn close(space: &mut Space, s: &TcpSocket, unavailable: &mut Option<String>) -> Closed {
+    let destroyer = &mut space.destroyer;
     let d = match destroyer {
         Some(d) => d,
-        None => match Destroyer::new() {
+        None => match in_namespace(&space.ns, Destroyer::new) {
             Ok(d) => destroyer.insert(d),
             Err(e) => {
                 warn!(error = %e, "opening a sock_diag socket to recall connections");

@@ -28,6 +28,7 @@ pub mod klog;
 pub mod load;
 pub mod maps;
 pub mod netdev;
+pub mod netns;
 pub mod pins;
 pub mod policy;
 pub mod seed;

@@ -10,12 +10,9 @@
 //! the packet path classes their source. Closing them later decrements as for any other.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
-    fs::File,
+    collections::{BTreeMap, BTreeSet, HashMap},
     io::Read as _,
     net::IpAddr,
-    os::{fd::AsRawFd, unix::fs::MetadataExt as _},
-    path::PathBuf,
 };
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
@@ -26,6 +23,7 @@ use shedder_common::{
 
 use crate::{
     kernel::diag::{self, TCP_CLOSE_WAIT, TCP_ESTABLISHED, TCP_LISTEN, TcpSocket},
+    kernel::netns::{in_namespace, namespaces},
     kernel::{Error, Result, Shedder, maps::map_err},
 };
 
@@ -54,67 +52,6 @@ impl Summary {
     pub fn total_counted(&self) -> u32 {
         self.counted.values().sum()
     }
-}
-
-/// A network namespace to visit: a path that names it and the open file that keeps it.
-struct Namespace {
-    path: PathBuf,
-    file: File,
-}
-
-/// Every network namespace a process is in, or that `ip netns` names, once each.
-fn namespaces() -> Vec<Namespace> {
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    let mut add = |path: PathBuf| {
-        let Ok(file) = File::open(&path) else {
-            return;
-        };
-        let Ok(meta) = file.metadata() else {
-            return;
-        };
-        if seen.insert((meta.dev(), meta.ino())) {
-            out.push(Namespace { path, file });
-        }
-    };
-    // Our own first: it is where the daemon's services usually are.
-    add(PathBuf::from("/proc/thread-self/ns/net"));
-    for dir in ["/run/netns", "/var/run/netns"] {
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            for e in entries.flatten() {
-                add(e.path());
-            }
-        }
-    }
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for e in entries.flatten() {
-            if e.file_name()
-                .to_str()
-                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-            {
-                add(e.path().join("ns/net"));
-            }
-        }
-    }
-    out
-}
-
-/// Run `f` on a thread that has entered the network namespace `ns`.
-fn in_namespace<T: Send>(
-    ns: &Namespace,
-    f: impl FnOnce() -> std::io::Result<T> + Send,
-) -> std::io::Result<T> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: a valid fd of a network namespace; only this thread switches.
-            if unsafe { libc::setns(ns.file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            f()
-        })
-        .join()
-        .unwrap_or_else(|p| std::panic::resume_unwind(p))
-    })
 }
 
 /// An address as the tracepoint records lay it out: IPv4 in the first word, network byte
