@@ -15,9 +15,11 @@
 //! - CRITICAL never;
 //! - only connections that answered a request before (a keep-alive connection): one whose
 //!   first request is in service was admitted by the gate for that request;
-//! - at most as many from a class as its keep-alive connections with a request in service:
-//!   an excess made of fresh connections (after the limit was cut) drains as they are
-//!   answered, and recalling an idle pool for it would shed nothing;
+//! - only what the class is over beyond its fresh connections (a first request in service),
+//!   and at most its keep-alive connections with a request in service: fresh connections
+//!   leave as they are answered and the gate lets no new ones in, so an excess they make
+//!   (after the limit was cut, or while keep-alive requests are a few among many new
+//!   clients) is the gate's to remove; what keep-alive requests hold beyond it is not;
 //! - idle connections first (closing one loses no request), the most recently active of
 //!   them first (they are the ones sending; a pool idle for minutes carries no load), then
 //!   busy ones, the youngest request first (the least work lost);
@@ -41,26 +43,22 @@ pub struct Conn {
     pub answered: bool,
 }
 
-/// How many connections to recall from each class, given the policy in force and each
+/// How many connections to recall from each class, given the policy in force, each
 /// class's work in flight (`busy`) and keep-alive connections with a request in service
-/// (`reused`). Lowest class first, each class's recall taken off its work before the next
-/// is decided; CRITICAL is never recalled.
+/// (`reused`), and which classes may be recalled at all (`may`, see [`Settled`]). Lowest
+/// class first, each class's recall taken off its work before the next is decided; CRITICAL
+/// is never recalled.
 pub fn wanted(
     policy: &ServicePolicy,
     busy: &[u32; NUM_CLASSES],
     reused: &[u32; NUM_CLASSES],
+    may: &[bool; NUM_CLASSES],
 ) -> [u32; NUM_CLASSES] {
     let mut occ: [u64; NUM_CLASSES] = std::array::from_fn(|c| busy[c] as u64);
     let mut out = [0; NUM_CLASSES];
-    // Some class below holds work over its floor now: the classes above keep theirs,
-    // however far over their shares the queue it makes puts them. Now, not once its own
-    // recall is done: what it has queued drains only as it is served.
-    let mut below = false;
     for class in (0..NUM_CLASSES as u32).rev() {
         let c = class as usize;
-        let over_floor = busy[c] > policy.classes[c].floor;
-        if class == CLASS_CRITICAL || below {
-            below |= over_floor;
+        if class == CLASS_CRITICAL || !may[c] {
             continue;
         }
         let attempt = admit::Attempt {
@@ -71,16 +69,57 @@ pub fn wanted(
         let d = admit::decide(policy, &attempt, &occ, false);
         if d.admit == 0 && is_pressure(d.reason) == 1 {
             // Over by `excess` at the bound the attempt met: at the bound exactly, the class's
-            // connections hold it there and nothing needs to go. Never more than the class
-            // holds: `reused` is sock_diag's count, taken at another instant than the
-            // kernel's `busy`, and may be the larger.
-            let n = d.excess.min(reused[c]).min(busy[c]);
+            // connections hold it there and nothing needs to go. Its fresh connections (a
+            // first request in service) leave as they are answered, and the gate, refusing
+            // the class, lets no new ones in: only what is over beyond them is the gate's
+            // blind spot. Never more than the class holds: `reused` is sock_diag's count,
+            // taken at another instant than the kernel's `busy`, and may be the larger.
+            let reused = reused[c].min(busy[c]);
+            let fresh = busy[c] - reused;
+            let n = d.excess.saturating_sub(fresh).min(reused);
             out[c] = n;
             occ[c] -= n as u64;
         }
-        below |= over_floor;
     }
     out
+}
+
+/// Per class, whether every class below it holds no more work than its floor now.
+pub fn quiet_below(policy: &ServicePolicy, busy: &[u32; NUM_CLASSES]) -> [bool; NUM_CLASSES] {
+    let mut out = [true; NUM_CLASSES];
+    let mut below = false;
+    for c in (0..NUM_CLASSES).rev() {
+        out[c] = !below;
+        below |= busy[c] > policy.classes[c].floor;
+    }
+    out
+}
+
+/// How long the classes below a class must have been quiet ([`quiet_below`]) before it is
+/// recalled: a higher class over its share because a lower one's queue slowed everything
+/// keeps its connections while that queue drains (HIGH's sixty waiting connections, left
+/// over its share by SHEDDABLE's backlog, were recalled the tick SHEDDABLE's last went).
+pub const SETTLE: Duration = Duration::from_secs(1);
+
+/// Since when each class has had quiet classes below it.
+#[derive(Clone, Debug, Default)]
+pub struct Settled {
+    since: [Option<Duration>; NUM_CLASSES],
+}
+
+impl Settled {
+    /// Which classes may be recalled at `now` (any clock), given which have quiet classes
+    /// below them now.
+    pub fn update(&mut self, quiet: [bool; NUM_CLASSES], now: Duration) -> [bool; NUM_CLASSES] {
+        std::array::from_fn(|c| {
+            if !quiet[c] {
+                self.since[c] = None;
+                return false;
+            }
+            let since = *self.since[c].get_or_insert(now);
+            now.saturating_sub(since) >= SETTLE
+        })
+    }
 }
 
 /// Which of `conns` to recall (their indexes): up to `want[class]` of each class, lowest
@@ -160,50 +199,70 @@ mod tests {
         }
     }
 
+    /// `wanted` with the classes below already settled as `quiet_below` says now.
+    fn settled(busy: &[u32; NUM_CLASSES], reused: &[u32; NUM_CLASSES]) -> [u32; NUM_CLASSES] {
+        let may = quiet_below(&policy(), busy);
+        wanted(&policy(), busy, reused, &may)
+    }
+
     #[test]
     fn a_class_over_its_bound_recalls_its_excess_of_reused_connections() {
         // SHEDDABLE holds 25 against its 10: 15 over, all of them reused.
-        assert_eq!(
-            wanted(&policy(), &[0, 10, 10, 25], &[0, 10, 10, 25]),
-            [0, 0, 0, 15]
-        );
-        // Only 4 of its busy connections came over keep-alive: the rest were admitted for
-        // their first request and drain as they are answered.
-        assert_eq!(
-            wanted(&policy(), &[0, 10, 10, 25], &[0, 0, 0, 4]),
-            [0, 0, 0, 4]
-        );
+        assert_eq!(settled(&[0, 10, 10, 25], &[0, 10, 10, 25]), [0, 0, 0, 15]);
+        // Only 4 of its 25 came over keep-alive: the other 21 were admitted for their first
+        // request, and as they are answered the class falls under its bound by itself (the
+        // gate lets no new ones in): nothing to recall.
+        assert_eq!(settled(&[0, 10, 10, 25], &[0, 0, 0, 4]), [0, 0, 0, 0]);
+        // 20 of 25 over keep-alive: the 5 fresh ones take 5 of the 15 over with them.
+        assert_eq!(settled(&[0, 10, 10, 25], &[0, 0, 0, 20]), [0, 0, 0, 10]);
         // Within every bound: nothing.
-        assert_eq!(
-            wanted(&policy(), &[5, 50, 20, 10], &[5, 50, 20, 10]),
-            [0; 4]
-        );
+        assert_eq!(settled(&[5, 50, 20, 10], &[5, 50, 20, 10]), [0; 4]);
     }
 
     #[test]
     fn the_lowest_class_gives_first_and_critical_never() {
         // CRITICAL alone at 120 fills the service: every other class would be refused.
         // SHEDDABLE gives its 5 first; MEDIUM and HIGH keep theirs while it holds work.
-        let w = wanted(&policy(), &[120, 10, 5, 5], &[120, 10, 5, 5]);
+        let w = settled(&[120, 10, 5, 5], &[120, 10, 5, 5]);
         assert_eq!(w, [0, 0, 0, 5]);
         // A tick later SHEDDABLE is gone: MEDIUM gives its 5; then HIGH what is left of the
         // service's excess (120 + 10 - 100), never CRITICAL.
-        assert_eq!(
-            wanted(&policy(), &[120, 10, 5, 0], &[120, 10, 5, 0]),
-            [0, 0, 5, 0]
-        );
-        assert_eq!(
-            wanted(&policy(), &[120, 10, 0, 0], &[120, 10, 0, 0]),
-            [0, 10, 0, 0]
-        );
+        assert_eq!(settled(&[120, 10, 5, 0], &[120, 10, 5, 0]), [0, 0, 5, 0]);
+        assert_eq!(settled(&[120, 10, 0, 0], &[120, 10, 0, 0]), [0, 10, 0, 0]);
         // HIGH 30 over its share fills the service, but SHEDDABLE, at its own share exactly
         // (nothing to give), holds work over its floor of 0: nothing above it is recalled.
-        let w = wanted(&policy(), &[0, 90, 20, 10], &[0, 90, 20, 10]);
+        let w = settled(&[0, 90, 20, 10], &[0, 90, 20, 10]);
         assert_eq!(w, [0; 4]);
         // SHEDDABLE 15 over its share while HIGH is over its own (a queue SHEDDABLE's load
         // makes): only SHEDDABLE gives, since it still holds work after its recall.
-        let w = wanted(&policy(), &[0, 90, 10, 25], &[0, 90, 10, 25]);
+        let w = settled(&[0, 90, 10, 25], &[0, 90, 10, 25]);
         assert_eq!(w, [0, 0, 0, 15]);
+    }
+
+    #[test]
+    fn a_class_waits_a_second_of_quiet_below_it() {
+        let ms = Duration::from_millis;
+        let mut s = Settled::default();
+        // SHEDDABLE (nothing below) may at once... after the settling second.
+        let quiet = quiet_below(&policy(), &[0, 90, 0, 5]);
+        assert_eq!(quiet, [false, false, false, true]);
+        assert_eq!(s.update(quiet, ms(0)), [false; 4]);
+        assert_eq!(s.update(quiet, ms(1000)), [false, false, false, true]);
+        // SHEDDABLE's last work leaves: HIGH and MEDIUM wait a second of it.
+        let quiet = quiet_below(&policy(), &[0, 90, 0, 0]);
+        assert_eq!(s.update(quiet, ms(1100)), [false, false, false, true]);
+        assert_eq!(s.update(quiet, ms(2000)), [false, false, false, true]);
+        assert_eq!(s.update(quiet, ms(2100)), [false, true, true, true]);
+        // It comes back: HIGH waits again.
+        let quiet = quiet_below(&policy(), &[0, 90, 0, 3]);
+        assert_eq!(s.update(quiet, ms(2200)), [false, false, false, true]);
+        // The busy HIGH is recalled only once settled.
+        let busy = [0, 90, 0, 0];
+        assert_eq!(wanted(&policy(), &busy, &busy, &[false; 4]), [0; 4]);
+        assert_eq!(
+            wanted(&policy(), &busy, &busy, &[false, true, true, true]),
+            [0, 30, 0, 0]
+        );
     }
 
     fn conn(class: u32, busy: bool, since_ms: u32, answered: bool) -> Conn {

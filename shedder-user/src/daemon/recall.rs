@@ -18,7 +18,7 @@ use super::service::ServiceControl;
 use crate::{
     api::state::ServiceState,
     config::{Config, Mode, Prefix, Protocol, socket_serves},
-    control::recall::{Budget, Conn, choose, classify, wanted},
+    control::recall::{Budget, Conn, Settled, choose, classify, quiet_below, wanted},
     kernel::{
         diag::{self, Destroyer, TCP_ESTABLISHED, TcpSocket},
         netns::{Namespace, in_namespace, namespaces},
@@ -39,6 +39,8 @@ const LOG_EVERY: Duration = Duration::from_secs(5);
 #[derive(Debug, Default)]
 struct Record {
     budget: Budget,
+    /// Since when each class has had quiet classes below it.
+    settled: Settled,
     recalled: [u64; NUM_CLASSES],
     errors: u64,
     /// Recalled since the last log line, and when that was.
@@ -62,6 +64,8 @@ pub struct Recall {
     /// When `spaces` was last found.
     found: Option<Instant>,
     last: Option<Instant>,
+    /// The clock `Settled` reads from.
+    origin: Instant,
     /// Why recall cannot close connections on this host (the first refusal that is not a
     /// connection gone); once set, recall counts what it would have done and closes nothing.
     unavailable: Option<String>,
@@ -75,6 +79,7 @@ impl Recall {
             spaces: Vec::new(),
             found: None,
             last: None,
+            origin: Instant::now(),
             unavailable: None,
         }
     }
@@ -114,11 +119,14 @@ impl Recall {
             };
             // At most what every busy connection being reused would call for: nothing over
             // any bound, no listing.
-            if wanted(policy, busy, busy).iter().all(|&n| n == 0) {
+            let may = record
+                .settled
+                .update(quiet_below(policy, busy), now.duration_since(self.origin));
+            if wanted(policy, busy, busy, &may).iter().all(|&n| n == 0) {
                 record.budget.spent(cfg.recall_per_second, dt, 0);
                 continue;
             }
-            due.push((sc, *busy));
+            due.push((sc, *busy, may));
         }
         if due.is_empty() {
             return;
@@ -127,7 +135,7 @@ impl Recall {
         if self.found.is_none_or(|t| now.duration_since(t) >= REFRESH) {
             let ports: BTreeSet<u16> = due
                 .iter()
-                .flat_map(|(sc, _)| sc.cfg.ports.iter().copied())
+                .flat_map(|(sc, _, _)| sc.cfg.ports.iter().copied())
                 .collect();
             self.spaces = with_listeners(&ports);
             self.found = Some(now);
@@ -151,8 +159,8 @@ impl Recall {
             sockets = sockets.len(),
             "recall: connections listed"
         );
-        for (sc, busy) in due {
-            self.service(sc, &busy, &sockets, dt, now);
+        for (sc, busy, may) in due {
+            self.service(sc, (&busy, &may), &sockets, dt, now);
         }
         let took = started.elapsed();
         if took > SLOW_PASS {
@@ -168,7 +176,7 @@ impl Recall {
     fn service(
         &mut self,
         sc: &ServiceControl,
-        busy: &[u32; NUM_CLASSES],
+        (busy, may): (&[u32; NUM_CLASSES], &[bool; NUM_CLASSES]),
         sockets: &[(usize, TcpSocket)],
         dt: Duration,
         now: Instant,
@@ -205,7 +213,7 @@ impl Recall {
             fresh[c.class as usize] += 1;
         }
         let reused: [u32; NUM_CLASSES] = std::array::from_fn(|c| busy[c].saturating_sub(fresh[c]));
-        let want = wanted(policy, busy, &reused);
+        let want = wanted(policy, busy, &reused, may);
         debug!(
             service = %cfg.name,
             connections = conns.len(),
