@@ -237,8 +237,7 @@ fn pool_request(conn: &mut TcpStream) -> PoolAnswer {
         Ok(()) => PoolAnswer::Served,
         Err(e) if matches!(e.kind(), ConnectionReset | UnexpectedEof | BrokenPipe) => {
             let source = conn.local_addr().expect("local address").ip();
-            match connect_from(source, IpAddr::V4(SERVER_V4), PORT, Duration::from_secs(2)).result
-            {
+            match connect_from(source, IpAddr::V4(SERVER_V4), PORT, Duration::from_secs(2)).result {
                 Ok(mut again) => match get_path(&mut again, "/") {
                     Ok(()) => PoolAnswer::ServedAgain,
                     Err(e) => PoolAnswer::Failed(format!("sent again: {e}")),

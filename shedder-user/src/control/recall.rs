@@ -8,10 +8,10 @@
 //! connections; recalling as many of them as it is over sends their clients back through
 //! the gate. The rules:
 //!
-//! - lowest class first, and a class only while every class below it holds no more work
-//!   than its floor: a higher class over its share because a lower one's queue slows
-//!   everything down keeps its connections (the lower one's go, and the higher one's work
-//!   shrinks as the queue drains);
+//! - lowest class first, and a class only once every class below it has held no more work
+//!   than its floor for a second ([`Settled`]): a higher class over its share because a
+//!   lower one's queue slows everything down keeps its connections (the lower one's go, and
+//!   the higher one's work shrinks as the queue drains);
 //! - CRITICAL never;
 //! - only connections that answered a request before (a keep-alive connection): one whose
 //!   first request is in service was admitted by the gate for that request;
