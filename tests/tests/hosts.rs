@@ -490,4 +490,10 @@ fn keep_alive_connections_of_a_pod_are_recalled_from_the_node() {
         reset, 4,
         "eight busy against a limit of four: four recalled\n{log}"
     );
+    // doctor's probe says so of the kernel that just did it.
+    assert_eq!(
+        shedder::kernel::diag::destroy_supported().ok(),
+        Some(true),
+        "doctor's probe denies what recall just did"
+    );
 }

@@ -20,7 +20,7 @@ use shedder_tests::{
         prepare_client_namespace, raise_nofile_limit,
     },
     netns::{IFACE, Pair, UPSTREAM_V4},
-    peers::{Nginx, NginxConfig, NginxLimit},
+    peers::{Nginx, NginxConfig},
     policy::{CLIENT_V4, CRITICAL_V4, HIGH_V4, SERVER_V4, SHEDDABLE_V4},
     require_root,
     scenario::{MIX, one_service},
@@ -109,16 +109,7 @@ fn an_idle_keep_alive_pool_never_causes_a_refusal() {
     prepare(1000);
     let pair = Pair::new("ka");
     prepare_client_namespace(&pair.client);
-    let _nginx = Nginx::start(
-        &pair.server,
-        &NginxConfig {
-            port: PORT,
-            tls: None,
-            worker_cpu: None,
-            limit: NginxLimit::None,
-            upstream: None,
-        },
-    );
+    let _nginx = Nginx::start(&pair.server, &NginxConfig::http(PORT, None));
     let pins = PathBuf::from(format!("/sys/fs/bpf/shedder-ka-{}", std::process::id()));
     let config = format!(
         r#"
@@ -268,13 +259,7 @@ fn a_keep_alive_pool_beside_3x_overload_from_new_clients() {
     let _backend = HttpBackend::start_in(&upstream, BACKEND_PORT, 4, Duration::from_millis(20));
     let _nginx = Nginx::start(
         &pair.server,
-        &NginxConfig {
-            port: PORT,
-            tls: None,
-            worker_cpu: None,
-            limit: NginxLimit::None,
-            upstream: Some((UPSTREAM_V4, BACKEND_PORT).into()),
-        },
+        &NginxConfig::http(PORT, Some((UPSTREAM_V4, BACKEND_PORT).into())),
     );
     let target = (SERVER_V4, PORT).into();
     let capacity = pair

@@ -19,7 +19,7 @@ use shedder_tests::{
         prepare_client_namespace,
     },
     netns::{Netns, Pair, UPSTREAM_V4},
-    peers::{Haproxy, HaproxyConfig, Nginx, NginxConfig, NginxLimit},
+    peers::{Haproxy, HaproxyConfig, Nginx, NginxConfig},
     policy::{CLIENT_V4, SERVER_V4},
     require_root,
     scenario::{LimitSampler, MIX, limits_between, one_service},
@@ -109,16 +109,7 @@ impl Node {
             Front::Nginx => (
                 Running::Nginx(
                     HttpBackend::start_in(&upstream, BACKEND_PORT, 4, service_time),
-                    Nginx::start(
-                        &pair.server,
-                        &NginxConfig {
-                            port: PROXY_PORT,
-                            tls: None,
-                            worker_cpu: None,
-                            limit: NginxLimit::None,
-                            upstream: Some(backend),
-                        },
-                    ),
+                    Nginx::start(&pair.server, &NginxConfig::http(PROXY_PORT, Some(backend))),
                 ),
                 Protocol::Http,
             ),

@@ -82,10 +82,4 @@ mod tests {
             Status::Warn
         );
     }
-
-    #[test]
-    fn this_kernel_answers_the_probe() {
-        // Whatever the answer, the probe itself must not fail where sock_diag exists.
-        assert!(diag::destroy_supported().is_ok());
-    }
 }

@@ -88,6 +88,18 @@ pub struct NginxConfig {
 }
 
 impl NginxConfig {
+    /// Plain HTTP on `port`, one unpinned worker, no limiter; a reverse proxy to `upstream`
+    /// if given.
+    pub fn http(port: u16, upstream: Option<std::net::SocketAddr>) -> Self {
+        Self {
+            port,
+            tls: None,
+            worker_cpu: None,
+            limit: NginxLimit::None,
+            upstream,
+        }
+    }
+
     /// The configuration file: one worker, no logging, a small file served at
     /// [`HTTPS_PATH`]. The file is served in nginx's content phase, after the limiters' (a
     /// `return` would answer before them, and no limit would ever refuse).

@@ -164,17 +164,7 @@ impl Wrk {
     pub fn wait(mut self) -> WrkResult {
         let child: Child = self.process.child.take().expect("running");
         let out = child.wait_with_output().expect("waiting for wrk");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with("SHEDDER "))
-            .unwrap_or_else(|| {
-                panic!(
-                    "wrk printed no result ({}):\n{stdout}{}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr)
-                )
-            });
+        let line = summary_line("wrk", &out, "SHEDDER ");
         let field = |name: &str| -> u64 {
             line.split_whitespace()
                 .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
@@ -194,6 +184,20 @@ impl Wrk {
                 .saturating_sub(self.config.warm_up)
                 .as_secs_f64(),
         }
+    }
+}
+
+/// The line of `tool`'s output that starts with `prefix`; panics with all it printed if
+/// there is none.
+fn summary_line(tool: &str, out: &std::process::Output, prefix: &str) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.lines().find(|l| l.starts_with(prefix)) {
+        Some(l) => l.to_string(),
+        None => panic!(
+            "{tool} printed no {prefix:?} line ({}):\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
     }
 }
 
@@ -267,16 +271,7 @@ pub fn h2load(
         .output()
         .expect("spawning h2load (is nghttp2-client installed?)");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("requests:"))
-        .unwrap_or_else(|| {
-            panic!(
-                "h2load printed no request counts ({}):\n{stdout}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
+    let line = summary_line("h2load", &out, "requests:");
     // "requests: 10 total, 10 started, 10 done, 9 succeeded, 1 failed, 1 errored, 0 timeout"
     let count = |name: &str| -> u64 {
         line.split(',')
