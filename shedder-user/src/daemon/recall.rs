@@ -133,9 +133,12 @@ impl Recall {
         }
         let started = Instant::now();
         if self.found.is_none_or(|t| now.duration_since(t) >= REFRESH) {
-            let ports: BTreeSet<u16> = due
+            // Every recalling service's ports, not only the ones due now: a namespace found
+            // is kept until the next refresh, whichever service comes due meanwhile.
+            let ports: BTreeSet<u16> = services
                 .iter()
-                .flat_map(|(sc, _, _)| sc.cfg.ports.iter().copied())
+                .filter(|sc| sc.cfg.protocol == Protocol::Tcp && sc.cfg.recall_per_second > 0)
+                .flat_map(|sc| sc.cfg.ports.iter().copied())
                 .collect();
             self.spaces = with_listeners(&ports);
             self.found = Some(now);
