@@ -23,7 +23,6 @@ pub mod mask;
 pub mod proof;
 pub mod quic;
 pub mod table;
-pub mod tp;
 pub mod tunnel;
 pub mod work;
 
@@ -40,6 +39,10 @@ pub const MAX_CLASS_RULES: u32 = 16384;
 /// is full new connections go uncounted (and `STAT_UNTRACKED` says so). Each service's
 /// `max_connections` is at most this.
 pub const DEFAULT_TRACKED_SOCKETS: u32 = 262_144;
+/// Handshakes answered and not yet acknowledged, remembered at once (an LRU hash: under a
+/// flood the oldest go first, and a connection whose handshake was forgotten is counted by
+/// the daemon's sweep instead, from the kernel's sockets).
+pub const HANDSHAKE_ENTRIES: u32 = 65_536;
 /// IPv4 class lookup table, first level: one entry per /16.
 pub const CLASS_L1_ENTRIES: u32 = 65536;
 /// IPv4 class lookup table, second level: blocks of 256 /24 cells, in two halves that
@@ -325,6 +328,10 @@ pub const STAT_QUIC_SERVER_IDS: u32 = 18;
 /// an Initial to another ID) but did not prove it (`flow::proves`): forged, or the server's
 /// Initial left by a way the egress program does not watch.
 pub const STAT_QUIC_ANSWERS_NOT_PROVEN: u32 = 19;
+/// A tracked connection the wire never saw end (no FIN or reset from the server, no reset
+/// the client's sequence proved) was found gone from the kernel's sockets and ended by the
+/// daemon's sweep.
+pub const STAT_CONNECTIONS_SWEPT: u32 = 20;
 pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
     "fallback_decisions",
     "rst_errors",
@@ -346,7 +353,7 @@ pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
     "replies_limited_unproven",
     "quic_server_ids_learned",
     "quic_answers_not_proven",
-    "reserved20",
+    "connections_swept",
     "reserved21",
     "reserved22",
     "reserved23",
@@ -406,7 +413,16 @@ pub mod maps {
     pub const CLASS_V6: &str = "SHEDDER_CLASS_V6";
     pub const CLASS_L1: &str = "SHEDDER_CLASS_L1";
     pub const CLASS_L2: &str = "SHEDDER_CLASS_L2";
-    pub const SOCKS: &str = "SHEDDER_SOCKS";
+    /// Tracked TCP connections of protected services, by the client's address and port and
+    /// the service's port ([`crate::flow::FlowKey`] → [`crate::SockState`]).
+    pub const CONNS: &str = "SHEDDER_CONNS";
+    /// Handshakes a protected service answered (its SYN-ACK seen on the way out), waiting
+    /// for the client's acknowledgement: an LRU hash of the sequence number it must carry.
+    pub const HANDSHAKES: &str = "SHEDDER_HANDSHAKES";
+    /// The tracking programs, one per program type, which the packet programs tail-call for
+    /// a segment of a protected TCP port that is not an attempt.
+    pub const TRACK_XDP: &str = "SHEDDER_TRACK_XDP";
+    pub const TRACK_TC: &str = "SHEDDER_TRACK_TC";
     pub const HIST: &str = "SHEDDER_HIST";
     pub const COUNTERS: &str = "SHEDDER_COUNTERS";
     pub const STATS: &str = "SHEDDER_STATS";
@@ -437,7 +453,7 @@ pub mod maps {
     /// Per service and CPU, the requests in service by the slot they started in
     /// ([`crate::work::Ring`]).
     pub const WORK: &str = "SHEDDER_WORK";
-    pub const ALL: [&str; 28] = [
+    pub const ALL: [&str; 31] = [
         GLOBALS,
         PORTS,
         QUIC_PORTS,
@@ -450,7 +466,10 @@ pub mod maps {
         CLASS_V6,
         CLASS_L1,
         CLASS_L2,
-        SOCKS,
+        CONNS,
+        HANDSHAKES,
+        TRACK_XDP,
+        TRACK_TC,
         HIST,
         COUNTERS,
         STATS,
@@ -487,36 +506,18 @@ pub mod programs {
     /// Stamps jiffies into the globals; run by the daemon with BPF_PROG_TEST_RUN, never
     /// attached.
     pub const CLOCK: &str = "shedder_clock";
-    /// sock:inet_sock_set_state: in-flight connections, establishment time.
-    pub const SOCK_STATE: &str = "shedder_sock_state";
-    /// sock:sock_recv_length: accept-queue age (first read), start of a request.
-    pub const SOCK_RECV: &str = "shedder_sock_recv";
-    /// sock:sock_send_length: response latency (read → next write), end of a request.
-    pub const SOCK_SEND: &str = "shedder_sock_send";
-    /// sock:sk_data_ready: start of a request (data arrived on an idle connection).
-    pub const SOCK_DATA: &str = "shedder_sock_data";
+    /// The tracking halves of the two packet programs, reached by tail call for a segment
+    /// of a protected TCP port that is not an attempt: handshakes completed, requests
+    /// arriving, resets (see [`super::maps::TRACK_XDP`]).
+    pub const XDP_TRACK: &str = "shedder_xdp_track";
+    pub const TC_TRACK: &str = "shedder_tc_track";
+    /// Ends a tracked connection the daemon found gone from the kernel's sockets (run with
+    /// BPF_PROG_TEST_RUN on the connection's key, never attached).
+    pub const SWEEP: &str = "shedder_sweep";
     /// `iter/tcp`: counts the connections that were open before the tracking programs were
     /// attached (the daemon hands them over in `SHEDDER_SEED`). Never attached to an event;
     /// the daemon runs it once per network namespace when it starts.
     pub const SEED: &str = "shedder_seed";
-    /// (program, tracepoint category, tracepoint name) of the tracking programs.
-    pub const TRACEPOINTS: [(&str, &str, &str); 4] = [
-        (SOCK_STATE, "sock", "inet_sock_set_state"),
-        (SOCK_RECV, "sock", "sock_recv_length"),
-        (SOCK_SEND, "sock", "sock_send_length"),
-        (SOCK_DATA, "sock", "sk_data_ready"),
-    ];
-    /// The tracepoints shedder can run without: accept-queue age and response latency,
-    /// which Linux has only since [`LATENCY_TRACEPOINTS_SINCE`], and the arrival of data,
-    /// since [`DATA_TRACEPOINT_SINCE`]. Without the first two in-flight connections are
-    /// still counted (`inet_sock_set_state`, Linux 4.16); without the last, every
-    /// established connection counts as work ([`super::WORK_FROM_CONNECTIONS`]).
-    pub const OPTIONAL_TRACEPOINTS: [&str; 3] =
-        ["sock_recv_length", "sock_send_length", "sk_data_ready"];
-    /// The kernel that added `sock:sock_recv_length` and `sock:sock_send_length`.
-    pub const LATENCY_TRACEPOINTS_SINCE: &str = "6.3";
-    /// The kernel that added `sock:sk_data_ready`.
-    pub const DATA_TRACEPOINT_SINCE: &str = "6.6";
 }
 
 /// Node-wide settings and the daemon's heartbeat (single-entry array).
@@ -562,18 +563,7 @@ pub struct Globals {
     /// dropped instead, so refusals cannot be used as a reflector.
     pub reply_interval_ns: [u64; 2],
     pub reply_burst_ns: [u64; 2],
-    /// What the tracking programs count as work in flight: [`WORK_FROM_DATA`] (busy
-    /// connections, from the arrival of a request to the next write) or
-    /// [`WORK_FROM_CONNECTIONS`] (every established connection, on a kernel without
-    /// `sock:sk_data_ready`).
-    pub work_source: u32,
-    pub _pad: u32,
 }
-
-/// [`Globals::work_source`]: every established connection is work (no data-arrival event).
-pub const WORK_FROM_CONNECTIONS: u32 = 0;
-/// [`Globals::work_source`]: a connection is work from a request's arrival to its answer.
-pub const WORK_FROM_DATA: u32 = 1;
 
 impl Globals {
     /// The length of an epoch as a power of two of jiffies: `epoch_bits`, or
@@ -699,9 +689,8 @@ pub struct ServicePolicy {
 }
 
 /// Work in flight per class of one service: for TCP the busy connections ([`work`]: a
-/// request received and not yet answered), or every established connection on a kernel
-/// without the data-arrival tracepoint ([`Globals::work_source`]). Written by the
-/// tracepoint programs (or, before those exist, by the daemon or a test); a QUIC service's,
+/// request received and not yet answered). Written by the tracking programs (or by the
+/// daemon's seeding and sweep, or a test); a QUIC service's,
 /// by the daemon from its flows (see [`flow`]) and by the packet path as it admits them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -849,19 +838,26 @@ impl Default for ClassBlock {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SockState {
-    /// ktime (ns) the connection became established; 0 until then.
+    /// ktime (ns) the handshake completed (the client's acknowledgement arrived), or the
+    /// daemon counted the connection.
     pub established_ns: u64,
-    /// ktime (ns) of the first read since the last write (start of a request); 0 if none.
+    /// ktime (ns) the request in service arrived; 0 if none.
     pub read_ns: u64,
     pub service: u16,
     pub class: u8,
-    /// [`SOCK_AGE_SEEN`], [`SOCK_BUSY`].
+    /// [`SOCK_AGE_SEEN`], [`SOCK_BUSY`], [`SOCK_PENDING`], [`SOCK_POOL_UNPROVEN`].
     pub flags: u8,
     /// While [`SOCK_BUSY`]: the [`work::epoch`] its request arrived in.
     pub busy_epoch: u32,
+    /// The sequence number after the client's last byte (and FIN) seen: new data starts
+    /// beyond it, and a reset is the client's only at exactly it (RFC 5961 §3.2).
+    pub client_next: u32,
+    /// The server's initial sequence number: a SYN-ACK with another one on the same
+    /// addresses and ports answers a new connection (the old one is over).
+    pub server_isn: u32,
 }
 
-/// [`SockState::flags`]: the first read (end of the accept-queue wait) was seen.
+/// [`SockState::flags`]: the first response (end of the wait before service) was seen.
 pub const SOCK_AGE_SEEN: u8 = 1;
 /// [`SockState::flags`]: the connection is counted as work in flight ([`work`]).
 pub const SOCK_BUSY: u8 = 2;
@@ -872,6 +868,9 @@ pub const SOCK_PENDING: u8 = 4;
 /// [`SockState::flags`]: with [`SOCK_PENDING`], its attempt is held with the unproven
 /// ones.
 pub const SOCK_POOL_UNPROVEN: u8 = 8;
+/// [`SockState::flags`]: `client_next` is known (seen from the handshake on; not for a
+/// connection the daemon counted, whose next data is taken as new).
+pub const SOCK_SEQ_KNOWN: u8 = 16;
 
 /// A connection that was open before the tracking programs were attached, handed by the
 /// daemon to the seeding iterator (`iter/tcp`) in [`maps::SEED`], keyed by its socket
@@ -938,7 +937,7 @@ pub struct ClassRule {
 
 const _: () = {
     assert!(core::mem::offset_of!(ServiceCounters, unproven) == 8 * COUNTERS_PER_SERVICE);
-    assert!(size_of::<Globals>() == 104);
+    assert!(size_of::<Globals>() == 96);
     assert!(size_of::<ClassPolicy>() == 72);
     assert!(size_of::<ServicePolicy>() == 328);
     assert!(size_of::<table::Set>() == 64);
@@ -949,7 +948,7 @@ const _: () = {
     assert!(size_of::<ServiceAddrKey>() == 20);
     assert!(size_of::<ClassRule>() == 4);
     assert!(size_of::<ClassBlock>() == 256);
-    assert!(size_of::<SockState>() == 24);
+    assert!(size_of::<SockState>() == 32);
     assert!(size_of::<SeedSock>() == 44);
     assert!(size_of::<work::Ring>() == 8 * work::SLOTS as usize + 8);
     assert!(size_of::<SeedResult>() == 16);

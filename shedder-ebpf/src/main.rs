@@ -22,6 +22,7 @@ mod opaque;
 mod parse;
 mod shed;
 mod track;
+mod wire;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
@@ -30,9 +31,9 @@ use aya_ebpf::{
         bpf_get_socket_cookie, bpf_jiffies64, bpf_redirect, bpf_seq_write, bpf_skb_change_tail,
         bpf_skb_pull_data, bpf_skb_store_bytes, bpf_xdp_adjust_tail, bpf_xdp_store_bytes,
     },
-    macros::{classifier, map, tracepoint, xdp},
+    macros::{classifier, map, xdp},
     maps::ProgramArray,
-    programs::{TcContext, TracePointContext, XdpContext},
+    programs::{TcContext, XdpContext},
 };
 
 use shedder_common::CLOCK_STAMP_HEARTBEAT;
@@ -69,6 +70,12 @@ impl Frame for XdpFrame<'_> {
 static SHEDDER_QUIC_XDP: ProgramArray = ProgramArray::with_max_entries(1, 0);
 #[map]
 static SHEDDER_QUIC_TC: ProgramArray = ProgramArray::with_max_entries(1, 0);
+/// The tracking programs, reached by tail call for a segment of a protected TCP port (see
+/// [`shedder_common::maps::TRACK_XDP`]).
+#[map]
+static SHEDDER_TRACK_XDP: ProgramArray = ProgramArray::with_max_entries(1, 0);
+#[map]
+static SHEDDER_TRACK_TC: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// A datagram of a possible QUIC flow is news for the tracking path; it passes.
 #[inline(always)]
@@ -82,9 +89,11 @@ fn quic_flow(outcome: Outcome) -> Outcome {
 #[inline(always)]
 fn xdp_verdict(outcome: Outcome) -> u32 {
     match outcome {
-        Outcome::Pass | Outcome::ToQuic | Outcome::Flow(_) | Outcome::Negotiate => {
-            xdp_action::XDP_PASS
-        }
+        Outcome::Pass
+        | Outcome::ToQuic
+        | Outcome::ToTrack
+        | Outcome::Flow(_)
+        | Outcome::Negotiate => xdp_action::XDP_PASS,
         Outcome::Drop => xdp_action::XDP_DROP,
         Outcome::Reply => xdp_action::XDP_TX,
     }
@@ -97,11 +106,22 @@ fn xdp_verdict(outcome: Outcome) -> u32 {
 #[inline(always)]
 pub fn shedder_xdp(ctx: XdpContext) -> u32 {
     let outcome = shed::run::<_, false>(&XdpFrame(&ctx));
-    if let Outcome::ToQuic = outcome {
-        // Returns only if the slot is empty (no QUIC program loaded): the datagram passes.
-        unsafe { SHEDDER_QUIC_XDP.tail_call(&ctx, 0) };
+    // Each returns only if its slot is empty (the program not loaded): the frame passes.
+    match outcome {
+        Outcome::ToQuic => unsafe { SHEDDER_QUIC_XDP.tail_call(&ctx, 0) },
+        Outcome::ToTrack => unsafe { SHEDDER_TRACK_XDP.tail_call(&ctx, 0) },
+        _ => {}
     }
     xdp_verdict(outcome)
+}
+
+/// The tracking half of [`shedder_xdp`]: a segment of a protected TCP port (see `wire`).
+/// Every frame passes.
+#[xdp]
+#[inline(always)]
+pub fn shedder_xdp_track(ctx: XdpContext) -> u32 {
+    wire::ingress(ctx.data(), ctx.data_end());
+    xdp_action::XDP_PASS
 }
 
 /// The QUIC half of [`shedder_xdp`]: decides a datagram to a QUIC port.
@@ -154,10 +174,20 @@ fn pull_headers(ctx: &TcContext) {
 pub fn shedder_tc(ctx: TcContext) -> i32 {
     pull_headers(&ctx);
     let outcome = shed::run::<_, false>(&TcFrame(&ctx));
-    if let Outcome::ToQuic = outcome {
-        unsafe { SHEDDER_QUIC_TC.tail_call(&ctx, 0) };
+    match outcome {
+        Outcome::ToQuic => unsafe { SHEDDER_QUIC_TC.tail_call(&ctx, 0) },
+        Outcome::ToTrack => unsafe { SHEDDER_TRACK_TC.tail_call(&ctx, 0) },
+        _ => {}
     }
     tc_verdict(&ctx, outcome)
+}
+
+/// The tracking half of [`shedder_tc`] (see [`shedder_xdp_track`]).
+#[classifier]
+#[inline(always)]
+pub fn shedder_tc_track(ctx: TcContext) -> i32 {
+    wire::ingress(ctx.data(), ctx.data_end());
+    TC_ACT_OK
 }
 
 /// The QUIC half of [`shedder_tc`]. A datagram is judged by its whole length (an Initial
@@ -176,20 +206,42 @@ pub fn shedder_tc_quic(ctx: TcContext) -> i32 {
     tc_verdict(&ctx, quic_flow(shed::run::<_, true>(&TcFrame(&ctx))))
 }
 
-/// TC egress, beside either packet hook: a QUIC server's Initial to an admitted flow's
-/// client tells which connection ID the server chose (see `egress`). Every frame passes.
+/// TC egress, beside either packet hook: a protected TCP service's SYN-ACKs, responses and
+/// closes (see `wire`), and a QUIC server's Initial to an admitted flow's client, which
+/// tells the connection ID the server chose (see `egress`). Every frame passes.
 #[classifier]
 pub fn shedder_egress(ctx: TcContext) -> i32 {
-    // A datagram sent with UDP segmentation offload keeps its payload in pages.
+    // A segment or datagram sent with segmentation offload keeps its payload in pages.
     pull_headers(&ctx);
+    wire::egress(ctx.data(), ctx.data_end());
     egress::server_packet(ctx.data(), ctx.data_end());
     TC_ACT_OK
+}
+
+/// Not attached anywhere: the daemon runs it with BPF_PROG_TEST_RUN on a
+/// [`shedder_common::flow::FlowKey`] followed by the connection's `established_ns` (u64),
+/// to end a tracked connection whose socket it found gone (see `track::sweep`).
+#[xdp]
+pub fn shedder_sweep(ctx: XdpContext) -> u32 {
+    let at = parse::ptr_at::<[u8; 32]>(ctx.data(), ctx.data_end(), 0);
+    if let Some(p) = at {
+        let key = unsafe { core::ptr::read_unaligned(p.cast::<shedder_common::flow::FlowKey>()) };
+        let born = unsafe { core::ptr::read_unaligned(p.cast::<u8>().add(24).cast::<u64>()) };
+        if track::sweep(&key, born) {
+            shed::bump(&shed::SHEDDER_STATS, shedder_common::STAT_CONNECTIONS_SWEPT);
+        }
+    }
+    xdp_action::XDP_PASS
 }
 
 #[inline(always)]
 fn tc_verdict(ctx: &TcContext, outcome: Outcome) -> i32 {
     match outcome {
-        Outcome::Pass | Outcome::ToQuic | Outcome::Flow(_) | Outcome::Negotiate => TC_ACT_OK,
+        Outcome::Pass
+        | Outcome::ToQuic
+        | Outcome::ToTrack
+        | Outcome::Flow(_)
+        | Outcome::Negotiate => TC_ACT_OK,
         Outcome::Drop => TC_ACT_SHOT,
         // Send the answer back out of the interface the attempt arrived on.
         Outcome::Reply => unsafe {
@@ -220,34 +272,6 @@ pub fn shedder_clock(ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
-/// sock:inet_sock_set_state — in-flight connections of protected services.
-#[tracepoint]
-pub fn shedder_sock_state(ctx: TracePointContext) -> u32 {
-    track::on_state_change(&ctx);
-    0
-}
-
-/// sock:sock_recv_length — accept-queue age, request start.
-#[tracepoint]
-pub fn shedder_sock_recv(ctx: TracePointContext) -> u32 {
-    track::on_recv(&ctx);
-    0
-}
-
-/// sock:sock_send_length — response latency.
-#[tracepoint]
-pub fn shedder_sock_send(ctx: TracePointContext) -> u32 {
-    track::on_send(&ctx);
-    0
-}
-
-/// sock:sk_data_ready — a request arrives.
-#[tracepoint]
-pub fn shedder_sock_data(ctx: TracePointContext) -> u32 {
-    track::on_data(&ctx);
-    0
-}
-
 /// `iter/tcp`: counts the connections that were open before tracking began (see
 /// [`track::seed`]). The daemon opens it once per network namespace at start; for each
 /// socket the daemon listed, one [`shedder_common::SeedResult`] is written to the output.
@@ -270,7 +294,7 @@ pub fn shedder_seed(ctx: *mut c_void) -> i32 {
     // `skc_state` of `struct sock_common`, at the offset the daemon checked in BTF.
     let at = shedder_common::SKC_STATE_OFFSET;
     let state = i32::from(unsafe { core::ptr::read_volatile((sk as *const u8).add(at)) });
-    if let Some(result) = track::seed(sk, cookie, state) {
+    if let Some(result) = track::seed(cookie, state) {
         let seq = unsafe { core::ptr::read_volatile(meta as *const u64) };
         unsafe {
             bpf_seq_write(

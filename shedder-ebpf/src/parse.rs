@@ -45,7 +45,7 @@ use shedder_common::{
 
 use crate::{
     opaque,
-    shed::{SHEDDER_STATS, bump},
+    shed::{SHEDDER_STATS, bump, is_tcp_service_port},
 };
 
 /// The tunnels the node terminates: per UDP destination port, then per IP protocol, the
@@ -148,6 +148,9 @@ pub enum Parsed {
     /// A TCP reset without ACK, seen by the TCP program: it may disown an attempt made in
     /// its sender's name ([`shedder_common::proof`]).
     Reset(Reset),
+    /// A TCP segment to a protected port that is neither an attempt nor a reset without
+    /// ACK, seen by the TCP program: news of a connection for tracking (`wire::ingress`).
+    Segment,
     /// Anything else: passes.
     Other,
 }
@@ -203,6 +206,7 @@ pub fn parse<const QUIC: bool>(data: usize, data_end: usize) -> Parsed {
         Ok(parsed) => parsed,
         Err(Stop::Pass) => Parsed::Other,
         Err(Stop::Drop) => Parsed::Drop,
+        Err(Stop::Track) => Parsed::Segment,
     }
 }
 
@@ -244,6 +248,8 @@ enum Stop {
     Pass,
     /// A documented drop rule (counted where it is taken).
     Drop,
+    /// An established segment of a protected port: it passes, after tracking.
+    Track,
 }
 
 type Step<T> = Result<T, Stop>;
@@ -401,7 +407,7 @@ fn v4(pkt: Pkt, l3_off: usize, limit: usize, frag_in: u32) -> Step<Net> {
     // The hot path, a segment of an established connection, ends here; not inside a
     // tunnel in a first fragment, whose TCP header may lie in a later fragment.
     if proto == IPPROTO_TCP && field & 0x3fff == 0 && frag_in == 0 {
-        syn_flags(pkt.at::<[u8; 20]>(l3_off + ihl)?).ok_or(Stop::Pass)?;
+        hot_path(pkt.at::<[u8; 20]>(l3_off + ihl)?)?;
     }
     if field & 0x3fff != 0 {
         match frag::v4_piece(field, proto) {
@@ -479,7 +485,7 @@ fn v6(pkt: Pkt, l3_off: usize, limit: usize, frag_in: u32) -> Step<Net> {
     let mut l4_off = l3_off + 40;
     // The hot path, a segment of an established connection, ends here (see `v4`).
     if next == IPPROTO_TCP && frag_in == 0 {
-        syn_flags(pkt.at::<[u8; 20]>(l4_off)?).ok_or(Stop::Pass)?;
+        hot_path(pkt.at::<[u8; 20]>(l4_off)?)?;
     }
     let mut plain = 1;
     let mut frag = frag_in;
@@ -784,6 +790,21 @@ fn transport<const QUIC: bool>(pkt: Pkt, net: &Net, l3_off: usize, tunneled: u32
         dcid: 0,
         reply,
     }))
+}
+
+/// The hot path's test of the TCP header at `tcp`: an attempt or a reset goes on to be
+/// parsed; any other segment ends the walk, handed to tracking when its destination port
+/// is protected (one array lookup; every other port's segments leave here).
+#[inline(always)]
+fn hot_path(tcp: *const [u8; 20]) -> Step<()> {
+    if syn_flags(tcp).is_some() {
+        return Ok(());
+    }
+    if is_tcp_service_port(u16::from_be(unsafe { load(tcp.cast(), 2) })) {
+        Err(Stop::Track)
+    } else {
+        Err(Stop::Pass)
+    }
 }
 
 /// What the flags of the fixed TCP header at `tcp` make it: a new connection attempt

@@ -230,6 +230,9 @@ pub enum Outcome {
     Reply,
     /// A datagram for the QUIC program (the TCP program's answer only).
     ToQuic,
+    /// A segment of a protected TCP port for the tracking program (the TCP program's
+    /// answer only): it passes.
+    ToTrack,
     /// A datagram to a QUIC port that is not a new attempt (the QUIC program's answer
     /// only): it passes, and may be news of an admitted flow (see `track::quic_flow`).
     Flow(Datagram),
@@ -339,6 +342,7 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             }
             return Outcome::Pass;
         }
+        Parsed::Segment => return Outcome::ToTrack,
         Parsed::Other => return Outcome::Pass,
     };
     if QUIC {
@@ -1075,6 +1079,12 @@ fn heartbeat_stale(globals: &Globals, now: u64) -> bool {
         bump(&SHEDDER_STATS, STAT_FALLBACK);
     }
     stale
+}
+
+/// Whether some TCP service is protected on `port` (on some address).
+#[inline(always)]
+pub fn is_tcp_service_port(port: u16) -> bool {
+    matches!(SHEDDER_PORTS.get(port as u32), Some(&e) if e != 0)
 }
 
 /// Whether some QUIC service listens on UDP `port` (on some address).

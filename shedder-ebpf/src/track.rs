@@ -1,35 +1,32 @@
-//! Connection tracking from the `sock` tracepoints (the stable ABI; kprobes and fentry are not
-//! available everywhere): established and busy connections per (service, class) (see
-//! [`shedder_common::work`]), the ages of requests in service, admitted attempts retired
-//! when they become connections, accept-queue age and response latency histograms.
+//! Connection tracking, on the wire: the packet programs see a protected service's
+//! handshakes complete and its requests arrive (ingress, [`crate::wire::ingress`]), and its
+//! SYN-ACKs, responses and closes leave (TC egress, [`crate::wire::egress`]). From those:
+//! established and busy connections per (service, class) (see [`shedder_common::work`]), the
+//! ages of requests in service, admitted attempts retired when they become work, and the
+//! histograms of the wait before a connection's first response and of response latency.
 //!
-//! Only children of listening sockets on protected ports are tracked, in a hash map keyed by
-//! the kernel socket address. Every other socket costs the tracepoint one failed lookup.
-//!
-//! Record layouts (offsets) are those of `/sys/kernel/tracing/events/sock/*/format`, stable
-//! since Linux 4.16/5.x; the daemon checks them against the running kernel before attaching.
+//! Only connections of protected ports are tracked, in a hash map keyed by the client's
+//! address and port and the service's port; every other packet leaves the packet path at
+//! its early exit, before any of this.
 
 use aya_ebpf::{
-    EbpfContext,
     helpers::generated::{bpf_jiffies64, bpf_ktime_get_ns},
     macros::map,
-    maps::{HashMap, PerCpuArray},
-    programs::TracePointContext,
+    maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use shedder_common::{
-    DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
-    POLICY_CONFIGURED, SEED_BATCH, SEED_COUNTED, SEED_ENDED, SEED_KNOWN, SEED_TABLE_FULL,
-    SEED_UNPROTECTED, SOCK_AGE_SEEN, SOCK_BUSY, SOCK_PENDING, SOCK_POOL_UNPROVEN,
-    STAT_PENDING_MISS, STAT_QUIC_ANSWERS_NOT_PROVEN, STAT_UNTRACKED, SeedResult, SeedSock,
-    ServiceHist, SockState, WORK_FROM_DATA,
+    DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HANDSHAKE_ENTRIES, HIST_PER_SERVICE, MAX_SERVICES,
+    NUM_CLASSES, POLICY_CONFIGURED, SEED_BATCH, SEED_COUNTED, SEED_ENDED, SEED_KNOWN,
+    SEED_TABLE_FULL, SEED_UNPROTECTED, SOCK_AGE_SEEN, SOCK_BUSY, SOCK_PENDING, SOCK_POOL_UNPROVEN,
+    SOCK_SEQ_KNOWN, STAT_QUIC_ANSWERS_NOT_PROVEN, STAT_UNTRACKED, SeedResult, SeedSock,
+    ServiceHist, SockState,
     flow::{
-        self, ANSWERED, FLOW_ANSWERED, FLOW_EARNED, FLOW_UNPROVEN, SEEN_LIVENESS, UNPROVEN, WAITING,
+        self, ANSWERED, FLOW_ANSWERED, FLOW_EARNED, FLOW_UNPROVEN, FlowKey, SEEN_LIVENESS,
+        UNPROVEN, WAITING,
     },
     hist,
     proof::{self, STANDING_SETS, STANDING_WAYS},
-    table,
-    tp::{data, length, state},
-    work,
+    table, work,
 };
 
 use crate::{
@@ -43,8 +40,13 @@ use crate::{
 };
 
 #[map]
-static SHEDDER_SOCKS: HashMap<u64, SockState> =
+static SHEDDER_CONNS: HashMap<FlowKey, SockState> =
     HashMap::with_max_entries(DEFAULT_TRACKED_SOCKETS, BPF_F_NO_PREALLOC);
+/// Per handshake a protected service answered, the acknowledgement number that completes it
+/// (the server's initial sequence number plus one).
+#[map]
+static SHEDDER_HANDSHAKES: LruHashMap<FlowKey, u32> =
+    LruHashMap::with_max_entries(HANDSHAKE_ENTRIES, 0);
 /// Connections to count at attach, by socket cookie (filled by the daemon before each run
 /// of the seeding iterator; private to one load).
 #[map]
@@ -56,88 +58,54 @@ static SHEDDER_HIST: PerCpuArray<ServiceHist> = PerCpuArray::with_max_entries(MA
 static SHEDDER_WORK: PerCpuArray<work::Ring> = PerCpuArray::with_max_entries(MAX_SERVICES, 0);
 
 const TCP_ESTABLISHED: i32 = 1;
-const TCP_SYN_RECV: i32 = 3;
 const TCP_CLOSE_WAIT: i32 = 8;
-const TCP_FIN_WAIT1: i32 = 4;
-const TCP_CLOSE: i32 = 7;
-const TCP_LAST_ACK: i32 = 9;
-const TCP_LISTEN: i32 = 10;
-const TCP_CLOSING: i32 = 11;
-const AF_INET: u16 = 2;
-const AF_INET6: u16 = 10;
-const IPPROTO_TCP: u16 = 6;
-const MSG_PEEK: i32 = 2;
 const BPF_NOEXIST: u64 = 1;
 /// Entries are allocated as connections come (a preallocated map of every connection the
 /// node may track would take its memory from the start).
 const BPF_F_NO_PREALLOC: u32 = 1;
 
-/// A naturally aligned field of the tracepoint record.
+/// A server answered the handshake `key` with initial sequence number `isn`: remember what
+/// the client's acknowledgement must say. A SYN-ACK repeating the tracked connection's is a
+/// retransmission (the client's acknowledgement was lost, or dropped by a full accept
+/// queue); one with another number answers a new connection on the same addresses and
+/// ports, so the tracked one is over.
 #[inline(always)]
-fn field<T: Copy>(ctx: &TracePointContext, off: usize) -> T {
-    unsafe { core::ptr::read(ctx.as_ptr().cast::<u8>().add(off).cast::<T>()) }
-}
-
-fn addr_v6(ctx: &TracePointContext, off: usize) -> [u32; 4] {
-    [
-        field(ctx, off),
-        field(ctx, off + 4),
-        field(ctx, off + 8),
-        field(ctx, off + 12),
-    ]
-}
-
-/// `::ffff:a.b.c.d`: an IPv4 connection on a dual-stack IPv6 socket.
-#[inline(always)]
-fn v4_mapped(a: &[u32; 4]) -> bool {
-    a[0] == 0 && a[1] == 0 && a[2] == u32::from_ne_bytes([0, 0, 0xff, 0xff])
-}
-
-#[inline(always)]
-pub fn on_state_change(ctx: &TracePointContext) {
-    if field::<u16>(ctx, state::PROTOCOL) != IPPROTO_TCP {
-        return;
-    }
-    let old: i32 = field(ctx, state::OLDSTATE);
-    let new: i32 = field(ctx, state::NEWSTATE);
-    let sk: u64 = field(ctx, state::SKADDR);
-    if old == TCP_LISTEN && new == TCP_SYN_RECV {
-        child_created(ctx, sk);
-    } else if old == TCP_SYN_RECV && new == TCP_ESTABLISHED {
-        if let Some(st) = SHEDDER_SOCKS.get_ptr_mut(sk) {
-            unsafe { (*st).established_ns = bpf_ktime_get_ns() };
+pub fn handshake_answered(key: &FlowKey, isn: u32) {
+    if let Some(st) = SHEDDER_CONNS.get_ptr(key) {
+        if unsafe { (*st).server_isn } == isn {
+            return;
         }
-    } else if new == TCP_FIN_WAIT1 || new == TCP_LAST_ACK || new == TCP_CLOSING || new == TCP_CLOSE
-    {
-        // The server closed its end, or the connection died: it no longer occupies the
-        // service. (A peer's FIN alone, ESTABLISHED → CLOSE_WAIT, does not end it: the
-        // application may still be working on the request.)
-        connection_ended(sk);
+        connection_ended(key);
+    }
+    let _ = SHEDDER_HANDSHAKES.insert(key, isn.wrapping_add(1), 0);
+}
+
+/// Whether `ack`, from the client of `key`, completes a handshake its server answered:
+/// the acknowledgement of the server's initial sequence number, which only a client that
+/// received the SYN-ACK knows. The handshake is forgotten once completed.
+#[inline(always)]
+pub fn completes_handshake(key: &FlowKey, ack: u32) -> bool {
+    match unsafe { SHEDDER_HANDSHAKES.get(key) } {
+        Some(&expected) if expected == ack => {
+            let _ = SHEDDER_HANDSHAKES.remove(key);
+            true
+        }
+        _ => false,
     }
 }
 
-/// A listener on a protected port made a child: count it and retire its pending attempt.
+/// The tracked connection `key`, if any.
 #[inline(always)]
-fn child_created(ctx: &TracePointContext, sk: u64) {
-    let family: u16 = field(ctx, state::FAMILY);
-    let (v6, local, remote) = if family == AF_INET {
-        (
-            0,
-            [field(ctx, state::SADDR), 0, 0, 0],
-            [field(ctx, state::DADDR), 0, 0, 0],
-        )
-    } else if family == AF_INET6 {
-        let local = addr_v6(ctx, state::SADDR_V6);
-        let remote = addr_v6(ctx, state::DADDR_V6);
-        if v4_mapped(&remote) {
-            (0, [local[3], 0, 0, 0], [remote[3], 0, 0, 0])
-        } else {
-            (1, local, remote)
-        }
-    } else {
-        return;
-    };
-    let port: u16 = field(ctx, state::SPORT);
+pub fn connection(key: &FlowKey) -> Option<*mut SockState> {
+    SHEDDER_CONNS.get_ptr_mut(key)
+}
+
+/// A handshake to the service on `local` completed: count the connection in its service
+/// and class, and prove its client. `client_next` follows the client's acknowledgement
+/// (and any data it carries); `server_isn` is the one its SYN-ACK had.
+#[inline(always)]
+pub fn connection_born(key: &FlowKey, local: [u32; 4], client_next: u32, server_isn: u32) {
+    let (remote, v6, port) = (key.addr, key.v6, key.dport);
     let Some(service) = lookup_service(port, local, v6, 0) else {
         return;
     };
@@ -147,10 +115,7 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
     };
     // A demoted attempt counts in the class it was admitted in (see SHEDDER_DEMOTED).
     let seed = SHEDDER_GLOBALS.get(0).map_or(0, |g| g.table_seed);
-    let h = table::hash(
-        seed,
-        &table::demoted_words(remote, field(ctx, state::DPORT), port, v6),
-    );
+    let h = table::hash(seed, &table::demoted_words(remote, key.sport, port, v6));
     let tag = table::tag(h);
     let mut class = classify(remote, v6, policy);
     if let Some(set) = SHEDDER_DEMOTED.get_ptr_mut(table::set_index(h, DEMOTED_SETS)) {
@@ -169,32 +134,20 @@ fn child_created(ctx: &TracePointContext, sk: u64) {
     // attempt was held with the unproven ones).
     let (stood, disputed) = prove(remote, v6);
     let pool = 1 - (stood & (1 - disputed));
-    let by_data = by_data();
     let state = SockState {
+        established_ns: unsafe { bpf_ktime_get_ns() },
         service: service as u16,
         class: class as u8,
-        // Counting work from data, the attempt stays pending until the first request
-        // arrives (or its hold slot lapses: a connection opened and never used).
-        flags: if by_data {
-            SOCK_PENDING | ((pool as u8 & 1) * SOCK_POOL_UNPROVEN)
-        } else {
-            0
-        },
+        // The attempt stays pending until the first request arrives (or its hold slot
+        // lapses: a connection opened and never used).
+        flags: SOCK_PENDING | ((pool as u8 & 1) * SOCK_POOL_UNPROVEN) | SOCK_SEQ_KNOWN,
+        client_next,
+        server_isn,
         ..Default::default()
     };
-    // Without the data-arrival event every connection is work from its birth to its end.
-    let busy_from = if by_data {
-        None
-    } else {
-        let now = work::epoch(unsafe { bpf_ktime_get_ns() });
-        Some((now, now))
-    };
-    if !count_connection(sk, &state, busy_from) {
+    if !count_connection(key, &state, None) {
         bump(&SHEDDER_STATS, STAT_UNTRACKED);
         return;
-    }
-    if !by_data && !retire_pending(service, class, pool) {
-        bump(&SHEDDER_STATS, STAT_PENDING_MISS);
     }
     if stood == 0
         && let Some(c) = SHEDDER_COUNTERS.get_ptr_mut(service)
@@ -237,25 +190,17 @@ fn prove(remote: [u32; 4], v6: u32) -> (u32, u32) {
     had
 }
 
-/// Whether work is counted from data arrivals ([`WORK_FROM_DATA`]) rather than from births.
+/// Track `key` and count it in its service's and class's connections, and as work in
+/// flight if `busy_from` gives the slot its request arrived in and the slot of now; false if
+/// it could not be added (already tracked, or the table is full).
 #[inline(always)]
-fn by_data() -> bool {
-    SHEDDER_GLOBALS
-        .get(0)
-        .is_some_and(|g| g.work_source == WORK_FROM_DATA)
-}
-
-/// Track `sk` and count it in its service's and class's connections, and as work in flight
-/// if `busy_from` gives the slot its request arrived in and the slot of now; false if it
-/// could not be added (already tracked, or the table is full).
-#[inline(always)]
-fn count_connection(sk: u64, state: &SockState, busy_from: Option<(u32, u32)>) -> bool {
+fn count_connection(key: &FlowKey, state: &SockState, busy_from: Option<(u32, u32)>) -> bool {
     let mut state = *state;
     if let Some((e, _)) = busy_from {
         state.flags |= SOCK_BUSY;
         state.busy_epoch = e;
     }
-    if SHEDDER_SOCKS.insert(sk, state, BPF_NOEXIST).is_err() {
+    if SHEDDER_CONNS.insert(key, state, BPF_NOEXIST).is_err() {
         return false;
     }
     let (service, c) = (
@@ -283,23 +228,9 @@ fn work_moves(service: u32, c: usize, (start, now): (u32, u32), by: i32) {
     }
 }
 
-/// The slot of now ([`work::epoch`]).
+/// New data arrived from the client on a tracked connection: an idle one starts a request.
 #[inline(always)]
-fn work_now() -> u32 {
-    work::epoch(unsafe { bpf_ktime_get_ns() })
-}
-
-/// Data arrived on a tracked connection: an idle one starts a request.
-#[inline(always)]
-pub fn on_data(ctx: &TracePointContext) {
-    if field::<u16>(ctx, data::PROTOCOL) != IPPROTO_TCP {
-        return;
-    }
-    let sk: u64 = field(ctx, data::SKADDR);
-    let Some(st) = SHEDDER_SOCKS.get_ptr_mut(sk) else {
-        return;
-    };
-    let st = unsafe { &mut *st };
+pub fn request_arrived(st: &mut SockState) {
     if st.flags & SOCK_BUSY != 0 {
         return;
     }
@@ -310,37 +241,56 @@ pub fn on_data(ctx: &TracePointContext) {
         st.flags &= !(SOCK_PENDING | SOCK_POOL_UNPROVEN);
         retire_pending(st.service as u32, st.class as u32, pool);
     }
-    let e = work_now();
+    let now = unsafe { bpf_ktime_get_ns() };
+    let e = work::epoch(now);
     st.flags |= SOCK_BUSY;
     st.busy_epoch = e;
+    st.read_ns = now;
     work_moves(st.service as u32, st.class as usize, (e, e), 1);
 }
 
-/// The application answered on a tracked connection: its request is no longer waiting.
+/// The server sent data on a tracked connection: a response, which ends the request in
+/// service (its latency observed). The first response also gives the connection's wait
+/// before service: from its first request's arrival (which includes the wait in the accept
+/// queue, the only part of it the wire shows), or, when the server speaks first, from the
+/// handshake. Never from the handshake when the client spoke first: a client that opens a
+/// connection and waits to use it would pass its own idle time off as the service's delay.
 #[inline(always)]
-fn answered(st: &mut SockState) {
-    if st.flags & SOCK_BUSY == 0 || !by_data() {
+pub fn responded(st: &mut SockState) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let service = st.service as u32;
+    let busy = st.flags & SOCK_BUSY != 0;
+    if st.flags & SOCK_AGE_SEEN == 0 {
+        let from = if busy { st.read_ns } else { st.established_ns };
+        observe(service, hist::KIND_QUEUE_AGE, now.saturating_sub(from));
+        st.flags |= SOCK_AGE_SEEN;
+    }
+    if !busy {
         return;
     }
+    if st.read_ns != 0 {
+        observe(service, hist::KIND_LATENCY, now.saturating_sub(st.read_ns));
+    }
+    st.read_ns = 0;
     st.flags &= !SOCK_BUSY;
     work_moves(
-        st.service as u32,
+        service,
         st.class as usize,
-        (st.busy_epoch, work_now()),
+        (st.busy_epoch, work::epoch(now)),
         -1,
     );
 }
 
 /// The seeding iterator's visit of one TCP socket (`sk` in TCP state `state`, with socket
 /// cookie `cookie`): if the daemon listed it in `SHEDDER_SEED` (an open connection of a
-/// protected port, found by sock_diag) and it is still open, count it as [`child_created`]
-/// would have when it was born. The `iter/tcp` iterator runs with a full socket locked and
+/// protected port, found by sock_diag) and it is still open, count it as
+/// [`connection_born`] would have when it was born. The `iter/tcp` iterator runs with a full socket locked and
 /// skips unhashed (closed) sockets, so an open socket cannot end between this check and the
 /// insertion: its close will find the entry. One that ended since the listing is not
 /// counted: its end has passed (a TIME_WAIT socket, which keeps the cookie, has none to
 /// come), so counting it would hold a slot of its service until the daemon restarts.
 #[inline(always)]
-pub fn seed(sk: u64, cookie: u64, state: i32) -> Option<SeedResult> {
+pub fn seed(cookie: u64, state: i32) -> Option<SeedResult> {
     let s = unsafe { SHEDDER_SEED.get(cookie) }?;
     let mut result = SeedResult {
         cookie,
@@ -353,6 +303,12 @@ pub fn seed(sk: u64, cookie: u64, state: i32) -> Option<SeedResult> {
         return Some(result);
     }
     let v6 = (s.v6 & 1) as u32;
+    let key = FlowKey {
+        addr: s.remote,
+        sport: s.remote_port,
+        dport: s.local_port,
+        v6,
+    };
     let Some(service) = lookup_service(s.local_port, s.local, v6, 0) else {
         return Some(result);
     };
@@ -365,30 +321,25 @@ pub fn seed(sk: u64, cookie: u64, state: i32) -> Option<SeedResult> {
     result.class = class as u8;
     // A connection open at start proves its address as a completed handshake would.
     prove(s.remote, v6);
-    // Its accept-queue wait is long over: no queue-age sample from its next read.
+    // Its wait before service is long over: no sample from its next response. Its client's
+    // sequence numbers are not known: the next data it sends is taken as new.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // Busy if the daemon found a request unanswered (since the time it arrived).
+    let arrived = now.saturating_sub(s.busy_ms as u64 * 1_000_000);
     let state = SockState {
+        established_ns: now,
+        read_ns: if s.busy == 1 { arrived } else { 0 },
         service: service as u16,
         class: class as u8,
         flags: SOCK_AGE_SEEN,
         ..Default::default()
     };
-    // Work as the tracepoints would have counted it: busy if the daemon found a request
-    // unanswered (since the time it arrived), or every connection without the data event.
-    let now = unsafe { bpf_ktime_get_ns() };
-    let busy_from = if !by_data() {
-        Some((work::epoch(now), work::epoch(now)))
-    } else if s.busy == 1 {
-        Some((
-            work::epoch(now.saturating_sub(s.busy_ms as u64 * 1_000_000)),
-            work::epoch(now),
-        ))
-    } else {
-        None
-    };
-    // Not added: already tracked (born while tracking was attached), or the table is full.
-    result.outcome = if count_connection(sk, &state, busy_from) {
+    let busy_from = (s.busy == 1).then(|| (work::epoch(arrived), work::epoch(now)));
+    // Not added: already tracked (seen on the wire, or counted by an earlier run), or the
+    // table is full.
+    result.outcome = if count_connection(&key, &state, busy_from) {
         SEED_COUNTED
-    } else if SHEDDER_SOCKS.get_ptr(sk).is_some() {
+    } else if SHEDDER_CONNS.get_ptr(key).is_some() {
         SEED_KNOWN
     } else {
         SEED_TABLE_FULL
@@ -423,22 +374,36 @@ fn retire_pending(service: u32, class: u32, pool: u32) -> bool {
     false
 }
 
+/// The tracked connection `key` is over: it leaves its service's connections, and its
+/// request, if one was in service, its work. Returns whether this call ended it.
 #[inline(always)]
-fn connection_ended(sk: u64) {
-    let Some(st) = SHEDDER_SOCKS.get_ptr(sk) else {
-        return;
+pub fn connection_ended(key: &FlowKey) -> bool {
+    let Some(st) = SHEDDER_CONNS.get_ptr(key) else {
+        return false;
     };
     let st = unsafe { *st };
     let (service, class) = (st.service as u32, (st.class as usize) & (NUM_CLASSES - 1));
     // Only the caller that removes the entry decrements, so a connection ends once.
-    if SHEDDER_SOCKS.remove(sk).is_err() {
-        return;
+    if SHEDDER_CONNS.remove(key).is_err() {
+        return false;
     }
     if let Some(inflight) = SHEDDER_INFLIGHT.get_ptr_mut(service) {
         unsafe { atomic::add32(&raw mut (*inflight).connections[class], u32::MAX) };
     }
     if st.flags & SOCK_BUSY != 0 {
-        work_moves(service, class, (st.busy_epoch, work_now()), -1);
+        let now = work::epoch(unsafe { bpf_ktime_get_ns() });
+        work_moves(service, class, (st.busy_epoch, now), -1);
+    }
+    true
+}
+
+/// The daemon's sweep found `key`'s socket gone: end it, if it is still the connection that
+/// was established at `established_ns` (not a new one on the same addresses and ports).
+#[inline(always)]
+pub fn sweep(key: &FlowKey, established_ns: u64) -> bool {
+    match SHEDDER_CONNS.get_ptr(key) {
+        Some(st) if unsafe { (*st).established_ns } == established_ns => connection_ended(key),
+        _ => false,
     }
 }
 
@@ -453,67 +418,6 @@ fn observe(service: u32, kind: u32, ns: u64) {
             (*h).b[i] += 1;
             (*h).sum_us[(kind & 1) as usize] += us;
         }
-    }
-}
-
-#[inline(always)]
-fn tracked(ctx: &TracePointContext) -> Option<*mut SockState> {
-    if field::<u16>(ctx, length::PROTOCOL) != IPPROTO_TCP {
-        return None;
-    }
-    let sk: u64 = field(ctx, length::SK);
-    SHEDDER_SOCKS.get_ptr_mut(sk)
-}
-
-/// The application read from a tracked connection: its first read ends the accept-queue
-/// wait; the first read after a write starts a request.
-#[inline(always)]
-pub fn on_recv(ctx: &TracePointContext) {
-    let Some(st) = tracked(ctx) else {
-        return;
-    };
-    if field::<i32>(ctx, length::FLAGS) & MSG_PEEK != 0 {
-        return;
-    }
-    let now = unsafe { bpf_ktime_get_ns() };
-    let ret: i32 = field(ctx, length::RET);
-    unsafe {
-        let service = (*st).service as u32;
-        if (*st).flags & SOCK_AGE_SEEN == 0 && (*st).established_ns != 0 {
-            observe(
-                service,
-                hist::KIND_QUEUE_AGE,
-                now.saturating_sub((*st).established_ns),
-            );
-            (*st).flags |= SOCK_AGE_SEEN;
-        }
-        if ret > 0 && (*st).read_ns == 0 {
-            (*st).read_ns = now;
-        }
-    }
-}
-
-/// The application wrote to a tracked connection: a response to the request read before.
-#[inline(always)]
-pub fn on_send(ctx: &TracePointContext) {
-    let Some(st) = tracked(ctx) else {
-        return;
-    };
-    if field::<i32>(ctx, length::RET) <= 0 {
-        return;
-    }
-    unsafe {
-        let read_ns = (*st).read_ns;
-        if read_ns != 0 {
-            let now = bpf_ktime_get_ns();
-            observe(
-                (*st).service as u32,
-                hist::KIND_LATENCY,
-                now.saturating_sub(read_ns),
-            );
-            (*st).read_ns = 0;
-        }
-        answered(&mut *st);
     }
 }
 

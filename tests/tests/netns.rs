@@ -64,9 +64,9 @@ impl Lab {
             .run(|| shedder.attach(IFACE, mode))
             .unwrap_or_else(|e| panic!("attach {mode:?}: {e}"));
         assert_eq!(attached, expect, "attach mode");
-        // Connection tracking, as the daemon runs it: a client whose connection completes
-        // has standing afterwards, so its later attempts are decided as proven ones.
-        shedder.attach_tracking().expect("attach tracking");
+        // Connection tracking rides on the attachment, as the daemon runs it: a client
+        // whose connection completes has standing afterwards, so its later attempts are
+        // decided as proven ones.
         let client_xdp = (expect == Attached::XdpNative).then(|| pair.pass_program_on_client());
         Self {
             _servers: servers,

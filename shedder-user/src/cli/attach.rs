@@ -52,16 +52,6 @@ pub fn run(config: PathBuf, interfaces: Vec<String>, mode: Option<Attach>) -> Re
     shedder
         .write_compiled(&compile(&cfg, hz))
         .context("writing the policy into the maps")?;
-    // The fallback limits bound connections in service: without tracking they would bound
-    // only attempts not yet established.
-    let missing = shedder
-        .attach_tracking()
-        .context("attaching the connection-tracking tracepoints")?;
-    if let Some(note) = kernel::missing_tracepoints_note(&missing) {
-        tracing::warn!("{note}");
-    }
-    // Its warning is logged (and there is no status to show it in).
-    let _ = kernel::seed::seed_and_report(&mut shedder, &cfg);
     for (iface, mode) in interfaces.iter().zip(modes) {
         if pin_dir.join("links").join(iface).exists() {
             println!("{iface}: already attached (pinned link kept; policy updated)");
@@ -72,6 +62,11 @@ pub fn run(config: PathBuf, interfaces: Vec<String>, mode: Option<Attach>) -> Re
             .with_context(|| format!("attaching to {iface} ({})", mode.as_str()))?;
         println!("{iface}: attached ({})", how.as_str());
     }
+    // After attaching: a connection born meanwhile is seen on the wire or found here (both:
+    // counted once). The fallback limits bound connections in service: without them
+    // counted, they would bound only attempts not yet established. Its warning is logged
+    // (and there is no status to show it in).
+    let _ = kernel::seed::seed_and_report(&mut shedder, &cfg);
     for problem in shedder.egress_problems() {
         println!("warning: {problem}");
     }

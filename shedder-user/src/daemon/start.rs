@@ -136,57 +136,7 @@ impl Daemon {
             .write_compiled(&compiled)
             .context("writing the policy")?;
         shedder.heartbeat().context("stamping the heartbeat")?;
-        let missing = shedder
-            .attach_tracking()
-            .context("attaching the connection-tracking tracepoints")?;
-        if let Some(note) = crate::kernel::missing_tracepoints_note(&missing) {
-            warn!("{note}");
-        }
-        let mut warnings: Vec<String> = crate::kernel::seed::seed_and_report(&mut shedder, &cfg)
-            .into_iter()
-            .collect();
-        // A first start begins no lower than the work it found in service, unless that work
-        // is a backlog (a restart that adopts the maps continues from the limit in them).
-        if !adopting {
-            for (sc, s) in services.iter_mut().zip(&cfg.services) {
-                let id = sc.id;
-                let Ok(found) = shedder.inflight(id) else {
-                    continue;
-                };
-                let busy: u32 = found.class.iter().sum();
-                let waited = shedder
-                    .work(id)
-                    .ok()
-                    .and_then(|t| crate::signals::waiting(&t).p90_ms);
-                let limit = match sc.start_no_lower_than(busy, waited) {
-                    StartFloor::Kept => continue,
-                    StartFloor::Backlog { waited_ms } => {
-                        info!(
-                            service = %s.name,
-                            requests_in_service = busy,
-                            waiting_p90_ms = waited_ms.round(),
-                            "found a backlog: starting at the fallback limit, not at the work found"
-                        );
-                        continue;
-                    }
-                    StartFloor::Raised(limit) => limit,
-                };
-                info!(
-                    service = %s.name,
-                    requests_in_service = busy,
-                    limit,
-                    "starting above the fallback limit: the node already carries this much work"
-                );
-                let policy = sc.initial_policy(Context {
-                    ladder: &ladder,
-                    hz,
-                    hold: hold.duration(hz),
-                });
-                shedder
-                    .set_policy(id, &policy)
-                    .context("writing the starting policy")?;
-            }
-        }
+        let mut warnings: Vec<String> = Vec::new();
         if let Durability::Private(why) = &pins.durability {
             warnings.push(format!(
                 "no fail-static: the pins die with this daemon ({why}); if it dies, nothing is shed"
@@ -228,6 +178,51 @@ impl Daemon {
                 mode: how.as_str().into(),
                 xdp_tx_errors: None,
             });
+        }
+        // Counted after attaching: a connection born meanwhile is seen on the wire or found
+        // here (both: counted once).
+        warnings.extend(crate::kernel::seed::seed_and_report(&mut shedder, &cfg));
+        // A first start begins no lower than the work it found in service, unless that work
+        // is a backlog (a restart that adopts the maps continues from the limit in them).
+        if !adopting {
+            for (sc, s) in services.iter_mut().zip(&cfg.services) {
+                let id = sc.id;
+                let Ok(found) = shedder.inflight(id) else {
+                    continue;
+                };
+                let busy: u32 = found.class.iter().sum();
+                let waited = shedder
+                    .work(id)
+                    .ok()
+                    .and_then(|t| crate::signals::waiting(&t).p90_ms);
+                let limit = match sc.start_no_lower_than(busy, waited) {
+                    StartFloor::Kept => continue,
+                    StartFloor::Backlog { waited_ms } => {
+                        info!(
+                            service = %s.name,
+                            requests_in_service = busy,
+                            waiting_p90_ms = waited_ms.round(),
+                            "found a backlog: starting at the fallback limit, not at the work found"
+                        );
+                        continue;
+                    }
+                    StartFloor::Raised(limit) => limit,
+                };
+                info!(
+                    service = %s.name,
+                    requests_in_service = busy,
+                    limit,
+                    "starting above the fallback limit: the node already carries this much work"
+                );
+                let policy = sc.initial_policy(Context {
+                    ladder: &ladder,
+                    hz,
+                    hold: hold.duration(hz),
+                });
+                shedder
+                    .set_policy(id, &policy)
+                    .context("writing the starting policy")?;
+            }
         }
         let tunnels = cfg.daemon.decapsulate.describe();
         if !tunnels.is_empty() {

@@ -1,9 +1,6 @@
-//! The pseudo-filesystems: bpffs, tracefs, and the sock tracepoints tracefs shows.
-
-use std::io;
+//! The pseudo-filesystem shedder pins in: bpffs.
 
 use super::Check;
-use crate::kernel::version::MIN_KERNEL;
 
 /// `(mount point, filesystem type)` of each line of a `/proc/mounts` text.
 pub fn parse_mounts(text: &str) -> Vec<(String, String)> {
@@ -56,12 +53,6 @@ impl MountSpec {
         fstype: "bpf",
         needed_for: "pinned maps and links",
     };
-    pub(super) const TRACEFS: Self = Self {
-        name: "tracefs",
-        dir: crate::kernel::sysfs::TRACEFS,
-        fstype: "tracefs",
-        needed_for: "the sock tracepoints",
-    };
 }
 
 pub(super) fn check_mount(mounts: &[(String, String)], spec: MountSpec, can_mount: bool) -> Check {
@@ -97,56 +88,6 @@ pub(super) fn check_mount(mounts: &[(String, String)], spec: MountSpec, can_moun
     }
 }
 
-pub(super) fn check_tracepoints(tracefs_mounted: bool) -> Check {
-    const NAME: &str = "tracepoints";
-    if !tracefs_mounted {
-        return Check::warn(
-            NAME,
-            "not checked: tracefs is not mounted",
-            format!(
-                "mount -t tracefs tracefs {} and run doctor again",
-                crate::kernel::sysfs::TRACEFS
-            ),
-        );
-    }
-    let events = format!("{}/events/sock", crate::kernel::sysfs::TRACEFS);
-    if let Err(e) = std::fs::read_dir(&events)
-        && e.kind() == io::ErrorKind::PermissionDenied
-    {
-        return Check::warn(
-            NAME,
-            format!("not checked: {events}: {e}"),
-            "run doctor as root",
-        );
-    }
-    match crate::kernel::check_tracepoint_formats() {
-        Ok(missing) => match crate::kernel::missing_tracepoints_note(&missing) {
-            None => Check::ok(
-                NAME,
-                "sock:inet_sock_set_state, sock_recv_length, sock_send_length, sk_data_ready have the layout shedder reads",
-            ),
-            Some(note) => Check::warn(
-                NAME,
-                note,
-                format!(
-                    "for latency-driven limits run Linux ≥ {}; to count requests rather than \
-                     connections (idle keep-alive connections left out, and the age of \
-                     requests in service measured), Linux ≥ {}",
-                    shedder_common::programs::LATENCY_TRACEPOINTS_SINCE,
-                    shedder_common::programs::DATA_TRACEPOINT_SINCE
-                ),
-            ),
-        },
-        Err(e) => Check::fail(
-            NAME,
-            e,
-            format!(
-                "without these tracepoints shedder cannot count connections: use a kernel ≥ {MIN_KERNEL} with CONFIG_TRACEPOINTS=y, or report this kernel's layout"
-            ),
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,14 +118,12 @@ none /mnt/with\\040space tmpfs rw 0 0
     fn mount_verdicts() {
         let m = parse_mounts(MOUNTS);
         assert_eq!(check_mount(&m, MountSpec::BPFFS, false).status, Status::Ok);
-        let t = check_mount(&m, MountSpec::TRACEFS, true);
+        let missing = parse_mounts("sysfs /sys sysfs rw 0 0\n");
+        let t = check_mount(&missing, MountSpec::BPFFS, true);
         assert_eq!(t.status, Status::Warn);
+        assert_eq!(t.fix.as_deref(), Some("mount -t bpf bpf /sys/fs/bpf"));
         assert_eq!(
-            t.fix.as_deref(),
-            Some("mount -t tracefs tracefs /sys/kernel/tracing")
-        );
-        assert_eq!(
-            check_mount(&m, MountSpec::TRACEFS, false).status,
+            check_mount(&missing, MountSpec::BPFFS, false).status,
             Status::Fail
         );
         let shadowed = parse_mounts("tmpfs /sys/fs/bpf tmpfs rw 0 0\n");

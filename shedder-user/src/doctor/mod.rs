@@ -32,7 +32,7 @@ use self::{
     cgroups::check_cgroups,
     daemon::{check_control_socket, check_daemon},
     fail_static::check_fail_static,
-    filesystems::{MountSpec, check_mount, check_tracepoints},
+    filesystems::{MountSpec, check_mount},
     fleet::check_fleet,
     interfaces::check_interface,
     kernel::{BTF_VMLINUX, check_btf, check_kernel, check_memlock, memlock_limit},
@@ -128,24 +128,14 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
         }),
         check_capabilities(caps),
     ];
-    let tracefs_mounted = match &mounts {
-        Ok(m) => {
-            out.push(check_mount(m, MountSpec::BPFFS, can_mount));
-            out.push(check_mount(m, MountSpec::TRACEFS, can_mount));
-            is_mounted(m, MountSpec::TRACEFS.dir, MountSpec::TRACEFS.fstype)
-        }
-        Err(e) => {
-            for spec in [MountSpec::BPFFS, MountSpec::TRACEFS] {
-                out.push(Check::fail(
-                    spec.name,
-                    format!("cannot read /proc/mounts: {e}"),
-                    "mount procfs at /proc",
-                ));
-            }
-            false
-        }
-    };
-    out.push(check_tracepoints(tracefs_mounted));
+    match &mounts {
+        Ok(m) => out.push(check_mount(m, MountSpec::BPFFS, can_mount)),
+        Err(e) => out.push(Check::fail(
+            MountSpec::BPFFS.name,
+            format!("cannot read /proc/mounts: {e}"),
+            "mount procfs at /proc",
+        )),
+    }
     out.push(check_jit(
         std::fs::read_to_string(BPF_JIT_SYSCTL),
         in_initial_netns(),
@@ -287,8 +277,6 @@ FAIL  capabilities  missing CAP_BPF
             "btf",
             "capabilities",
             "bpffs",
-            "tracefs",
-            "tracepoints",
             "bpf jit",
             "bpf stats",
             "cgroup v2",

@@ -1,4 +1,4 @@
-//! Attaching the packet path (XDP or TC) and the tracking tracepoints, adopting pinned
+//! Attaching the packet path (XDP or TC, with TC egress beside it), adopting pinned
 //! attachments, and removing every pin.
 
 use std::path::{Path, PathBuf};
@@ -10,7 +10,7 @@ use aya::programs::{
 };
 use shedder_common::programs;
 
-use super::{Error, Result, Shedder, tracepoints::check_tracepoint_formats};
+use super::{Error, Result, Shedder};
 
 /// How to attach to an interface: the configuration's `daemon.attach`. [`Shedder::attach`]
 /// does what it names (`Auto`: native XDP, else generic); which one delivers the configured
@@ -110,18 +110,18 @@ impl Shedder {
         Ok(attached)
     }
 
-    /// Attach the egress program to `iface` (see [`programs::EGRESS`]), if the QUIC programs
-    /// loaded; with a pin directory the link is pinned at `links/egress-<iface>`, and one an
-    /// earlier run pinned there is taken over as [`Shedder::adopt`] does. A failure leaves the
-    /// packet path as it was: QUIC clients behind `iface` then cannot prove their addresses
-    /// and stay unproven. It is logged and kept for `status` ([`Shedder::egress_problems`]).
+    /// Attach the egress program to `iface` (see [`programs::EGRESS`]); with a pin directory
+    /// the link is pinned at `links/egress-<iface>`, and one an earlier run pinned there is
+    /// taken over as [`Shedder::adopt`] does. A failure leaves the packet path deciding
+    /// attempts as before, but blind to what the services behind `iface` send: no handshake
+    /// there is seen complete, so their connections are counted only by the daemon's sweep,
+    /// from the kernel's sockets, with no latency or requests measured; and QUIC clients
+    /// cannot prove their addresses. It is logged and kept for `status`
+    /// ([`Shedder::egress_problems`]).
     fn attach_egress(&mut self, iface: &str) {
-        if self.quic_unavailable().is_some() {
-            return;
-        }
         if let Err(e) = self.try_attach_egress(iface) {
             let why = format!(
-                "{iface}: QUIC clients cannot prove their addresses (the egress program did                  not attach: {e}); they stay unproven, held within their class's unproven                  cap and not counted in flight"
+                "{iface}: the egress program did not attach ({e}): the TCP services behind                  {iface} are measured only from the kernel's sockets (connections counted by                  the sweep, no request latency or work in flight), and QUIC clients cannot                  prove their addresses (held within their class's unproven cap)"
             );
             tracing::warn!("{why}");
             self.egress_problems.push(why);
@@ -173,53 +173,6 @@ impl Shedder {
     /// What went wrong attaching the egress program, one line per interface.
     pub fn egress_problems(&self) -> &[String] {
         &self.egress_problems
-    }
-
-    /// Attach the tracking programs to the `sock` tracepoints (in-flight connections,
-    /// accept-queue age, response latency), after checking the running kernel's record
-    /// layouts. With a pin directory the links are pinned as `links/tp-<tracepoint>`; links
-    /// already pinned there are kept (a restarted daemon adopts them).
-    ///
-    /// Returns the optional tracepoints this kernel lacks (see
-    /// [`missing_tracepoints_note`]), which are left unattached.
-    pub fn attach_tracking(&mut self) -> Result<Vec<&'static str>> {
-        crate::kernel::sysfs::ensure_tracefs().map_err(|e| Error::Tracing(e.to_string()))?;
-        let missing = check_tracepoint_formats().map_err(Error::Tracing)?;
-        // Before a connection is born under the tracepoints: what counts as its work.
-        let mut globals = super::MapReader::globals(self)?;
-        globals.work_source = if missing.contains(&super::tracepoints::DATA_EVENT) {
-            shedder_common::WORK_FROM_CONNECTIONS
-        } else {
-            shedder_common::WORK_FROM_DATA
-        };
-        self.set_globals(&globals)?;
-        for (program, category, name) in programs::TRACEPOINTS {
-            if missing.contains(&name) {
-                continue;
-            }
-            let pin_name = format!("tp-{name}");
-            if let Some(dir) = &self.pin_dir
-                && dir.join("links").join(&pin_name).exists()
-            {
-                continue;
-            }
-            let prog: &mut aya::programs::TracePoint = self.program(program)?;
-            let id = prog
-                .attach(category, name)
-                .map_err(|source| Error::Program { program, source })?;
-            let link = prog
-                .take_link(id)
-                .map_err(|source| Error::Program { program, source })?;
-            let link: FdLink = link
-                .try_into()
-                .map_err(|e: aya::programs::links::LinkError| {
-                    Error::Tracing(format!(
-                        "{category}:{name} attached without a bpf link: {e}"
-                    ))
-                })?;
-            self.keep_link(&pin_name, link)?;
-        }
-        Ok(missing)
     }
 
     /// The reader of the packet path's log records (written only when loaded with
@@ -323,7 +276,8 @@ pub fn egress_pin_name(iface: &str) -> String {
     format!("{EGRESS_PIN_PREFIX}{iface}")
 }
 
-/// Names of egress links under `links/` begin with this (tracepoints' with `tp-`).
+/// Names of egress links under `links/` begin with this (an older version's tracepoints'
+/// with `tp-`).
 pub const EGRESS_PIN_PREFIX: &str = "egress-";
 
 /// Remove everything pinned under `dir`: the links first (which detaches the programs),

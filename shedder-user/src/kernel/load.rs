@@ -58,12 +58,21 @@ pub(super) fn load_seed(ebpf: &mut Ebpf) -> std::result::Result<(), String> {
     })
 }
 
-/// The programs every load verifies besides the tracking ones (and the optional seed).
-const LOADED: [&str; 3] = [programs::XDP, programs::TC, programs::CLOCK];
+/// The programs every load verifies (besides the QUIC halves and the optional seed): the
+/// packet programs with their tracking halves, the egress program, and the two the daemon
+/// runs with BPF_PROG_TEST_RUN.
+const LOADED: [&str; 7] = [
+    programs::XDP,
+    programs::TC,
+    programs::XDP_TRACK,
+    programs::TC_TRACK,
+    programs::EGRESS,
+    programs::CLOCK,
+    programs::SWEEP,
+];
 
-/// The QUIC halves of the packet programs and the egress program that proves QUIC
-/// clients, loaded apart (see `quic_unavailable`).
-const QUIC: [&str; 3] = [programs::XDP_QUIC, programs::TC_QUIC, programs::EGRESS];
+/// The QUIC halves of the packet programs, loaded apart (see `quic_unavailable`).
+const QUIC: [&str; 2] = [programs::XDP_QUIC, programs::TC_QUIC];
 
 /// One packet hook, for a load of its program alone ([`Shedder::load_hook`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +89,21 @@ impl Hook {
             Hook::Tc => (programs::TC, programs::TC_QUIC, maps::QUIC_TC),
         }
     }
+
+    /// The hook's tracking half and the tail-call slot that joins it.
+    fn tracking(self) -> (&'static str, &'static str) {
+        match self {
+            Hook::Xdp => (programs::XDP_TRACK, maps::TRACK_XDP),
+            Hook::Tc => (programs::TC_TRACK, maps::TRACK_TC),
+        }
+    }
 }
+
+/// Both hooks' tracking slots and programs.
+const TRACKING: [(&str, &str); 2] = [
+    (maps::TRACK_XDP, programs::XDP_TRACK),
+    (maps::TRACK_TC, programs::TC_TRACK),
+];
 
 impl Shedder {
     /// Load and verify both programs with private (unpinned) maps.
@@ -88,22 +111,30 @@ impl Shedder {
         Self::load_with(None, false)
     }
 
-    /// Load and verify one hook's packet program (with the clock, and its QUIC half if
-    /// `quic`) and nothing else, with private maps: all that BPF_PROG_TEST_RUN of that path
-    /// needs, for under half the verification of [`Shedder::load`]. Nothing can be attached.
+    /// Load and verify one hook's packet program (with the clock, its tracking half, the
+    /// egress program and the sweep, and its QUIC half if `quic`) and nothing else, with
+    /// private maps: all that BPF_PROG_TEST_RUN of that path needs, for under half the
+    /// verification of [`Shedder::load`]. Nothing can be attached.
     /// Without the QUIC half its tail-call slot stays empty, so a datagram for a QUIC port
     /// passes undecided ([`Shedder::quic_unavailable`] says so): only for frames that are
     /// not UDP.
     pub fn load_hook(hook: Hook, quic: bool) -> Result<Self> {
         let mut ebpf = Self::loader(None, false)?.load(OBJECT)?;
         let (packet, quic_program, slot) = hook.programs();
-        for name in [packet, programs::CLOCK] {
+        let (track, track_slot) = hook.tracking();
+        for name in [
+            packet,
+            track,
+            programs::EGRESS,
+            programs::CLOCK,
+            programs::SWEEP,
+        ] {
             load_program(&mut ebpf, name)?;
         }
+        link_tail_calls(&mut ebpf, &[(track_slot, track)])?;
         let quic_unavailable = if quic {
             load_program(&mut ebpf, quic_program)?;
-            load_program(&mut ebpf, programs::EGRESS)?;
-            link_quic_programs(&mut ebpf, &[(slot, quic_program)])?;
+            link_tail_calls(&mut ebpf, &[(slot, quic_program)])?;
             None
         } else {
             Some("not loaded (a packet-path test load without it)".into())
@@ -128,10 +159,10 @@ impl Shedder {
 
     pub(super) fn load_with(pin_dir: Option<&Path>, kernel_log: bool) -> Result<Self> {
         let mut ebpf = Self::loader(pin_dir, kernel_log)?.load(OBJECT)?;
-        let tracking = programs::TRACEPOINTS.map(|(name, _, _)| name);
-        for name in LOADED.into_iter().chain(tracking) {
+        for name in LOADED {
             load_program(&mut ebpf, name)?;
         }
+        link_tail_calls(&mut ebpf, &TRACKING)?;
         // Optional too: a kernel whose verifier refuses the QUIC programs still has every
         // TCP path; QUIC datagrams then pass, and the reason is logged at once.
         let quic_unavailable = load_quic(&mut ebpf).err().map(|e| e.to_string());
@@ -223,13 +254,11 @@ impl Shedder {
         LOADED
             .into_iter()
             .chain(QUIC.into_iter().filter(|_| self.quic_unavailable.is_none()))
-            .chain(programs::TRACEPOINTS.map(|(name, _, _)| name))
             .chain(self.seed_unavailable.is_none().then_some(programs::SEED))
             .map(|name| {
                 let count = self.ebpf.program(name).and_then(|p| match p {
                     aya::programs::Program::Xdp(p) => p.info().ok(),
                     aya::programs::Program::SchedClassifier(p) => p.info().ok(),
-                    aya::programs::Program::TracePoint(p) => p.info().ok(),
                     aya::programs::Program::Iter(p) => p.info().ok(),
                     _ => None,
                 });
@@ -241,19 +270,23 @@ impl Shedder {
     /// Cumulative run time and run count of each attached program, from the kernel's BPF
     /// statistics (only counted while statistics are enabled: `aya::sys::enable_stats`).
     pub fn run_stats(&self) -> Vec<(&'static str, Duration, u64)> {
-        [programs::XDP, programs::TC]
-            .into_iter()
-            .chain(programs::TRACEPOINTS.map(|(name, _, _)| name))
-            .filter_map(|name| {
-                let info = match self.ebpf.program(name)? {
-                    aya::programs::Program::Xdp(p) => p.info().ok()?,
-                    aya::programs::Program::SchedClassifier(p) => p.info().ok()?,
-                    aya::programs::Program::TracePoint(p) => p.info().ok()?,
-                    _ => return None,
-                };
-                Some((name, info.run_time(), info.run_count()))
-            })
-            .collect()
+        [
+            programs::XDP,
+            programs::TC,
+            programs::XDP_TRACK,
+            programs::TC_TRACK,
+            programs::EGRESS,
+        ]
+        .into_iter()
+        .filter_map(|name| {
+            let info = match self.ebpf.program(name)? {
+                aya::programs::Program::Xdp(p) => p.info().ok()?,
+                aya::programs::Program::SchedClassifier(p) => p.info().ok()?,
+                _ => return None,
+            };
+            Some((name, info.run_time(), info.run_count()))
+        })
+        .collect()
     }
 }
 
@@ -273,7 +306,6 @@ fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<()> {
     let result = match program {
         aya::programs::Program::Xdp(p) => p.load(),
         aya::programs::Program::SchedClassifier(p) => p.load(),
-        aya::programs::Program::TracePoint(p) => p.load(),
         _ => return Err(Error::MissingProgram(name)),
     };
     result.map_err(|e| match e {
@@ -312,12 +344,13 @@ fn load_quic(ebpf: &mut Ebpf) -> Result<()> {
         let (_, quic, slot) = h.programs();
         (slot, quic)
     });
-    link_quic_programs(ebpf, &slots)
+    link_tail_calls(ebpf, &slots)
 }
 
-/// Point each packet program's tail-call slot at its QUIC half. With pinned maps the slot
-/// of a running program is replaced in place, as the pinned links are.
-fn link_quic_programs(ebpf: &mut Ebpf, slots: &[(&'static str, &'static str)]) -> Result<()> {
+/// Point each tail-call slot at its program (a packet program's QUIC or tracking half).
+/// With pinned maps the slot of a running program is replaced in place, as the pinned
+/// links are.
+fn link_tail_calls(ebpf: &mut Ebpf, slots: &[(&'static str, &'static str)]) -> Result<()> {
     for &(map, program) in slots {
         let fd = {
             let p = ebpf

@@ -503,8 +503,6 @@ impl Shedder {
         let current = self.globals()?;
         globals.heartbeat_jiffies = current.heartbeat_jiffies;
         globals.generation = current.generation.wrapping_add(1);
-        // Chosen when the tracepoints are attached, by what this kernel has.
-        globals.work_source = current.work_source;
         // The attempt tables' hash seed: kept while the maps live (a reload or a restart
         // that adopts pinned maps keeps what the tables remember), drawn at random when
         // the maps are new.

@@ -1,7 +1,6 @@
 //! Loading the eBPF object, attaching it, and reading and writing its maps.
 //!
-//! One file per concern: [`load`], [`attach`], [`maps`], the [`clock`], the tracking
-//! [`tracepoints`], the [`pins`], [`seed`]ing connections open before attach, the kernel
+//! One file per concern: [`load`], [`attach`], [`maps`], the [`clock`], the [`pins`], [`seed`]ing connections open before attach, the kernel
 //! debug log ([`klog`]), the sockets by sock_diag ([`diag`]), the interfaces ([`netdev`]), the policy's map values
 //! ([`policy`], [`classmap`]), [`version`]s, the pseudo-filesystems ([`sysfs`]), and the
 //! one kernel struct layout the object relies on ([`btf`]).
@@ -33,7 +32,6 @@ pub mod pins;
 pub mod policy;
 pub mod seed;
 pub mod sysfs;
-pub mod tracepoints;
 pub mod version;
 
 pub use attach::{AttachMode, Attached, EGRESS_PIN_PREFIX, egress_pin_name, unpin_all};
@@ -42,4 +40,3 @@ pub use error::{Error, Result};
 pub use load::{Hook, Shedder};
 pub use maps::{MapReader, MapWriter, PinnedMaps, addr_key};
 pub use seed::parse_seed_results;
-pub use tracepoints::{check_tracepoint_formats, missing_tracepoints_note};

@@ -285,9 +285,6 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
                 reply_burst_ns(cfg.daemon.max_replies_proven_per_s),
                 reply_burst_ns(cfg.daemon.max_replies_unproven_per_s),
             ],
-            // Chosen when the tracepoints are attached (`Shedder::attach_tracking`).
-            work_source: shedder_common::WORK_FROM_CONNECTIONS,
-            _pad: 0,
         },
         decap: cfg.daemon.decapsulate.entries(),
     }

@@ -83,8 +83,6 @@ struct Shared {
     udp: Result<Vec<diag::UdpSocket>, String>,
     /// The fair-share epoch and the hold slot of the kernel's clock.
     epoch: Result<(u64, u64), String>,
-    /// What the tracking programs count as work (`Globals::work_source`).
-    work_source: Result<u32, String>,
 }
 
 /// Turns cumulative kernel state into per-tick [`Signals`].
@@ -158,7 +156,6 @@ impl SignalReader {
                 .as_ref()
                 .map(|g| (g.epoch(g.clock_jiffies), g.hold_slot(g.clock_jiffies)))
                 .map_err(Clone::clone),
-            work_source: globals.map(|g| g.work_source),
         };
         let window_ticks = self.window_ticks;
         self.services
@@ -254,7 +251,6 @@ impl ServiceReader {
             listeners,
             udp,
             epoch,
-            work_source,
         } = shared;
         let id = self.spec.id;
         let (queue_age, latency, window_ms) = self.histograms(shedder, elapsed, window_ticks);
@@ -270,7 +266,7 @@ impl ServiceReader {
                     },
                     Err(e) => Reading::missing(e),
                 },
-                self.waiting(shedder, work_source),
+                self.waiting(shedder),
             ),
             Protocol::Quic => (
                 Reading::missing("a QUIC service: see inflight"),
@@ -382,26 +378,13 @@ impl ServiceReader {
         })
     }
 
-    /// The ages of the requests in service, when the kernel tells a request from an idle
-    /// connection (`sock:sk_data_ready`); without it a connection's age is not a request's.
-    fn waiting(
-        &self,
-        shedder: &impl MapReader,
-        work_source: &Result<u32, String>,
-    ) -> Reading<Waiting> {
-        match work_source {
-            Ok(shedder_common::WORK_FROM_DATA) => match shedder.work(self.spec.id) {
-                Ok(t) => Reading::Ok {
-                    value: super::waiting(&t),
-                },
-                Err(e) => Reading::missing(format!("requests in service: {e}")),
+    /// The ages of the requests in service.
+    fn waiting(&self, shedder: &impl MapReader) -> Reading<Waiting> {
+        match shedder.work(self.spec.id) {
+            Ok(t) => Reading::Ok {
+                value: super::waiting(&t),
             },
-            Ok(_) => Reading::missing(format!(
-                "this kernel has no sock:sk_data_ready (Linux {}): every established connection \
-                 counts as work, and the age of requests in service is not measured",
-                shedder_common::programs::DATA_TRACEPOINT_SINCE
-            )),
-            Err(e) => Reading::missing(e.clone()),
+            Err(e) => Reading::missing(format!("requests in service: {e}")),
         }
     }
 

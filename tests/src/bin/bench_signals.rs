@@ -24,7 +24,7 @@ use shedder::{
     kernel::{AttachMode, Shedder},
     signals::{ServiceSpec, SignalReader, psi},
 };
-use shedder_common::{ACTION_RST, MODE_ENFORCE, programs};
+use shedder_common::{ACTION_RST, MODE_ENFORCE};
 use shedder_tests::{
     load::{CpuTimes, HTTPS_PATH, online_cpus, pin_process, prepare_client_namespace, read_clock},
     netns::{IFACE, Pair},
@@ -77,12 +77,10 @@ fn cpu_time() -> Duration {
     read_clock(libc::CLOCK_THREAD_CPUTIME_ID).expect("the thread's CPU clock")
 }
 
-/// (run time, events) of each tracking program.
+/// (run time, runs) of each program of the packet path: the packet program, its tracking
+/// half and the egress program.
 fn tracking_stats(s: &Shedder) -> Vec<(&'static str, Duration, u64)> {
     s.run_stats()
-        .into_iter()
-        .filter(|(name, _, _)| programs::TRACEPOINTS.iter().any(|(p, _, _)| p == name))
-        .collect()
 }
 
 /// Run `n` request/response connections to `port` and return the per-program deltas.
@@ -110,7 +108,7 @@ fn phase(
         }
         Ok(())
     })?;
-    // Let the last closes reach the tracepoints.
+    // Let the last closes cross the interface.
     std::thread::sleep(Duration::from_millis(200));
     let after = tracking_stats(s);
     Ok(after
@@ -129,14 +127,12 @@ fn per_event(t: Duration, n: u64) -> String {
 }
 
 /// shedder loaded with the standard classes, `port` protected as service `service` by a
-/// policy that refuses nothing, and the tracking programs attached.
+/// policy that refuses nothing.
 fn tracking_shedder(service: u32, port: u16) -> Result<Shedder> {
     let mut s = Shedder::load().context("loading shedder")?;
     install_standard(&mut s);
     s.set_policy(service, &open_policy(ACTION_RST, MODE_ENFORCE))?;
     s.set_port(port, Some(service))?;
-    s.attach_tracking()
-        .context("attaching the tracking programs")?;
     Ok(s)
 }
 
@@ -146,7 +142,10 @@ fn tracepoint_costs(args: &Args) -> Result<String> {
     let pair = Pair::new("bsig");
     // A service id of its own: the standard services' ports (8080...) may be busy in other
     // namespaces, and tracking sees every namespace.
-    let s = tracking_shedder(20, PROTECTED)?;
+    let mut s = tracking_shedder(20, PROTECTED)?;
+    pair.server
+        .run(|| s.attach(IFACE, AttachMode::Tc))
+        .context("attaching to the server's interface")?;
     let _servers = pair.server.run(|| {
         (
             TestServer::start(PROTECTED, Duration::ZERO, respond_after(Duration::ZERO)),
@@ -314,8 +313,6 @@ fn wrk(pair: &Pair, close: bool, secs: u64, cpu: usize) -> Result<WrkRun> {
 #[derive(Clone, Copy, PartialEq)]
 enum Attachment {
     Nothing,
-    /// The tracking programs and a policy for nginx's port, no packet program.
-    Tracking,
     /// An XDP program that passes everything, native: what attaching any XDP program to a
     /// veth costs (the veth then delivers through its own NAPI poll instead of the
     /// backlog).
@@ -330,9 +327,8 @@ enum Attachment {
 }
 
 impl Attachment {
-    const ALL: [Self; 5] = [
+    const ALL: [Self; 4] = [
         Self::Nothing,
-        Self::Tracking,
         Self::EmptyXdp,
         Self::ShedderXdp,
         Self::ShedderTc,
@@ -341,10 +337,9 @@ impl Attachment {
     fn label(self) -> &'static str {
         match self {
             Self::Nothing => "nothing attached",
-            Self::Tracking => "tracking programs only",
             Self::EmptyXdp => "an empty XDP program (native), nothing else",
-            Self::ShedderXdp => "shedder: XDP native + tracking (`attach = \"native\"`)",
-            Self::ShedderTc => "**shedder: TC + tracking (`attach = \"auto\"` on a veth)**",
+            Self::ShedderXdp => "shedder: XDP native + TC egress (`attach = \"native\"`)",
+            Self::ShedderTc => "**shedder: TC + TC egress (`attach = \"auto\"` on a veth)**",
         }
     }
 }
@@ -360,9 +355,6 @@ fn attach(pair: &Pair, what: Attachment) -> Result<Attached> {
     let shedder = || tracking_shedder(21, NGINX_PORT);
     Ok(match what {
         Attachment::Nothing => Attached::None,
-        Attachment::Tracking => Attached::Shedder {
-            _held: Box::new(shedder()?),
-        },
         Attachment::ShedderXdp | Attachment::ShedderTc => {
             let mut s = shedder()?;
             let mode = if what == Attachment::ShedderXdp {

@@ -15,12 +15,13 @@ use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use shedder::{
     config::Prefix,
-    kernel::{MapReader, PinnedMaps, Shedder},
+    kernel::{AttachMode, MapReader, PinnedMaps, Shedder},
 };
 use shedder_common::{ACTION_RST, MODE_ENFORCE, hist};
 use shedder_tests::{
     interrupt::interrupted,
     load::{LoadReport, Window},
+    netns::IFACE,
     policy::open_policy,
     scenario::{Lab, LabConfig},
 };
@@ -148,15 +149,18 @@ fn run() -> Result<()> {
     Ok(())
 }
 
-/// A Shedder instance of the demo's own with tracking attached, measuring the backend's
-/// accept-queue age in both runs (it attaches to no interface and sheds nothing).
+/// A Shedder instance of the demo's own, attached with TC beside whatever the daemon
+/// attaches, measuring the backend's wait before a connection's first response in both
+/// runs (its policy admits everything: it sheds nothing).
 fn observer(lab: &Lab) -> Result<Shedder> {
     let mut s = Shedder::load().context("loading the observer")?;
     s.set_policy(OBSERVED, &open_policy(ACTION_RST, MODE_ENFORCE))?;
     s.set_port(lab.cfg.port, Some(OBSERVED))?;
     s.replace_class_rules(&[] as &[(Prefix, u32)])?;
-    s.attach_tracking()
-        .context("attaching the observer's tracking")?;
+    lab.pair
+        .server
+        .run(|| s.attach(IFACE, AttachMode::Tc))
+        .context("attaching the observer")?;
     Ok(s)
 }
 

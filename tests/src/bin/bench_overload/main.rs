@@ -444,12 +444,14 @@ impl System {
                     });
                 // The kernel keeps a program's name to 15 bytes.
                 let kernel_name = |name: &str| name[..name.len().min(15)].to_string();
+                // The egress program (the tracking half, reached by tail call, is counted in
+                // the packet program's own time).
                 let tracking = loaded
                     .iter()
                     .filter(|p| {
-                        programs::TRACEPOINTS
+                        [programs::EGRESS]
                             .iter()
-                            .any(|(name, _, _)| p.name_as_str() == Some(kernel_name(name).as_str()))
+                            .any(|name| p.name_as_str() == Some(kernel_name(name).as_str()))
                     })
                     .map(|p| p.run_time())
                     .sum();
