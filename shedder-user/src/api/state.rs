@@ -128,6 +128,10 @@ pub struct ServiceState {
     /// Recalls the kernel refused (not counting connections gone since the listing).
     #[serde(default)]
     pub recall_errors: u64,
+    /// Connections the last sweep found in the kernel that the packet path had not seen
+    /// (a client on this host, or another interface): counted, not measured.
+    #[serde(default)]
+    pub unseen_connections: u32,
     /// `enforce` or `dry-run`.
     #[serde(default)]
     pub enforcement: String,

@@ -28,6 +28,7 @@ mod reload;
 mod requests;
 pub mod service;
 mod start;
+mod sweep;
 mod tick;
 mod watchdog;
 
@@ -108,6 +109,8 @@ struct Daemon {
     hold: hold::Hold,
     /// Recalling keep-alive connections of refused classes (see [`recall`]).
     recall: recall::Recall,
+    /// Checking the tracked connections against the kernel's sockets (see [`sweep`]).
+    sweep: sweep::Sweep,
     /// Says which step a stalled tick is stuck in (see [`watchdog`]).
     watchdog: watchdog::Watchdog,
 }

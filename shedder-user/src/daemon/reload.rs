@@ -131,6 +131,7 @@ impl Daemon {
         self.ladder = ladder;
         self.hold = hold;
         self.recall.reload(&cfg);
+        self.sweep.reload(&cfg);
         self.cfg = cfg;
         self.config_text = text;
         Ok(())

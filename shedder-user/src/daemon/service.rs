@@ -362,6 +362,7 @@ impl ServiceControl {
             max_connections: self.cfg.max_connections,
             recall_per_second: self.cfg.recall_per_second,
             recall_errors: 0,
+            unseen_connections: 0,
             enforcement: match self.cfg.mode {
                 crate::config::Mode::Enforce => "enforce",
                 crate::config::Mode::DryRun => "dry-run",
@@ -663,7 +664,7 @@ mod tests {
     fn overloaded(now: Duration, limit: u32) -> Observation {
         Observation {
             queue_age_p99_ms: 400.0,
-            latency_p99_ms: 300.0,
+            latency_p99_ms: 700.0,
             ..healthy(now, limit)
         }
     }
@@ -762,12 +763,11 @@ mod tests {
         assert_eq!((d.limit, k.limit()), (40, Some(40)));
         assert!(sc.override_in_force().is_none());
         assert_eq!(sc.limiter.inner().inner().limit(), 40);
-        // And resumes from it: healthy and busy (12 ms against 100), up by AIMD's step
-        // (40 × 0.25 × 0.88 ≈ 9).
+        // And resumes from it: healthy and busy (10 ms against 100), up by AIMD's step.
         let d = sc
             .tick(&mut k, CTX, &healthy(ms(1200), 40), None, None)
             .unwrap();
-        assert_eq!((d.limit, k.limit()), (49, Some(49)));
+        assert_eq!((d.limit, k.limit()), (50, Some(50)));
     }
 
     #[test]

@@ -259,6 +259,7 @@ impl Daemon {
         Ok(Self {
             config_path,
             recall: super::recall::Recall::new(&cfg),
+            sweep: super::sweep::Sweep::new(&cfg),
             // A third of the heartbeat's timeout: said well before the fallback takes over.
             watchdog: super::watchdog::Watchdog::start(Duration::from_millis(
                 (cfg.daemon.heartbeat_timeout_ms / 3).max(100),

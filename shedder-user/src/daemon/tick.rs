@@ -44,6 +44,10 @@ impl Daemon {
         }
         self.watchdog.step(Step::Recall);
         self.recall.tick(now, &self.services, &signals);
+        self.watchdog.step(Step::Sweep);
+        let names: Vec<String> = self.services.iter().map(|sc| sc.cfg.name.clone()).collect();
+        let name = |id: u32| names.get(id as usize).cloned().unwrap_or_default();
+        self.sweep.tick(now, &mut self.shedder, &name);
         self.watchdog.step(Step::Heartbeat);
         match self.shedder.heartbeat() {
             Ok(_) => self.last_heartbeat = Instant::now(),
@@ -195,6 +199,11 @@ impl Daemon {
                 .filter_map(|sc| sc.state(now.duration_since(self.start)))
                 .map(|mut s| {
                     self.recall.fill(&mut s);
+                    s.unseen_connections = self
+                        .services
+                        .iter()
+                        .find(|sc| sc.cfg.name == s.name)
+                        .map_or(0, |sc| self.sweep.unseen(sc.id));
                     s
                 })
                 .collect(),

@@ -21,6 +21,7 @@ pub enum Step {
     Signals,
     Controllers,
     Recall,
+    Sweep,
     Heartbeat,
     Report,
 }
@@ -31,8 +32,9 @@ impl Step {
             1 => "reading the signals",
             2 => "running the controllers and writing the limits",
             3 => "listing and recalling keep-alive connections",
-            4 => "stamping the heartbeat",
-            5 => "reporting the state and metrics",
+            4 => "checking the tracked connections against the kernel's sockets",
+            5 => "stamping the heartbeat",
+            6 => "reporting the state and metrics",
             _ => "between ticks",
         }
     }

@@ -21,6 +21,7 @@ pub mod attach;
 pub mod btf;
 pub mod classmap;
 pub mod clock;
+pub mod conns;
 pub mod diag;
 pub mod error;
 pub mod klog;

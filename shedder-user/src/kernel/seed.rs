@@ -17,13 +17,13 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use shedder_common::{
-    SEED_BATCH, SEED_COUNTED, SEED_ENDED, SEED_KNOWN, SEED_TABLE_FULL, SeedResult, SeedSock, maps,
-    programs,
+    SEED_BATCH, SEED_COUNTED, SEED_ENDED, SEED_KNOWN, SEED_TABLE_FULL, SeedResult, SeedSock,
+    flow::FlowKey, maps, programs,
 };
 
 use crate::{
     kernel::diag::{self, TCP_CLOSE_WAIT, TCP_ESTABLISHED, TCP_LISTEN, TcpSocket},
-    kernel::netns::{in_namespace, namespaces},
+    kernel::netns::{Namespace, in_namespace, namespaces},
     kernel::{Error, Result, Shedder, maps::map_err},
 };
 
@@ -125,6 +125,37 @@ fn tally(summary: &mut Summary, results: &[SeedResult]) {
     }
 }
 
+/// Run the seeding iterator in `ns` over `found` (that namespace's candidates), in batches.
+/// The outer `Err` is the maps' (nothing can be seeded); the inner one this namespace's.
+pub fn seed_in(
+    shedder: &mut Shedder,
+    ns: &Namespace,
+    found: &[(u64, SeedSock)],
+) -> Result<std::result::Result<Vec<SeedResult>, String>, String> {
+    let mut results = Vec::new();
+    for batch in found.chunks(SEED_BATCH as usize) {
+        let link = shedder.seed_prepare(batch).map_err(|e| e.to_string())?;
+        let output = in_namespace(ns, move || read_seed_results(link));
+        shedder.seed_clear(batch).map_err(|e| e.to_string())?;
+        match output {
+            Ok(r) => results.extend(r),
+            Err(e) => return Ok(Err(format!("{}: seeding iterator: {e}", ns.path.display()))),
+        }
+    }
+    Ok(Ok(results))
+}
+
+/// The tracked-connection key of a connection the daemon listed: the client's address and
+/// port and the service's port, as the packet path keys it.
+pub fn key(s: &SeedSock) -> FlowKey {
+    FlowKey {
+        addr: s.remote,
+        sport: s.remote_port,
+        dport: s.local_port,
+        v6: u32::from(s.v6),
+    }
+}
+
 /// Count the open connections of the `protected` ports in every network namespace that the
 /// tracking does not know yet. `Err` when this kernel cannot (the reason), or nothing
 /// could be read at all.
@@ -151,16 +182,9 @@ pub fn seed(shedder: &mut Shedder, protected: &BTreeSet<u16>) -> Result<Summary,
             *listener_namespaces.entry(p).or_default() += 1;
         }
         let found = candidates(&sockets, protected);
-        for batch in found.chunks(SEED_BATCH as usize) {
-            let link = shedder.seed_prepare(batch).map_err(|e| e.to_string())?;
-            let output = in_namespace(&ns, move || read_seed_results(link));
-            shedder.seed_clear(batch).map_err(|e| e.to_string())?;
-            match output {
-                Ok(results) => tally(&mut summary, &results),
-                Err(e) => summary
-                    .failures
-                    .push(format!("{}: seeding iterator: {e}", ns.path.display())),
-            }
+        match seed_in(shedder, &ns, &found)? {
+            Ok(results) => tally(&mut summary, &results),
+            Err(e) => summary.failures.push(e),
         }
     }
     if summary.namespaces == 0 {

@@ -246,6 +246,11 @@ impl Collector for ShedderCollector {
         )?;
         gauges(
             &mut encoder,
+            "shedder_connections_unseen",
+            &per_service(&|s| (s.protocol == "tcp").then_some(s.unseen_connections as f64)),
+        )?;
+        gauges(
+            &mut encoder,
             "shedder_class_limit",
             &per_class(&|s, c| s.classes.get(c).map(|x| x.share as f64)),
         )?;

@@ -146,6 +146,12 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "Recalls the kernel refused (connections already gone are not errors).",
     ),
     (
+        "shedder_connections_unseen",
+        "gauge",
+        &["service"],
+        "Connections the last sweep found in the kernel's sockets that the packet path had not seen (a client on this host, or packets on an interface shedder is not attached to): counted from socket statistics, their requests and latency not measured.",
+    ),
+    (
         "shedder_recalled_connections",
         "counter",
         &["service", "class"],

@@ -90,7 +90,7 @@ impl Guard {
 
 /// Which of queue age, latency and the age of requests in service dominated the delay.
 pub(super) fn delay_signal(obs: &Observation) -> Signal {
-    if obs.waiting_p90_ms > obs.queue_age_p99_ms + obs.latency_p99_ms {
+    if obs.waiting_p90_ms > obs.queue_age_p99_ms.max(obs.latency_p99_ms) {
         Signal::Waiting
     } else if obs.queue_age_p99_ms >= obs.latency_p99_ms {
         Signal::QueueAge

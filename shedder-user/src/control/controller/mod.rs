@@ -143,16 +143,24 @@ pub struct Observation {
 }
 
 impl Observation {
-    /// The delay compared with the target: the completed requests' p99 (queue age plus
-    /// latency), or the p90 age of those still in service when larger.
+    /// The delay compared with the target: the completed requests' p99, or the p90 age of
+    /// those still in service when larger. Each is measured on the wire from a request's
+    /// arrival, so a first request's latency already holds its wait in the accept queue,
+    /// and the wait before a connection's first response is the same wait seen once per
+    /// connection (or, for a server that speaks first, its only one): the largest of them
+    /// is the delay, never their sum.
     pub fn delay_ms(&self) -> f64 {
-        (self.queue_age_p99_ms + self.latency_p99_ms).max(self.waiting_p90_ms)
+        self.queue_age_p99_ms
+            .max(self.latency_p99_ms)
+            .max(self.waiting_p90_ms)
     }
 
     /// The median delay: the completed requests' medians, or the median age of those in
     /// service when larger.
     pub fn median_delay_ms(&self) -> f64 {
-        (self.queue_age_p50_ms + self.latency_p50_ms).max(self.waiting_p50_ms)
+        self.queue_age_p50_ms
+            .max(self.latency_p50_ms)
+            .max(self.waiting_p50_ms)
     }
 
     /// The occupancy the saturation guards compare with `limit`: while attempts are

@@ -33,11 +33,12 @@ fn obs(t_ms: u64, delay_ms: f64, occupancy: u32) -> Observation {
     Observation {
         now: Duration::from_millis(t_ms),
         fresh: true,
-        // The medians half the tail: most requests well inside it.
-        queue_age_p50_ms: delay_ms / 4.0,
-        queue_age_p99_ms: delay_ms / 2.0,
-        latency_p50_ms: delay_ms / 4.0,
-        latency_p99_ms: delay_ms / 2.0,
+        // The medians half the tail: most requests well inside it. The first requests'
+        // wait a little less than the rest.
+        queue_age_p50_ms: delay_ms / 2.5,
+        queue_age_p99_ms: delay_ms * 0.8,
+        latency_p50_ms: delay_ms / 2.0,
+        latency_p99_ms: delay_ms,
         waiting_p50_ms: 0.0,
         waiting_p90_ms: 0.0,
         samples: 100,
@@ -59,7 +60,7 @@ fn aimd_increases_by_one_only_when_healthy_and_saturated() {
         (d.previous, d.limit, d.action),
         (100, 101, Action::Increase)
     );
-    assert_eq!(d.signal, Signal::QueueAge);
+    assert_eq!(d.signal, Signal::Latency);
     // Healthy but not saturated (89 < 0.9 × 101): no growth (the near-the-limit guard).
     let d = c.update(&obs(600, 50.0, 89));
     assert_eq!(d.action, Action::Hold);
@@ -180,7 +181,7 @@ fn aimd_cuts_to_what_littles_law_supports_when_most_requests_wait() {
     );
     let mut o = obs(0, 1200.0, 256);
     o.queue_age_p50_ms = 300.0;
-    o.latency_p50_ms = 300.0;
+    o.latency_p50_ms = 600.0;
     let d = c.update(&o);
     assert_eq!(d.limit, 43);
     assert!(
