@@ -67,6 +67,8 @@ mod services;
 mod tcp_flags;
 #[path = "fixtures/tunnels.rs"]
 mod tunnels;
+#[path = "fixtures/wire.rs"]
+mod wire;
 
 use std::sync::{
     Mutex,

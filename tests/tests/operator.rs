@@ -387,7 +387,6 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
         "btf",
         "capabilities",
         "bpffs",
-        "tracepoints",
         "interface",
         "fail-static",
     ] {

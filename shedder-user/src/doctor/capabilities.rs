@@ -8,7 +8,7 @@ const CAPABILITIES: [(u32, &str, &str); 4] = [
     (
         38,
         "CAP_PERFMON",
-        "tracepoints and pointer arithmetic in programs",
+        "pointer arithmetic and packet access in programs",
     ),
     (12, "CAP_NET_ADMIN", "attaching to interfaces"),
     (

@@ -20,6 +20,7 @@ mod interfaces;
 mod kernel;
 mod recall;
 mod sockets;
+mod wire;
 mod work;
 
 use std::{fmt::Write as _, path::Path};
@@ -169,7 +170,7 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
     }
     if let Some(cfg) = config {
         out.extend(check_quic_kernel(cfg, kernel));
-        out.extend(recall::check_recall(cfg, kernel));
+        out.extend(recall::check_recall(cfg));
         out.extend(check_sockets(cfg));
     }
     if let Some(f) = config.and_then(|c| c.fleet.as_ref()) {
@@ -184,6 +185,7 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
     out.push(check_control_socket(&daemon.control_socket, alive));
     out.extend(flood::check_flood(&daemon.control_socket, alive));
     out.extend(work::check_work(&daemon.control_socket, alive));
+    out.extend(wire::check_wire(&daemon.control_socket, alive));
     out
 }
 

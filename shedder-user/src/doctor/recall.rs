@@ -1,43 +1,24 @@
 //! Can the daemon recall keep-alive connections here: a kernel that closes a connection on
-//! request (sock_diag `SOCK_DESTROY`), and work counted by requests (Linux 6.6), without
-//! which recall is off.
+//! request (sock_diag `SOCK_DESTROY`).
 
 use super::Check;
 use crate::{
     config::{Config, Protocol},
-    kernel::{
-        diag,
-        version::{DATA_EVENT_KERNEL, KernelVersion},
-    },
+    kernel::diag,
 };
 
 const NAME: &str = "recall";
 
 /// With a TCP service that recalls: whether this host lets it.
-pub fn check_recall(cfg: &Config, kernel: Option<KernelVersion>) -> Option<Check> {
+pub fn check_recall(cfg: &Config) -> Option<Check> {
     let s = cfg
         .services
         .iter()
         .find(|s| s.protocol == Protocol::Tcp && s.recall_per_second > 0)?;
-    Some(verdict(&s.name, kernel, diag::destroy_supported()))
+    Some(verdict(&s.name, diag::destroy_supported()))
 }
 
-fn verdict(
-    service: &str,
-    kernel: Option<KernelVersion>,
-    supported: std::io::Result<bool>,
-) -> Check {
-    if let Some(k) = kernel.filter(|&k| k < DATA_EVENT_KERNEL) {
-        return Check::warn(
-            NAME,
-            format!(
-                "service `{service}` recalls keep-alive connections, but on Linux {k} work is \
-                 counted per connection, not per request, and recall stays off: load over \
-                 keep-alive connections is not shed"
-            ),
-            format!("run Linux {DATA_EVENT_KERNEL} or later"),
-        );
-    }
+fn verdict(service: &str, supported: std::io::Result<bool>) -> Check {
     match supported {
         Ok(true) => Check::ok(
             NAME,
@@ -68,17 +49,13 @@ mod tests {
     use crate::doctor::Status;
 
     #[test]
-    fn recall_needs_the_data_event_and_sock_destroy() {
-        let k = |minor| Some(KernelVersion::new(6, minor, 0));
-        assert_eq!(verdict("web", k(18), Ok(true)).status, Status::Ok);
-        let old = verdict("web", k(1), Ok(true));
-        assert_eq!(old.status, Status::Warn);
-        assert!(old.detail.contains("per connection"), "{}", old.detail);
-        let built = verdict("web", k(12), Ok(false));
+    fn recall_needs_sock_destroy() {
+        assert_eq!(verdict("web", Ok(true)).status, Status::Ok);
+        let built = verdict("web", Ok(false));
         assert_eq!(built.status, Status::Warn);
         assert!(built.detail.contains("CONFIG_INET_DIAG_DESTROY"));
         assert_eq!(
-            verdict("web", None, Err(std::io::Error::other("x"))).status,
+            verdict("web", Err(std::io::Error::other("x"))).status,
             Status::Warn
         );
     }

@@ -1,4 +1,4 @@
-//! Pseudo-filesystems shedder needs: bpffs for pins, tracefs for tracepoints. Mounted when
+//! Pseudo-filesystems shedder may need: bpffs for pins (tracefs for the tests' tools). Mounted when
 //! absent (the machines this runs on may boot without them).
 
 use std::{ffi::CString, io, path::Path};

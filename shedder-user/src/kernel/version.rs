@@ -11,9 +11,6 @@ pub const MIN_KERNEL: KernelVersion = KernelVersion::new(6, 1, 0);
 pub const TCX_KERNEL: KernelVersion = KernelVersion::new(6, 6, 0);
 /// The oldest kernel whose verifier was seen to accept the QUIC programs (6.1's gives up at
 /// its limit of processed instructions; docs/kernels.md).
-/// The first kernel with `sock:sk_data_ready`: work counted by requests, not connections,
-/// and so recall of keep-alive connections.
-pub const DATA_EVENT_KERNEL: KernelVersion = KernelVersion::new(6, 6, 0);
 pub const QUIC_KERNEL: KernelVersion = KernelVersion::new(6, 12, 0);
 /// The kernels `cargo xtask vm-test` runs on.
 pub const TESTED_KERNEL: &str = "6.1, 6.12 and 6.18";
