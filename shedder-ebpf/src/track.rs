@@ -228,19 +228,25 @@ fn work_moves(service: u32, c: usize, (start, now): (u32, u32), by: i32) {
     }
 }
 
+/// The attempt admitted for the connection is no longer pending once its client speaks
+/// (its first request) or closes without a word: the hold ends (a lapsed hold, a connection
+/// that waited longer than a handshake to speak, has nothing to retire).
+#[inline(always)]
+pub fn client_spoke(st: &mut SockState) {
+    if st.flags & SOCK_PENDING != 0 {
+        let pool = u32::from(st.flags & SOCK_POOL_UNPROVEN != 0);
+        st.flags &= !(SOCK_PENDING | SOCK_POOL_UNPROVEN);
+        retire_pending(st.service as u32, st.class as u32, pool);
+    }
+}
+
 /// New data arrived from the client on a tracked connection: an idle one starts a request.
 #[inline(always)]
 pub fn request_arrived(st: &mut SockState) {
     if st.flags & SOCK_BUSY != 0 {
         return;
     }
-    if st.flags & SOCK_PENDING != 0 {
-        // Its first request: the attempt's hold ends as its work begins (a lapsed hold,
-        // a connection that waited longer than a handshake to speak, has nothing to retire).
-        let pool = u32::from(st.flags & SOCK_POOL_UNPROVEN != 0);
-        st.flags &= !(SOCK_PENDING | SOCK_POOL_UNPROVEN);
-        retire_pending(st.service as u32, st.class as u32, pool);
-    }
+    client_spoke(st);
     let now = unsafe { bpf_ktime_get_ns() };
     let e = work::epoch(now);
     st.flags |= SOCK_BUSY;

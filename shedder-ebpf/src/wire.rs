@@ -151,6 +151,8 @@ pub fn ingress(data: usize, data_end: usize) {
         st.flags |= SOCK_SEQ_KNOWN;
         if s.len > 0 {
             track::request_arrived(st);
+        } else if fin != 0 {
+            track::client_spoke(st);
         }
         return;
     }
@@ -159,11 +161,16 @@ pub fn ingress(data: usize, data_end: usize) {
     }
     track::connection_born(&s.key, s.local, end, s.ack.wrapping_sub(1));
     // Data with the acknowledgement (or the acknowledgement lost, and the request carrying
-    // it): the first request.
-    if s.len > 0
+    // it): the first request; or a FIN: the client is done before it asked anything.
+    if (s.len > 0 || fin != 0)
         && let Some(st) = track::connection(&s.key)
     {
-        track::request_arrived(unsafe { &mut *st });
+        let st = unsafe { &mut *st };
+        if s.len > 0 {
+            track::request_arrived(st);
+        } else {
+            track::client_spoke(st);
+        }
     }
 }
 

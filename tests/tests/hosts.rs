@@ -27,6 +27,7 @@ const SEED_PORT: u16 = 7622;
 const NETNS_EXEC_PORT: u16 = 7623;
 const PID1_PORT: u16 = 7624;
 const POD_PORT: u16 = 7625;
+const LOCAL_PORT: u16 = 7626;
 const METRICS_PORT: u16 = 9464;
 
 /// The test daemon's service (`web` on `port`: a fixed limit of 4, fallback 1, resets),
@@ -288,6 +289,73 @@ fn connections_open_before_attach_are_counted() {
         SEED_PORT,
         "a fifth attempt after the early ones closed",
     );
+}
+
+/// A client on the server's own host (its packets never cross the attached interface): the
+/// packet path cannot see its connection, so the sweep counts it from the kernel's sockets
+/// within its period, says so (`shedder_connections_unseen`, the log), and ends it once the
+/// kernel no longer holds it, which no packet shows either. A client across the veth is not
+/// unseen.
+#[test]
+fn a_client_on_the_host_is_counted_by_the_sweep_and_said() {
+    require_root();
+    let pair = Pair::new("hlocal");
+    let _server = pair.server.run(|| TestServer::holding(LOCAL_PORT));
+    let pins = pin_dir("hlocal");
+    let daemon = Daemon::start(
+        &pair.server,
+        "hlocal",
+        &config(&pins, "hlocal", LOCAL_PORT, "attach = \"tc\""),
+        &pins,
+    );
+    daemon.wait_for_log("running", Duration::from_secs(10));
+    let across = busy(&pair, LOCAL_PORT, "a client across the veth");
+    let connections = || {
+        shedder::kernel::PinnedMaps::open(&pins)
+            .and_then(|m| shedder::kernel::MapReader::inflight(&m, 0))
+            .expect("in-flight")
+            .connections
+            .iter()
+            .sum::<u32>()
+    };
+    let wait = |what: &str, ok: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(12);
+        while !ok() {
+            assert!(Instant::now() < deadline, "{what}\n{}", daemon.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait("the client across the veth counted", &|| connections() == 1);
+    let series = "shedder_connections_unseen{service=\"web\"}";
+    assert_eq!(
+        metric(&pair.server, series),
+        Some(0.0),
+        "nothing unseen yet"
+    );
+    // The local client: its SYN never meets the packet path either.
+    let mut local = pair
+        .server
+        .run(|| TcpStream::connect((SERVER_V4, LOCAL_PORT)))
+        .expect("a local connection");
+    local.write_all(b"h").expect("its request");
+    wait("the sweep counts the local connection", &|| {
+        connections() == 2 && scrape(&pair.server, series) == Some(1.0)
+    });
+    assert!(
+        daemon
+            .log()
+            .contains("connections the packet path did not see"),
+        "{}",
+        daemon.log()
+    );
+    drop(local);
+    wait("the sweep ends the local connection", &|| {
+        connections() == 1
+    });
+    drop(across);
+    wait("the client across the veth ends on the wire", &|| {
+        connections() == 0
+    });
 }
 
 /// Under `ip netns exec` (a private mount namespace with a fresh /sys) the pins go to the

@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use aya::programs::{
-    ProgramError, SchedClassifier, TcAttachType, XdpMode,
-    links::{FdLink, LinkType, PinnedLink},
-    tc,
+    LinkOrder, ProgramError, SchedClassifier, TcAttachType, XdpMode,
+    links::{FdLink, Link as _, LinkType, PinnedLink},
+    tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
 };
 use shedder_common::programs;
 
@@ -157,17 +157,99 @@ impl Shedder {
             return Ok(());
         }
         let _ = tc::qdisc_add_clsact(iface);
-        let id = prog
-            .attach(iface, TcAttachType::Egress)
-            .map_err(attach_err("tc egress"))?;
-        let link = prog.take_link(id).map_err(attach_err("tc egress"))?;
-        let link: FdLink = link
-            .try_into()
-            .map_err(|e: aya::programs::links::LinkError| Error::Pin {
-                path: PathBuf::from(iface),
-                reason: format!("TC egress attached without tcx: {e}"),
-            })?;
-        self.keep_link(&pin_name, link)
+        let tcx = prog.attach_with_options(
+            iface,
+            TcAttachType::Egress,
+            TcAttachOptions::TcxOrder(LinkOrder::default()),
+        );
+        match tcx {
+            Ok(id) => {
+                let link = prog.take_link(id).map_err(attach_err("tc egress"))?;
+                let link: FdLink =
+                    link.try_into()
+                        .map_err(|e: aya::programs::links::LinkError| Error::Pin {
+                            path: PathBuf::from(iface),
+                            reason: format!("TC egress attached without tcx: {e}"),
+                        })?;
+                self.keep_link(&pin_name, link)
+            }
+            // No tcx (before Linux 6.6): a cls_bpf filter through netlink.
+            Err(tcx_error) => self.attach_egress_netlink(iface).map_err(|e| match e {
+                Error::Attach {
+                    iface,
+                    mode,
+                    source,
+                } => Error::Attach {
+                    iface,
+                    mode,
+                    source: ProgramError::IOError(std::io::Error::other(format!(
+                        "tcx: {tcx_error}; netlink: {source}"
+                    ))),
+                },
+                other => other,
+            }),
+        }
+    }
+
+    /// Attach the egress program as a netlink cls_bpf filter, at shedder's own priority and
+    /// handle: one an earlier run left there is replaced in place (the kernel swaps the
+    /// filter's program atomically), else one is created. With a pin directory the filter
+    /// outlives the daemon as a pinned link would (fail-static), a marker under `links/`
+    /// says so, and [`unpin_all`] removes it; without one it is detached with this
+    /// instance.
+    fn attach_egress_netlink(&mut self, iface: &str) -> Result<()> {
+        let marker = self.pin_dir.as_ref().map(|d| {
+            d.join("links")
+                .join(format!("{EGRESS_NETLINK_PREFIX}{iface}"))
+        });
+        let attach_err = |mode| attach_error(iface, mode);
+        let prog: &mut SchedClassifier = self.program(programs::EGRESS)?;
+        let replaced = SchedClassifierLink::attached(
+            iface,
+            TcAttachType::Egress,
+            EGRESS_NETLINK_PRIORITY,
+            EGRESS_NETLINK_HANDLE,
+            None,
+        )
+        .ok()
+        .and_then(|link| prog.attach_to_link(link).ok());
+        let id = match replaced {
+            Some(id) => id,
+            None => prog
+                .attach_with_options(
+                    iface,
+                    TcAttachType::Egress,
+                    TcAttachOptions::Netlink(NlOptions {
+                        priority: EGRESS_NETLINK_PRIORITY,
+                        handle: EGRESS_NETLINK_HANDLE,
+                        classid: None,
+                    }),
+                )
+                .map_err(attach_err("tc egress (netlink)"))?,
+        };
+        let link = prog
+            .take_link(id)
+            .map_err(attach_err("tc egress (netlink)"))?;
+        match marker {
+            Some(marker) => {
+                std::fs::create_dir_all(marker.parent().unwrap_or(Path::new("/"))).map_err(
+                    |e| Error::Pin {
+                        path: marker.clone(),
+                        reason: e.to_string(),
+                    },
+                )?;
+                std::fs::write(&marker, "tc egress filter attached through netlink\n").map_err(
+                    |e| Error::Pin {
+                        path: marker.clone(),
+                        reason: e.to_string(),
+                    },
+                )?;
+                // Kept attached past this process, as a pinned link is.
+                std::mem::forget(link);
+            }
+            None => self.netlink_links.push(link),
+        }
+        Ok(())
     }
 
     /// What went wrong attaching the egress program, one line per interface.
@@ -279,6 +361,13 @@ pub fn egress_pin_name(iface: &str) -> String {
 /// Names of egress links under `links/` begin with this (an older version's tracepoints'
 /// with `tp-`).
 pub const EGRESS_PIN_PREFIX: &str = "egress-";
+/// Under `links/`, the marker of an egress program attached through netlink (no tcx): not a
+/// pin, but the filter stays attached past the daemon as a pinned link would.
+pub const EGRESS_NETLINK_PREFIX: &str = "egress-netlink-";
+/// The netlink egress filter's priority and handle, shedder's own (it only reads frames, so
+/// its place among other filters does not matter).
+const EGRESS_NETLINK_PRIORITY: u16 = 0xc5ed;
+const EGRESS_NETLINK_HANDLE: TcHandle = TcHandle::new(0, 0x5ed);
 
 /// Remove everything pinned under `dir`: the links first (which detaches the programs),
 /// then the maps. Returns the interfaces that were detached. The kernel releases a link
@@ -326,6 +415,22 @@ fn remove_pins(dir: &Path) -> std::io::Result<Vec<String>> {
         };
         for entry in entries {
             let entry = entry?;
+            if let Some(iface) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix(EGRESS_NETLINK_PREFIX))
+            {
+                // Gone already (the interface with it) is as good as detached.
+                if let Ok(link) = SchedClassifierLink::attached(
+                    iface,
+                    TcAttachType::Egress,
+                    EGRESS_NETLINK_PRIORITY,
+                    EGRESS_NETLINK_HANDLE,
+                    None,
+                ) {
+                    let _ = link.detach();
+                }
+            }
             std::fs::remove_file(entry.path())?;
             if sub == "links" {
                 detached.push(entry.file_name().to_string_lossy().into_owned());

@@ -19,6 +19,9 @@ pub struct Shedder {
     pub(super) pin_dir: Option<PathBuf>,
     /// Unpinned attachments, detached when dropped.
     pub(super) links: Vec<FdLink>,
+    /// Egress filters attached through netlink (no tcx) without a pin directory, detached
+    /// when dropped.
+    pub(super) netlink_links: Vec<aya::programs::tc::SchedClassifierLink>,
     /// What the first level of the IPv4 direct class table holds (we are its only writer):
     /// known to be empty for fresh maps, read once from adopted pinned maps.
     pub(super) class_l1: Option<Vec<u32>>,
@@ -191,6 +194,7 @@ impl Shedder {
             ebpf,
             pin_dir: pin_dir.map(Path::to_path_buf),
             links: Vec::new(),
+            netlink_links: Vec::new(),
             seed_unavailable,
             quic_unavailable,
             egress_problems: Vec::new(),
