@@ -277,7 +277,8 @@ pub const STAT_FALLBACK: u32 = 0;
 pub const STAT_RST_ERROR: u32 = 1;
 /// A port was mapped to a service whose policy entry was missing; passed.
 pub const STAT_NO_POLICY: u32 = 2;
-/// The token bucket could not be updated under contention; admitted (fail-open).
+/// An attempt admitted by a token bucket that another CPU spent from at the same
+/// instant (see the packet path's `spend_gcra`): a burst may then pass a token early.
 pub const STAT_RATE_CONTENDED: u32 = 3;
 /// A connection to a protected service could not be tracked (socket map full): it is
 /// missing from the in-flight count.
@@ -441,8 +442,6 @@ pub mod maps {
     pub const FLOWS: &str = "SHEDDER_FLOWS";
     /// Per service, the QUIC flows last seen per slot ([`crate::flow::AliveRing`]).
     pub const ALIVE: &str = "SHEDDER_ALIVE";
-    /// Connections to count at attach ([`crate::SeedSock`]); private to one load, not pinned.
-    pub const SEED: &str = "SHEDDER_SEED";
     /// The tunnels the node terminates, by UDP port and IP protocol
     /// ([`crate::tunnel::DECAP_ENTRIES`]).
     pub const DECAP: &str = "SHEDDER_DECAP";
@@ -514,9 +513,8 @@ pub mod programs {
     /// Ends a tracked connection the daemon found gone from the kernel's sockets (run with
     /// BPF_PROG_TEST_RUN on the connection's key, never attached).
     pub const SWEEP: &str = "shedder_sweep";
-    /// `iter/tcp`: counts the connections that were open before the tracking programs were
-    /// attached (the daemon hands them over in `SHEDDER_SEED`). Never attached to an event;
-    /// the daemon runs it once per network namespace when it starts.
+    /// Counts a connection that was open before the packet path was attached (run with
+    /// BPF_PROG_TEST_RUN on a [`crate::SeedSock`] the daemon listed, never attached).
     pub const SEED: &str = "shedder_seed";
 }
 
@@ -742,8 +740,9 @@ impl Pending {
     ///
     /// Without a branch: a slot counts when `now - slot.slot` is 0 or 1, tested by a
     /// mask, so the packet path (which reads all four classes) hands the verifier one path
-    /// instead of one per slot and class. Sums of two `u64` counters cannot overflow in
-    /// practice (2^63 admissions); they are not saturated.
+    /// instead of one per slot and class. A counter is taken down without compare-and-swap
+    /// (the TCP path loads on kernels without it), so two racing retirements may leave it
+    /// at -1 as `i64`: a sum below zero reads 0.
     #[inline(always)]
     pub fn count(&self, now: u64) -> [[u64; NUM_CLASSES]; 2] {
         let mut out = [[0u64; NUM_CLASSES]; 2];
@@ -758,6 +757,12 @@ impl Pending {
                 c += 1;
             }
             i += 1;
+        }
+        let mut c = 0;
+        while c < NUM_CLASSES {
+            out[0][c] = mask::non_negative(out[0][c]);
+            out[1][c] = mask::non_negative(out[1][c]);
+            c += 1;
         }
         out
     }
@@ -872,12 +877,10 @@ pub const SOCK_POOL_UNPROVEN: u8 = 8;
 /// connection the daemon counted, whose next data is taken as new).
 pub const SOCK_SEQ_KNOWN: u8 = 16;
 
-/// A connection that was open before the tracking programs were attached, handed by the
-/// daemon to the seeding iterator (`iter/tcp`) in [`maps::SEED`], keyed by its socket
-/// cookie (what sock_diag reports). The iterator finds the kernel socket with that cookie
-/// and counts it as the tracepoint would have when it was born: same service lookup, same
-/// classification. Addresses and ports are laid out as in the tracepoint records
-/// (addresses in network byte order as read, ports in host order).
+/// A connection that was open before the packet path was attached, listed by the daemon
+/// with sock_diag and handed to `shedder_seed`, which counts it as the packet path would
+/// have when its handshake completed: same service lookup, same classification. Addresses
+/// are in network byte order as read (IPv4 in the first word), ports in host order.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SeedSock {
@@ -895,11 +898,10 @@ pub struct SeedSock {
     pub busy_ms: u32,
 }
 
-/// What the seeding iterator writes for each socket it found in [`maps::SEED`].
+/// What `shedder_seed` writes back over its input.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SeedResult {
-    pub cookie: u64,
     pub service: u16,
     pub class: u8,
     /// One of the `SEED_*` outcomes.
@@ -909,24 +911,12 @@ pub struct SeedResult {
 
 /// [`SeedResult::outcome`]: counted now.
 pub const SEED_COUNTED: u8 = 1;
-/// Already tracked (born while the tracepoints were attached, or counted by an earlier run).
+/// Already tracked (seen on the wire since attach, or counted by an earlier run).
 pub const SEED_KNOWN: u8 = 2;
 /// Not a connection of a configured service (the port or address is not protected).
 pub const SEED_UNPROTECTED: u8 = 3;
-/// The tracked-connection table is full: not counted (as the tracepoint would not).
+/// The tracked-connection table is full: not counted (as the packet path would not).
 pub const SEED_TABLE_FULL: u8 = 4;
-/// The connection ended between the listing and the iterator's visit (the server closed
-/// it, or only its TIME_WAIT remains under the same cookie): not counted.
-pub const SEED_ENDED: u8 = 5;
-
-/// Where `skc_state` sits in the kernel's `struct sock_common`: after the address pair (8
-/// bytes), the hash (4), the port pair (4) and the family (2). The seeding iterator reads
-/// it there (Rust eBPF has no CO-RE field relocations); the daemon checks this kernel's
-/// BTF agrees before loading the iterator.
-pub const SKC_STATE_OFFSET: usize = 18;
-
-/// The most connections handed to the seeding iterator at once; more are seeded in batches.
-pub const SEED_BATCH: u32 = 16384;
 
 /// Value of the class tries: the class id.
 #[repr(C)]
@@ -951,7 +941,7 @@ const _: () = {
     assert!(size_of::<SockState>() == 32);
     assert!(size_of::<SeedSock>() == 44);
     assert!(size_of::<work::Ring>() == 8 * work::SLOTS as usize + 8);
-    assert!(size_of::<SeedResult>() == 16);
+    assert!(size_of::<SeedResult>() == 8);
     assert!(COUNTERS_PER_SERVICE.is_power_of_two());
     assert!(NUM_CLASSES.is_power_of_two());
 };
@@ -1026,6 +1016,11 @@ mod tests {
         assert_eq!(p.count(11), [[0, 4, 0, 0], [0, 0, 5, 0]]);
         assert_eq!(p.count(12), [[0, 1, 0, 0], [0; 4]]);
         assert_eq!(p.count(13), [[0; 4]; 2]);
+        // Two racing retirements took a slot to -1: it offsets the other slot's count,
+        // and a sum below zero reads 0.
+        p.slots[1].class[0][1] = u64::MAX;
+        assert_eq!(p.count(11)[0][1], 2);
+        assert_eq!(p.count(12)[0][1], 0);
     }
 
     #[test]

@@ -44,6 +44,12 @@ pub fn min(a: u64, b: u64) -> u64 {
     a - (d as u64 & !sign(d))
 }
 
+/// `x`, or 0 when `x` is negative as `i64` (a counter taken below zero by a race).
+#[inline(always)]
+pub fn non_negative(x: u64) -> u64 {
+    x & !sign(x as i64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,6 +60,8 @@ mod tests {
         assert_eq!(sign(i64::MIN), u64::MAX);
         assert_eq!(sign(0), 0);
         assert_eq!(sign(5), 0);
+        assert_eq!(non_negative(u64::MAX), 0);
+        assert_eq!(non_negative(7), 7);
         assert_eq!(zero(0), u64::MAX);
         for x in [1, 2, 1 << 40, u64::MAX] {
             assert_eq!(zero(x), 0);

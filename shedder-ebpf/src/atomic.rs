@@ -2,7 +2,9 @@
 //!
 //! The `bpfel-unknown-none` target is declared single-threaded with no compare-and-swap, so
 //! `core::sync::atomic` operations would be lowered to plain loads and stores. These emit the
-//! BPF atomic instructions directly (`BPF_ATOMIC | BPF_ADD`, and `BPF_CMPXCHG`, kernel 5.12+).
+//! BPF atomic instructions directly: `BPF_ATOMIC | BPF_ADD` (`BPF_XADD`, every kernel), and
+//! `BPF_CMPXCHG`, which needs Linux 5.12 and is therefore used only by the QUIC programs
+//! (6.12); the TCP path makes do with additions so that it loads on 5.10.
 
 use core::arch::asm;
 
@@ -32,27 +34,23 @@ pub unsafe fn add32(ptr: *mut u32, value: u32) {
     }
 }
 
-/// `*ptr -= 1` unless it is already 0, atomically; a few tries under contention. Returns
-/// whether it decremented.
+/// `*ptr -= 1` unless it reads 0 or less; returns whether it took one. Without
+/// compare-and-swap, two CPUs that both read 1 may both take one: the counter is then
+/// `-1` as `i64`, which its readers clamp to 0 (see `shedder_common::Pending::count`), and
+/// the next increment brings it back. The error is one count for the rest of the counter's
+/// short life (a hold slot), never a count stuck high.
 #[inline(always)]
 pub unsafe fn decrement_if_positive(ptr: *mut u64) -> bool {
-    let mut seen = unsafe { core::ptr::read_volatile(ptr) };
-    let mut tries = 0;
-    while tries < 4 {
-        if seen == 0 {
-            return false;
-        }
-        let found = unsafe { compare_exchange(ptr, seen, seen - 1) };
-        if found == seen {
-            return true;
-        }
-        seen = found;
-        tries += 1;
+    let seen = unsafe { core::ptr::read_volatile(ptr) };
+    if (seen as i64) <= 0 {
+        return false;
     }
-    false
+    unsafe { add(ptr, u64::MAX) };
+    true
 }
 
 /// If `*ptr == old`, store `new`. Returns the value found (equal to `old` on success).
+/// Linux 5.12: only for the QUIC programs, which need 6.12 anyway.
 #[inline(always)]
 pub unsafe fn compare_exchange(ptr: *mut u64, old: u64, new: u64) -> u64 {
     let found: u64;

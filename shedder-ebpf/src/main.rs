@@ -26,10 +26,9 @@ mod wire;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
-    cty::c_void,
     helpers::generated::{
-        bpf_get_socket_cookie, bpf_jiffies64, bpf_redirect, bpf_seq_write, bpf_skb_change_tail,
-        bpf_skb_pull_data, bpf_skb_store_bytes, bpf_xdp_adjust_tail, bpf_xdp_store_bytes,
+        bpf_jiffies64, bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_skb_store_bytes,
+        bpf_xdp_adjust_tail, bpf_xdp_store_bytes,
     },
     macros::{classifier, map, xdp},
     maps::ProgramArray,
@@ -272,39 +271,21 @@ pub fn shedder_clock(ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
-/// `iter/tcp`: counts the connections that were open before tracking began (see
-/// [`track::seed`]). The daemon opens it once per network namespace at start; for each
-/// socket the daemon listed, one [`shedder_common::SeedResult`] is written to the output.
-///
-/// The context is `struct bpf_iter__tcp { struct bpf_iter_meta *meta; struct sock_common
-/// *sk_common; uid_t uid; }`; `meta->seq` is the output.
-#[unsafe(no_mangle)]
-#[unsafe(link_section = "iter/tcp")]
-pub fn shedder_seed(ctx: *mut c_void) -> i32 {
-    let args = ctx as *const u64;
-    let meta = unsafe { core::ptr::read_volatile(args) };
-    let sk = unsafe { core::ptr::read_volatile(args.add(1)) };
-    // A null socket marks the end of the iteration.
-    if sk == 0 || meta == 0 {
-        return 0;
-    }
-    let cookie = unsafe { bpf_get_socket_cookie(sk as *mut c_void) };
-    // The state now, not at the listing: the iterator also visits TIME_WAIT sockets, which
-    // keep the cookie of the connection they replace and never report an end.
-    // `skc_state` of `struct sock_common`, at the offset the daemon checked in BTF.
-    let at = shedder_common::SKC_STATE_OFFSET;
-    let state = i32::from(unsafe { core::ptr::read_volatile((sk as *const u8).add(at)) });
-    if let Some(result) = track::seed(cookie, state) {
-        let seq = unsafe { core::ptr::read_volatile(meta as *const u64) };
+/// Not attached anywhere: the daemon runs it with BPF_PROG_TEST_RUN on a
+/// [`shedder_common::SeedSock`], a connection open before tracking began, to count it (see
+/// [`track::seed`]); the [`shedder_common::SeedResult`] is written over the input's first
+/// bytes, which the daemon reads back.
+#[xdp]
+pub fn shedder_seed(ctx: XdpContext) -> u32 {
+    type Sock = shedder_common::SeedSock;
+    if let Some(p) = parse::ptr_at::<Sock>(ctx.data(), ctx.data_end(), 0) {
+        let sock = unsafe { core::ptr::read_unaligned(p) };
+        let result = track::seed(&sock);
         unsafe {
-            bpf_seq_write(
-                seq as *mut _,
-                (&raw const result).cast(),
-                size_of::<shedder_common::SeedResult>() as u32,
-            )
-        };
+            core::ptr::write_unaligned(p as *mut shedder_common::SeedResult, result);
+        }
     }
-    0
+    xdp_action::XDP_PASS
 }
 
 #[cfg(not(test))]

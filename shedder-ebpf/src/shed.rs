@@ -1177,22 +1177,49 @@ fn take_token(service: u32, class: u32, policy: &ServicePolicy) -> bool {
         return true;
     };
     let tat = unsafe { &raw mut (*bucket).tat_ns };
-    let mut seen = unsafe { core::ptr::read_volatile(tat) };
-    // A few attempts under contention; then fail open.
-    let mut tries = 0;
-    while tries < 3 {
-        let Some(next) = gcra::conform(seen, now, cp.rate_interval_ns, cp.burst_ns) else {
-            return false;
-        };
-        let found = unsafe { atomic::compare_exchange(tat, seen, next) };
-        if found == seen {
-            return true;
+    match spend_gcra(tat, now, cp.rate_interval_ns, cp.burst_ns) {
+        Spent::Refused => false,
+        Spent::Admitted => true,
+        Spent::Contended => {
+            bump(&SHEDDER_STATS, STAT_RATE_CONTENDED);
+            true
         }
-        seen = found;
-        tries += 1;
     }
-    bump(&SHEDDER_STATS, STAT_RATE_CONTENDED);
-    true
+}
+
+/// What [`spend_gcra`] did.
+enum Spent {
+    /// The bucket was empty.
+    Refused,
+    Admitted,
+    /// Admitted while another CPU spent from the same bucket.
+    Contended,
+}
+
+/// Spend a token of the GCRA bucket whose theoretical arrival time is at `tat`.
+///
+/// Without compare-and-swap, which needs Linux 5.12 (the TCP path loads on 5.10): a bucket
+/// in debt (its TAT ahead of `now`, as under load) is advanced by an atomic addition, so
+/// racing admissions each pay their interval and the rate holds; an idle one is set by a
+/// store, where CPUs admitting in the same instant may each take the first token of a
+/// burst. An addition that finds another CPU's between its read and its write is counted
+/// as contended.
+#[inline(always)]
+fn spend_gcra(tat: *mut u64, now: u64, interval_ns: u64, burst_ns: u64) -> Spent {
+    let seen = unsafe { core::ptr::read_volatile(tat) };
+    let Some(next) = gcra::conform(seen, now, interval_ns, burst_ns) else {
+        return Spent::Refused;
+    };
+    if seen <= now {
+        unsafe { core::ptr::write_volatile(tat, next) };
+        return Spent::Admitted;
+    }
+    unsafe { atomic::add(tat, next - seen) };
+    if unsafe { core::ptr::read_volatile(tat) } == next {
+        Spent::Admitted
+    } else {
+        Spent::Contended
+    }
 }
 
 /// Count an admitted attempt in the current hold slot: `pool` 0 for a proven attempt, 1
@@ -1232,12 +1259,10 @@ fn reply_allowed(globals: &Globals, unproven: u32) -> bool {
         return true;
     };
     let tat = unsafe { &raw mut (*bucket).tat_ns };
-    let seen = unsafe { core::ptr::read_volatile(tat) };
-    let allowed = match gcra::conform(seen, now, interval, globals.reply_burst_ns[kind as usize]) {
-        // One attempt: under contention another CPU's reply took the token.
-        Some(next) => (unsafe { atomic::compare_exchange(tat, seen, next) }) == seen,
-        None => false,
-    };
+    let allowed = !matches!(
+        spend_gcra(tat, now, interval, globals.reply_burst_ns[kind as usize]),
+        Spent::Refused
+    );
     if !allowed {
         bump(
             &SHEDDER_STATS,

@@ -16,10 +16,9 @@ use aya_ebpf::{
 };
 use shedder_common::{
     DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HANDSHAKE_ENTRIES, HIST_PER_SERVICE, MAX_SERVICES,
-    NUM_CLASSES, POLICY_CONFIGURED, SEED_BATCH, SEED_COUNTED, SEED_ENDED, SEED_KNOWN,
-    SEED_TABLE_FULL, SEED_UNPROTECTED, SOCK_AGE_SEEN, SOCK_BUSY, SOCK_PENDING, SOCK_POOL_UNPROVEN,
-    SOCK_SEQ_KNOWN, STAT_QUIC_ANSWERS_NOT_PROVEN, STAT_UNTRACKED, SeedResult, SeedSock,
-    ServiceHist, SockState,
+    NUM_CLASSES, POLICY_CONFIGURED, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SEED_UNPROTECTED,
+    SOCK_AGE_SEEN, SOCK_BUSY, SOCK_PENDING, SOCK_POOL_UNPROVEN, SOCK_SEQ_KNOWN,
+    STAT_QUIC_ANSWERS_NOT_PROVEN, STAT_UNTRACKED, SeedResult, SeedSock, ServiceHist, SockState,
     flow::{
         self, ANSWERED, FLOW_ANSWERED, FLOW_EARNED, FLOW_UNPROVEN, FlowKey, SEEN_LIVENESS,
         UNPROVEN, WAITING,
@@ -47,18 +46,12 @@ static SHEDDER_CONNS: HashMap<FlowKey, SockState> =
 #[map]
 static SHEDDER_HANDSHAKES: LruHashMap<FlowKey, u32> =
     LruHashMap::with_max_entries(HANDSHAKE_ENTRIES, 0);
-/// Connections to count at attach, by socket cookie (filled by the daemon before each run
-/// of the seeding iterator; private to one load).
-#[map]
-static SHEDDER_SEED: HashMap<u64, SeedSock> = HashMap::with_max_entries(SEED_BATCH, 0);
 #[map]
 static SHEDDER_HIST: PerCpuArray<ServiceHist> = PerCpuArray::with_max_entries(MAX_SERVICES, 0);
 /// Per service, this CPU's count of requests in service by the slot they arrived in.
 #[map]
 static SHEDDER_WORK: PerCpuArray<work::Ring> = PerCpuArray::with_max_entries(MAX_SERVICES, 0);
 
-const TCP_ESTABLISHED: i32 = 1;
-const TCP_CLOSE_WAIT: i32 = 8;
 const BPF_NOEXIST: u64 = 1;
 /// Entries are allocated as connections come (a preallocated map of every connection the
 /// node may track would take its memory from the start).
@@ -287,27 +280,19 @@ pub fn responded(st: &mut SockState) {
     );
 }
 
-/// The seeding iterator's visit of one TCP socket (`sk` in TCP state `state`, with socket
-/// cookie `cookie`): if the daemon listed it in `SHEDDER_SEED` (an open connection of a
-/// protected port, found by sock_diag) and it is still open, count it as
-/// [`connection_born`] would have when it was born. The `iter/tcp` iterator runs with a full socket locked and
-/// skips unhashed (closed) sockets, so an open socket cannot end between this check and the
-/// insertion: its close will find the entry. One that ended since the listing is not
-/// counted: its end has passed (a TIME_WAIT socket, which keeps the cookie, has none to
-/// come), so counting it would hold a slot of its service until the daemon restarts.
+/// Count `s`, a connection of a protected port that the daemon found open with sock_diag
+/// (run by the daemon through `shedder_seed` after attaching), as [`connection_born`]
+/// would have when its handshake completed: same service lookup, same classification. One
+/// the packet path has seen meanwhile is left as it is. One that ends between the listing
+/// and this call crossed the wire before it was tracked, so no close will find it: the
+/// daemon's sweep, which compares the tracked connections with the kernel's sockets, ends
+/// it within one sweep.
 #[inline(always)]
-pub fn seed(cookie: u64, state: i32) -> Option<SeedResult> {
-    let s = unsafe { SHEDDER_SEED.get(cookie) }?;
+pub fn seed(s: &SeedSock) -> SeedResult {
     let mut result = SeedResult {
-        cookie,
         outcome: SEED_UNPROTECTED,
         ..Default::default()
     };
-    // Counted from birth until the server closes: established or close-wait.
-    if state != TCP_ESTABLISHED && state != TCP_CLOSE_WAIT {
-        result.outcome = SEED_ENDED;
-        return Some(result);
-    }
     let v6 = (s.v6 & 1) as u32;
     let key = FlowKey {
         addr: s.remote,
@@ -316,11 +301,11 @@ pub fn seed(cookie: u64, state: i32) -> Option<SeedResult> {
         v6,
     };
     let Some(service) = lookup_service(s.local_port, s.local, v6, 0) else {
-        return Some(result);
+        return result;
     };
     let policy = match SHEDDER_POLICY.get(service) {
         Some(p) if p.configured == POLICY_CONFIGURED => p,
-        _ => return Some(result),
+        _ => return result,
     };
     let class = classify(s.remote, v6, policy);
     result.service = service as u16;
@@ -350,7 +335,7 @@ pub fn seed(cookie: u64, state: i32) -> Option<SeedResult> {
     } else {
         SEED_TABLE_FULL
     };
-    Some(result)
+    result
 }
 
 /// The attempt admitted for this connection is no longer pending: take one off the older

@@ -513,16 +513,22 @@ fn cgroup_cpu_pressure_rises_under_a_hog() {
 }
 
 /// A host under churn when the daemon starts: a connection listed open by sock_diag may
-/// close before the seeding iterator reaches it, and its TIME_WAIT socket keeps the cookie.
-/// It must not be counted (its end has passed: the count would hold a slot of the service
-/// until the next restart); the one still open is counted, once.
+/// close before the seed program counts it, and its close crossed the wire before it was
+/// tracked. Both are counted at first (the busy one as work); the daemon's sweep, which
+/// compares the tracked connections with the kernel's sockets, ends the closed one, so it
+/// does not hold a slot of its service until the next restart. The open one stays counted,
+/// once, even when seeding runs again.
 #[test]
-fn seeding_skips_a_connection_that_closed_after_the_listing() {
-    use shedder::kernel::{
-        diag,
-        seed::{candidates, read_seed_results},
+fn seeding_counts_open_connections_and_the_sweep_ends_one_closed_since_the_listing() {
+    use shedder::{
+        config::Config,
+        daemon::sweep::Sweep,
+        kernel::{
+            diag,
+            seed::{candidates, seed_connections},
+        },
     };
-    use shedder_common::{SEED_COUNTED, SEED_ENDED};
+    use shedder_common::{SEED_COUNTED, SEED_KNOWN};
     let _one = TRACKING.lock().unwrap_or_else(|p| p.into_inner());
     require_root();
     let port = 7500;
@@ -548,8 +554,7 @@ fn seeding_skips_a_connection_that_closed_after_the_listing() {
     let (mut open_client, closing_client) = (connect(), connect());
     let (open_server, _) = listener.accept().expect("accept");
     let (closing_server, _) = listener.accept().expect("accept");
-    // The open one holds a request its server has not read: work in service, to be
-    // counted as the tracepoints would have counted it.
+    // The open one holds a request its server has not read: work in service.
     open_client.write_all(b"request").expect("send");
 
     let mut shedder = tracking(port);
@@ -562,25 +567,10 @@ fn seeding_skips_a_connection_that_closed_after_the_listing() {
     let listed = candidates(&sockets, &[port].into_iter().collect());
     assert_eq!(listed.len(), 2, "{sockets:?}");
     // tcp_info and the unread bytes tell the busy one from the idle one.
-    assert_eq!(
-        listed
-            .iter()
-            .map(|(_, s)| s.busy)
-            .collect::<Vec<_>>()
-            .iter()
-            .sum::<u8>(),
-        1,
-        "{listed:?}"
-    );
-    let closing_port = closing_client.local_addr().unwrap().port();
-    let closing_cookie = listed
-        .iter()
-        .find(|(_, s)| s.remote_port == closing_port)
-        .map(|(c, _)| *c)
-        .expect("the closing connection listed");
+    assert_eq!(listed.iter().map(|s| s.busy).sum::<u8>(), 1, "{listed:?}");
 
-    // Then one ends before the iterator runs: the server closes first, the client after
-    // (the server's side is left in TIME_WAIT).
+    // Then one ends before the seed program runs: the server closes first, the client
+    // after (the server's side is left in TIME_WAIT).
     drop(closing_server);
     let mut rest = Vec::new();
     let mut closing_client = closing_client;
@@ -598,31 +588,15 @@ fn seeding_skips_a_connection_that_closed_after_the_listing() {
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    let link = shedder.seed_prepare(&listed).expect("seed");
-    let results = pair
-        .server
-        .run(move || read_seed_results(link))
-        .expect("run the seeding iterator");
-    shedder.seed_clear(&listed).expect("clear");
-    let outcome = |cookie: u64| {
-        results
-            .iter()
-            .filter(|r| r.cookie == cookie)
-            .map(|r| r.outcome)
-            .collect::<Vec<_>>()
-    };
-    let open_cookie = listed
-        .iter()
-        .map(|(c, _)| *c)
-        .find(|c| *c != closing_cookie)
-        .unwrap();
-    assert_eq!(outcome(open_cookie), [SEED_COUNTED], "{results:?}");
-    // The iterator visits the TIME_WAIT socket (same cookie) and must decline it.
+    let results = seed_connections(&mut shedder, &listed).expect("seed");
     assert_eq!(
-        outcome(closing_cookie),
-        [SEED_ENDED],
-        "the closed connection: {results:?}"
+        results.iter().map(|r| r.outcome).collect::<Vec<_>>(),
+        [SEED_COUNTED, SEED_COUNTED],
+        "{results:?}"
     );
+    // Seeding again (a restart that adopts the maps) counts nothing twice.
+    let again = seed_connections(&mut shedder, &listed).expect("seed again");
+    assert!(again.iter().all(|r| r.outcome == SEED_KNOWN), "{again:?}");
     let counted = |s: &Shedder| {
         let i = s.inflight(SVC).expect("inflight");
         (
@@ -630,11 +604,20 @@ fn seeding_skips_a_connection_that_closed_after_the_listing() {
             i.class.iter().sum::<u32>(),
         )
     };
+    assert_eq!(counted(&shedder), (2, 1), "both counted, one busy");
+    // The daemon's sweep, as it runs every few seconds.
+    let cfg = Config::parse(&format!(
+        "[daemon]\ninterfaces = [\"{IFACE}\"]\n[[service]]\nname = \"seeded\"\nports = [{port}]\n"
+    ))
+    .expect("config");
+    let mut sweep = Sweep::new(&cfg);
+    sweep.tick(Instant::now(), &mut shedder, &|_| "seeded".into());
     assert_eq!(
         counted(&shedder),
         (1, 1),
-        "only the open connection is counted, as busy"
+        "the sweep ends the closed connection; the open one stays counted, as busy"
     );
+    assert_eq!(sweep.unseen(SVC), 0, "nothing unseen: both were seeded");
     // And it ends as any other.
     drop(open_server);
     drop(open_client);

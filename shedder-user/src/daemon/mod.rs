@@ -28,7 +28,7 @@ mod reload;
 mod requests;
 pub mod service;
 mod start;
-mod sweep;
+pub mod sweep;
 mod tick;
 mod watchdog;
 

@@ -29,7 +29,7 @@ use crate::{
         clock::monotonic_ns,
         diag::{self, TCP_LISTEN},
         netns::{Namespace, in_namespace, namespaces},
-        seed::{candidates, key, seed_in},
+        seed::{candidates, key, seed_connections},
     },
 };
 
@@ -116,21 +116,18 @@ impl Sweep {
                     .map(|s| s.local_port),
             );
             let found = candidates(&sockets, &self.protected);
-            listed.extend(found.iter().map(|(_, s)| key(s)));
+            listed.extend(found.iter().map(key));
             let untracked: Vec<_> = found
                 .into_iter()
-                .filter(|(_, s)| !known.contains(&key(s)))
+                .filter(|s| !known.contains(&key(s)))
                 .collect();
-            if untracked.is_empty() {
-                continue;
-            }
-            match seed_in(shedder, ns, &untracked) {
-                Ok(Ok(results)) => {
+            match seed_connections(shedder, &untracked) {
+                Ok(results) => {
                     for r in results.iter().filter(|r| r.outcome == SEED_COUNTED) {
                         *unseen.entry(u32::from(r.service)).or_default() += 1;
                     }
                 }
-                Ok(Err(e)) | Err(e) => debug!(error = %e, "sweep: counting unseen connections"),
+                Err(e) => debug!(error = %e, "sweep: counting unseen connections"),
             }
         }
         self.unseen = unseen;

@@ -1,4 +1,4 @@
-//! The kernel: its version, BTF, and the locked-memory limit older kernels charge BPF maps to.
+//! The kernel: its version, and the locked-memory limit older kernels charge BPF maps to.
 
 use super::Check;
 use crate::kernel::version::{
@@ -7,8 +7,6 @@ use crate::kernel::version::{
 
 /// Below [`MEMCG_BPF_KERNEL`], a locked-memory limit under this is reported.
 const MIN_MEMLOCK_BYTES: u64 = 64 << 20;
-
-pub(super) use crate::kernel::btf::VMLINUX as BTF_VMLINUX;
 
 pub(super) fn check_kernel(release: Result<&str, String>) -> Check {
     const NAME: &str = "kernel";
@@ -40,35 +38,6 @@ pub(super) fn check_kernel(release: Result<&str, String>) -> Check {
         )
     } else {
         Check::ok(NAME, format!("{release} (tested: {TESTED_KERNEL})"))
-    }
-}
-
-/// The kernel's BTF: `None` when absent, else whether `struct sock_common` has the layout
-/// the seeding iterator reads ([`crate::kernel::btf::check_sock_layout`]).
-pub(super) fn check_btf(layout: Option<Result<(), String>>) -> Check {
-    let unseeded = "connections open before shedder starts are not counted (see `run`'s log)";
-    match layout {
-        Some(Ok(())) => Check::ok(
-            "btf",
-            format!(
-                "{BTF_VMLINUX} (struct sock_common.skc_state at byte {}, where the seeding \
-                 iterator reads it)",
-                shedder_common::SKC_STATE_OFFSET
-            ),
-        ),
-        Some(Err(e)) => Check::warn(
-            "btf",
-            format!("{BTF_VMLINUX}: {e}: {unseeded}"),
-            "a shedder built for this kernel's struct sock_common",
-        ),
-        None => Check::warn(
-            "btf",
-            format!(
-                "{BTF_VMLINUX} missing: {unseeded}; verifier logs and bpftool are far \
-                 better with it"
-            ),
-            "a kernel built with CONFIG_DEBUG_INFO_BTF=y",
-        ),
     }
 }
 

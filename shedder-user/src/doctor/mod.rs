@@ -36,7 +36,7 @@ use self::{
     filesystems::{MountSpec, check_mount},
     fleet::check_fleet,
     interfaces::check_interface,
-    kernel::{BTF_VMLINUX, check_btf, check_kernel, check_memlock, memlock_limit},
+    kernel::{check_kernel, check_memlock, memlock_limit},
     sockets::{check_quic_kernel, check_sockets},
 };
 pub use self::{
@@ -122,11 +122,6 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
 
     let mut out = vec![
         check_kernel(release.as_deref().map_err(|e| e.to_string())),
-        check_btf(match std::fs::read(BTF_VMLINUX) {
-            Ok(raw) => Some(crate::kernel::btf::check_sock_layout(&raw)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => Some(Err(format!("cannot be read: {e}"))),
-        }),
         check_capabilities(caps),
     ];
     match &mounts {
@@ -276,7 +271,6 @@ FAIL  capabilities  missing CAP_BPF
         let names: Vec<&str> = checks.iter().map(|c| c.name).collect();
         for name in [
             "kernel",
-            "btf",
             "capabilities",
             "bpffs",
             "bpf jit",

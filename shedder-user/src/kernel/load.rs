@@ -25,8 +25,6 @@ pub struct Shedder {
     /// What the first level of the IPv4 direct class table holds (we are its only writer):
     /// known to be empty for fresh maps, read once from adopted pinned maps.
     pub(super) class_l1: Option<Vec<u32>>,
-    /// Why the seeding iterator (counting connections open before attach) did not load.
-    pub(super) seed_unavailable: Option<String>,
     /// Why the QUIC packet programs are not loaded (`None`: they are, and the TCP programs
     /// tail-call them).
     pub(super) quic_unavailable: Option<String>,
@@ -34,37 +32,10 @@ pub struct Shedder {
     pub(super) egress_problems: Vec<String>,
 }
 
-/// Load the seeding iterator (`iter/tcp`, Linux 5.9+; the socket-cookie helper in tracing
-/// programs, 5.12+), or say why it cannot be.
-pub(super) fn load_seed(ebpf: &mut Ebpf) -> std::result::Result<(), String> {
-    // Read once: checked for the one layout the iterator relies on, then parsed for aya.
-    let raw = std::fs::read(super::btf::VMLINUX)
-        .map_err(|e| format!("kernel BTF: {}: {e}", super::btf::VMLINUX))?;
-    super::btf::check_sock_layout(&raw)?;
-    let btf = aya::Btf::parse(&raw, aya::Endianness::default())
-        .map_err(|e| format!("kernel BTF: {e}"))?;
-    let prog: &mut aya::programs::Iter = ebpf
-        .program_mut(programs::SEED)
-        .ok_or_else(|| format!("the eBPF object has no program `{}`", programs::SEED))?
-        .try_into()
-        .map_err(|e: ProgramError| e.to_string())?;
-    prog.load("tcp", &btf).map_err(|e| match e {
-        ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        } => format!(
-            "the verifier rejected `{}`: {} ({io_error})",
-            programs::SEED,
-            verifier_reason(&verifier_log.to_string())
-        ),
-        other => other.to_string(),
-    })
-}
-
-/// The programs every load verifies (besides the QUIC halves and the optional seed): the
-/// packet programs with their tracking halves, the egress program, and the two the daemon
-/// runs with BPF_PROG_TEST_RUN.
-const LOADED: [&str; 7] = [
+/// The programs every load verifies (besides the QUIC halves): the packet programs with
+/// their tracking halves, the egress program, and the three the daemon runs with
+/// BPF_PROG_TEST_RUN.
+const LOADED: [&str; 8] = [
     programs::XDP,
     programs::TC,
     programs::XDP_TRACK,
@@ -72,6 +43,7 @@ const LOADED: [&str; 7] = [
     programs::EGRESS,
     programs::CLOCK,
     programs::SWEEP,
+    programs::SEED,
 ];
 
 /// The QUIC halves of the packet programs, loaded apart (see `quic_unavailable`).
@@ -115,7 +87,7 @@ impl Shedder {
     }
 
     /// Load and verify one hook's packet program (with the clock, its tracking half, the
-    /// egress program and the sweep, and its QUIC half if `quic`) and nothing else, with
+    /// egress program, the sweep and the seed, and its QUIC half if `quic`) and nothing else, with
     /// private maps: all that BPF_PROG_TEST_RUN of that path needs, for under half the
     /// verification of [`Shedder::load`]. Nothing can be attached.
     /// Without the QUIC half its tail-call slot stays empty, so a datagram for a QUIC port
@@ -131,6 +103,7 @@ impl Shedder {
             programs::EGRESS,
             programs::CLOCK,
             programs::SWEEP,
+            programs::SEED,
         ] {
             load_program(&mut ebpf, name)?;
         }
@@ -142,8 +115,7 @@ impl Shedder {
         } else {
             Some("not loaded (a packet-path test load without it)".into())
         };
-        let seed_unavailable = Some("not loaded (a packet-path test load)".into());
-        Ok(Self::loaded(ebpf, None, seed_unavailable, quic_unavailable))
+        Ok(Self::loaded(ebpf, None, quic_unavailable))
     }
 
     /// [`Shedder::load`] with the packet path's kernel debug log compiled in (for measuring
@@ -172,30 +144,16 @@ impl Shedder {
         if let Some(why) = &quic_unavailable {
             tracing::warn!(reason = %why, "QUIC Initials will not be shed: the QUIC packet programs did not load");
         }
-        // Optional: without it shedder still tracks every connection born after attach,
-        // and says that older ones are not counted.
-        let seed_unavailable = load_seed(&mut ebpf).err();
-        Ok(Self::loaded(
-            ebpf,
-            pin_dir,
-            seed_unavailable,
-            quic_unavailable,
-        ))
+        Ok(Self::loaded(ebpf, pin_dir, quic_unavailable))
     }
 
     /// A loaded object, nothing attached yet.
-    fn loaded(
-        ebpf: Ebpf,
-        pin_dir: Option<&Path>,
-        seed_unavailable: Option<String>,
-        quic_unavailable: Option<String>,
-    ) -> Self {
+    fn loaded(ebpf: Ebpf, pin_dir: Option<&Path>, quic_unavailable: Option<String>) -> Self {
         Self {
             ebpf,
             pin_dir: pin_dir.map(Path::to_path_buf),
             links: Vec::new(),
             netlink_links: Vec::new(),
-            seed_unavailable,
             quic_unavailable,
             egress_problems: Vec::new(),
             class_l1: pin_dir.is_none().then(|| {
@@ -258,12 +216,10 @@ impl Shedder {
         LOADED
             .into_iter()
             .chain(QUIC.into_iter().filter(|_| self.quic_unavailable.is_none()))
-            .chain(self.seed_unavailable.is_none().then_some(programs::SEED))
             .map(|name| {
                 let count = self.ebpf.program(name).and_then(|p| match p {
                     aya::programs::Program::Xdp(p) => p.info().ok(),
                     aya::programs::Program::SchedClassifier(p) => p.info().ok(),
-                    aya::programs::Program::Iter(p) => p.info().ok(),
                     _ => None,
                 });
                 (name, count.and_then(|i| i.verified_instruction_count()))

@@ -1,9 +1,10 @@
 //! Loading the eBPF object, attaching it, and reading and writing its maps.
 //!
-//! One file per concern: [`load`], [`attach`], [`maps`], the [`clock`], the [`pins`], [`seed`]ing connections open before attach, the kernel
-//! debug log ([`klog`]), the sockets by sock_diag ([`diag`]), the interfaces ([`netdev`]), the policy's map values
-//! ([`policy`], [`classmap`]), [`version`]s, the pseudo-filesystems ([`sysfs`]), and the
-//! one kernel struct layout the object relies on ([`btf`]).
+//! One file per concern: [`load`], [`attach`], [`maps`], the [`clock`], the [`pins`],
+//! [`seed`]ing connections open before attach, the tracked connections ([`conns`]), the
+//! kernel debug log ([`klog`]), the sockets by sock_diag ([`diag`]), the interfaces
+//! ([`netdev`]), the policy's map values ([`policy`], [`classmap`]), [`version`]s and the
+//! pseudo-filesystems ([`sysfs`]).
 
 /// The eBPF object built by build.rs.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shedder"));
@@ -18,7 +19,6 @@ pub static BASELINE_OBJECT: &[u8] =
 pub use crate::config::defaults::PIN_DIR as DEFAULT_PIN_DIR;
 
 pub mod attach;
-pub mod btf;
 pub mod classmap;
 pub mod clock;
 pub mod conns;
@@ -40,4 +40,3 @@ pub use clock::{epoch_shift_for, ms_to_jiffies};
 pub use error::{Error, Result};
 pub use load::{Hook, Shedder};
 pub use maps::{MapReader, MapWriter, PinnedMaps, addr_key};
-pub use seed::parse_seed_results;

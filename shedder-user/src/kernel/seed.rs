@@ -1,30 +1,29 @@
 //! Counting the connections that were open before shedder attached.
 //!
-//! The tracking tracepoint counts a connection when a listener makes it, so on a host that
-//! already carries connections the in-flight counts would start at zero and a service at its
-//! limit would be admitted past it. At start the daemon therefore lists the open connections
-//! of every network namespace with sock_diag (a connection of a protected port with a
-//! listener on that port in the same namespace, established or close-wait: what the
-//! tracepoint counts), hands them to the seeding iterator by socket cookie, and the iterator
-//! (run in that namespace, with each socket locked) adds the ones not yet tracked, classed as
-//! the packet path classes their source. Closing them later decrements as for any other.
+//! The packet path counts a connection when it sees its handshake complete, so on a host
+//! that already carries connections the in-flight counts would start at zero and a service
+//! at its limit would be admitted past it. Once attached, the daemon therefore lists the
+//! open connections of every network namespace with sock_diag (the server side of a
+//! connection of a protected port with a listener on that port in the same namespace,
+//! established or close-wait) and runs the seed program on each (BPF_PROG_TEST_RUN), which
+//! counts the ones not yet tracked, classed as the packet path classes their source, and
+//! says what it did. Their ends are then seen on the wire as for any other, or by the sweep
+//! (a connection that ended between the listing and the run).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    io::Read as _,
     net::IpAddr,
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::programs::{TestRun, TestRunOptions};
 use shedder_common::{
-    SEED_BATCH, SEED_COUNTED, SEED_ENDED, SEED_KNOWN, SEED_TABLE_FULL, SeedResult, SeedSock,
-    flow::FlowKey, maps, programs,
+    SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SeedResult, SeedSock, flow::FlowKey, programs,
 };
 
 use crate::{
     kernel::diag::{self, TCP_CLOSE_WAIT, TCP_ESTABLISHED, TCP_LISTEN, TcpSocket},
-    kernel::netns::{Namespace, in_namespace, namespaces},
-    kernel::{Error, Result, Shedder, maps::map_err},
+    kernel::netns::{in_namespace, namespaces},
+    kernel::{Error, Result, Shedder},
 };
 
 /// What seeding found and did.
@@ -38,9 +37,6 @@ pub struct Summary {
     pub known: u32,
     /// Connections not counted because the tracked-connection table is full.
     pub table_full: u32,
-    /// Connections listed open that had ended (closed by the server) by the time the
-    /// iterator reached them: not counted.
-    pub ended: u32,
     /// Namespaces that could not be read, with the reason.
     pub failures: Vec<String>,
     /// Protected ports with listeners in more than one network namespace, and how many:
@@ -54,8 +50,8 @@ impl Summary {
     }
 }
 
-/// An address as the tracepoint records lay it out: IPv4 in the first word, network byte
-/// order as read; an IPv4-mapped IPv6 address as IPv4.
+/// An address as the packet path keys it: IPv4 in the first word, network byte order as
+/// read; an IPv4-mapped IPv6 address as IPv4.
 fn words(addr: IpAddr) -> ([u32; 4], u8) {
     match addr {
         IpAddr::V4(a) => ([u32::from_ne_bytes(a.octets()), 0, 0, 0], 0),
@@ -79,9 +75,9 @@ fn listening(sockets: &[TcpSocket], protected: &BTreeSet<u16>) -> BTreeSet<u16> 
         .collect()
 }
 
-/// The connections of one namespace's sockets that the tracepoint would have counted: the
+/// The connections of one namespace's sockets that the packet path would have counted: the
 /// server side of an open connection on a protected port that has a listener.
-pub fn candidates(sockets: &[TcpSocket], protected: &BTreeSet<u16>) -> Vec<(u64, SeedSock)> {
+pub fn candidates(sockets: &[TcpSocket], protected: &BTreeSet<u16>) -> Vec<SeedSock> {
     let listening = listening(sockets, protected);
     sockets
         .iter()
@@ -91,19 +87,16 @@ pub fn candidates(sockets: &[TcpSocket], protected: &BTreeSet<u16>) -> Vec<(u64,
         .map(|s| {
             let (local, v6) = words(s.local);
             let (remote, _) = words(s.remote);
-            (
-                s.cookie,
-                SeedSock {
-                    local,
-                    remote,
-                    local_port: s.local_port,
-                    remote_port: s.remote_port,
-                    v6,
-                    busy: u8::from(s.busy_for_ms().is_some()),
-                    _pad: [0; 2],
-                    busy_ms: s.busy_for_ms().unwrap_or(0),
-                },
-            )
+            SeedSock {
+                local,
+                remote,
+                local_port: s.local_port,
+                remote_port: s.remote_port,
+                v6,
+                busy: u8::from(s.busy_for_ms().is_some()),
+                _pad: [0; 2],
+                busy_ms: s.busy_for_ms().unwrap_or(0),
+            }
         })
         .collect()
 }
@@ -119,30 +112,15 @@ fn tally(summary: &mut Summary, results: &[SeedResult]) {
             }
             SEED_KNOWN => summary.known += 1,
             SEED_TABLE_FULL => summary.table_full += 1,
-            SEED_ENDED => summary.ended += 1,
             _ => {}
         }
     }
 }
 
-/// Run the seeding iterator in `ns` over `found` (that namespace's candidates), in batches.
-/// The outer `Err` is the maps' (nothing can be seeded); the inner one this namespace's.
-pub fn seed_in(
-    shedder: &mut Shedder,
-    ns: &Namespace,
-    found: &[(u64, SeedSock)],
-) -> Result<std::result::Result<Vec<SeedResult>, String>, String> {
-    let mut results = Vec::new();
-    for batch in found.chunks(SEED_BATCH as usize) {
-        let link = shedder.seed_prepare(batch).map_err(|e| e.to_string())?;
-        let output = in_namespace(ns, move || read_seed_results(link));
-        shedder.seed_clear(batch).map_err(|e| e.to_string())?;
-        match output {
-            Ok(r) => results.extend(r),
-            Err(e) => return Ok(Err(format!("{}: seeding iterator: {e}", ns.path.display()))),
-        }
-    }
-    Ok(Ok(results))
+/// Count `found` (connections listed open) with the seed program, one run each: what it
+/// did with each, in order. Stops at the first run the kernel refuses.
+pub fn seed_connections(shedder: &mut Shedder, found: &[SeedSock]) -> Result<Vec<SeedResult>> {
+    found.iter().map(|s| shedder.seed_connection(s)).collect()
 }
 
 /// The tracked-connection key of a connection the daemon listed: the client's address and
@@ -157,12 +135,9 @@ pub fn key(s: &SeedSock) -> FlowKey {
 }
 
 /// Count the open connections of the `protected` ports in every network namespace that the
-/// tracking does not know yet. `Err` when this kernel cannot (the reason), or nothing
-/// could be read at all.
+/// tracking does not know yet. `Err` when nothing could be read at all, or the kernel
+/// refused to run the seed program (the reason).
 pub fn seed(shedder: &mut Shedder, protected: &BTreeSet<u16>) -> Result<Summary, String> {
-    if let Some(why) = shedder.seed_unavailable() {
-        return Err(why.to_string());
-    }
     let mut summary = Summary::default();
     let mut listener_namespaces: HashMap<u16, usize> = HashMap::new();
     for ns in namespaces() {
@@ -182,10 +157,8 @@ pub fn seed(shedder: &mut Shedder, protected: &BTreeSet<u16>) -> Result<Summary,
             *listener_namespaces.entry(p).or_default() += 1;
         }
         let found = candidates(&sockets, protected);
-        match seed_in(shedder, &ns, &found)? {
-            Ok(results) => tally(&mut summary, &results),
-            Err(e) => summary.failures.push(e),
-        }
+        let results = seed_connections(shedder, &found).map_err(|e| e.to_string())?;
+        tally(&mut summary, &results);
     }
     if summary.namespaces == 0 {
         return Err(format!(
@@ -234,7 +207,6 @@ pub fn seed_and_report(shedder: &mut Shedder, cfg: &crate::config::Config) -> Op
             tracing::info!(
                 counted = summary.total_counted(),
                 already_tracked = summary.known,
-                ended_meanwhile = summary.ended,
                 namespaces = summary.namespaces,
                 "existing connections seeded"
             );
@@ -271,86 +243,38 @@ pub fn seed_and_report(shedder: &mut Shedder, cfg: &crate::config::Config) -> Op
 }
 
 impl Shedder {
-    /// Why connections open before attach cannot be counted on this kernel, if they cannot.
-    pub fn seed_unavailable(&self) -> Option<&str> {
-        self.seed_unavailable.as_deref()
-    }
-
-    /// Hand `batch` (socket cookie, connection) to the seeding iterator and open it: the
-    /// returned link, opened with [`IterLink::into_file`] on a thread in the network
-    /// namespace the connections belong to and read to the end, counts them (one
-    /// [`SeedResult`] per socket found; see [`parse_seed_results`]). Call
-    /// [`Shedder::seed_clear`] with the same batch afterwards.
-    pub fn seed_prepare(
-        &mut self,
-        batch: &[(u64, SeedSock)],
-    ) -> Result<aya::programs::iter::IterLink> {
-        if let Some(why) = &self.seed_unavailable {
-            return Err(Error::Tracing(format!("seeding unavailable: {why}")));
-        }
-        if batch.len() > SEED_BATCH as usize {
-            return Err(Error::Range(
-                "seed batch",
-                format!("{} > {SEED_BATCH}", batch.len()),
-            ));
-        }
-        {
-            let mut map: BpfHashMap<&mut MapData, u64, SeedSock> = self
-                .map_mut(maps::SEED)?
-                .try_into()
-                .map_err(map_err(maps::SEED))?;
-            for (cookie, sock) in batch {
-                map.insert(cookie, sock, 0).map_err(map_err(maps::SEED))?;
-            }
-        }
-        let program = programs::SEED;
-        let prog: &mut aya::programs::Iter = self.program(program)?;
-        let id = prog
-            .attach()
-            .map_err(|source| Error::Program { program, source })?;
-        prog.take_link(id)
-            .map_err(|source| Error::Program { program, source })
-    }
-
-    /// Remove `batch` from the seeding iterator's table again.
-    pub fn seed_clear(&mut self, batch: &[(u64, SeedSock)]) -> Result<()> {
-        let mut map: BpfHashMap<&mut MapData, u64, SeedSock> = self
-            .map_mut(maps::SEED)?
-            .try_into()
-            .map_err(map_err(maps::SEED))?;
-        for (cookie, _) in batch {
-            // Absent only if never inserted: nothing to undo.
-            let _ = map.remove(cookie);
-        }
-        Ok(())
-    }
-}
-
-/// Run the seeding iterator of `link` (from [`Shedder::seed_prepare`]) in the calling
-/// thread's network namespace and read what it found.
-pub fn read_seed_results(link: aya::programs::iter::IterLink) -> std::io::Result<Vec<SeedResult>> {
-    let mut file = link.into_file().map_err(std::io::Error::other)?;
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)?;
-    Ok(parse_seed_results(&bytes))
-}
-
-/// The seeding iterator's output: one [`SeedResult`] per socket it found.
-pub fn parse_seed_results(bytes: &[u8]) -> Vec<SeedResult> {
-    const N: usize = size_of::<SeedResult>();
-    bytes
-        .chunks_exact(N)
-        .map(|c| {
-            let u64_at = |o: usize| u64::from_ne_bytes(c[o..o + 8].try_into().expect("8 bytes"));
-            SeedResult {
-                cookie: u64_at(0),
-                service: u16::from_ne_bytes([c[8], c[9]]),
-                class: c[10],
-                outcome: c[11],
-                _pad: 0,
-            }
+    /// Count `sock`, a connection listed open, if the packet path does not track it yet
+    /// (see `track::seed` in the eBPF crate): the seed program's answer.
+    pub fn seed_connection(&mut self, sock: &SeedSock) -> Result<SeedResult> {
+        const IN: usize = size_of::<SeedSock>();
+        let mut frame = [0u8; IN];
+        // SAFETY: SeedSock is #[repr(C)] plain integers with explicit padding.
+        let bytes: [u8; IN] = unsafe { core::mem::transmute(*sock) };
+        frame.copy_from_slice(&bytes);
+        let mut out = [0u8; IN];
+        let prog = self.xdp_program(programs::SEED)?;
+        prog.test_run(TestRunOptions {
+            data_in: Some(&frame),
+            data_out: Some(&mut out),
+            ..Default::default()
         })
-        .collect()
+        .map_err(|source| Error::Program {
+            program: programs::SEED,
+            source,
+        })?;
+        Ok(parse_seed_result(&out))
+    }
+}
+
+/// The seed program's answer, written over the first bytes of its input.
+pub fn parse_seed_result(bytes: &[u8]) -> SeedResult {
+    let b = |i: usize| bytes.get(i).copied().unwrap_or(0);
+    SeedResult {
+        service: u16::from_ne_bytes([b(0), b(1)]),
+        class: b(2),
+        outcome: b(3),
+        _pad: 0,
+    }
 }
 
 #[cfg(test)]
@@ -394,15 +318,15 @@ mod tests {
             sock("2001:db8::2", 22, "2001:db8::1", 40000, TCP_ESTABLISHED, 7),
         ];
         let protected = BTreeSet::from([8080, 9090]);
-        let got: Vec<u64> = candidates(&sockets, &protected)
+        let got: Vec<u16> = candidates(&sockets, &protected)
             .iter()
-            .map(|(c, _)| *c)
+            .map(|s| s.remote_port)
             .collect();
-        assert_eq!(got, [2, 3]);
+        assert_eq!(got, [40000, 40001]);
     }
 
     #[test]
-    fn addresses_are_laid_out_as_in_the_tracepoint() {
+    fn addresses_are_laid_out_as_the_packet_path_keys_them() {
         let c = candidates(
             &[
                 sock("::", 443, "::", 0, TCP_LISTEN, 1),
@@ -425,12 +349,12 @@ mod tests {
             ],
             &BTreeSet::from([443]),
         );
-        let (_, mapped) = c[0];
+        let mapped = c[0];
         assert_eq!(mapped.v6, 0);
         assert_eq!(mapped.remote[0].to_ne_bytes(), [198, 18, 20, 1]);
         assert_eq!(mapped.local[0].to_ne_bytes(), [198, 18, 0, 2]);
         assert_eq!((mapped.local_port, mapped.remote_port), (443, 40000));
-        let (_, v6) = c[1];
+        let v6 = c[1];
         assert_eq!(v6.v6, 1);
         assert_eq!(v6.remote[0].to_ne_bytes(), [0x20, 0x01, 0x0d, 0xb8]);
         assert_eq!(v6.remote[1].to_ne_bytes(), [0, 0x20, 0, 0]);
@@ -440,7 +364,6 @@ mod tests {
     #[test]
     fn results_are_tallied_by_outcome() {
         let r = |service, class, outcome| SeedResult {
-            cookie: 0,
             service,
             class,
             outcome,
@@ -460,5 +383,21 @@ mod tests {
         );
         assert_eq!(s.counted, BTreeMap::from([((0, 1), 2), ((0, 2), 1)]));
         assert_eq!((s.known, s.table_full, s.total_counted()), (1, 1, 3));
+    }
+
+    #[test]
+    fn the_answer_is_read_as_the_program_lays_it_out() {
+        let want = SeedResult {
+            service: 0x0102,
+            class: 3,
+            outcome: SEED_KNOWN,
+            _pad: 0,
+        };
+        // SAFETY: SeedResult is #[repr(C)] plain integers, 8 bytes.
+        let bytes: [u8; 8] = unsafe { core::mem::transmute(want) };
+        let mut frame = [0xffu8; size_of::<SeedSock>()];
+        frame[..8].copy_from_slice(&bytes);
+        assert_eq!(parse_seed_result(&frame), want);
+        assert_eq!(parse_seed_result(&[]).outcome, 0);
     }
 }

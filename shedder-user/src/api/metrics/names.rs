@@ -359,7 +359,7 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "shedder_kernel_events",
         "counter",
         &["event"],
-        "Exceptional packet-path and tracking events: fallback decisions, fail-open paths (rst_errors, missing_policy, rate_contended, untracked_sockets, pending_miss), suppressed log lines; what the parser dropped by rule (fragments_dropped, ext_chain_dropped, nested_tunnels_dropped) and passed undecided (esp_passed, unknown_header_passed, tunnels_passed, tunnels_unparsed); attempts decided inside tunnels and in fragments.",
+        "Exceptional packet-path and tracking events: fallback decisions, fail-open paths (rst_errors, missing_policy, untracked_sockets, pending_miss), token buckets spent by two CPUs at once (rate_contended), suppressed log lines; what the parser dropped by rule (fragments_dropped, ext_chain_dropped, nested_tunnels_dropped) and passed undecided (esp_passed, unknown_header_passed, tunnels_passed, tunnels_unparsed); attempts decided inside tunnels and in fragments.",
     ),
     ("shedder_build", "info", &["version"], "The shedder build."),
     (
