@@ -210,10 +210,24 @@ pub fn shedder_tc_quic(ctx: TcContext) -> i32 {
 /// tells the connection ID the server chose (see `egress`). Every frame passes.
 #[classifier]
 pub fn shedder_egress(ctx: TcContext) -> i32 {
-    // A segment or datagram sent with segmentation offload keeps its payload in pages.
-    pull_headers(&ctx);
-    wire::egress(ctx.data(), ctx.data_end());
-    egress::server_packet(ctx.data(), ctx.data_end());
+    // A TCP segment is read where it lies: the stack builds its headers in the socket
+    // buffer's linear part and keeps a response's payload in pages, and pulling that
+    // payload in (a copy of every response, and at times a new head) would cost every
+    // connection on the host. Only a frame whose headers run past the linear part, or one
+    // that is not TCP (a QUIC Initial's IDs lie past its headers), is pulled.
+    match wire::egress(ctx.data(), ctx.data_end()) {
+        Ok(()) => {}
+        Err(wire::Miss::Short) => {
+            pull_headers(&ctx);
+            if wire::egress(ctx.data(), ctx.data_end()).is_err() {
+                egress::server_packet(ctx.data(), ctx.data_end());
+            }
+        }
+        Err(wire::Miss::Other) => {
+            pull_headers(&ctx);
+            egress::server_packet(ctx.data(), ctx.data_end());
+        }
+    }
     TC_ACT_OK
 }
 

@@ -52,17 +52,33 @@ struct Segment {
     len: u32,
 }
 
+/// Why a frame gave no [`Segment`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Miss {
+    /// Its headers run past the bytes at hand (a frame whose headers are not all in the
+    /// socket buffer's linear part, or a non-IP frame).
+    Short,
+    /// Not a TCP segment in a shape parsed here.
+    Other,
+}
+
+/// The bytes at `off`, if the frame holds them.
+#[inline(always)]
+fn at<T>(data: usize, data_end: usize, off: usize) -> Result<*const T, Miss> {
+    ptr_at::<T>(data, data_end, off).ok_or(Miss::Short)
+}
+
 /// Parse a plain TCP segment; `from_server`: the service is its source.
 #[inline(always)]
-fn segment(data: usize, data_end: usize, from_server: bool) -> Option<Segment> {
-    let (proto, l3_off) = ethernet(data, data_end, 0)?;
+fn segment(data: usize, data_end: usize, from_server: bool) -> Result<Segment, Miss> {
+    let (proto, l3_off) = ethernet(data, data_end, 0).ok_or(Miss::Short)?;
     let (src, dst, v6, l4_off, ip_len) = if proto == ETH_P_IP {
-        let ip = ptr_at::<[u8; 20]>(data, data_end, l3_off)?.cast::<u8>();
+        let ip = at::<[u8; 20]>(data, data_end, l3_off)?.cast::<u8>();
         let vihl: u8 = unsafe { load(ip, 0) };
         let ihl = ((vihl & 0x0f) as usize) * 4;
         let frag = u16::from_be(unsafe { load(ip, 6) }) & 0x3fff;
         if vihl >> 4 != 4 || ihl < 20 || frag != 0 || unsafe { load::<u8>(ip, 9) } != IPPROTO_TCP {
-            return None;
+            return Err(Miss::Other);
         }
         let total = u16::from_be(unsafe { load(ip, 2) }) as u32;
         let w = |off| unsafe { load::<u32>(ip, off) };
@@ -74,9 +90,9 @@ fn segment(data: usize, data_end: usize, from_server: bool) -> Option<Segment> {
             total.saturating_sub(ihl as u32),
         )
     } else if proto == ETH_P_IPV6 {
-        let ip = ptr_at::<[u8; 40]>(data, data_end, l3_off)?.cast::<u8>();
+        let ip = at::<[u8; 40]>(data, data_end, l3_off)?.cast::<u8>();
         if unsafe { load::<u8>(ip, 0) } >> 4 != 6 || unsafe { load::<u8>(ip, 6) } != IPPROTO_TCP {
-            return None;
+            return Err(Miss::Other);
         }
         let payload = u16::from_be(unsafe { load(ip, 4) }) as u32;
         let w = |off| unsafe { load::<u32>(ip, off) };
@@ -88,9 +104,9 @@ fn segment(data: usize, data_end: usize, from_server: bool) -> Option<Segment> {
             payload,
         )
     } else {
-        return None;
+        return Err(Miss::Other);
     };
-    let tcp = ptr_at::<[u8; 20]>(data, data_end, l4_off)?.cast::<u8>();
+    let tcp = at::<[u8; 20]>(data, data_end, l4_off)?.cast::<u8>();
     let (sport, dport) = unsafe { (u16::from_be(load(tcp, 0)), u16::from_be(load(tcp, 2))) };
     let doff = ((unsafe { load::<u8>(tcp, 12) } >> 4) as u32) * 4;
     // A length field of 0 is a large segment's (BIG TCP); a shorter one than the headers
@@ -98,7 +114,7 @@ fn segment(data: usize, data_end: usize, from_server: bool) -> Option<Segment> {
     let len = if ip_len == 0 {
         1
     } else if ip_len < doff {
-        return None;
+        return Err(Miss::Other);
     } else {
         ip_len - doff
     };
@@ -107,7 +123,7 @@ fn segment(data: usize, data_end: usize, from_server: bool) -> Option<Segment> {
     } else {
         (src, dst, sport, dport)
     };
-    Some(Segment {
+    Ok(Segment {
         key: FlowKey {
             addr: client,
             sport: client_port,
@@ -125,7 +141,7 @@ fn segment(data: usize, data_end: usize, from_server: bool) -> Option<Segment> {
 /// A client's segment to a protected port that is not an attempt.
 #[inline(always)]
 pub fn ingress(data: usize, data_end: usize) {
-    let Some(s) = segment(data, data_end, false) else {
+    let Ok(s) = segment(data, data_end, false) else {
         return;
     };
     if s.flags & TCP_SYN != 0 {
@@ -174,23 +190,22 @@ pub fn ingress(data: usize, data_end: usize) {
     }
 }
 
-/// A segment leaving: a protected service's SYN-ACK, data or close.
+/// A segment leaving: a protected service's SYN-ACK, data or close. `Ok` for any TCP
+/// segment read, protected or not.
 #[inline(always)]
-pub fn egress(data: usize, data_end: usize) {
-    let Some(s) = segment(data, data_end, true) else {
-        return;
-    };
+pub fn egress(data: usize, data_end: usize) -> Result<(), Miss> {
+    let s = segment(data, data_end, true)?;
     if lookup_service(s.key.dport, s.local, s.key.v6, 0).is_none() {
-        return;
+        return Ok(());
     }
     if s.flags & TCP_SYN != 0 {
         if s.flags & TCP_ACK != 0 {
             track::handshake_answered(&s.key, s.seq);
         }
-        return;
+        return Ok(());
     }
     let Some(st) = track::connection(&s.key) else {
-        return;
+        return Ok(());
     };
     if s.len > 0 {
         track::responded(unsafe { &mut *st });
@@ -198,4 +213,5 @@ pub fn egress(data: usize, data_end: usize) {
     if s.flags & (TCP_FIN | TCP_RST) != 0 {
         track::connection_ended(&s.key);
     }
+    Ok(())
 }
