@@ -171,7 +171,13 @@ fn pull_headers(ctx: &TcContext) {
 #[classifier]
 #[inline(always)]
 pub fn shedder_tc(ctx: TcContext) -> i32 {
-    pull_headers(&ctx);
+    // Most frames are established segments, whose headers the stack or GRO left in the
+    // linear part and whose payload (in pages) nothing here reads: pulling it in would
+    // copy every data segment of every port. Attempts, resets, tunnels, fragments and
+    // datagrams are pulled, as their options and payloads are read.
+    if !wire::established_in_place(ctx.data(), ctx.data_end()) {
+        pull_headers(&ctx);
+    }
     let outcome = shed::run::<_, false>(&TcFrame(&ctx));
     match outcome {
         Outcome::ToQuic => unsafe { SHEDDER_QUIC_TC.tail_call(&ctx, 0) },

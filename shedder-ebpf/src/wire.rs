@@ -138,6 +138,14 @@ fn segment(data: usize, data_end: usize, from_server: bool) -> Result<Segment, M
     })
 }
 
+/// Whether the frame is a segment of an established connection (ACK set, SYN clear) in a
+/// shape [`segment`] reads, with every header in the bytes at hand: all the packet path
+/// reads of it then lies there, and its payload need not be pulled in.
+#[inline(always)]
+pub fn established_in_place(data: usize, data_end: usize) -> bool {
+    matches!(segment(data, data_end, false), Ok(s) if s.flags & (TCP_SYN | TCP_ACK) == TCP_ACK)
+}
+
 /// A client's segment to a protected port that is not an attempt.
 #[inline(always)]
 pub fn ingress(data: usize, data_end: usize) {
