@@ -32,6 +32,34 @@ pub struct Shedder {
     pub(super) egress_problems: Vec<String>,
 }
 
+/// Before Linux 5.11 BPF maps and programs are charged to RLIMIT_MEMLOCK, whose default
+/// (64 KiB outside systemd units that raise it) holds not even the attempt tables: lift it
+/// for this process, once, as tools that load BPF do. Where that is refused (no
+/// CAP_SYS_RESOURCE) loading then fails with EPERM, which `doctor`'s `memlock` check
+/// explains.
+fn raise_memlock() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let charged =
+            super::version::running_kernel().is_some_and(|v| v < super::version::MEMCG_BPF_KERNEL);
+        if !charged {
+            return;
+        }
+        let unlimited = libc::rlimit {
+            rlim_cur: libc::RLIM_INFINITY,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: a valid rlimit for the calling process.
+        if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+            tracing::warn!(
+                error = %std::io::Error::last_os_error(),
+                "this kernel charges BPF maps to RLIMIT_MEMLOCK and it could not be raised: \
+                 loading may fail (see `shedder doctor`)"
+            );
+        }
+    });
+}
+
 /// The programs every load verifies (besides the QUIC halves): the packet programs with
 /// their tracking halves, the egress program, and the three the daemon runs with
 /// BPF_PROG_TEST_RUN.
@@ -164,6 +192,7 @@ impl Shedder {
 
     /// The loader: the kernel log level set, the maps pinned under `pin_dir/maps/` if given.
     fn loader(pin_dir: Option<&Path>, kernel_log: bool) -> Result<EbpfLoader<'static>> {
+        raise_memlock();
         let mut loader = EbpfLoader::new();
         // aya-log's level: 0 is off, Debug (4) lets the shed path's debug lines through.
         static OFF: u8 = 0;
