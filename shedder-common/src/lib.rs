@@ -438,6 +438,10 @@ pub mod maps {
     /// verifier's budget and leaves the TCP path's cost as it was).
     pub const QUIC_XDP: &str = "SHEDDER_QUIC_XDP";
     pub const QUIC_TC: &str = "SHEDDER_QUIC_TC";
+    /// The QUIC half of the egress program, which it tail-calls for a frame that is not a
+    /// TCP segment (a program of its own, for the same reasons: on a kernel whose verifier
+    /// refuses the QUIC programs, the TCP egress program still loads).
+    pub const QUIC_EGRESS: &str = "SHEDDER_QUIC_EGRESS";
     /// Admitted QUIC flows ([`crate::flow::Flow`]), an LRU hash.
     pub const FLOWS: &str = "SHEDDER_FLOWS";
     /// Per service, the QUIC flows last seen per slot ([`crate::flow::AliveRing`]).
@@ -452,7 +456,7 @@ pub mod maps {
     /// Per service and CPU, the requests in service by the slot they started in
     /// ([`crate::work::Ring`]).
     pub const WORK: &str = "SHEDDER_WORK";
-    pub const ALL: [&str; 31] = [
+    pub const ALL: [&str; 32] = [
         GLOBALS,
         PORTS,
         QUIC_PORTS,
@@ -478,6 +482,7 @@ pub mod maps {
         DEMOTED,
         QUIC_XDP,
         QUIC_TC,
+        QUIC_EGRESS,
         FLOWS,
         ALIVE,
         DECAP,
@@ -495,10 +500,13 @@ pub mod programs {
     /// [`super::maps::QUIC_XDP`]).
     pub const XDP_QUIC: &str = "shedder_xdp_quic";
     pub const TC_QUIC: &str = "shedder_tc_quic";
-    /// TC egress: learns the connection ID a QUIC server chose, which proves the client
-    /// that answers to it (see `flow::learn_server`). Loaded with the QUIC halves,
-    /// attached beside either packet hook.
+    /// TC egress: a protected TCP service's SYN-ACKs, responses and closes (see
+    /// `wire`), attached beside either packet hook.
     pub const EGRESS: &str = "shedder_egress";
+    /// The QUIC half of the egress program (see [`super::maps::QUIC_EGRESS`]): learns the
+    /// connection ID a QUIC server chose, which proves the client that answers to it (see
+    /// `flow::learn_server`). Loaded with the QUIC halves.
+    pub const EGRESS_QUIC: &str = "shedder_egress_quic";
     /// The empty XDP program of the baseline object (returns XDP_PASS): what benchmarks
     /// measure shedder's programs against.
     pub const BASELINE_XDP: &str = "baseline_xdp";

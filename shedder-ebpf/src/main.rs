@@ -69,6 +69,8 @@ impl Frame for XdpFrame<'_> {
 static SHEDDER_QUIC_XDP: ProgramArray = ProgramArray::with_max_entries(1, 0);
 #[map]
 static SHEDDER_QUIC_TC: ProgramArray = ProgramArray::with_max_entries(1, 0);
+#[map]
+static SHEDDER_QUIC_EGRESS: ProgramArray = ProgramArray::with_max_entries(1, 0);
 /// The tracking programs, reached by tail call for a segment of a protected TCP port (see
 /// [`shedder_common::maps::TRACK_XDP`]).
 #[map]
@@ -212,28 +214,37 @@ pub fn shedder_tc_quic(ctx: TcContext) -> i32 {
 }
 
 /// TC egress, beside either packet hook: a protected TCP service's SYN-ACKs, responses and
-/// closes (see `wire`), and a QUIC server's Initial to an admitted flow's client, which
-/// tells the connection ID the server chose (see `egress`). Every frame passes.
+/// closes (see `wire`). Any other frame goes on to the QUIC half ([`shedder_egress_quic`]),
+/// when it is loaded. Every frame passes.
 #[classifier]
 pub fn shedder_egress(ctx: TcContext) -> i32 {
     // A TCP segment is read where it lies: the stack builds its headers in the socket
     // buffer's linear part and keeps a response's payload in pages, and pulling that
     // payload in (a copy of every response, and at times a new head) would cost every
-    // connection on the host. Only a frame whose headers run past the linear part, or one
-    // that is not TCP (a QUIC Initial's IDs lie past its headers), is pulled.
-    match wire::egress(ctx.data(), ctx.data_end()) {
-        Ok(()) => {}
+    // connection on the host. Only a frame whose headers run past the linear part is
+    // pulled, and read again.
+    let tcp = match wire::egress(ctx.data(), ctx.data_end()) {
+        Ok(()) => true,
         Err(wire::Miss::Short) => {
             pull_headers(&ctx);
-            if wire::egress(ctx.data(), ctx.data_end()).is_err() {
-                egress::server_packet(ctx.data(), ctx.data_end());
-            }
+            wire::egress(ctx.data(), ctx.data_end()).is_ok()
         }
-        Err(wire::Miss::Other) => {
-            pull_headers(&ctx);
-            egress::server_packet(ctx.data(), ctx.data_end());
-        }
+        Err(wire::Miss::Other) => false,
+    };
+    if !tcp {
+        // An empty slot (QUIC not loaded) returns here.
+        unsafe { SHEDDER_QUIC_EGRESS.tail_call(&ctx, 0) };
     }
+    TC_ACT_OK
+}
+
+/// The QUIC half of [`shedder_egress`]: a QUIC server's Initial to an admitted flow's
+/// client, which tells the connection ID the server chose (see `egress`). Its IDs lie past
+/// the headers, so the frame is pulled first. Every frame passes.
+#[classifier]
+pub fn shedder_egress_quic(ctx: TcContext) -> i32 {
+    pull_headers(&ctx);
+    egress::server_packet(ctx.data(), ctx.data_end());
     TC_ACT_OK
 }
 

@@ -74,8 +74,11 @@ const LOADED: [&str; 8] = [
     programs::SEED,
 ];
 
-/// The QUIC halves of the packet programs, loaded apart (see `quic_unavailable`).
-const QUIC: [&str; 2] = [programs::XDP_QUIC, programs::TC_QUIC];
+/// The QUIC halves of the packet programs and of the egress program, loaded apart (see
+/// `quic_unavailable`).
+const QUIC: [&str; 3] = [programs::XDP_QUIC, programs::TC_QUIC, programs::EGRESS_QUIC];
+/// The egress program's QUIC slot and half.
+const QUIC_EGRESS: (&str, &str) = (maps::QUIC_EGRESS, programs::EGRESS_QUIC);
 
 /// One packet hook, for a load of its program alone ([`Shedder::load_hook`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,7 +141,8 @@ impl Shedder {
         link_tail_calls(&mut ebpf, &[(track_slot, track)])?;
         let quic_unavailable = if quic {
             load_program(&mut ebpf, quic_program)?;
-            link_tail_calls(&mut ebpf, &[(slot, quic_program)])?;
+            load_program(&mut ebpf, programs::EGRESS_QUIC)?;
+            link_tail_calls(&mut ebpf, &[(slot, quic_program), QUIC_EGRESS])?;
             None
         } else {
             Some("not loaded (a packet-path test load without it)".into())
@@ -329,11 +333,11 @@ fn load_quic(ebpf: &mut Ebpf) -> Result<()> {
     for name in QUIC {
         load_program(ebpf, name)?;
     }
-    let slots = [Hook::Xdp, Hook::Tc].map(|h| {
+    let [xdp, tc] = [Hook::Xdp, Hook::Tc].map(|h| {
         let (_, quic, slot) = h.programs();
         (slot, quic)
     });
-    link_tail_calls(ebpf, &slots)
+    link_tail_calls(ebpf, &[xdp, tc, QUIC_EGRESS])
 }
 
 /// Point each tail-call slot at its program (a packet program's QUIC or tracking half).
