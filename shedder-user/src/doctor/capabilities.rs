@@ -18,6 +18,8 @@ const CAPABILITIES: [(u32, &str, &str); 4] = [
     ),
 ];
 pub(super) const CAP_SYS_ADMIN: u32 = 21;
+/// Lets the loader lift RLIMIT_MEMLOCK (kernels before 5.11 charge BPF maps to it).
+pub(super) const CAP_SYS_RESOURCE: u32 = 24;
 
 /// The `CapEff` mask of a `/proc/<pid>/status` text.
 pub fn parse_cap_eff(status: &str) -> Option<u64> {

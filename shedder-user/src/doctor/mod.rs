@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use self::{
     bpf::{BPF_JIT_SYSCTL, BPF_STATS_SYSCTL, check_bpf_stats, check_jit, in_initial_netns},
-    capabilities::{CAP_SYS_ADMIN, check_capabilities, has_cap},
+    capabilities::{CAP_SYS_ADMIN, CAP_SYS_RESOURCE, check_capabilities, has_cap},
     cgroups::check_cgroups,
     daemon::{check_control_socket, check_daemon},
     fail_static::check_fail_static,
@@ -140,7 +140,8 @@ pub fn run(config: Option<&Config>, path: Option<&Path>) -> Vec<Check> {
         std::fs::read_to_string(BPF_STATS_SYSCTL),
         can_mount,
     ));
-    if let Some(check) = check_memlock(kernel, memlock_limit()) {
+    let can_raise = caps.is_some_and(|c| has_cap(c, CAP_SYS_RESOURCE));
+    if let Some(check) = check_memlock(kernel, memlock_limit(), can_raise) {
         out.push(check);
     }
     out.extend(check_cgroups(config, mounts.as_deref().ok()));

@@ -6,14 +6,14 @@ use std::io;
 /// The documented minimum: the oldest kernel `cargo xtask vm-test` passes on (every program
 /// loads, the fixture table and a network-namespace test pass; docs/kernels.md). Below it:
 /// Fail.
-pub const MIN_KERNEL: KernelVersion = KernelVersion::new(6, 1, 0);
+pub const MIN_KERNEL: KernelVersion = KernelVersion::new(5, 10, 0);
 /// The first kernel with tcx, which `attach = "tc"` needs (bpf-link TC attachments).
 pub const TCX_KERNEL: KernelVersion = KernelVersion::new(6, 6, 0);
 /// The oldest kernel whose verifier was seen to accept the QUIC programs (6.1's gives up at
 /// its limit of processed instructions; docs/kernels.md).
 pub const QUIC_KERNEL: KernelVersion = KernelVersion::new(6, 12, 0);
 /// The kernels `cargo xtask vm-test` runs on.
-pub const TESTED_KERNEL: &str = "6.1, 6.12 and 6.18";
+pub const TESTED_KERNEL: &str = "5.10, 6.1, 6.12 and 6.18";
 /// From this kernel BPF memory is charged to the memory cgroup and RLIMIT_MEMLOCK no longer
 /// applies.
 pub const MEMCG_BPF_KERNEL: KernelVersion = KernelVersion::new(5, 11, 0);

@@ -75,6 +75,10 @@ fn verifier_figures(row: &Row) -> std::result::Result<BTreeMap<String, u64>, Str
         let reason = e.lines().next().unwrap_or(e);
         out.insert(format!("note: with the kernel debug log: {reason}"), 0);
     }
+    if let Some(e) = v["quic_error"].as_str() {
+        let reason = e.lines().next().unwrap_or(e);
+        out.insert(format!("note: {reason}"), 0);
+    }
     if let Some(e) = v["error"].as_str() {
         let reason = e.lines().next().unwrap_or(e);
         if out.is_empty() {
@@ -188,7 +192,7 @@ mod tests {
         );
         // A kernel before 5.16 loads the programs and reports no counts: a note, and no
         // (empty) baseline for its series.
-        let line = r#"@@VERIFIER {"kernel":"5.10.0-46-amd64","programs":[["shedder_xdp",null],["shedder_tc",null]],"programs_with_kernel_log":[["shedder_xdp",null]],"error":null,"kernel_log_error":null}"#;
+        let line = r#"@@VERIFIER {"kernel":"5.10.0-46-amd64","programs":[["shedder_xdp",null],["shedder_tc",null]],"programs_with_kernel_log":[["shedder_xdp",null]],"error":null,"kernel_log_error":null,"quic_error":"the QUIC programs did not load: BPF_STX uses reserved fields"}"#;
         let r = row(
             "5.10.0-46-amd64",
             vec![result("verifier", Outcome::Pass, &[line])],
@@ -199,6 +203,13 @@ mod tests {
         assert!(
             t.markdown
                 .contains("note: 3 programs loaded; this kernel does not report"),
+            "{}",
+            t.markdown
+        );
+        // QUIC refused before the kernel it needs: a note too.
+        assert!(
+            t.markdown
+                .contains("note: the QUIC programs did not load: BPF_STX"),
             "{}",
             t.markdown
         );
