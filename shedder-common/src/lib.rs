@@ -510,6 +510,9 @@ pub mod programs {
     /// The empty XDP program of the baseline object (returns XDP_PASS): what benchmarks
     /// measure shedder's programs against.
     pub const BASELINE_XDP: &str = "baseline_xdp";
+    /// The empty TC classifier of the baseline object (returns TC_ACT_OK): what benchmarks
+    /// measure the egress program against.
+    pub const BASELINE_TC: &str = "baseline_tc";
     /// Stamps jiffies into the globals; run by the daemon with BPF_PROG_TEST_RUN, never
     /// attached.
     pub const CLOCK: &str = "shedder_clock";

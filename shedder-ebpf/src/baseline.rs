@@ -1,12 +1,23 @@
-//! The empty XDP program: the benchmark's baseline.
+//! The empty programs the benchmark measures shedder's against: an XDP program and a TC
+//! classifier that let every frame through and do nothing else.
 #![no_std]
 #![no_main]
 
-use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, xdp_action},
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
 
 #[xdp]
 pub fn baseline_xdp(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
+}
+
+/// The egress rows' baseline (shedder's egress program is a TC classifier).
+#[classifier]
+pub fn baseline_tc(_ctx: TcContext) -> i32 {
+    TC_ACT_OK
 }
 
 #[cfg(not(test))]

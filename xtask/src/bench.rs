@@ -12,7 +12,8 @@ use crate::{
 #[derive(Debug, Subcommand)]
 pub enum Bench {
     /// Per-packet cost of the XDP program on each path (BPF_PROG_TEST_RUN), as a ratio to
-    /// an empty XDP program measured in the same run. Root only.
+    /// an empty XDP program measured in the same run, and of the TC egress program beside an
+    /// empty TC classifier. Root only.
     Xdp(PassThrough),
     /// Cost of the tracking tracepoint programs per event (kernel BPF stats) and the CPU of
     /// one signal-reading tick at 1, 10 and 100 services. Root only.

@@ -10,8 +10,10 @@
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shedder"));
 
 /// An XDP program that returns XDP_PASS and nothing else
-/// ([`shedder_common::programs::BASELINE_XDP`]): the
-/// baseline `cargo xtask bench xdp` measures the shed path against. Never attached.
+/// ([`shedder_common::programs::BASELINE_XDP`]) and a TC classifier that returns TC_ACT_OK
+/// and nothing else ([`shedder_common::programs::BASELINE_TC`]): the baselines
+/// `cargo xtask bench xdp` measures the shed path and the egress program against. Never
+/// attached.
 pub static BASELINE_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shedder-baseline"));
 

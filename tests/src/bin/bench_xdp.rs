@@ -21,6 +21,15 @@
 //! no handshake completes here to earn it back), so those rows run 255 times a call (their
 //! per-run mean rounds down to whole ns over fewer runs than the baselines'); the flood
 //! rows' sources have none, as forged sources have not, and take the unproven path.
+//!
+//! TC egress. The egress program (a TC classifier, which every segment a host sends
+//! passes) is measured the same way beside an empty TC classifier, with skb test runs
+//! (repeated: it leaves every frame as it was). Its rows are reported in a table of their
+//! own, without targets: a server segment of an unprotected port, a response of a
+//! protected port on a connection that is not tracked and on one that is (made beforehand
+//! through its handshake: the SYN-ACK through the egress program, the client's ACK through
+//! the XDP program), and a SYN-ACK. Each is checked to return TC_ACT_OK and leave its frame
+//! unchanged, and afterwards the tracking must be as the row claims.
 
 use shedder::kernel::MapReader;
 use std::{
@@ -33,7 +42,7 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 use aya::{
     Ebpf,
-    programs::{TestRun, TestRunOptions, Xdp},
+    programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 use clap::Parser;
 use serde::Serialize;
@@ -45,7 +54,7 @@ use shedder_common::{
 };
 use shedder_tests::{
     machine::{Machine, machine},
-    packet::{Packet, TCP_ACK, TCP_PSH, checksum, quic_initial},
+    packet::{Ip, Packet, TCP_ACK, TCP_PSH, TCP_SYN, checksum, quic_initial},
     policy::{
         HIGH_V4, LONG_WINDOW, PORT_DROP, PORT_OPEN, PORT_QUIC_DROP, PORT_QUIC_VN, PORT_RST,
         SERVER_V4, SVC_DROP, SVC_QUIC_DROP, SVC_QUIC_VN, SVC_RST, closed_policy, install_standard,
@@ -56,6 +65,8 @@ use shedder_tests::{
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
 
 /// Target for the paths that are not new connection attempts (× baseline).
 const TARGET_NON_SYN: f64 = 2.0;
@@ -72,12 +83,14 @@ const TARGET_SYN_MEMORY: f64 = 4.5;
 
 const BASELINE: &str = "empty XDP program (baseline)";
 const BASELINE_QUIC: &str = "empty XDP program (baseline), the QUIC rows' 1,242-byte frame";
+const BASELINE_TC: &str = "empty TC classifier (baseline)";
 
 /// Where an IPv4 SYN without IP options holds its initial sequence number.
 const ISN_OFFSET: usize = 14 + 20 + 4;
 
 /// Per-packet cost of shedder's XDP program by BPF_PROG_TEST_RUN, as ratios to an empty
-/// XDP program measured in the same run. Needs root.
+/// XDP program measured in the same run, and of its TC egress program beside an empty TC
+/// classifier. Needs root.
 #[derive(Debug, Parser)]
 #[command(name = "bench_xdp")]
 struct Args {
@@ -95,6 +108,15 @@ struct Args {
     /// Also write the figures as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+}
+
+/// The program a row measures: shedder's XDP program (or the empty one), or its TC egress
+/// program (or the empty classifier).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Hook {
+    Xdp,
+    TcEgress,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -427,6 +449,184 @@ fn paths() -> Vec<PathSpec> {
     ]
 }
 
+/// The egress rows' connection: from the HIGH source's port [`EGRESS_CLIENT_PORT`].
+const EGRESS_CLIENT_PORT: u16 = 41000;
+const CLIENT_ISN: u32 = 0x1000_0000;
+const SERVER_ISN: u32 = 0x5000_0000;
+/// The request the egress rows' responses answer, and their own length.
+const REQUEST_LEN: u32 = 100;
+const RESPONSE_LEN: usize = 200;
+
+/// A segment of the egress rows' connection to the service on `port`, from the client.
+fn client_segment(port: u16, flags: u8, seq: u32, ack: u32) -> Packet {
+    let mut p = syn(port);
+    p.tcp.sport = EGRESS_CLIENT_PORT;
+    p.tcp.flags = flags;
+    p.tcp.seq = seq;
+    p.tcp.ack = ack;
+    p.tcp.options = Vec::new();
+    p
+}
+
+/// The same connection's segment from the server on `port` to the client.
+fn server_segment(port: u16, flags: u8, seq: u32, ack: u32) -> Packet {
+    let mut p = client_segment(port, flags, seq, ack);
+    if let Ip::V4(v4) = &mut p.ip {
+        std::mem::swap(&mut v4.src, &mut v4.dst);
+    }
+    std::mem::swap(&mut p.eth_src, &mut p.eth_dst);
+    std::mem::swap(&mut p.tcp.sport, &mut p.tcp.dport);
+    p
+}
+
+/// The server's SYN-ACK, with the options a Linux server answers with.
+fn syn_ack(port: u16) -> Packet {
+    let mut p = server_segment(port, TCP_SYN | TCP_ACK, SERVER_ISN, CLIENT_ISN + 1);
+    p.tcp.options = shedder_tests::packet::syn_options();
+    p
+}
+
+/// The client's acknowledgement of [`syn_ack`]: it completes the handshake.
+fn handshake_ack(port: u16) -> Packet {
+    client_segment(port, TCP_ACK, CLIENT_ISN + 1, SERVER_ISN + 1)
+}
+
+/// The server's response to a request of [`REQUEST_LEN`] bytes: ACK|PSH with timestamps
+/// and [`RESPONSE_LEN`] bytes of data.
+fn response(port: u16) -> Packet {
+    let mut p = server_segment(
+        port,
+        TCP_ACK | TCP_PSH,
+        SERVER_ISN + 1,
+        CLIENT_ISN + 1 + REQUEST_LEN,
+    );
+    p.tcp.window = 502;
+    p.tcp.options = vec![1, 1, 8, 10, 0, 0, 0, 2, 0, 0, 0, 1];
+    p.tcp.payload = vec![b'y'; RESPONSE_LEN];
+    p
+}
+
+/// What the tracking must show of the egress rows' connection, before and after the runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tracking {
+    /// No connection tracked.
+    None,
+    /// The connection tracked, no request of it in service.
+    Idle,
+    /// No connection tracked, but the handshake answered: the client's acknowledgement of
+    /// the SYN-ACK completes it (checked after the runs, once).
+    Answered,
+}
+
+/// One path through shedder's egress program.
+#[derive(Clone)]
+struct EgressSpec {
+    label: &'static str,
+    packet: Packet,
+    /// Make the connection first, through its handshake.
+    tracked: bool,
+    /// What the tracking must show after the runs.
+    after: Tracking,
+}
+
+fn egress_paths() -> Vec<EgressSpec> {
+    vec![
+        EgressSpec {
+            label: "server segment of an unprotected port (ACK|PSH, 200 B): the early exit",
+            packet: response(PORT_OPEN),
+            tracked: false,
+            after: Tracking::None,
+        },
+        EgressSpec {
+            label: "response (ACK|PSH, 200 B), protected port, connection not tracked",
+            packet: response(PORT_DROP),
+            tracked: false,
+            after: Tracking::None,
+        },
+        EgressSpec {
+            label: "response (ACK|PSH, 200 B), protected port, tracked connection, idle \
+                    (no request outstanding after the first run)",
+            packet: response(PORT_DROP),
+            tracked: true,
+            after: Tracking::Idle,
+        },
+        EgressSpec {
+            label: "SYN-ACK, protected port, handshake recorded (each run rewrites the \
+                    same entry)",
+            packet: syn_ack(PORT_DROP),
+            tracked: false,
+            after: Tracking::Answered,
+        },
+        EgressSpec {
+            label: "SYN-ACK retransmitted (same ISN), protected port, tracked connection",
+            packet: syn_ack(PORT_DROP),
+            tracked: true,
+            after: Tracking::Idle,
+        },
+    ]
+}
+
+/// Run `packet` through shedder's XDP program, which must pass it.
+fn run_xdp(shedder: &mut Shedder, packet: &Packet) -> Result<()> {
+    let r = shedder.xdp()?.test_run(TestRunOptions {
+        data_in: Some(&packet.bytes()),
+        ..Default::default()
+    })?;
+    ensure!(
+        r.return_value == XDP_PASS,
+        "XDP returned {}",
+        action_name(Hook::Xdp, r.return_value)
+    );
+    Ok(())
+}
+
+/// Run `packet` through shedder's egress program, which must let it through.
+fn run_egress(shedder: &mut Shedder, packet: &Packet) -> Result<()> {
+    let r = shedder.egress()?.test_run(TestRunOptions {
+        data_in: Some(&packet.bytes()),
+        ..Default::default()
+    })?;
+    ensure!(
+        r.return_value == TC_ACT_OK,
+        "egress returned {}",
+        action_name(Hook::TcEgress, r.return_value)
+    );
+    Ok(())
+}
+
+/// The tracking of the egress rows' connection (to [`PORT_DROP`]) must be as `expected`.
+fn check_tracking(shedder: &mut Shedder, expected: Tracking, label: &str) -> Result<()> {
+    let mut tracked = shedder.tracked_connections()?.len();
+    if expected == Tracking::Answered {
+        ensure!(
+            tracked == 0,
+            "{label}: {tracked} connection(s) tracked, expected none"
+        );
+        run_xdp(shedder, &handshake_ack(PORT_DROP))
+            .with_context(|| format!("{label}: the client's ACK"))?;
+        tracked = shedder.tracked_connections()?.len();
+        ensure!(
+            tracked == 1,
+            "{label}: the client's ACK completed no handshake ({tracked} tracked)"
+        );
+        return Ok(());
+    }
+    let inflight = shedder.inflight(SVC_DROP)?;
+    let high = CLASS_HIGH as usize;
+    let want = u32::from(expected == Tracking::Idle);
+    ensure!(
+        tracked == want as usize && inflight.connections[high] == want,
+        "{label}: {tracked} connection(s) tracked, {} counted, expected {want}",
+        inflight.connections[high]
+    );
+    ensure!(
+        inflight.class[high] == 0,
+        "{label}: {} request(s) in service, expected none",
+        inflight.class[high]
+    );
+    Ok(())
+}
+
 enum Program {
     Baseline(Ebpf),
     Shedder {
@@ -445,11 +645,25 @@ impl Program {
             Self::Shedder { shedder, .. } => shedder.xdp()?,
         })
     }
+
+    /// The empty classifier, or shedder's egress program.
+    fn tc(&mut self) -> Result<&mut SchedClassifier> {
+        Ok(match self {
+            Self::Baseline(ebpf) => ebpf
+                .program_mut(shedder_common::programs::BASELINE_TC)
+                .context("baseline classifier")?
+                .try_into()?,
+            Self::Shedder { shedder, .. } => shedder.egress()?,
+        })
+    }
 }
 
 /// A loaded program with the frame it runs on and what it must do with it.
 struct Subject {
     label: &'static str,
+    hook: Hook,
+    /// An empty program, what the other rows of its hook are compared with.
+    baseline: bool,
     /// Bump the frame's initial sequence number before every call.
     new_attempts: bool,
     /// Every call a new source, port and initial sequence number ([`next_flood`]).
@@ -457,8 +671,10 @@ struct Subject {
     /// Not a flood: the frame's source is given standing before each call.
     proven: bool,
     method: Method,
-    /// `None` for the baselines.
+    /// `None` for the baselines and the egress rows.
     target: Option<f64>,
+    /// An egress row: what the tracking of its connection must show after the runs.
+    tracking: Option<Tracking>,
     program: Program,
     frame: Vec<u8>,
     action: u32,
@@ -474,16 +690,26 @@ struct Subject {
 }
 
 impl Subject {
-    fn baseline(method: Method, frame: &Packet, label: &'static str) -> Result<Self> {
+    fn baseline(hook: Hook, method: Method, frame: &Packet, label: &'static str) -> Result<Self> {
         let mut ebpf = Ebpf::load(BASELINE_OBJECT).context("loading the baseline object")?;
-        let prog: &mut Xdp = ebpf
-            .program_mut(shedder_common::programs::BASELINE_XDP)
-            .context("the baseline object has no `baseline_xdp`")?
-            .try_into()?;
-        prog.load().context("loading baseline_xdp")?;
+        let (name, action) = match hook {
+            Hook::Xdp => (shedder_common::programs::BASELINE_XDP, XDP_PASS),
+            Hook::TcEgress => (shedder_common::programs::BASELINE_TC, TC_ACT_OK),
+        };
+        let program = ebpf
+            .program_mut(name)
+            .with_context(|| format!("the baseline object has no `{name}`"))?;
+        match hook {
+            Hook::Xdp => <&mut Xdp>::try_from(program)?.load(),
+            Hook::TcEgress => <&mut SchedClassifier>::try_from(program)?.load(),
+        }
+        .with_context(|| format!("loading {name}"))?;
         let bytes = frame.bytes();
         Ok(Self {
             label,
+            hook,
+            baseline: true,
+            tracking: None,
             new_attempts: false,
             flood: false,
             proven: false,
@@ -493,7 +719,46 @@ impl Subject {
             output: bytes.clone(),
             refusal: None,
             frame: bytes,
-            action: XDP_PASS,
+            action,
+            runs: 0,
+            samples: Vec::new(),
+        })
+    }
+
+    /// A path through the egress program (repeated; the standard services installed, the
+    /// connection made through its handshake first if the path says so).
+    fn egress(spec: &EgressSpec) -> Result<Self> {
+        let mut shedder = Box::new(Shedder::load().context("loading shedder")?);
+        install_standard(&mut shedder);
+        let before = if spec.tracked {
+            run_egress(&mut shedder, &syn_ack(PORT_DROP))
+                .with_context(|| format!("{}: the SYN-ACK", spec.label))?;
+            run_xdp(&mut shedder, &handshake_ack(PORT_DROP))
+                .with_context(|| format!("{}: the client's ACK", spec.label))?;
+            Tracking::Idle
+        } else {
+            Tracking::None
+        };
+        check_tracking(&mut shedder, before, spec.label)?;
+        let bytes = spec.packet.bytes();
+        Ok(Self {
+            label: spec.label,
+            hook: Hook::TcEgress,
+            baseline: false,
+            tracking: Some(spec.after),
+            new_attempts: false,
+            flood: false,
+            proven: false,
+            method: Method::Repeated,
+            target: None,
+            program: Program::Shedder {
+                shedder,
+                decision: None,
+            },
+            output: bytes.clone(),
+            refusal: None,
+            frame: bytes,
+            action: TC_ACT_OK,
             runs: 0,
             samples: Vec::new(),
         })
@@ -527,6 +792,9 @@ impl Subject {
         };
         Ok(Self {
             label: spec.label,
+            hook: Hook::Xdp,
+            baseline: false,
+            tracking: None,
             new_attempts: spec.memory,
             flood: spec.flood,
             proven: !spec.flood,
@@ -572,23 +840,24 @@ impl Subject {
             let src = shedder_tests::packet::source_address(&self.frame).context("a source")?;
             shedder.set_standing(src, u8::MAX)?;
         }
-        let r = self
-            .program
-            .xdp()?
-            .test_run(TestRunOptions {
-                data_in: Some(&self.frame),
-                data_out,
-                repeat,
-                ..Default::default()
-            })
-            .with_context(|| format!("{}: BPF_PROG_TEST_RUN", self.label))?;
+        let options = TestRunOptions {
+            data_in: Some(&self.frame),
+            data_out,
+            repeat,
+            ..Default::default()
+        };
+        let r = match self.hook {
+            Hook::Xdp => self.program.xdp()?.test_run(options),
+            Hook::TcEgress => self.program.tc()?.test_run(options),
+        }
+        .with_context(|| format!("{}: BPF_PROG_TEST_RUN", self.label))?;
         self.runs += u64::from(repeat);
         ensure!(
             r.return_value == self.action,
             "{}: returned {} instead of {}",
             self.label,
-            action_name(r.return_value),
-            action_name(self.action)
+            action_name(self.hook, r.return_value),
+            action_name(self.hook, self.action)
         );
         Ok((r.duration, r.data_size_out))
     }
@@ -616,11 +885,17 @@ impl Subject {
         Ok(())
     }
 
-    /// The decision counters must show exactly the runs made, in the path's counter.
-    fn verify_counters(&self) -> Result<()> {
-        let Program::Shedder { shedder, decision } = &self.program else {
+    /// The decision counters must show exactly the runs made, in the path's counter (none
+    /// for the egress rows, which decide nothing), and an egress row's tracking what it
+    /// claims.
+    fn verify_counters(&mut self) -> Result<()> {
+        let Program::Shedder { shedder, decision } = &mut self.program else {
             return Ok(());
         };
+        if let Some(tracking) = self.tracking {
+            check_tracking(shedder, tracking, self.label)?;
+        }
+        let decision = *decision;
         // A flood's decisions are the unproven attempts', every other path's the proven
         // ones'; none may show in the other.
         let mut all = 0;
@@ -670,14 +945,18 @@ impl Subject {
     }
 }
 
-fn action_name(action: u32) -> String {
-    match action {
-        0 => "XDP_ABORTED".into(),
-        XDP_DROP => "XDP_DROP".into(),
-        XDP_PASS => "XDP_PASS".into(),
-        XDP_TX => "XDP_TX".into(),
-        4 => "XDP_REDIRECT".into(),
-        other => format!("action {other}"),
+fn action_name(hook: Hook, action: u32) -> String {
+    match (hook, action) {
+        (Hook::Xdp, 0) => "XDP_ABORTED".into(),
+        (Hook::Xdp, XDP_DROP) => "XDP_DROP".into(),
+        (Hook::Xdp, XDP_PASS) => "XDP_PASS".into(),
+        (Hook::Xdp, XDP_TX) => "XDP_TX".into(),
+        (Hook::Xdp, 4) => "XDP_REDIRECT".into(),
+        (Hook::TcEgress, TC_ACT_OK) => "TC_ACT_OK".into(),
+        (Hook::TcEgress, TC_ACT_SHOT) => "TC_ACT_SHOT".into(),
+        // TC_ACT_UNSPEC, -1 as the kernel's u32.
+        (Hook::TcEgress, u32::MAX) => "TC_ACT_UNSPEC".into(),
+        (_, other) => format!("action {other}"),
     }
 }
 
@@ -694,6 +973,9 @@ fn median(samples: &[f64]) -> f64 {
 #[derive(Debug, Serialize)]
 struct Row {
     path: &'static str,
+    hook: Hook,
+    /// An empty program's row: the baseline of its hook's rows.
+    baseline: bool,
     method: Method,
     /// What the program returned, every run.
     action: String,
@@ -731,13 +1013,21 @@ struct RstEstimate {
     ratio: f64,
 }
 
+/// The empty XDP program's figure by `method` (on a SYN's frame: the first one measured).
+fn xdp_baseline(rows: &[Row], method: Method) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.hook == Hook::Xdp && r.method == method && r.baseline)
+        .map(|r| r.ns)
+}
+
 fn estimate_rst(rows: &[Row]) -> Option<RstEstimate> {
     let find = |method, action: u32, baseline: bool| {
         rows.iter()
             .find(|r| {
-                r.method == method
-                    && r.action == action_name(action)
-                    && r.target.is_none() == baseline
+                r.hook == Hook::Xdp
+                    && r.method == method
+                    && r.action == action_name(Hook::Xdp, action)
+                    && r.baseline == baseline
             })
             .map(|r| r.ns)
     };
@@ -752,25 +1042,51 @@ fn estimate_rst(rows: &[Row]) -> Option<RstEstimate> {
     })
 }
 
+/// What picks a row's baseline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Kind {
+    hook: Hook,
+    method: Method,
+    /// The row is a baseline.
+    baseline: bool,
+    /// Its frame is a QUIC Initial's (1,200 bytes and more), not a TCP segment's.
+    initial: bool,
+}
+
+impl Kind {
+    fn of(s: &Subject) -> Self {
+        Self {
+            hook: s.hook,
+            method: s.method,
+            baseline: s.baseline,
+            initial: s.frame.len() >= shedder_common::quic::MIN_INITIAL_DATAGRAM,
+        }
+    }
+}
+
+/// Of `kinds`, the baseline a row of kind `k` is compared with: the first empty program of
+/// the same hook, measured by the same method on a frame of the same kind.
+fn baseline_of(kinds: &[Kind], k: Kind) -> Option<usize> {
+    kinds.iter().position(|b| {
+        b.baseline && b.hook == k.hook && b.method == k.method && b.initial == k.initial
+    })
+}
+
 fn rows(subjects: &[Subject]) -> Vec<Row> {
-    // The baseline measured by the same method on a frame of the same kind: a TCP
-    // segment's, or a QUIC Initial's of 1,200 bytes and more.
-    let initial = |s: &Subject| s.frame.len() >= shedder_common::quic::MIN_INITIAL_DATAGRAM;
-    let baseline = |s: &Subject| {
-        subjects
-            .iter()
-            .find(|b| b.method == s.method && b.target.is_none() && initial(b) == initial(s))
-            .map_or(f64::NAN, Subject::median)
-    };
+    let kinds: Vec<Kind> = subjects.iter().map(Kind::of).collect();
     subjects
         .iter()
-        .map(|s| {
-            let (ns, baseline_ns) = (s.median(), baseline(s));
+        .zip(&kinds)
+        .map(|(s, &k)| {
+            let baseline_ns = baseline_of(&kinds, k).map_or(f64::NAN, |i| subjects[i].median());
+            let ns = s.median();
             let ratio = ns / baseline_ns;
             Row {
                 path: s.label,
+                hook: s.hook,
+                baseline: s.baseline,
                 method: s.method,
-                action: action_name(s.action),
+                action: action_name(s.hook, s.action),
                 ns,
                 baseline_ns,
                 ratio,
@@ -823,7 +1139,7 @@ fn markdown(report: &Report) -> String {
         "| path | returns | method | ns/packet | baseline ns | ns over baseline | × baseline | target | result |\n",
     );
     md.push_str("|---|---|---|---:|---:|---:|---:|---:|---|\n");
-    for r in &report.rows {
+    for r in report.rows.iter().filter(|r| r.hook == Hook::Xdp) {
         let method = match r.method {
             Method::Repeated if r.proven => &repeated_proven,
             Method::Repeated => &repeated,
@@ -867,16 +1183,10 @@ fn markdown(report: &Report) -> String {
             e.ns, e.ratio
         ));
     }
-    let base = |method| {
-        report
-            .rows
-            .iter()
-            .find(|r| r.method == method && r.target.is_none())
-            .map(|r| r.ns)
-    };
-    if let (Some(repeated_base), Some(single_base)) =
-        (base(Method::Repeated), base(Method::SingleShot))
-    {
+    if let (Some(repeated_base), Some(single_base)) = (
+        xdp_baseline(&report.rows, Method::Repeated),
+        xdp_baseline(&report.rows, Method::SingleShot),
+    ) {
         for r in report
             .rows
             .iter()
@@ -911,6 +1221,43 @@ Verifier: instructions processed per program: {}. With `daemon.kernel_debug_log`
         list(&report.verified_insns),
         list(&report.verified_insns_logging)
     ));
+    md.push_str(&egress_markdown(report, &repeated));
+    md
+}
+
+/// The egress rows' table: no targets, only what the program costs.
+fn egress_markdown(report: &Report, repeated: &str) -> String {
+    let mut md = String::new();
+    md.push_str("\n### TC egress per-packet cost (BPF_PROG_TEST_RUN)\n\n");
+    md.push_str(&format!(
+        "The egress program ({}), which every segment the host sends passes, beside an \
+         empty TC classifier, both run on the same {}-byte frame of a server's response \
+         (a SYN-ACK is {} bytes) with skb test runs in the rounds above: {repeated}, the \
+         median of the rounds' means. No target: what it costs is reported. The tracked \
+         connection is made beforehand through its handshake (the SYN-ACK through the \
+         egress program, the client's ACK through the XDP program); every call must return \
+         TC_ACT_OK and leave the frame unchanged, and afterwards the tracking must be as the \
+         row says (the connection tracked and idle, none, or the recorded handshake \
+         completed by the client's ACK). A test run builds the whole frame in the socket \
+         buffer's linear part, as the stack does a segment's headers; a response's payload, \
+         which the stack keeps in pages, is not read either way.\n\n",
+        shedder_common::programs::EGRESS,
+        response(PORT_DROP).bytes().len(),
+        syn_ack(PORT_DROP).bytes().len(),
+    ));
+    md.push_str("| path | returns | ns/packet | baseline ns | ns over baseline | × baseline |\n");
+    md.push_str("|---|---|---:|---:|---:|---:|\n");
+    for r in report.rows.iter().filter(|r| r.hook == Hook::TcEgress) {
+        md.push_str(&format!(
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.2}× |\n",
+            r.path.replace('|', "\\|"),
+            r.action,
+            r.ns,
+            r.baseline_ns,
+            r.ns - r.baseline_ns,
+            r.ratio
+        ));
+    }
     md
 }
 
@@ -918,10 +1265,16 @@ fn measure(args: &Args) -> Result<Vec<Subject>> {
     let specs = paths();
     let mut subjects = Vec::new();
     for method in [Method::Repeated, Method::SingleShot] {
-        subjects.push(Subject::baseline(method, &syn(PORT_DROP), BASELINE)?);
+        subjects.push(Subject::baseline(
+            Hook::Xdp,
+            method,
+            &syn(PORT_DROP),
+            BASELINE,
+        )?);
         // The QUIC rows' own baseline: a call's fixed cost grows with the frame it copies,
         // and an Initial is 1,200 bytes or more where a SYN is 74.
         subjects.push(Subject::baseline(
+            Hook::Xdp,
             method,
             &initial(PORT_QUIC_DROP),
             BASELINE_QUIC,
@@ -929,6 +1282,16 @@ fn measure(args: &Args) -> Result<Vec<Subject>> {
         for spec in specs.iter().filter(|p| p.method == method) {
             subjects.push(Subject::path(spec)?);
         }
+    }
+    // The egress program: repeated only (it leaves every frame as it was).
+    subjects.push(Subject::baseline(
+        Hook::TcEgress,
+        Method::Repeated,
+        &response(PORT_DROP),
+        BASELINE_TC,
+    )?);
+    for spec in egress_paths() {
+        subjects.push(Subject::egress(&spec)?);
     }
     for s in &mut subjects {
         s.verify_output()?;
@@ -969,7 +1332,7 @@ fn measure(args: &Args) -> Result<Vec<Subject>> {
         "bench_xdp: measured in {:.1} s",
         start.elapsed().as_secs_f64()
     );
-    for s in &subjects {
+    for s in &mut subjects {
         s.verify_counters()?;
     }
     Ok(subjects)
@@ -1045,6 +1408,103 @@ fn run() -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn kind(hook: Hook, method: Method, baseline: bool, initial: bool) -> Kind {
+        Kind {
+            hook,
+            method,
+            baseline,
+            initial,
+        }
+    }
+
+    #[test]
+    fn each_row_is_compared_with_the_empty_program_of_its_own_hook() {
+        let kinds = [
+            kind(Hook::Xdp, Method::Repeated, true, false),
+            kind(Hook::Xdp, Method::Repeated, true, true),
+            kind(Hook::Xdp, Method::Repeated, false, false),
+            kind(Hook::Xdp, Method::SingleShot, true, false),
+            kind(Hook::Xdp, Method::SingleShot, false, false),
+            kind(Hook::TcEgress, Method::Repeated, true, false),
+            kind(Hook::TcEgress, Method::Repeated, false, false),
+        ];
+        let base = |i: usize| baseline_of(&kinds, kinds[i]);
+        assert_eq!(base(2), Some(0), "an XDP path, repeated");
+        assert_eq!(base(1), Some(1), "the QUIC frame's baseline is its own");
+        assert_eq!(base(4), Some(3), "an XDP path, single-shot");
+        assert_eq!(base(6), Some(5), "an egress path: the empty classifier");
+        assert_eq!(base(5), Some(5));
+        // An egress row has no target, but is no baseline: without the empty classifier
+        // it has none, not an XDP one and not itself.
+        assert_eq!(baseline_of(&kinds[..5], kinds[6]), None);
+    }
+
+    fn row(hook: Hook, baseline: bool, method: Method, action: u32, ns: f64) -> Row {
+        Row {
+            path: "row",
+            hook,
+            baseline,
+            method,
+            action: action_name(hook, action),
+            ns,
+            baseline_ns: f64::NAN,
+            ratio: f64::NAN,
+            target: (!baseline && hook == Hook::Xdp).then_some(TARGET_SYN),
+            pass: None,
+            samples: 1,
+            proven: false,
+        }
+    }
+
+    #[test]
+    fn the_egress_rows_are_no_xdp_baseline() {
+        // Egress rows first: none of them may be taken for the XDP baselines, though they
+        // have no target either (and TC_ACT_OK is 0, as XDP_ABORTED).
+        let rows = vec![
+            row(Hook::TcEgress, true, Method::Repeated, TC_ACT_OK, 5.0),
+            row(Hook::TcEgress, false, Method::Repeated, TC_ACT_OK, 30.0),
+            row(Hook::Xdp, true, Method::Repeated, XDP_PASS, 10.0),
+            row(Hook::Xdp, false, Method::Repeated, XDP_DROP, 25.0),
+            row(Hook::Xdp, true, Method::SingleShot, XDP_PASS, 100.0),
+            row(Hook::Xdp, false, Method::SingleShot, XDP_DROP, 130.0),
+            row(Hook::Xdp, false, Method::SingleShot, XDP_TX, 160.0),
+        ];
+        assert_eq!(xdp_baseline(&rows, Method::Repeated), Some(10.0));
+        assert_eq!(xdp_baseline(&rows, Method::SingleShot), Some(100.0));
+        let e = estimate_rst(&rows).expect("an estimate");
+        assert_eq!(e.ns, 25.0 + (160.0 - 130.0));
+        assert_eq!(e.ratio, 5.5);
+    }
+
+    #[test]
+    fn actions_are_named_for_their_hook() {
+        assert_eq!(action_name(Hook::Xdp, 0), "XDP_ABORTED");
+        assert_eq!(action_name(Hook::TcEgress, 0), "TC_ACT_OK");
+        assert_eq!(action_name(Hook::TcEgress, TC_ACT_SHOT), "TC_ACT_SHOT");
+        assert_eq!(action_name(Hook::TcEgress, u32::MAX), "TC_ACT_UNSPEC");
+    }
+
+    #[test]
+    fn the_egress_frames_are_the_server_side_of_the_handshake() {
+        let ack = handshake_ack(PORT_DROP);
+        let sa = syn_ack(PORT_DROP);
+        let resp = response(PORT_DROP);
+        assert_eq!(sa.source(), std::net::IpAddr::V4(SERVER_V4));
+        assert_eq!(ack.source(), std::net::IpAddr::V4(HIGH_V4));
+        for p in [&sa, &resp] {
+            assert_eq!((p.tcp.sport, p.tcp.dport), (PORT_DROP, EGRESS_CLIENT_PORT));
+        }
+        assert_eq!(
+            (ack.tcp.sport, ack.tcp.dport),
+            (EGRESS_CLIENT_PORT, PORT_DROP)
+        );
+        // The client's ACK acknowledges the SYN-ACK's ISN; the response follows it.
+        assert_eq!(ack.tcp.ack, sa.tcp.seq.wrapping_add(1));
+        assert_eq!(resp.tcp.seq, ack.tcp.ack);
+        assert_eq!(resp.tcp.payload.len(), RESPONSE_LEN);
+        assert_eq!(response(PORT_OPEN).tcp.sport, PORT_OPEN);
+    }
 
     #[test]
     fn a_flood_frame_has_a_new_source_port_and_isn_and_a_valid_ip_checksum() {
