@@ -46,7 +46,7 @@ enum Command {
         #[command(subcommand)]
         bench: bench::Bench,
     },
-    /// Setup, then boot older kernels (Debian's 6.1 and 6.12 packages) under qemu with an
+    /// Setup, then boot older kernels (Debian's 5.10, 6.1 and 6.12 packages) under qemu with an
     /// initramfs holding the kernel tests, run the fixture table and the network-namespace
     /// tests in each VM and natively on the host's kernel, with a table per kernel. Logs in
     /// target/vm/.

@@ -24,7 +24,10 @@ enum Source {
     /// The newest generic-flavour `linux-image-<series>.*-amd64` of a dist on a Debian
     /// archive, read from the dist's `InRelease` (checked with gpgv against
     /// debian-archive-keyring) and its `main/binary-amd64/Packages.xz` (checked by SHA256);
-    /// the .deb is checked against the index's SHA256 too.
+    /// the .deb is checked against the index's SHA256 too. The security archive has the
+    /// same layout (`dists/<codename>-security/main/…`, its packages under
+    /// `pool/updates/main/`, which the index's `Filename` names), and debian-archive-keyring
+    /// holds its signing keys (bullseye's and bookworm's sign bullseye-security).
     Dist {
         archive: &'static str,
         dist: &'static str,
@@ -39,6 +42,15 @@ pub struct Kernel {
 
 /// The kernels booted by default, oldest first. Adding one is adding a line.
 pub const KERNELS: &[Kernel] = &[
+    // Debian 11's kernel: bullseye itself keeps its last point release's (5.10.0-32, 11.11);
+    // bullseye-security carries the updates since.
+    Kernel {
+        series: "5.10",
+        source: Source::Dist {
+            archive: "http://security.debian.org/debian-security",
+            dist: "bullseye-security",
+        },
+    },
     Kernel {
         series: "6.1",
         source: Source::Apt {
@@ -207,12 +219,21 @@ mod tests {
 
     #[test]
     fn kernels_named_each_once_in_order() {
-        assert_eq!(series(&select_kernels(None).unwrap()), ["6.1", "6.12"]);
-        let names = ["6.12", " 6.1 ", "6.12", ""].map(String::from);
+        assert_eq!(
+            series(&select_kernels(None).unwrap()),
+            ["5.10", "6.1", "6.12"]
+        );
+        let names = ["6.12", " 6.1 ", "6.12", "", "5.10"].map(String::from);
         assert_eq!(
             series(&select_kernels(Some(&names)).unwrap()),
-            ["6.12", "6.1"]
+            ["6.12", "6.1", "5.10"]
         );
+        // Oldest first: the summary's first row is the oldest kernel.
+        let all: Vec<_> = KERNELS
+            .iter()
+            .map(|k| super::super::checks::series_of(k.series).unwrap())
+            .collect();
+        assert!(all.is_sorted(), "{all:?}");
         let err = select_kernels(Some(&["5.4".into()]))
             .map(|_| ())
             .unwrap_err();

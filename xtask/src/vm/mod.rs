@@ -75,7 +75,7 @@ const HOST_PACKAGES: &[(&str, &str)] = &[
 #[derive(Debug, Args)]
 pub struct VmTestArgs {
     /// Kernel series to boot, comma-separated (default: every row of KERNELS in
-    /// xtask/src/vm/kernels.rs, i.e. 6.1,6.12).
+    /// xtask/src/vm/kernels.rs, i.e. 5.10,6.1,6.12).
     #[arg(long, value_delimiter = ',', value_name = "SERIES")]
     kernels: Option<Vec<String>>,
     /// Leave out the native run on the host's own kernel (which needs root).
