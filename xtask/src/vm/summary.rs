@@ -41,10 +41,15 @@ fn excerpt(output: &[String]) -> Vec<String> {
         {
             end -= 1;
         }
-        let message = format!(
-            "{program}: {}",
-            lines[end.saturating_sub(2)..end].join("  /  ")
-        );
+        // The failing instruction and the message: the two lines before the statistics,
+        // less the error's own header where the log is shorter (a program refused before
+        // verification, e.g. 5.10's "BPF_STX uses reserved fields", logs one line).
+        let context: Vec<&str> = lines[end.saturating_sub(2)..end]
+            .iter()
+            .copied()
+            .filter(|l| !l.contains("verifier rejected ") && !l.contains("Verifier { program: "))
+            .collect();
+        let message = format!("{program}: {}", context.join("  /  "));
         match rejections.iter_mut().find(|(m, _)| *m == message) {
             Some((_, n)) => *n += 1,
             None => rejections.push((message, 1)),
@@ -247,6 +252,29 @@ mod tests {
         assert!(
             e[4].starts_with("verifier (1x): \"shedder_tc\": 3482"),
             "{e:?}"
+        );
+    }
+
+    #[test]
+    fn excerpt_of_a_program_refused_before_verification() {
+        // Linux 5.10: one line of log, printed on stderr and again in the JSON report.
+        let report = r#"@@VERIFIER {"kernel":"5.10.0-46-amd64","programs":[],"error":"the kernel verifier rejected `shedder_xdp`: BPF_STX uses reserved fields (Invalid argument (os error 22)); shedder is validated on Linux 6.1 and later. The verifier's log:\nBPF_STX uses reserved fields\nverification time 2476 usec\nstack depth 0+0\nprocessed 0 insns (limit 1000000) max_states_per_insn 0\n"}"#;
+        let output: Vec<String> = [
+            "verifier_report: the kernel verifier rejected `shedder_xdp`: BPF_STX uses reserved \
+             fields (Invalid argument (os error 22)); shedder is validated on Linux 6.1 and \
+             later. The verifier's log:",
+            "BPF_STX uses reserved fields",
+            "verification time 2476 usec",
+            "stack depth 0+0",
+            "processed 0 insns (limit 1000000) max_states_per_insn 0",
+            report,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            excerpt(&output),
+            ["verifier (2x): `shedder_xdp`: BPF_STX uses reserved fields"]
         );
     }
 }

@@ -14,6 +14,10 @@ pub const VERIFIER_REGRESSION: f64 = 1.5;
 /// The verifier figures of the latest committed run, per kernel series: the baseline.
 pub const VERIFIER_BASELINE: &str = "docs/kernels.json";
 
+/// The first kernel series that reports a loaded program's verified instructions
+/// (`bpf_prog_info.verified_insns`).
+const VERIFIED_INSNS_SINCE: &str = "5.16";
+
 /// Verifier figures per kernel series: program (`+log` with the kernel debug log) → count.
 pub type Figures = BTreeMap<String, BTreeMap<String, u64>>;
 
@@ -45,12 +49,27 @@ fn verifier_figures(row: &Row) -> std::result::Result<BTreeMap<String, u64>, Str
     let v: serde_json::Value =
         serde_json::from_str(line.trim()).map_err(|e| format!("unreadable report: {e}"))?;
     let mut out = BTreeMap::new();
+    // Loaded, but the kernel does not say how many instructions it verified (before 5.16).
+    let mut uncounted = 0;
     for (key, suffix) in [("programs", ""), ("programs_with_kernel_log", "+log")] {
         for p in v[key].as_array().into_iter().flatten() {
-            if let (Some(name), Some(n)) = (p[0].as_str(), p[1].as_u64()) {
-                out.insert(format!("{name}{suffix}"), n);
+            match (p[0].as_str(), p[1].as_u64()) {
+                (Some(name), Some(n)) => {
+                    out.insert(format!("{name}{suffix}"), n);
+                }
+                (Some(_), None) => uncounted += 1,
+                _ => {}
             }
         }
+    }
+    if uncounted > 0 {
+        out.insert(
+            format!(
+                "note: {uncounted} programs loaded; this kernel does not report the \
+                 instructions verified (Linux {VERIFIED_INSNS_SINCE})"
+            ),
+            0,
+        );
     }
     if let Some(e) = v["kernel_log_error"].as_str() {
         let reason = e.lines().next().unwrap_or(e);
@@ -104,11 +123,14 @@ pub fn verifier_table(rows: &[Row], baseline: &Figures) -> VerifierTable {
                         ratio.map_or("—".into(), |r| format!("{r:.2}×"))
                     ));
                 }
-                let kept = found
+                let kept: BTreeMap<String, u64> = found
                     .into_iter()
                     .filter(|(p, _)| !p.starts_with("error: ") && !p.starts_with("note: "))
                     .collect();
-                figures.insert(series, kept);
+                // A kernel with no figures (none reported) has no baseline either.
+                if !kept.is_empty() {
+                    figures.insert(series, kept);
+                }
             }
         }
     }
@@ -164,6 +186,35 @@ mod tests {
             t.markdown
                 .contains("note: with the kernel debug log: too complex")
         );
+        // A kernel before 5.16 loads the programs and reports no counts: a note, and no
+        // (empty) baseline for its series.
+        let line = r#"@@VERIFIER {"kernel":"5.10.0-46-amd64","programs":[["shedder_xdp",null],["shedder_tc",null]],"programs_with_kernel_log":[["shedder_xdp",null]],"error":null,"kernel_log_error":null}"#;
+        let r = row(
+            "5.10.0-46-amd64",
+            vec![result("verifier", Outcome::Pass, &[line])],
+        );
+        let t = verifier_table(&[r], &baseline);
+        assert!(t.figures.is_empty(), "{:?}", t.figures);
+        assert!(t.regressions.is_empty());
+        assert!(
+            t.markdown
+                .contains("note: 3 programs loaded; this kernel does not report"),
+            "{}",
+            t.markdown
+        );
+        // Rejected there: the error, with no figures.
+        let line = r#"@@VERIFIER {"kernel":"5.10.0-46-amd64","programs":[],"programs_with_kernel_log":[],"error":"the kernel verifier rejected `shedder_xdp`: BPF_STX uses reserved fields","kernel_log_error":null}"#;
+        let r = row(
+            "5.10.0-46-amd64",
+            vec![result("verifier", Outcome::Fail(1), &[line])],
+        );
+        assert!(
+            verifier_figures(&r)
+                .unwrap_err()
+                .contains("BPF_STX uses reserved")
+        );
+        let t = verifier_table(&[r], &baseline);
+        assert!(t.figures.is_empty());
         // No report at all is said, not guessed.
         let none = row(
             "6.12.95",
