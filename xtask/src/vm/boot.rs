@@ -232,6 +232,7 @@ pub fn boot_and_check(
     Ok(Row {
         kernel: kernel.release.clone(),
         how: format!("VM, {}, {}", accel.name(), kernel.package),
+        emulated: accel == Accel::Tcg,
         log: Some(log_path),
         notes,
         results,

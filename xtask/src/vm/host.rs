@@ -52,7 +52,9 @@ pub fn host_row(built: &Built, vm_dir: &Path, timeout: Duration) -> Result<Row> 
         let rc = match &outcome {
             Outcome::Pass => "0".to_owned(),
             Outcome::Fail(rc) => rc.to_string(),
-            Outcome::NoResult(_) | Outcome::NeedsNewer(_) => "timeout".to_owned(),
+            Outcome::NoResult(_) | Outcome::NeedsNewer(_) | Outcome::Emulated(_) => {
+                "timeout".to_owned()
+            }
         };
         writeln!(log, "@@HOST-END {} rc={rc} secs={secs:.2}", check.name)?;
         let mut output = String::new();
@@ -78,6 +80,7 @@ pub fn host_row(built: &Built, vm_dir: &Path, timeout: Duration) -> Result<Row> 
     Ok(Row {
         kernel: release,
         how: "host, native".into(),
+        emulated: false,
         log: Some(log_path),
         notes: Vec::new(),
         results,

@@ -80,6 +80,11 @@ const OPTIONS: &[(&str, Option<&str>)] = &[
     ("CONFIG_NET_SCH_INGRESS", Some("sch_ingress")),
     ("CONFIG_NET_CLS_BPF", Some("cls_bpf")),
     ("CONFIG_NET_CLS_ACT", None),
+    // sock_diag: the daemon reads listeners' accept queues and open sockets through it
+    // (signals, sweep, recall); without the modules its netlink socket finds no handler.
+    ("CONFIG_INET_DIAG", Some("inet_diag")),
+    ("CONFIG_INET_TCP_DIAG", Some("tcp_diag")),
+    ("CONFIG_INET_UDP_DIAG", Some("udp_diag")),
     ("CONFIG_DEVTMPFS", None),
     ("CONFIG_TMPFS", None),
 ];

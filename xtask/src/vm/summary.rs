@@ -86,6 +86,7 @@ fn state(outcome: &Outcome) -> (String, String) {
         Outcome::Fail(rc) => ("FAIL".to_owned(), format!("exit status {rc}")),
         Outcome::NoResult(why) => ("NO RESULT".to_owned(), why.clone()),
         Outcome::NeedsNewer(what) => ("n/a".to_owned(), what.clone()),
+        Outcome::Emulated(why) => ("n/a".to_owned(), why.clone()),
     }
 }
 
@@ -138,7 +139,8 @@ pub fn write_docs(
     md.push_str(&format!(
         "\n*n/a* = the check failed on a kernel older than its feature needs, as expected: \
          shedder refuses that feature there with a message saying so (see [What needs a newer \
-         kernel](#what-needs-a-newer-kernel)).\n\n## Verifier complexity\n\nInstructions the verifier processed \
+         kernel](#what-needs-a-newer-kernel)); or a check that bounds latency failed in an \
+         emulated (TCG) VM, too slow to judge it, which is said in its cell.\n\n## Verifier complexity\n\nInstructions the verifier processed \
          per program (`+log`: built with `daemon.kernel_debug_log`), against the previous \
          committed run ({VERIFIER_BASELINE}); a program over {VERIFIER_REGRESSION}× its \
          baseline fails the run.\n\n{}",
@@ -188,8 +190,13 @@ pub fn report(rows: &[Row], total: Duration) {
     }
     for row in rows {
         for r in &row.results {
-            if matches!(r.outcome, Outcome::Fail(_)) && !r.output.is_empty() {
-                eprintln!("\n--- {} on {}:", r.name, row.kernel);
+            let counted = match r.outcome {
+                Outcome::Fail(_) => "",
+                Outcome::Emulated(_) => " (not counted: emulated VM)",
+                _ => continue,
+            };
+            if !r.output.is_empty() {
+                eprintln!("\n--- {} on {}{counted}:", r.name, row.kernel);
                 for line in excerpt(&r.output) {
                     eprintln!("    {line}");
                 }
