@@ -177,6 +177,27 @@ impl Packet {
         p
     }
 
+    /// This packet as a segment of an established connection: `flags`, `seq` and `ack`
+    /// set, no options.
+    pub fn established(mut self, flags: u8, seq: u32, ack: u32) -> Self {
+        self.tcp.flags = flags;
+        self.tcp.seq = seq;
+        self.tcp.ack = ack;
+        self.tcp.options = Vec::new();
+        self
+    }
+
+    /// The same packet going the other way: addresses, MAC addresses and ports swapped.
+    pub fn reversed(mut self) -> Self {
+        match &mut self.ip {
+            Ip::V4(v4) => std::mem::swap(&mut v4.src, &mut v4.dst),
+            Ip::V6(v6) => std::mem::swap(&mut v6.src, &mut v6.dst),
+        }
+        std::mem::swap(&mut self.eth_src, &mut self.eth_dst);
+        std::mem::swap(&mut self.tcp.sport, &mut self.tcp.dport);
+        self
+    }
+
     pub fn v4_mut(&mut self) -> &mut V4 {
         match &mut self.ip {
             Ip::V4(v4) => v4,

@@ -54,7 +54,7 @@ use shedder_common::{
 };
 use shedder_tests::{
     machine::{Machine, machine},
-    packet::{Ip, Packet, TCP_ACK, TCP_PSH, TCP_SYN, checksum, quic_initial},
+    packet::{Packet, TCP_ACK, TCP_PSH, TCP_SYN, checksum, quic_initial},
     policy::{
         HIGH_V4, LONG_WINDOW, PORT_DROP, PORT_OPEN, PORT_QUIC_DROP, PORT_QUIC_VN, PORT_RST,
         SERVER_V4, SVC_DROP, SVC_QUIC_DROP, SVC_QUIC_VN, SVC_RST, closed_policy, install_standard,
@@ -459,24 +459,14 @@ const RESPONSE_LEN: usize = 200;
 
 /// A segment of the egress rows' connection to the service on `port`, from the client.
 fn client_segment(port: u16, flags: u8, seq: u32, ack: u32) -> Packet {
-    let mut p = syn(port);
+    let mut p = syn(port).established(flags, seq, ack);
     p.tcp.sport = EGRESS_CLIENT_PORT;
-    p.tcp.flags = flags;
-    p.tcp.seq = seq;
-    p.tcp.ack = ack;
-    p.tcp.options = Vec::new();
     p
 }
 
 /// The same connection's segment from the server on `port` to the client.
 fn server_segment(port: u16, flags: u8, seq: u32, ack: u32) -> Packet {
-    let mut p = client_segment(port, flags, seq, ack);
-    if let Ip::V4(v4) = &mut p.ip {
-        std::mem::swap(&mut v4.src, &mut v4.dst);
-    }
-    std::mem::swap(&mut p.eth_src, &mut p.eth_dst);
-    std::mem::swap(&mut p.tcp.sport, &mut p.tcp.dport);
-    p
+    client_segment(port, flags, seq, ack).reversed()
 }
 
 /// The server's SYN-ACK, with the options a Linux server answers with.
@@ -572,12 +562,7 @@ fn run_xdp(shedder: &mut Shedder, packet: &Packet) -> Result<()> {
         data_in: Some(&packet.bytes()),
         ..Default::default()
     })?;
-    ensure!(
-        r.return_value == XDP_PASS,
-        "XDP returned {}",
-        action_name(Hook::Xdp, r.return_value)
-    );
-    Ok(())
+    expect_action(Hook::Xdp, XDP_PASS, r.return_value)
 }
 
 /// Run `packet` through shedder's egress program, which must let it through.
@@ -586,10 +571,15 @@ fn run_egress(shedder: &mut Shedder, packet: &Packet) -> Result<()> {
         data_in: Some(&packet.bytes()),
         ..Default::default()
     })?;
+    expect_action(Hook::TcEgress, TC_ACT_OK, r.return_value)
+}
+
+fn expect_action(hook: Hook, want: u32, got: u32) -> Result<()> {
     ensure!(
-        r.return_value == TC_ACT_OK,
-        "egress returned {}",
-        action_name(Hook::TcEgress, r.return_value)
+        got == want,
+        "{hook:?} returned {} instead of {}",
+        action_name(hook, got),
+        action_name(hook, want)
     );
     Ok(())
 }
