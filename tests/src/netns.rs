@@ -73,6 +73,21 @@ impl Netns {
         sh(&full)
     }
 
+    /// Set a per-namespace sysctl under `/proc/sys/net`, e.g. `("ipv4/ip_forward", "1")`,
+    /// and read it back. Written from a thread inside the namespace (`/proc/sys/net` shows
+    /// the namespace of the thread that opens it), so no `sysctl` binary is needed: a
+    /// minimal root has none. Panics if the value does not take.
+    pub fn sysctl(&self, key: &str, value: &str) {
+        let path = format!("/proc/sys/net/{key}");
+        self.run(|| {
+            std::fs::write(&path, value).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+            let back =
+                std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+            let back = back.split_whitespace().collect::<Vec<_>>().join(" ");
+            assert_eq!(back, value, "{path} did not take {value:?}");
+        })
+    }
+
     /// Enter the namespace on the calling thread. Only for threads that belong to the test
     /// (see [`Netns::run`]); the main test thread should never switch.
     pub fn enter(&self) {

@@ -42,7 +42,9 @@ pub struct LabConfig {
     pub controller: &'static str,
     /// `rst` or `drop`.
     pub action: &'static str,
-    /// `tc`, `native` or `generic`.
+    /// `auto`, `tc`, `native` or `generic`. The default, `auto`, is what the daemon's own
+    /// default does on a veth: tc where the kernel has tcx (6.6), generic XDP before, so
+    /// one lab runs on every kernel `vm-test` boots.
     pub attach: &'static str,
     /// What one source of the default class (MEDIUM) is, in bits of an IPv4 address
     /// (`source_prefix_v4`; `None`: the default /24).
@@ -58,7 +60,7 @@ impl Default for LabConfig {
             target_latency_ms: 50,
             controller: "aimd",
             action: "rst",
-            attach: "tc",
+            attach: "auto",
             medium_source_prefix: None,
         }
     }
@@ -201,7 +203,9 @@ impl Lab {
             &self.cfg.daemon_config(&self.pins),
             &self.pins,
         );
-        daemon.wait_for_log("running", Duration::from_secs(15));
+        // Loading takes seconds on a host and minutes in an emulated VM (vm-test without
+        // KVM), where the verifier runs on an emulated CPU.
+        daemon.wait_for_log("running", Duration::from_secs(180));
         self.daemon = Some(daemon);
     }
 

@@ -195,6 +195,9 @@ fn a_thousand_sources_in_fixed_memory() {
     });
     let secs = 10;
     let maps = PinnedMaps::open(&lab.pins).expect("the daemon's maps");
+    // The service's limit over the run, printed with the table: a low goodput is a
+    // limit held low, or room taken by something else, and the two read differently.
+    let sampler = lab.sample_limits(Duration::from_millis(500));
     let ((report, most), judged) = lab.judged_capacity(window(secs), || {
         let handle = LoadGen::new(lab.target())
             .deadline(DEADLINE)
@@ -225,12 +228,18 @@ fn a_thousand_sources_in_fixed_memory() {
         .map(|set| set.slot.iter().filter(|s| s.tag != 0).count())
         .sum();
     let w = report.range(SETTLE..secs);
+    let limits: Vec<String> = sampler
+        .finish()
+        .iter()
+        .map(|(t, l)| format!("{:.1}s {l}", t.as_secs_f64()))
+        .collect();
     eprintln!(
         "{held} sources held, at most {most} active in one epoch; offered {:.0}/s, goodput \
-         {:.0}% of {cap:.0}/s ({judged:.0}/s at the backend's pace)\n{}",
+         {:.0}% of {cap:.0}/s ({judged:.0}/s at the backend's pace)\n{}limit: {}",
         w.offered_rate(),
         100.0 * w.goodput() / cap,
-        report.table()
+        report.table(),
+        limits.join(", ")
     );
     assert!(held >= 1000, "only {held} sources in the table");
     assert!(most >= 500, "only {most} sources counted in an epoch");

@@ -489,8 +489,7 @@ fn keep_alive_connections_of_a_pod_are_recalled_from_the_node() {
     require_root();
     let pair = Pair::new("hpod");
     let pod = pair.upstream("hpod");
-    pair.server
-        .exec(&["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]);
+    pair.server.sysctl("ipv4/ip_forward", "1");
     pair.client.ip(&[
         "route",
         "add",

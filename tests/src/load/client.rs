@@ -24,19 +24,8 @@ use crate::netns::Netns;
 /// TIME_WAIT ports for new outgoing connections (`net.ipv4.tcp_tw_reuse = 1`). Both are
 /// per network namespace. Panics if they cannot be set.
 pub fn prepare_client_namespace(ns: &Netns) {
-    ns.run(|| {
-        // /proc/sys/net shows the namespace of the thread that opens it.
-        for (path, value) in [
-            ("/proc/sys/net/ipv4/ip_local_port_range", "1024 65535"),
-            ("/proc/sys/net/ipv4/tcp_tw_reuse", "1"),
-        ] {
-            std::fs::write(path, value).unwrap_or_else(|e| panic!("writing {path}: {e}"));
-            let back =
-                std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
-            let back = back.split_whitespace().collect::<Vec<_>>().join(" ");
-            assert_eq!(back, value, "{path} did not take {value:?}");
-        }
-    });
+    ns.sysctl("ipv4/ip_local_port_range", "1024 65535");
+    ns.sysctl("ipv4/tcp_tw_reuse", "1");
 }
 
 /// Raise this process's soft RLIMIT_NOFILE to its hard limit; returns the new soft limit.
