@@ -30,6 +30,12 @@
 //! through its handshake: the SYN-ACK through the egress program, the client's ACK through
 //! the XDP program), and a SYN-ACK. Each is checked to return TC_ACT_OK and leave its frame
 //! unchanged, and afterwards the tracking must be as the row claims.
+//!
+//! One connection. Every frame of a whole request/response connection, through the ingress
+//! and egress programs and through the empty ones, once each, so that what shedder adds to
+//! a connection is stated per connection, as its cost targets are (see `connection`).
+
+mod connection;
 
 use shedder::kernel::MapReader;
 use std::{
@@ -105,6 +111,12 @@ struct Args {
     /// for their baseline.
     #[arg(long, default_value_t = 200_000)]
     single_calls: usize,
+    /// Connections per round of the section on one whole connection.
+    #[arg(long, default_value_t = 1000)]
+    connections: u32,
+    /// Rounds of that section (after one to warm up).
+    #[arg(long, default_value_t = 21)]
+    connection_rounds: usize,
     /// Also write the figures as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -648,6 +660,26 @@ impl Program {
     }
 }
 
+/// The empty XDP program and the empty classifier, both loaded.
+fn baseline_programs() -> Result<Program> {
+    let mut ebpf = Ebpf::load(BASELINE_OBJECT).context("loading the baseline object")?;
+    for name in [
+        shedder_common::programs::BASELINE_XDP,
+        shedder_common::programs::BASELINE_TC,
+    ] {
+        let program = ebpf
+            .program_mut(name)
+            .with_context(|| format!("the baseline object has no `{name}`"))?;
+        if name == shedder_common::programs::BASELINE_XDP {
+            <&mut Xdp>::try_from(program)?.load()
+        } else {
+            <&mut SchedClassifier>::try_from(program)?.load()
+        }
+        .with_context(|| format!("loading {name}"))?;
+    }
+    Ok(Program::Baseline(ebpf))
+}
+
 /// A loaded program with the frame it runs on and what it must do with it.
 struct Subject {
     label: &'static str,
@@ -993,6 +1025,8 @@ struct Report {
     verified_insns: Vec<(String, Option<u32>)>,
     /// The same with `daemon.kernel_debug_log` (XDP and TC only).
     verified_insns_logging: Vec<(String, Option<u32>)>,
+    /// What one whole connection costs, protected and not.
+    connection: connection::ConnectionCost,
 }
 
 /// The RST path on the repeated basis, estimated: the repeated SYN-drop figure plus what
@@ -1372,6 +1406,7 @@ fn run() -> Result<bool> {
     .collect();
     let subjects = measure(&args)?;
     let rows = rows(&subjects);
+    let connection = connection::measure(args.connection_rounds, args.connections)?;
     let report = Report {
         verified_insns,
         verified_insns_logging,
@@ -1381,14 +1416,17 @@ fn run() -> Result<bool> {
         single_calls: args.single_calls,
         rst_estimate: estimate_rst(&rows),
         rows,
+        connection,
     };
     print!("{}", markdown(&report));
+    print!("{}", connection::markdown(&report.connection));
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
         eprintln!("bench_xdp: figures written to {}", path.display());
     }
-    let failed = report.rows.iter().filter(|r| r.pass == Some(false)).count();
+    let failed = report.rows.iter().filter(|r| r.pass == Some(false)).count()
+        + report.connection.ports.iter().filter(|p| !p.pass).count();
     if failed > 0 {
         eprintln!("bench_xdp: {failed} target(s) missed");
     }
