@@ -18,6 +18,7 @@ pub mod fair;
 pub mod flow;
 pub mod frag;
 pub mod gcra;
+pub mod handshake;
 pub mod hist;
 pub mod mask;
 pub mod proof;
@@ -39,10 +40,6 @@ pub const MAX_CLASS_RULES: u32 = 16384;
 /// is full new connections go uncounted (and `STAT_UNTRACKED` says so). Each service's
 /// `max_connections` is at most this.
 pub const DEFAULT_TRACKED_SOCKETS: u32 = 262_144;
-/// Handshakes answered and not yet acknowledged, remembered at once (an LRU hash: under a
-/// flood the oldest go first, and a connection whose handshake was forgotten is counted by
-/// the daemon's sweep instead, from the kernel's sockets).
-pub const HANDSHAKE_ENTRIES: u32 = 65_536;
 /// IPv4 class lookup table, first level: one entry per /16.
 pub const CLASS_L1_ENTRIES: u32 = 65536;
 /// IPv4 class lookup table, second level: blocks of 256 /24 cells, in two halves that
@@ -418,8 +415,9 @@ pub mod maps {
     /// the service's port ([`crate::flow::FlowKey`] → [`crate::SockState`]).
     pub const CONNS: &str = "SHEDDER_CONNS";
     /// Handshakes a protected service answered (its SYN-ACK seen on the way out), waiting
-    /// for the client's acknowledgement: an LRU hash of the sequence number it must carry.
-    pub const HANDSHAKES: &str = "SHEDDER_HANDSHAKES";
+    /// for the client's acknowledgement: the sequence number it must carry, in sets
+    /// ([`crate::handshake`]).
+    pub const HANDSHAKES: &str = "SHEDDER_HANDSHAKE_SETS";
     /// The tracking programs, one per program type, which the packet programs tail-call for
     /// a segment of a protected TCP port that is not an attempt.
     pub const TRACK_XDP: &str = "SHEDDER_TRACK_XDP";

@@ -12,18 +12,18 @@
 use aya_ebpf::{
     helpers::generated::{bpf_jiffies64, bpf_ktime_get_ns},
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
 };
 use shedder_common::{
-    DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HANDSHAKE_ENTRIES, HIST_PER_SERVICE, MAX_SERVICES,
-    NUM_CLASSES, POLICY_CONFIGURED, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SEED_UNPROTECTED,
-    SOCK_AGE_SEEN, SOCK_BUSY, SOCK_PENDING, SOCK_POOL_UNPROVEN, SOCK_SEQ_KNOWN,
-    STAT_QUIC_ANSWERS_NOT_PROVEN, STAT_UNTRACKED, SeedResult, SeedSock, ServiceHist, SockState,
+    DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
+    POLICY_CONFIGURED, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SEED_UNPROTECTED, SOCK_AGE_SEEN,
+    SOCK_BUSY, SOCK_PENDING, SOCK_POOL_UNPROVEN, SOCK_SEQ_KNOWN, STAT_QUIC_ANSWERS_NOT_PROVEN,
+    STAT_UNTRACKED, SeedResult, SeedSock, ServiceHist, SockState,
     flow::{
         self, ANSWERED, FLOW_ANSWERED, FLOW_EARNED, FLOW_UNPROVEN, FlowKey, SEEN_LIVENESS,
         UNPROVEN, WAITING,
     },
-    hist,
+    handshake, hist,
     proof::{self, STANDING_SETS, STANDING_WAYS},
     table, work,
 };
@@ -42,10 +42,11 @@ use crate::{
 static SHEDDER_CONNS: HashMap<FlowKey, SockState> =
     HashMap::with_max_entries(DEFAULT_TRACKED_SOCKETS, BPF_F_NO_PREALLOC);
 /// Per handshake a protected service answered, the acknowledgement number that completes it
-/// (the server's initial sequence number plus one).
+/// (the server's initial sequence number plus one), in sets (see
+/// [`shedder_common::handshake`]).
 #[map]
-static SHEDDER_HANDSHAKES: LruHashMap<FlowKey, u32> =
-    LruHashMap::with_max_entries(HANDSHAKE_ENTRIES, 0);
+static SHEDDER_HANDSHAKE_SETS: Array<handshake::Answers> =
+    Array::with_max_entries(handshake::SETS, 0);
 #[map]
 static SHEDDER_HIST: PerCpuArray<ServiceHist> = PerCpuArray::with_max_entries(MAX_SERVICES, 0);
 /// Per service, this CPU's count of requests in service by the slot they arrived in.
@@ -70,7 +71,10 @@ pub fn handshake_answered(key: &FlowKey, isn: u32) {
         }
         connection_ended(key);
     }
-    let _ = SHEDDER_HANDSHAKES.insert(key, isn.wrapping_add(1), 0);
+    if let Some((set, tag)) = answers_of(key) {
+        let now = unsafe { bpf_jiffies64() } as u32;
+        handshake::record(unsafe { &mut *set }, tag, isn.wrapping_add(1), now);
+    }
 }
 
 /// Whether `ack`, from the client of `key`, completes a handshake its server answered:
@@ -78,13 +82,19 @@ pub fn handshake_answered(key: &FlowKey, isn: u32) {
 /// received the SYN-ACK knows. The handshake is forgotten once completed.
 #[inline(always)]
 pub fn completes_handshake(key: &FlowKey, ack: u32) -> bool {
-    match unsafe { SHEDDER_HANDSHAKES.get(key) } {
-        Some(&expected) if expected == ack => {
-            let _ = SHEDDER_HANDSHAKES.remove(key);
-            true
-        }
-        _ => false,
+    match answers_of(key) {
+        Some((set, tag)) => handshake::complete(unsafe { &mut *set }, tag, ack),
+        None => false,
     }
+}
+
+/// The set of answered handshakes `key` belongs in, and its tag there.
+#[inline(always)]
+fn answers_of(key: &FlowKey) -> Option<(*mut handshake::Answers, u64)> {
+    let seed = SHEDDER_GLOBALS.get(0)?.table_seed;
+    let h = table::hash(seed, &handshake::key_words(key));
+    let set = SHEDDER_HANDSHAKE_SETS.get_ptr_mut(table::set_index(h, handshake::SETS))?;
+    Some((set, table::tag(h)))
 }
 
 /// The tracked connection `key`, if any.
