@@ -157,6 +157,17 @@ pub fn ingress(data: usize, data_end: usize) {
     }
     let fin = u32::from(s.flags & TCP_FIN != 0);
     let end = s.seq.wrapping_add(s.len).wrapping_add(fin);
+    // A bare acknowledgement (no data, FIN or reset) starts and ends nothing on a tracked
+    // connection: it matters only when it completes a handshake, which the table of
+    // answered handshakes tells without a lookup among the tracked connections (a
+    // connection found open at start then learns its client's sequence number from the
+    // client's next data instead).
+    if s.len == 0 && s.flags & (TCP_FIN | TCP_RST) == 0 {
+        if s.flags & TCP_ACK != 0 && track::completes_handshake(&s.key, s.ack) {
+            track::connection_born(&s.key, s.local, end, s.ack.wrapping_sub(1));
+        }
+        return;
+    }
     if let Some(st) = track::connection(&s.key) {
         let st = unsafe { &mut *st };
         let known = st.flags & SOCK_SEQ_KNOWN != 0;

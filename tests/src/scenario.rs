@@ -66,6 +66,9 @@ impl Default for LabConfig {
     }
 }
 
+/// How a lab's panic says that its set-up, not its figures, failed.
+pub const SETUP_FAILED: &str = "lab set-up failed";
+
 /// The labs' class ladder, for the [`MIX`]'s sources: CRITICAL's /25 under a ceiling, HIGH
 /// with a floor of 0.6, MEDIUM 0.05, SHEDDABLE none.
 pub const CLASSES: &str = r#"[classes]
@@ -206,6 +209,16 @@ impl Lab {
         // Loading takes seconds on a host and minutes in an emulated VM (vm-test without
         // KVM), where the verifier runs on an emulated CPU.
         daemon.wait_for_log("running", Duration::from_secs(180));
+        // Without its egress program the daemon sheds on the sockets' figures alone: the lab
+        // would measure something else than it claims. Said as a failure of the set-up, not
+        // of the figures (`vm-test` counts it even where it does not judge timing).
+        if let Some(line) = daemon
+            .log()
+            .lines()
+            .find(|l| l.contains("the egress program did not attach"))
+        {
+            panic!("{SETUP_FAILED}: {line}");
+        }
         self.daemon = Some(daemon);
     }
 

@@ -232,18 +232,22 @@ impl Shedder {
             .map_err(attach_err("tc egress (netlink)"))?;
         match marker {
             Some(marker) => {
-                std::fs::create_dir_all(marker.parent().unwrap_or(Path::new("/"))).map_err(
-                    |e| Error::Pin {
-                        path: marker.clone(),
-                        reason: e.to_string(),
-                    },
-                )?;
-                std::fs::write(&marker, "tc egress filter attached through netlink\n").map_err(
-                    |e| Error::Pin {
-                        path: marker.clone(),
-                        reason: e.to_string(),
-                    },
-                )?;
+                let pin_err = |e: &dyn std::fmt::Display| Error::Pin {
+                    path: marker.clone(),
+                    reason: e.to_string(),
+                };
+                std::fs::create_dir_all(marker.parent().unwrap_or(Path::new("/")))
+                    .map_err(|e| pin_err(&e))?;
+                // The marker is the egress program itself, pinned: a bpf filesystem holds
+                // only BPF objects (a plain file there is refused with EACCES), and the pin
+                // also keeps the program loaded while the filter outlives this process. An
+                // earlier run's marker is replaced.
+                match std::fs::remove_file(&marker) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(pin_err(&e)),
+                }
+                prog.pin(&marker).map_err(|e| pin_err(&e))?;
                 // Kept attached past this process, as a pinned link is.
                 std::mem::forget(link);
             }
@@ -361,8 +365,9 @@ pub fn egress_pin_name(iface: &str) -> String {
 /// Names of egress links under `links/` begin with this (an older version's tracepoints'
 /// with `tp-`).
 pub const EGRESS_PIN_PREFIX: &str = "egress-";
-/// Under `links/`, the marker of an egress program attached through netlink (no tcx): not a
-/// pin, but the filter stays attached past the daemon as a pinned link would.
+/// Under `links/`, the marker of an egress program attached through netlink (no tcx): the
+/// program pinned, not a link (a netlink filter has none), and the filter stays attached
+/// past the daemon as a pinned link would.
 pub const EGRESS_NETLINK_PREFIX: &str = "egress-netlink-";
 /// The netlink egress filter's priority and handle, shedder's own (it only reads frames, so
 /// its place among other filters does not matter).

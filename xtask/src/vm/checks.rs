@@ -206,14 +206,20 @@ pub fn mark_needs_newer(row: &mut Row) {
     }
 }
 
-/// In an emulated VM, a failed [`Check::timing`] check is reported, not counted.
+/// What a lab's panic says when its set-up failed (`SETUP_FAILED` in tests/src/scenario.rs).
+const LAB_SETUP_FAILED: &str = "lab set-up failed";
+
+/// In an emulated VM, a failed [`Check::timing`] check is reported, not counted, unless the
+/// lab's set-up failed.
 pub fn mark_emulated(row: &mut Row) {
     if !row.emulated {
         return;
     }
     for r in &mut row.results {
         let timing = selected().any(|c| c.name == r.name && c.timing);
-        if let (true, Outcome::Fail(rc)) = (timing, &r.outcome) {
+        // A lab whose set-up failed (tests/src/scenario.rs) measured nothing: not timing.
+        let setup = r.output.iter().any(|l| l.contains(LAB_SETUP_FAILED));
+        if let (true, false, Outcome::Fail(rc)) = (timing, setup, &r.outcome) {
             r.outcome = Outcome::Emulated(format!(
                 "exit status {rc} in an emulated (TCG) VM, too slow for the latency and \
                  start-up bounds this check asserts: not counted (judged under KVM and on the \
@@ -305,6 +311,18 @@ mod tests {
             mark_needs_newer(&mut r);
             mark_emulated(&mut r);
             assert_eq!(r.results[0].outcome.counted(), !emulated);
+            // A lab whose set-up failed counts everywhere.
+            let mut setup = row(
+                "6.1.0-57-amd64",
+                vec![result(
+                    "closed_loop::overload_at_3x",
+                    Outcome::Fail(101),
+                    &["panicked at tests/src/scenario.rs: lab set-up failed: egress"],
+                )],
+            );
+            setup.emulated = emulated;
+            mark_emulated(&mut setup);
+            assert!(matches!(setup.results[0].outcome, Outcome::Fail(101)));
             // A check that does not bound time counts everywhere.
             assert!(matches!(r.results[1].outcome, Outcome::Fail(101)));
         }
