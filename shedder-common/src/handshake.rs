@@ -78,25 +78,16 @@ pub fn find(set: &Answers, tag: u64) -> usize {
 /// the least recently written.
 #[inline(always)]
 pub fn victim(set: &Answers, tag: u64, now: u32) -> usize {
-    let mut way = 0;
-    let mut best = 0u64;
-    let mut i = 0;
-    while i < WAYS {
-        let s = &set.slot[i];
-        let rank = if s.tag == tag {
+    crate::table::highest::<WAYS>(|i| {
+        let s = &set.slot[i & (WAYS - 1)];
+        if s.tag == tag {
             u64::MAX
         } else if s.tag == 0 {
             u64::MAX - 1
         } else {
             now.wrapping_sub(s.at) as u64
-        };
-        if rank > best || i == 0 {
-            best = rank;
-            way = i;
         }
-        i += 1;
-    }
-    way
+    })
 }
 
 /// Remember that the handshake of `tag` is completed by `ack`. The number is written

@@ -186,23 +186,14 @@ pub fn disputed(slot: &Standing, now: u16) -> u32 {
 /// The slot a newly proven address takes: an empty one, else the one proven longest ago.
 #[inline(always)]
 pub fn victim(set: &StandingSet, now: u16) -> usize {
-    let mut way = 0;
-    let mut best = 0u32;
-    let mut i = 0;
-    while i < STANDING_WAYS {
-        let s = &set.slot[i];
-        let rank = if s.tag == 0 {
-            u32::MAX
+    crate::table::highest::<STANDING_WAYS>(|i| {
+        let s = &set.slot[i & (STANDING_WAYS - 1)];
+        if s.tag == 0 {
+            u32::MAX as u64
         } else {
-            now.wrapping_sub(s.seen) as u32
-        };
-        if rank > best || i == 0 {
-            best = rank;
-            way = i;
+            now.wrapping_sub(s.seen) as u64
         }
-        i += 1;
-    }
-    way
+    })
 }
 
 const _: () = {

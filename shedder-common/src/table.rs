@@ -165,30 +165,39 @@ pub fn find(set: &Set, tag: u64) -> usize {
     way
 }
 
-/// The slot a new entry for `tag` takes: the one already holding it, else an empty one,
-/// else the least recently written.
+/// Of `N` slots, the one of highest `rank` (the first of equals): how every table here
+/// picks the slot a new entry takes.
 #[inline(always)]
-pub fn victim(set: &Set, tag: u64, now: u64) -> usize {
+pub fn highest<const N: usize>(rank: impl Fn(usize) -> u64) -> usize {
     let mut way = 0;
     let mut best = 0u64;
     let mut i = 0;
-    while i < WAYS {
-        let s = &set.slot[i];
-        // Rank: the key's own slot, then empty slots, then by age (at most 2^40 - 1).
-        let rank = if s.tag == tag {
-            u64::MAX
-        } else if s.tag == 0 {
-            u64::MAX - 1
-        } else {
-            age(now, s.word)
-        };
-        if rank > best || i == 0 {
-            best = rank;
+    while i < N {
+        let r = rank(i);
+        if r > best || i == 0 {
+            best = r;
             way = i;
         }
         i += 1;
     }
     way
+}
+
+/// The slot a new entry for `tag` takes: the one already holding it, else an empty one,
+/// else the least recently written.
+#[inline(always)]
+pub fn victim(set: &Set, tag: u64, now: u64) -> usize {
+    highest::<WAYS>(|i| {
+        let s = &set.slot[i & (WAYS - 1)];
+        // Rank: the key's own slot, then empty slots, then by age (at most 2^40 - 1).
+        if s.tag == tag {
+            u64::MAX
+        } else if s.tag == 0 {
+            u64::MAX - 1
+        } else {
+            age(now, s.word)
+        }
+    })
 }
 
 /// Write an entry for `tag` with value `word` (see [`pack`]) into the slot [`victim`] picks.

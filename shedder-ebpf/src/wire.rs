@@ -162,13 +162,8 @@ pub fn ingress(data: usize, data_end: usize) {
     // answered handshakes tells without a lookup among the tracked connections (a
     // connection found open at start then learns its client's sequence number from the
     // client's next data instead).
-    if s.len == 0 && s.flags & (TCP_FIN | TCP_RST) == 0 {
-        if s.flags & TCP_ACK != 0 && track::completes_handshake(&s.key, s.ack) {
-            track::connection_born(&s.key, s.local, end, s.ack.wrapping_sub(1));
-        }
-        return;
-    }
-    if let Some(st) = track::connection(&s.key) {
+    let bare = s.len == 0 && s.flags & (TCP_FIN | TCP_RST) == 0;
+    if !bare && let Some(st) = track::connection(&s.key) {
         let st = unsafe { &mut *st };
         let known = st.flags & SOCK_SEQ_KNOWN != 0;
         if s.flags & TCP_RST != 0 {
