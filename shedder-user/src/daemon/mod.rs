@@ -155,6 +155,9 @@ pub fn run(opts: Options) -> Result<()> {
             return Err(e);
         }
     };
+    // The first tick publishes the figures (metrics, status) before the daemon says it runs.
+    daemon.tick();
+    daemon.watchdog.step(watchdog::Step::Idle);
     info!(
         services = daemon.services.len(),
         interfaces = ?daemon.cfg.daemon.interfaces,
@@ -165,12 +168,7 @@ pub fn run(opts: Options) -> Result<()> {
         "running"
     );
     let mut next = Instant::now();
-    while !STOP.load(Ordering::SeqCst) && !daemon.detach_requested {
-        if RELOAD.swap(false, Ordering::SeqCst) {
-            daemon.reload_file();
-        }
-        daemon.tick();
-        daemon.watchdog.step(watchdog::Step::Idle);
+    loop {
         next += Duration::from_millis(daemon.cfg.daemon.tick_ms);
         let now = Instant::now();
         if next < now {
@@ -180,6 +178,14 @@ pub fn run(opts: Options) -> Result<()> {
             daemon.serve_requests();
             std::thread::sleep((next - Instant::now()).min(Duration::from_millis(20)));
         }
+        if STOP.load(Ordering::SeqCst) || daemon.detach_requested {
+            break;
+        }
+        if RELOAD.swap(false, Ordering::SeqCst) {
+            daemon.reload_file();
+        }
+        daemon.tick();
+        daemon.watchdog.step(watchdog::Step::Idle);
     }
     let detach =
         daemon.detach_requested || (daemon.cfg.daemon.detach_on_exit && !opts.keep_attached);

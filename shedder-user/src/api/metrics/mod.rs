@@ -746,15 +746,15 @@ pub fn encode(registry: &Registry) -> String {
 /// Serve `GET /metrics` on `listener`, each connection on a task of its own (see
 /// [`crate::api::http`]), so that idle or slow clients cannot keep a scrape waiting.
 pub fn serve(listener: TcpListener, shared: Shared) {
-    let registry = Arc::new(registry(shared));
+    let registry = Arc::new(registry(shared.clone()));
     let make = move || {
         listener.set_nonblocking(true)?;
         tokio::net::TcpListener::from_std(listener)
     };
     crate::api::http::accept_loop("the metrics endpoint", make, move |conn| {
-        let registry = registry.clone();
+        let (registry, shared) = (registry.clone(), shared.clone());
         crate::api::http::serve_connection(conn, move |req| {
-            let answer = answer(&req, &registry);
+            let answer = answer(&req, &registry, &shared);
             async move { answer }
         });
     });
@@ -763,9 +763,19 @@ pub fn serve(listener: TcpListener, shared: Shared) {
 fn answer(
     req: &hyper::Request<hyper::body::Incoming>,
     registry: &Registry,
+    shared: &Shared,
 ) -> crate::api::http::Answer {
     if req.method() != hyper::Method::GET || req.uri().path() != "/metrics" {
         return crate::api::http::answer(404, "text/plain", "shedder serves GET /metrics\n");
+    }
+    // Before the first tick there is nothing to report: an empty exposition would read as
+    // a daemon with no services and no refusals, so the scrape fails instead (`up` 0).
+    if shared.lock().map_or(true, |s| s.is_none()) {
+        return crate::api::http::answer(
+            503,
+            "text/plain",
+            "shedder is starting: no figures until its first tick has run\n",
+        );
     }
     crate::api::http::answer(
         200,
