@@ -43,8 +43,7 @@ pub struct LabConfig {
     /// `rst` or `drop`.
     pub action: &'static str,
     /// `auto`, `tc`, `native` or `generic`. The default, `auto`, is what the daemon's own
-    /// default does on a veth: tc where the kernel has tcx (6.6), generic XDP before, so
-    /// one lab runs on every kernel `vm-test` boots.
+    /// default does on a veth: tc (a tcx link from Linux 6.6, a netlink filter before).
     pub attach: &'static str,
     /// What one source of the default class (MEDIUM) is, in bits of an IPv4 address
     /// (`source_prefix_v4`; `None`: the default /24).

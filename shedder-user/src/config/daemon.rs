@@ -17,7 +17,7 @@ pub enum Attach {
     Native,
     /// Generic (skb) XDP only.
     Generic,
-    /// TC ingress (tcx, Linux 6.6+).
+    /// TC ingress (a tcx link on Linux 6.6+, a netlink cls_bpf filter before).
     Tc,
 }
 

@@ -62,7 +62,7 @@ impl Daemon {
             .interfaces
             .iter()
             .map(|iface| {
-                if pin_dir.join("links").join(iface).exists() {
+                if crate::kernel::pinned_ingress(&pin_dir, iface).is_some() {
                     Ok(None)
                 } else {
                     delivering_mode(&cfg, iface, cfg.daemon.attach).map(Some)
@@ -148,7 +148,9 @@ impl Daemon {
                 let how = shedder.adopt(iface).with_context(|| {
                     format!(
                         "adopting the attachment pinned at {} (`shedder detach` removes it)",
-                        pin_dir.join("links").join(iface).display()
+                        crate::kernel::pinned_ingress(&pin_dir, iface)
+                            .unwrap_or_else(|| pin_dir.join("links").join(iface))
+                            .display()
                     )
                 })?;
                 info!(iface = %iface, mode = how.as_str(), "adopted the pinned attachment: now running this daemon's program");

@@ -106,7 +106,15 @@ fn describe_links(names: &[String]) -> String {
     let (egress, ifaces): (Vec<&String>, Vec<&String>) = rest
         .into_iter()
         .partition(|n| n.starts_with(crate::kernel::EGRESS_PIN_PREFIX));
-    let mut parts: Vec<String> = ifaces.iter().map(|s| s.to_string()).collect();
+    let mut parts: Vec<String> = ifaces
+        .iter()
+        .map(
+            |s| match s.strip_prefix(crate::kernel::INGRESS_NETLINK_PREFIX) {
+                Some(iface) => format!("{iface} (tc netlink)"),
+                None => s.to_string(),
+            },
+        )
+        .collect();
     if !egress.is_empty() {
         parts.push(format!("+ {} egress", egress.len()));
     }

@@ -86,14 +86,6 @@ pub(super) fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Che
             format!("{head}; {why}"),
             "set daemon.attach = \"auto\" or \"tc\" (or action = \"drop\")",
         ),
-        (Ok(_), Attach::Tc, _) if tcx == Some(false) => Check::fail(
-            "interface",
-            format!(
-                "{head}; attach = tc needs tcx (Linux {TCX_KERNEL} and later): this kernel \
-                 can attach TC programs only through netlink, which shedder does not manage"
-            ),
-            "set daemon.attach = \"native\" or \"generic\" (XDP) on this kernel",
-        ),
         (Ok((_, Some(_))), Attach::Tc | Attach::Generic, _) if asked == "auto" => Check::ok(
             "interface",
             format!(
@@ -104,6 +96,13 @@ pub(super) fn check_interface(cfg: &Config, iface: &str, start: &str) -> Vec<Che
                     "generic XDP"
                 },
                 crate::kernel::netdev::auto_on_veth_reason(cfg.sends_replies())
+            ),
+        ),
+        (Ok(_), Attach::Tc, _) if tcx == Some(false) => Check::ok(
+            "interface",
+            format!(
+                "{head}; attach = tc, as a netlink cls_bpf filter (no tcx before Linux \
+                 {TCX_KERNEL})"
             ),
         ),
         (Ok(_), Attach::Tc, _) => Check::ok("interface", format!("{head}; attach = tc")),
@@ -184,7 +183,8 @@ fn check_attachment(
     start: &str,
 ) -> Check {
     const NAME: &str = "attachment";
-    let pin = cfg.daemon.pin_dir.join("links").join(iface);
+    let pin = crate::kernel::pinned_ingress(&cfg.daemon.pin_dir, iface)
+        .unwrap_or_else(|| cfg.daemon.pin_dir.join("links").join(iface));
     let pinned = match std::fs::metadata(&pin) {
         Ok(_) => true,
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
@@ -214,10 +214,9 @@ fn check_attachment(
             NAME,
             format!("{iface}: {}, link pinned at {}", describe(p), pin.display()),
         ),
-        (true, None, Attach::Tc) => Check::ok(
-            NAME,
-            format!("{iface}: tc link pinned at {}", pin.display()),
-        ),
+        (true, None, Attach::Tc) => {
+            Check::ok(NAME, format!("{iface}: tc pinned at {}", pin.display()))
+        }
         (true, Some(p), _) => Check::warn(
             NAME,
             format!(

@@ -31,7 +31,7 @@ pub(super) fn verdict(state: &State) -> Check {
                 .map(|w| w.as_str())
                 .collect::<Vec<_>>()
                 .join("; "),
-            "attach on a kernel with tcx (Linux 6.6+), or free the interface's TC egress hook",
+            "free the interface's TC egress hook (`tc filter show dev <iface> egress`), or attach on a kernel with tcx (Linux 6.6+)",
         );
     }
     let unseen: Vec<String> = state

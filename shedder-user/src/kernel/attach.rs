@@ -82,27 +82,33 @@ impl Shedder {
                 (attached, link)
             }
             AttachMode::Tc => {
-                // tcx needs no qdisc; the legacy path (kernel < 6.6) needs clsact.
+                // tcx needs no qdisc; a netlink filter (kernel < 6.6) needs clsact.
                 let _ = tc::qdisc_add_clsact(iface);
                 let prog = self.tc()?;
-                let id = prog
-                    .attach(iface, TcAttachType::Ingress)
-                    .map_err(attach_err("tc ingress"))?;
-                let link = prog.take_link(id).map_err(attach_err("tc ingress"))?;
-                let link: FdLink =
-                    link.try_into()
-                        .map_err(|e: aya::programs::links::LinkError| Error::Pin {
-                            path: PathBuf::from(iface),
-                            reason: format!(
-                                "this kernel has no tcx (Linux {} and later): the TC \
-                                 program could only be attached through netlink, which shedder \
-                                 cannot pin, adopt or detach as a bpf link, so it was detached \
-                                 again; use attach = \"native\" or \"generic\" (XDP) on this \
-                                 kernel ({e})",
-                                crate::kernel::version::TCX_KERNEL
-                            ),
-                        })?;
-                (Attached::Tc, link)
+                let tcx = prog.attach_with_options(
+                    iface,
+                    TcAttachType::Ingress,
+                    TcAttachOptions::TcxOrder(LinkOrder::default()),
+                );
+                match tcx {
+                    Ok(id) => {
+                        let link = prog.take_link(id).map_err(attach_err("tc ingress"))?;
+                        let link: FdLink =
+                            link.try_into()
+                                .map_err(|e: aya::programs::links::LinkError| Error::Pin {
+                                    path: PathBuf::from(iface),
+                                    reason: format!("TC ingress attached without tcx: {e}"),
+                                })?;
+                        (Attached::Tc, link)
+                    }
+                    // No tcx (before Linux 6.6): a cls_bpf filter through netlink.
+                    Err(tcx_error) => {
+                        self.attach_netlink(iface, Hook::Ingress)
+                            .map_err(|e| with_tcx_error(e, &tcx_error))?;
+                        self.attach_egress(iface);
+                        return Ok(Attached::Tc);
+                    }
+                }
             }
         };
         self.keep_link(iface, link)?;
@@ -121,7 +127,10 @@ impl Shedder {
     fn attach_egress(&mut self, iface: &str) {
         if let Err(e) = self.try_attach_egress(iface) {
             let why = format!(
-                "{iface}: the egress program did not attach ({e}): the TCP services behind                  {iface} are measured only from the kernel's sockets (connections counted by                  the sweep, no request latency or work in flight), and QUIC clients cannot                  prove their addresses (held within their class's unproven cap)"
+                "{iface}: the egress program did not attach ({e}): the TCP services behind \
+                 {iface} are measured only from the kernel's sockets (connections counted by \
+                 the sweep, no request latency or work in flight), and QUIC clients cannot \
+                 prove their addresses (held within their class's unproven cap)"
             );
             tracing::warn!("{why}");
             self.egress_problems.push(why);
@@ -174,62 +183,46 @@ impl Shedder {
                 self.keep_link(&pin_name, link)
             }
             // No tcx (before Linux 6.6): a cls_bpf filter through netlink.
-            Err(tcx_error) => self.attach_egress_netlink(iface).map_err(|e| match e {
-                Error::Attach {
-                    iface,
-                    mode,
-                    source,
-                } => Error::Attach {
-                    iface,
-                    mode,
-                    source: ProgramError::IOError(std::io::Error::other(format!(
-                        "tcx: {tcx_error}; netlink: {source}"
-                    ))),
-                },
-                other => other,
-            }),
+            Err(tcx_error) => self
+                .attach_netlink(iface, Hook::Egress)
+                .map_err(|e| with_tcx_error(e, &tcx_error)),
         }
     }
 
-    /// Attach the egress program as a netlink cls_bpf filter, at shedder's own priority and
-    /// handle: one an earlier run left there is replaced in place (the kernel swaps the
-    /// filter's program atomically), else one is created. With a pin directory the filter
-    /// outlives the daemon as a pinned link would (fail-static), a marker under `links/`
-    /// says so, and [`unpin_all`] removes it; without one it is detached with this
-    /// instance.
-    fn attach_egress_netlink(&mut self, iface: &str) -> Result<()> {
-        let marker = self.pin_dir.as_ref().map(|d| {
-            d.join("links")
-                .join(format!("{EGRESS_NETLINK_PREFIX}{iface}"))
-        });
+    /// Attach `hook`'s program as a netlink cls_bpf filter (no tcx), at shedder's own
+    /// priority and handle: one an earlier run left there is replaced in place (the kernel
+    /// swaps the filter's program atomically, so no packet meets neither), else one is
+    /// created. With a pin directory the filter outlives the daemon as a pinned link would
+    /// (fail-static), its marker under `links/` ([`Hook::marker`]) says so, and
+    /// [`unpin_all`] removes it; without one it is detached with this instance.
+    fn attach_netlink(&mut self, iface: &str, hook: Hook) -> Result<()> {
+        let marker = self
+            .pin_dir
+            .as_ref()
+            .map(|d| d.join("links").join(hook.marker(iface)));
         let attach_err = |mode| attach_error(iface, mode);
-        let prog: &mut SchedClassifier = self.program(programs::EGRESS)?;
-        let replaced = SchedClassifierLink::attached(
-            iface,
-            TcAttachType::Egress,
-            EGRESS_NETLINK_PRIORITY,
-            EGRESS_NETLINK_HANDLE,
-            None,
-        )
-        .ok()
-        .and_then(|link| prog.attach_to_link(link).ok());
+        let prog: &mut SchedClassifier = self.program(hook.program())?;
+        let replaced = hook
+            .filter(iface)
+            .ok()
+            .and_then(|link| prog.attach_to_link(link).ok());
         let id = match replaced {
             Some(id) => id,
             None => prog
                 .attach_with_options(
                     iface,
-                    TcAttachType::Egress,
+                    hook.attach_type(),
                     TcAttachOptions::Netlink(NlOptions {
-                        priority: EGRESS_NETLINK_PRIORITY,
-                        handle: EGRESS_NETLINK_HANDLE,
+                        priority: hook.priority(),
+                        handle: NETLINK_HANDLE,
                         classid: None,
                     }),
                 )
-                .map_err(attach_err("tc egress (netlink)"))?,
+                .map_err(attach_err(hook.netlink_mode()))?,
         };
         let link = prog
             .take_link(id)
-            .map_err(attach_err("tc egress (netlink)"))?;
+            .map_err(attach_err(hook.netlink_mode()))?;
         match marker {
             Some(marker) => {
                 let pin_err = |e: &dyn std::fmt::Display| Error::Pin {
@@ -238,9 +231,9 @@ impl Shedder {
                 };
                 std::fs::create_dir_all(marker.parent().unwrap_or(Path::new("/")))
                     .map_err(|e| pin_err(&e))?;
-                // The marker is the egress program itself, pinned: a bpf filesystem holds
-                // only BPF objects (a plain file there is refused with EACCES), and the pin
-                // also keeps the program loaded while the filter outlives this process. An
+                // The marker is the program itself, pinned: a bpf filesystem holds only BPF
+                // objects (a plain file there is refused with EACCES), and the pin also
+                // keeps the program loaded while the filter outlives this process. An
                 // earlier run's marker is replaced.
                 match std::fs::remove_file(&marker) {
                     Ok(()) => {}
@@ -283,6 +276,12 @@ impl Shedder {
             path: PathBuf::from(iface),
             reason: "adopting needs a pin directory".into(),
         })?;
+        if dir.join("links").join(Hook::Ingress.marker(iface)).exists() {
+            // A netlink filter an earlier run left (no tcx): its program is replaced in
+            // place, as a link update would.
+            self.attach_netlink(iface, Hook::Ingress)?;
+            return Ok(Attached::Tc);
+        }
         let path = dir.join("links").join(iface);
         let pin_err = |reason: String| Error::Pin {
             path: path.clone(),
@@ -369,10 +368,112 @@ pub const EGRESS_PIN_PREFIX: &str = "egress-";
 /// program pinned, not a link (a netlink filter has none), and the filter stays attached
 /// past the daemon as a pinned link would.
 pub const EGRESS_NETLINK_PREFIX: &str = "egress-netlink-";
-/// The netlink egress filter's priority and handle, shedder's own (it only reads frames, so
-/// its place among other filters does not matter).
-const EGRESS_NETLINK_PRIORITY: u16 = 0xc5ed;
-const EGRESS_NETLINK_HANDLE: TcHandle = TcHandle::new(0, 0x5ed);
+/// Under `links/`, the marker of the TC ingress program attached through netlink (no tcx),
+/// as [`EGRESS_NETLINK_PREFIX`] for egress.
+pub const INGRESS_NETLINK_PREFIX: &str = "ingress-netlink-";
+
+/// The pin under `dir/links` that keeps `iface`'s packet path attached past the daemon, if
+/// an earlier run left one: its link, or the marker of its netlink filter.
+pub fn pinned_ingress(dir: &Path, iface: &str) -> Option<PathBuf> {
+    [iface.to_string(), Hook::Ingress.marker(iface)]
+        .into_iter()
+        .map(|name| dir.join("links").join(name))
+        .find(|p| p.exists())
+}
+
+/// The handle of shedder's netlink filters (no tcx).
+const NETLINK_HANDLE: TcHandle = TcHandle::new(0, 0x5ed);
+
+/// A TC hook shedder attaches a netlink cls_bpf filter to, where the kernel has no tcx.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hook {
+    /// The packet path (`attach = "tc"`).
+    Ingress,
+    /// The egress program, beside any packet path.
+    Egress,
+}
+
+impl Hook {
+    fn program(self) -> &'static str {
+        match self {
+            Self::Ingress => programs::TC,
+            Self::Egress => programs::EGRESS,
+        }
+    }
+
+    fn attach_type(self) -> TcAttachType {
+        match self {
+            Self::Ingress => TcAttachType::Ingress,
+            Self::Egress => TcAttachType::Egress,
+        }
+    }
+
+    /// shedder's own priority on the hook. Ingress: early (a low number runs first), so
+    /// that the decision comes before filters that end the chain, yet after the priority 1
+    /// that other tools commonly take; egress only reads frames, so its place does not
+    /// matter.
+    fn priority(self) -> u16 {
+        match self {
+            Self::Ingress => 0x5ed,
+            Self::Egress => 0xc5ed,
+        }
+    }
+
+    fn netlink_mode(self) -> &'static str {
+        match self {
+            Self::Ingress => "tc ingress (netlink)",
+            Self::Egress => "tc egress (netlink)",
+        }
+    }
+
+    /// The name of the filter's marker under `links/`.
+    fn marker(self, iface: &str) -> String {
+        match self {
+            Self::Ingress => format!("{INGRESS_NETLINK_PREFIX}{iface}"),
+            Self::Egress => format!("{EGRESS_NETLINK_PREFIX}{iface}"),
+        }
+    }
+
+    /// The hook whose marker `name` is, and its interface.
+    fn of_marker(name: &str) -> Option<(Self, &str)> {
+        [Self::Ingress, Self::Egress].into_iter().find_map(|h| {
+            let prefix = match h {
+                Self::Ingress => INGRESS_NETLINK_PREFIX,
+                Self::Egress => EGRESS_NETLINK_PREFIX,
+            };
+            name.strip_prefix(prefix).map(|iface| (h, iface))
+        })
+    }
+
+    /// shedder's filter on `iface`'s hook (whether there is one is found when it is used).
+    fn filter(self, iface: &str) -> std::io::Result<SchedClassifierLink> {
+        SchedClassifierLink::attached(
+            iface,
+            self.attach_type(),
+            self.priority(),
+            NETLINK_HANDLE,
+            None,
+        )
+    }
+}
+
+/// A netlink attachment's error, with why tcx was not used first.
+fn with_tcx_error(e: Error, tcx_error: &ProgramError) -> Error {
+    match e {
+        Error::Attach {
+            iface,
+            mode,
+            source,
+        } => Error::Attach {
+            iface,
+            mode,
+            source: ProgramError::IOError(std::io::Error::other(format!(
+                "tcx: {tcx_error}; netlink: {source}"
+            ))),
+        },
+        other => other,
+    }
+}
 
 /// Remove everything pinned under `dir`: the links first (which detaches the programs),
 /// then the maps. Returns the interfaces that were detached. The kernel releases a link
@@ -404,8 +505,18 @@ fn pinned_link_programs(links: &Path) -> Vec<u32> {
     };
     entries
         .flatten()
-        .filter_map(|e| PinnedLink::from_pin(e.path()).ok())
-        .filter_map(|l| FdLink::from(l).info().ok().map(|i| i.program_id()))
+        .filter_map(|e| {
+            let marker = e.file_name().to_str().and_then(Hook::of_marker).is_some();
+            if marker {
+                // A netlink filter's marker: the program itself.
+                aya::programs::ProgramInfo::from_pin(e.path())
+                    .ok()
+                    .map(|i| i.id())
+            } else {
+                let link = PinnedLink::from_pin(e.path()).ok()?;
+                FdLink::from(link).info().ok().map(|i| i.program_id())
+            }
+        })
         .collect()
 }
 
@@ -420,25 +531,19 @@ fn remove_pins(dir: &Path) -> std::io::Result<Vec<String>> {
         };
         for entry in entries {
             let entry = entry?;
-            if let Some(iface) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.strip_prefix(EGRESS_NETLINK_PREFIX))
-            {
+            if let Some((hook, iface)) = entry.file_name().to_str().and_then(Hook::of_marker) {
                 // Gone already (the interface with it) is as good as detached.
-                if let Ok(link) = SchedClassifierLink::attached(
-                    iface,
-                    TcAttachType::Egress,
-                    EGRESS_NETLINK_PRIORITY,
-                    EGRESS_NETLINK_HANDLE,
-                    None,
-                ) {
+                if let Ok(link) = hook.filter(iface) {
                     let _ = link.detach();
                 }
             }
             std::fs::remove_file(entry.path())?;
             if sub == "links" {
-                detached.push(entry.file_name().to_string_lossy().into_owned());
+                let name = entry.file_name().to_string_lossy().into_owned();
+                detached.push(match Hook::of_marker(&name) {
+                    Some((Hook::Ingress, iface)) => iface.to_string(),
+                    _ => name,
+                });
             }
         }
         std::fs::remove_dir(&d)?;

@@ -37,7 +37,10 @@ pub mod seed;
 pub mod sysfs;
 pub mod version;
 
-pub use attach::{AttachMode, Attached, EGRESS_PIN_PREFIX, egress_pin_name, unpin_all};
+pub use attach::{
+    AttachMode, Attached, EGRESS_PIN_PREFIX, INGRESS_NETLINK_PREFIX, egress_pin_name,
+    pinned_ingress, unpin_all,
+};
 pub use clock::{epoch_shift_for, ms_to_jiffies};
 pub use error::{Error, Result};
 pub use load::{Hook, Shedder};

@@ -7,7 +7,8 @@ use std::io;
 /// loads, the fixture table and a network-namespace test pass; docs/kernels.md). Below it:
 /// Fail.
 pub const MIN_KERNEL: KernelVersion = KernelVersion::new(5, 10, 0);
-/// The first kernel with tcx, which `attach = "tc"` needs (bpf-link TC attachments).
+/// The first kernel with tcx (bpf-link TC attachments); before it, TC programs are attached
+/// as netlink cls_bpf filters.
 pub const TCX_KERNEL: KernelVersion = KernelVersion::new(6, 6, 0);
 /// The oldest kernel whose verifier was seen to accept the QUIC programs (6.1's gives up at
 /// its limit of processed instructions; docs/kernels.md).

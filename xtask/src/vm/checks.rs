@@ -12,10 +12,6 @@ pub struct Check {
     pub args: &'static [&'static str],
     /// A binary (`tests/src/bin/<test>.rs`) rather than a test target.
     pub bin: bool,
-    /// The kernel series the checked feature needs, what it is, and the words shedder's
-    /// refusal uses: on older kernels a failure whose output holds those words is reported
-    /// as "needs …", not counted; any other failure counts.
-    pub since: Option<(&'static str, &'static str, &'static str)>,
     /// Its assertions bound latency or start-up time: in an emulated (TCG) VM, which runs
     /// the kernel and every process many times slower, a failure is reported with its
     /// figures but not counted.
@@ -30,7 +26,6 @@ pub const CHECKS: &[Check] = &[
         test: "fixtures",
         args: &["--exact", "fixture_table", "--test-threads=1"],
         bin: false,
-        since: None,
         timing: false,
     },
     // Real TCP over veth between two namespaces, IPv4 and IPv6, with shedder attached.
@@ -39,7 +34,6 @@ pub const CHECKS: &[Check] = &[
         test: "netns",
         args: &["--exact", "native_xdp", "--test-threads=1"],
         bin: false,
-        since: None,
         timing: false,
     },
     Check {
@@ -47,7 +41,6 @@ pub const CHECKS: &[Check] = &[
         test: "netns",
         args: &["--exact", "generic_xdp", "--test-threads=1"],
         bin: false,
-        since: None,
         timing: false,
     },
     Check {
@@ -55,11 +48,6 @@ pub const CHECKS: &[Check] = &[
         test: "netns",
         args: &["--exact", "tc_ingress", "--test-threads=1"],
         bin: false,
-        since: Some((
-            "6.6",
-            "tcx bpf links for attach = \"tc\"",
-            "this kernel has no tcx",
-        )),
         timing: false,
     },
     // The whole loop under 3× overload (tests/tests/closed_loop.rs): a backend of known
@@ -79,7 +67,6 @@ pub const CHECKS: &[Check] = &[
             "--nocapture",
         ],
         bin: false,
-        since: None,
         timing: true,
     },
     // Every program loaded, with and without the kernel debug log: the verifier's
@@ -89,7 +76,6 @@ pub const CHECKS: &[Check] = &[
         test: "verifier_report",
         args: &[],
         bin: true,
-        since: None,
         timing: false,
     },
 ];
@@ -125,8 +111,6 @@ pub enum Outcome {
     Fail(i32),
     /// No result: why.
     NoResult(String),
-    /// Failed on a kernel older than the feature needs (see [`Check::since`]): what it needs.
-    NeedsNewer(String),
     /// A [`Check::timing`] check failed in an emulated VM: why it is not counted.
     Emulated(String),
 }
@@ -134,7 +118,7 @@ pub enum Outcome {
 impl Outcome {
     /// Whether the run's verdict counts it.
     pub fn counted(&self) -> bool {
-        !matches!(self, Self::NeedsNewer(_) | Self::Emulated(_))
+        !matches!(self, Self::Emulated(_))
     }
 }
 
@@ -185,25 +169,6 @@ impl Row {
 pub fn series_of(release: &str) -> Option<(u32, u32)> {
     let mut it = release.split(['.', '-', '+']);
     Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
-}
-
-/// A failed check on a kernel older than its feature needs becomes "needs …".
-pub fn mark_needs_newer(row: &mut Row) {
-    let Some(kernel) = series_of(&row.kernel) else {
-        return;
-    };
-    for r in &mut row.results {
-        let Some(check) = selected().find(|c| c.name == r.name) else {
-            continue;
-        };
-        if let Some((since, what, refusal)) = check.since
-            && series_of(since).is_some_and(|s| kernel < s)
-            && matches!(r.outcome, Outcome::Fail(_))
-            && r.output.iter().any(|l| l.contains(refusal))
-        {
-            r.outcome = Outcome::NeedsNewer(format!("needs Linux {since}: {what}"));
-        }
-    }
 }
 
 /// What a lab's panic says when its set-up failed (`SETUP_FAILED` in tests/src/scenario.rs).
@@ -261,39 +226,11 @@ mod tests {
     use super::{test_rows::*, *};
 
     #[test]
-    fn series_and_features_that_need_a_newer_kernel() {
+    fn kernel_series() {
         assert_eq!(series_of("6.1.0-57-amd64"), Some((6, 1)));
         assert_eq!(series_of("6.12.95+deb12-amd64"), Some((6, 12)));
         assert_eq!(series_of("6.18.44-fc-v782"), Some((6, 18)));
         assert_eq!(series_of("6.6"), Some((6, 6)));
-        // tc_ingress failing on 6.1 is "needs 6.6"; on 6.12 a failure counts.
-        for (kernel, expect_na) in [("6.1.0-57-amd64", true), ("6.12.95+deb12-amd64", false)] {
-            let mut r = row(
-                kernel,
-                vec![
-                    result(
-                        "netns::tc_ingress",
-                        Outcome::Fail(101),
-                        &["attach Tc: pinning under veth0: this kernel has no tcx (Linux 6.6)"],
-                    ),
-                    result(
-                        "netns::tc_ingress",
-                        Outcome::Fail(101),
-                        &["some other fault"],
-                    ),
-                    result("netns::native_xdp", Outcome::Fail(101), &[]),
-                ],
-            );
-            mark_needs_newer(&mut r);
-            assert_eq!(
-                matches!(r.results[0].outcome, Outcome::NeedsNewer(_)),
-                expect_na,
-                "{kernel}"
-            );
-            // A failure that is not shedder's refusal counts, also on an old kernel.
-            assert!(matches!(r.results[1].outcome, Outcome::Fail(101)));
-            assert!(matches!(r.results[2].outcome, Outcome::Fail(101)));
-        }
     }
 
     #[test]
@@ -308,7 +245,6 @@ mod tests {
                 ],
             );
             r.emulated = emulated;
-            mark_needs_newer(&mut r);
             mark_emulated(&mut r);
             assert_eq!(r.results[0].outcome.counted(), !emulated);
             // A lab whose set-up failed counts everywhere.
@@ -326,19 +262,6 @@ mod tests {
             // A check that does not bound time counts everywhere.
             assert!(matches!(r.results[1].outcome, Outcome::Fail(101)));
         }
-        // An older kernel's refusal stays "needs …", also emulated.
-        let mut r = row(
-            "6.1.0-57-amd64",
-            vec![result(
-                "netns::tc_ingress",
-                Outcome::Fail(101),
-                &["Error: this kernel has no tcx (Linux 6.6 and later)"],
-            )],
-        );
-        r.emulated = true;
-        mark_needs_newer(&mut r);
-        mark_emulated(&mut r);
-        assert!(matches!(r.results[0].outcome, Outcome::NeedsNewer(_)));
         assert!(CHECKS.iter().filter(|c| c.timing).count() >= 1);
     }
 }

@@ -52,7 +52,7 @@ use crate::{
 };
 use artifacts::build;
 use boot::{Accel, boot_and_check};
-use checks::{Outcome, Row, mark_emulated, mark_needs_newer};
+use checks::{Outcome, Row, mark_emulated};
 use host::host_row;
 use initramfs::common_entries;
 use kernels::{prepare_kernel, select_kernels};
@@ -154,7 +154,6 @@ pub fn run_vm_test(args: &VmTestArgs) -> Result<()> {
     }
 
     for row in &mut rows {
-        mark_needs_newer(row);
         mark_emulated(row);
     }
     let baseline = read_baseline()?;

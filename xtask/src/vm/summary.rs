@@ -85,7 +85,6 @@ fn state(outcome: &Outcome) -> (String, String) {
         Outcome::Pass => ("pass".to_owned(), String::new()),
         Outcome::Fail(rc) => ("FAIL".to_owned(), format!("exit status {rc}")),
         Outcome::NoResult(why) => ("NO RESULT".to_owned(), why.clone()),
-        Outcome::NeedsNewer(what) => ("n/a".to_owned(), what.clone()),
         Outcome::Emulated(why) => ("n/a".to_owned(), why.clone()),
     }
 }

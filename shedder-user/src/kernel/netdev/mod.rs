@@ -124,7 +124,7 @@ const VETH_NATIVE_COST: &str = "a native XDP program on a veth moves the veth's 
      another), while tc leaves the veth as it was; a veth hands XDP a socket buffer that \
      already exists, so native XDP drops little earlier than tc there";
 
-/// Why `attach = auto` attaches a veth with tc (or generic XDP), not native XDP.
+/// Why `attach = auto` attaches a veth with tc, not native XDP.
 pub fn auto_on_veth_reason(replies: bool) -> String {
     if replies {
         format!("action = rst and {VETH_NATIVE_TX}")
@@ -142,9 +142,9 @@ pub fn native_reset_problem(iface: &str) -> Option<String> {
 /// note when it differs from what was asked.
 ///
 /// `replies`: some enforcing service answers with `rst`, which XDP sends back with XDP_TX.
-/// `tcx`: this kernel has tcx (Linux 6.6+), which `tc` needs.
+/// `tcx`: this kernel has tcx (Linux 6.6+); without, `tc` is a netlink cls_bpf filter.
 ///
-/// - `auto` on a veth: `tc` (or generic XDP without tcx). With replies because native
+/// - `auto` on a veth: `tc`. With replies because native
 ///   XDP_TX on a veth depends on the peer, which shedder neither sees nor keeps (a
 ///   container's veth has no XDP program); without, because native XDP changes how a veth
 ///   receives for a drop little earlier (see [`VETH_NATIVE_COST`]). Elsewhere `auto` is native XDP, else generic.
@@ -161,15 +161,15 @@ pub fn choose(
     }
     match requested {
         Attach::Auto => {
-            let (mode, name) = if tcx {
-                (Attach::Tc, "tc")
+            let how = if tcx {
+                "tc"
             } else {
-                (Attach::Generic, "generic XDP")
+                "tc (a netlink filter: no tcx)"
             };
             Ok((
-                mode,
+                Attach::Tc,
                 Some(format!(
-                    "{iface}: attach = auto chose {name}, not native XDP, because {}",
+                    "{iface}: attach = auto chose {how}, not native XDP, because {}",
                     auto_on_veth_reason(replies)
                 )),
             ))
@@ -218,8 +218,9 @@ mod tests {
         let (mode, note) = choose("eth0", Attach::Auto, &no_peer, true, true).unwrap();
         assert_eq!(mode, Attach::Tc);
         assert!(note.unwrap().contains("auto chose tc"));
-        let (mode, _) = choose("eth0", Attach::Auto, &no_peer, true, false).unwrap();
-        assert_eq!(mode, Attach::Generic, "without tcx");
+        let (mode, note) = choose("eth0", Attach::Auto, &no_peer, true, false).unwrap();
+        assert_eq!(mode, Attach::Tc, "without tcx: a netlink filter");
+        assert!(note.unwrap().contains("netlink filter"));
         // Even while the peer takes XDP_TX: it may stop.
         let peer = veth(Some(XDP_ACT_BASIC | XDP_ACT_NDO_XMIT));
         assert_eq!(
@@ -234,7 +235,7 @@ mod tests {
             choose("eth0", Attach::Auto, &no_peer, false, false)
                 .unwrap()
                 .0,
-            Attach::Generic,
+            Attach::Tc,
             "without tcx"
         );
         // Asked for by name, native is what a veth gets when nothing is sent back.
