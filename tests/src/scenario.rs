@@ -258,6 +258,9 @@ impl Lab {
 pub struct LimitSampler {
     stop: Arc<AtomicBool>,
     samples: Arc<Mutex<Vec<(Duration, u32)>>>,
+    /// Beside each sample, the service's work in flight (busy connections, all classes) as
+    /// the packet path counts it against the limit.
+    busy: Arc<Mutex<Vec<u32>>>,
     thread: Option<thread::JoinHandle<()>>,
 }
 
@@ -266,9 +269,10 @@ impl LimitSampler {
     pub fn start(pins: &Path, every: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::new()));
+        let busy = Arc::new(Mutex::new(Vec::new()));
         let pins = pins.to_path_buf();
         let thread = {
-            let (stop, samples) = (stop.clone(), samples.clone());
+            let (stop, samples, busy) = (stop.clone(), samples.clone(), busy.clone());
             thread::spawn(move || {
                 let start = Instant::now();
                 let mut maps = None;
@@ -276,11 +280,15 @@ impl LimitSampler {
                     if maps.is_none() {
                         maps = PinnedMaps::open(&pins).ok();
                     }
-                    if let Some(p) = maps.as_ref().and_then(|m| m.policy(0).ok()) {
+                    if let Some(m) = &maps
+                        && let Ok(p) = m.policy(0)
+                    {
+                        let work = m.inflight(0).map_or(0, |i| i.class.iter().sum::<u32>());
                         samples
                             .lock()
                             .expect("samples")
                             .push((start.elapsed(), p.total_limit));
+                        busy.lock().expect("busy").push(work);
                     }
                     thread::sleep(every);
                 }
@@ -289,8 +297,14 @@ impl LimitSampler {
         Self {
             stop,
             samples,
+            busy,
             thread: Some(thread),
         }
+    }
+
+    /// The work in flight beside each sample so far.
+    pub fn busy(&self) -> Vec<u32> {
+        self.busy.lock().expect("busy").clone()
     }
 
     /// Stop and return every (time since start, limit).
@@ -314,6 +328,31 @@ impl Drop for LimitSampler {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Service 0's refusals so far, by reason (`"rate 12, limit 840"`): whether a refusal came
+/// from the limit, the rate, fair shares or something else reads differently.
+pub fn refusals_by_reason(pins: &Path) -> String {
+    let Ok(k) = PinnedMaps::open(pins).and_then(|m| m.service_counters(0)) else {
+        return "counters unreadable".into();
+    };
+    let mut out = Vec::new();
+    for r in 0..shedder_common::NUM_REASONS {
+        let n: u64 = (0..shedder_common::NUM_CLASSES as u32)
+            .flat_map(|c| {
+                [shedder_common::VERDICT_DROP, shedder_common::VERDICT_RST]
+                    .map(|v| k.n[shedder_common::decision_index(c, v, r) as usize])
+            })
+            .sum();
+        if n > 0 {
+            out.push(format!("{} {n}", shedder_common::REASON_NAMES[r as usize]));
+        }
+    }
+    if out.is_empty() {
+        "none".into()
+    } else {
+        out.join(", ")
     }
 }
 

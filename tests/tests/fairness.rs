@@ -241,18 +241,22 @@ fn a_thousand_sources_in_fixed_memory() {
         .map(|set| set.slot.iter().filter(|s| s.tag != 0).count())
         .sum();
     let w = report.range(SETTLE..secs);
+    let busy = sampler.busy();
     let limits: Vec<String> = sampler
         .finish()
         .iter()
-        .map(|(t, l)| format!("{:.1}s {l}", t.as_secs_f64()))
+        .zip(busy)
+        .map(|((t, l), b)| format!("{:.1}s {l} ({b} busy)", t.as_secs_f64()))
         .collect();
     eprintln!(
         "{held} sources held, at most {most} active in one epoch; offered {:.0}/s, goodput \
-         {:.0}% of {cap:.0}/s ({judged:.0}/s at the backend's pace)\n{}limit: {}",
+         {:.0}% of {cap:.0}/s ({judged:.0}/s at the backend's pace)\n{}limit: {}\n\
+         refused since the lab started: {}",
         w.offered_rate(),
         100.0 * w.goodput() / cap,
         report.table(),
-        limits.join(", ")
+        limits.join(", "),
+        shedder_tests::scenario::refusals_by_reason(&lab.pins)
     );
     assert!(held >= 1000, "only {held} sources in the table");
     assert!(most >= 500, "only {most} sources counted in an epoch");

@@ -136,10 +136,8 @@ pub fn write_docs(
         md.push('\n');
     }
     md.push_str(&format!(
-        "\n*n/a* = the check failed on a kernel older than its feature needs, as expected: \
-         shedder refuses that feature there with a message saying so (see [What needs a newer \
-         kernel](#what-needs-a-newer-kernel)); or a check that bounds latency failed in an \
-         emulated (TCG) VM, too slow to judge it, which is said in its cell.\n\n## Verifier complexity\n\nInstructions the verifier processed \
+        "\n*n/a* = a check that bounds latency failed in an emulated (TCG) VM, too slow to \
+         judge it, which is said in its cell.\n\n## Verifier complexity\n\nInstructions the verifier processed \
          per program (`+log`: built with `daemon.kernel_debug_log`), against the previous \
          committed run ({VERIFIER_BASELINE}); a program over {VERIFIER_REGRESSION}× its \
          baseline fails the run.\n\n{}",
