@@ -4,9 +4,14 @@
 //!
 //! - A connection the kernel holds and the packet path never saw (its client on this host,
 //!   or its packets on an interface shedder is not attached to; its handshake's SYN-ACK
-//!   forgotten under a flood) is counted as seeding counts one at start. It is *unseen*:
-//!   logged, in `status` and in `shedder_connections_unseen`, because its requests and
-//!   latency are not measured.
+//!   forgotten under a flood) is counted as seeding counts one at start, once two listings
+//!   in a row found it untracked. It is *unseen*: logged, in `status` and in
+//!   `shedder_connections_unseen`, because its requests and latency are not measured. One
+//!   listing is not enough: the listing takes a while, and a short connection born after
+//!   the tracked ones were read and ended on the wire before it is counted would be counted
+//!   anew, as work in flight that no packet will ever end (until the next sweep found it
+//!   gone): under load, enough of them to read as requests a second old, and to hold the
+//!   room of the limit.
 //! - A tracked connection the kernel no longer holds (it ended without a FIN or reset the
 //!   wire could trust: a client reset at another sequence number, a timeout, a path shedder
 //!   does not see) is ended, in the kernel, as a close would have (counted in the node
@@ -19,7 +24,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shedder_common::{SEED_COUNTED, SockState, flow::FlowKey};
+use shedder_common::{SEED_COUNTED, SeedSock, SockState, flow::FlowKey};
 use tracing::{debug, warn};
 
 use crate::{
@@ -48,6 +53,9 @@ pub struct Sweep {
     warned: Option<Instant>,
     /// Per service id: connections the last sweep found in the kernel and not tracked.
     unseen: BTreeMap<u32, u32>,
+    /// The connections the last listing found in the kernel and not tracked: counted if
+    /// the next finds them so again.
+    suspects: HashSet<FlowKey>,
 }
 
 impl Sweep {
@@ -59,6 +67,7 @@ impl Sweep {
             last: None,
             warned: None,
             unseen: BTreeMap::new(),
+            suspects: HashSet::new(),
         }
     }
 
@@ -100,6 +109,7 @@ impl Sweep {
         // `tracked`, and is then offered to seeding, which counts it only if still untracked.
         let known: HashSet<FlowKey> = tracked.iter().map(|(k, _)| *k).collect();
         let mut unseen: BTreeMap<u32, u32> = BTreeMap::new();
+        let mut suspects = HashSet::new();
         for ns in &self.spaces {
             let sockets = match in_namespace(ns, diag::open_sockets) {
                 Ok(s) => s,
@@ -121,7 +131,9 @@ impl Sweep {
                 .into_iter()
                 .filter(|s| !known.contains(&key(s)))
                 .collect();
-            match seed_connections(shedder, &untracked) {
+            suspects.extend(untracked.iter().map(key));
+            let twice = confirmed(untracked, &self.suspects);
+            match seed_connections(shedder, &twice) {
                 Ok(results) => {
                     for r in results.iter().filter(|r| r.outcome == SEED_COUNTED) {
                         *unseen.entry(u32::from(r.service)).or_default() += 1;
@@ -131,6 +143,7 @@ impl Sweep {
             }
         }
         self.unseen = unseen;
+        self.suspects = suspects;
         if !self.unseen.is_empty() && self.warned.is_none_or(|t| now - t >= WARN_EVERY) {
             self.warned = Some(now);
             for (id, n) in &self.unseen {
@@ -164,6 +177,15 @@ impl Sweep {
             );
         }
     }
+}
+
+/// Of the connections this listing found untracked, those the last one found untracked
+/// too (`suspects`).
+fn confirmed(untracked: Vec<SeedSock>, suspects: &HashSet<FlowKey>) -> Vec<SeedSock> {
+    untracked
+        .into_iter()
+        .filter(|s| suspects.contains(&key(s)))
+        .collect()
 }
 
 fn protected(cfg: &Config) -> BTreeSet<u16> {
@@ -236,5 +258,27 @@ mod tests {
             [(tracked[1].0, 10)]
         );
         assert!(gone(&tracked, &listed, &BTreeSet::new(), 100).is_empty());
+    }
+
+    #[test]
+    fn an_untracked_connection_counts_once_two_listings_found_it() {
+        let sock = |client_port| SeedSock {
+            local_port: 80,
+            remote_port: client_port,
+            remote: [1, 0, 0, 0],
+            ..Default::default()
+        };
+        // A first listing: nothing counted yet (a short connection born and ended on the
+        // wire while the listing ran would be counted as work no packet ends).
+        let first = vec![sock(1000), sock(1001)];
+        assert!(confirmed(first.clone(), &HashSet::new()).is_empty());
+        let suspects: HashSet<FlowKey> = first.iter().map(key).collect();
+        // The next: 1000 is still there and untracked, 1001 is gone, 1002 is new.
+        let next = vec![sock(1000), sock(1002)];
+        let counted: Vec<u16> = confirmed(next, &suspects)
+            .iter()
+            .map(|s| s.remote_port)
+            .collect();
+        assert_eq!(counted, [1000]);
     }
 }
