@@ -80,13 +80,7 @@ pub fn find(set: &Answers, tag: u64) -> usize {
 pub fn victim(set: &Answers, tag: u64, now: u32) -> usize {
     crate::table::highest::<WAYS>(|i| {
         let s = &set.slot[i & (WAYS - 1)];
-        if s.tag == tag {
-            u64::MAX
-        } else if s.tag == 0 {
-            u64::MAX - 1
-        } else {
-            now.wrapping_sub(s.at) as u64
-        }
+        crate::table::rank(s.tag == tag, s.tag == 0, now.wrapping_sub(s.at) as u64)
     })
 }
 

@@ -188,11 +188,7 @@ pub fn disputed(slot: &Standing, now: u16) -> u32 {
 pub fn victim(set: &StandingSet, now: u16) -> usize {
     crate::table::highest::<STANDING_WAYS>(|i| {
         let s = &set.slot[i & (STANDING_WAYS - 1)];
-        if s.tag == 0 {
-            u32::MAX as u64
-        } else {
-            now.wrapping_sub(s.seen) as u64
-        }
+        crate::table::rank(false, s.tag == 0, now.wrapping_sub(s.seen) as u64)
     })
 }
 

@@ -183,20 +183,27 @@ pub fn highest<const N: usize>(rank: impl Fn(usize) -> u64) -> usize {
     way
 }
 
+/// A slot's rank for a new entry ([`highest`]): the key's own slot, then an empty one, then
+/// by `age` (below `u64::MAX - 1`), the oldest first.
+#[inline(always)]
+pub fn rank(own: bool, empty: bool, age: u64) -> u64 {
+    if own {
+        u64::MAX
+    } else if empty {
+        u64::MAX - 1
+    } else {
+        age
+    }
+}
+
 /// The slot a new entry for `tag` takes: the one already holding it, else an empty one,
 /// else the least recently written.
 #[inline(always)]
 pub fn victim(set: &Set, tag: u64, now: u64) -> usize {
     highest::<WAYS>(|i| {
         let s = &set.slot[i & (WAYS - 1)];
-        // Rank: the key's own slot, then empty slots, then by age (at most 2^40 - 1).
-        if s.tag == tag {
-            u64::MAX
-        } else if s.tag == 0 {
-            u64::MAX - 1
-        } else {
-            age(now, s.word)
-        }
+        // Ages are at most 2^40 - 1.
+        rank(s.tag == tag, s.tag == 0, age(now, s.word))
     })
 }
 

@@ -53,7 +53,7 @@ pub fn run(config: PathBuf, interfaces: Vec<String>, mode: Option<Attach>) -> Re
         .write_compiled(&compile(&cfg, hz))
         .context("writing the policy into the maps")?;
     for (iface, mode) in interfaces.iter().zip(modes) {
-        if kernel::pinned_ingress(&pin_dir, iface).is_some() {
+        if kernel::pinned_ingress(pin_dir, iface).is_some() {
             println!("{iface}: already attached (pinned link kept; policy updated)");
             continue;
         }

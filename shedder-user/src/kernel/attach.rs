@@ -82,25 +82,8 @@ impl Shedder {
                 (attached, link)
             }
             AttachMode::Tc => {
-                // tcx needs no qdisc; a netlink filter (kernel < 6.6) needs clsact.
-                let _ = tc::qdisc_add_clsact(iface);
-                let prog = self.tc()?;
-                let tcx = prog.attach_with_options(
-                    iface,
-                    TcAttachType::Ingress,
-                    TcAttachOptions::TcxOrder(LinkOrder::default()),
-                );
-                match tcx {
-                    Ok(id) => {
-                        let link = prog.take_link(id).map_err(attach_err("tc ingress"))?;
-                        let link: FdLink =
-                            link.try_into()
-                                .map_err(|e: aya::programs::links::LinkError| Error::Pin {
-                                    path: PathBuf::from(iface),
-                                    reason: format!("TC ingress attached without tcx: {e}"),
-                                })?;
-                        (Attached::Tc, link)
-                    }
+                match self.attach_tcx(iface, Hook::Ingress)? {
+                    Ok(link) => (Attached::Tc, link),
                     // No tcx (before Linux 6.6): a cls_bpf filter through netlink.
                     Err(tcx_error) => {
                         self.attach_netlink(iface, Hook::Ingress)
@@ -165,28 +148,43 @@ impl Shedder {
             drop(prog.take_link(id));
             return Ok(());
         }
-        let _ = tc::qdisc_add_clsact(iface);
-        let tcx = prog.attach_with_options(
-            iface,
-            TcAttachType::Egress,
-            TcAttachOptions::TcxOrder(LinkOrder::default()),
-        );
-        match tcx {
-            Ok(id) => {
-                let link = prog.take_link(id).map_err(attach_err("tc egress"))?;
-                let link: FdLink =
-                    link.try_into()
-                        .map_err(|e: aya::programs::links::LinkError| Error::Pin {
-                            path: PathBuf::from(iface),
-                            reason: format!("TC egress attached without tcx: {e}"),
-                        })?;
-                self.keep_link(&pin_name, link)
-            }
+        match self.attach_tcx(iface, Hook::Egress)? {
+            Ok(link) => self.keep_link(&pin_name, link),
             // No tcx (before Linux 6.6): a cls_bpf filter through netlink.
             Err(tcx_error) => self
                 .attach_netlink(iface, Hook::Egress)
                 .map_err(|e| with_tcx_error(e, &tcx_error)),
         }
+    }
+
+    /// Attach `hook`'s program to `iface` as a tcx link; the attach error where the kernel
+    /// has no tcx (before Linux 6.6), for [`Shedder::attach_netlink`] to follow.
+    fn attach_tcx(
+        &mut self,
+        iface: &str,
+        hook: Hook,
+    ) -> Result<std::result::Result<FdLink, ProgramError>> {
+        // tcx needs no qdisc; a netlink filter needs clsact.
+        let _ = tc::qdisc_add_clsact(iface);
+        let prog: &mut SchedClassifier = self.program(hook.program())?;
+        let tcx = prog.attach_with_options(
+            iface,
+            hook.attach_type(),
+            TcAttachOptions::TcxOrder(LinkOrder::default()),
+        );
+        let id = match tcx {
+            Ok(id) => id,
+            Err(e) => return Ok(Err(e)),
+        };
+        let link = prog
+            .take_link(id)
+            .map_err(attach_error(iface, hook.tcx_mode()))?;
+        link.try_into()
+            .map(Ok)
+            .map_err(|e: aya::programs::links::LinkError| Error::Pin {
+                path: PathBuf::from(iface),
+                reason: format!("{} attached without tcx: {e}", hook.tcx_mode()),
+            })
     }
 
     /// Attach `hook`'s program as a netlink cls_bpf filter (no tcx), at shedder's own
@@ -416,6 +414,13 @@ impl Hook {
         match self {
             Self::Ingress => 0x5ed,
             Self::Egress => 0xc5ed,
+        }
+    }
+
+    fn tcx_mode(self) -> &'static str {
+        match self {
+            Self::Ingress => "tc ingress",
+            Self::Egress => "tc egress",
         }
     }
 
