@@ -713,14 +713,40 @@ pub struct Inflight {
 }
 
 impl Inflight {
-    /// Established connections of every class (wrapping: counts are far below 2^32).
+    /// Work in flight of class `c`. A count below zero reads 0: a request's start and end
+    /// are counted by the packets of both directions, on whichever CPUs carry them, and
+    /// without compare-and-swap (the TCP path loads on kernels without it) two CPUs can
+    /// both end one request; read as a `u32`, that -1 would be four billion requests,
+    /// and the class refused at its ceiling from then on.
+    #[inline(always)]
+    pub fn busy(&self, c: usize) -> u32 {
+        not_below_zero(self.class[c & (NUM_CLASSES - 1)])
+    }
+
+    /// Established connections of every class (each class's count below zero reads 0, as
+    /// in [`Inflight::busy`]).
     #[inline(always)]
     pub fn connections_total(&self) -> u32 {
-        self.connections[0]
-            .wrapping_add(self.connections[1])
-            .wrapping_add(self.connections[2])
-            .wrapping_add(self.connections[3])
+        not_below_zero(self.connections[0])
+            + not_below_zero(self.connections[1])
+            + not_below_zero(self.connections[2])
+            + not_below_zero(self.connections[3])
     }
+
+    /// This reading with every count below zero read as 0 (see [`Inflight::busy`]).
+    pub fn clamped(&self) -> Self {
+        Self {
+            class: self.class.map(not_below_zero),
+            unproven: self.unproven.map(not_below_zero),
+            connections: self.connections.map(not_below_zero),
+        }
+    }
+}
+
+/// A count kept by atomic additions of 1 and -1: below zero (as `i32`) reads 0.
+#[inline(always)]
+const fn not_below_zero(v: u32) -> u32 {
+    if (v as i32) < 0 { 0 } else { v }
 }
 
 /// One hold slot's count of admitted-but-not-yet-established attempts of one service, by
@@ -989,6 +1015,20 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_count_taken_below_zero_reads_zero() {
+        let mut i = Inflight::default();
+        // Two CPUs ended one request: 0 - 1 stored as u32.
+        i.class[2] = 0u32.wrapping_sub(1);
+        i.class[1] = 3;
+        i.connections = [1, 0u32.wrapping_sub(2), 4, 0];
+        assert_eq!((i.busy(2), i.busy(1)), (0, 3));
+        assert_eq!(i.connections_total(), 5);
+        let c = i.clamped();
+        assert_eq!(c.class, [0, 3, 0, 0]);
+        assert_eq!(c.connections, [1, 0, 4, 0]);
+    }
 
     #[test]
     fn epochs_use_the_shift_or_the_default() {

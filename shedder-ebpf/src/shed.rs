@@ -560,7 +560,7 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     if let Some(inflight) = SHEDDER_INFLIGHT.get(service) {
         let mut c = 0;
         while c < NUM_CLASSES {
-            occ[c] += inflight.class[c] as u64;
+            occ[c] += inflight.busy(c) as u64;
             c += 1;
         }
         open = inflight.connections_total();
@@ -1354,12 +1354,13 @@ fn unproven<F: Frame, const QUIC: bool>(
             (*memo).open = i.connections_total();
             let mut c = 0;
             while c < NUM_CLASSES {
-                let u = if i.unproven[c] < i.class[c] {
+                let busy = i.busy(c);
+                let u = if i.unproven[c] < busy {
                     i.unproven[c]
                 } else {
-                    i.class[c]
+                    busy
                 };
-                (*memo).inflight[c] = i.class[c] - u;
+                (*memo).inflight[c] = busy - u;
                 (*memo).held[1][c] += u as u64;
                 c += 1;
             }

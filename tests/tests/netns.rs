@@ -268,10 +268,24 @@ fn scenario(tag: &str, mode: AttachMode, expect: Attached) {
             .set_policy(SVC_RST, &open_policy(ACTION_RST, MODE_ENFORCE))
             .expect("policy");
         let before = lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, REASON_UNDER_LIMIT);
-        assert_admitted(
-            lab.connect(fam.client, fam.server, PORT_RST, ADMIT_WAIT),
-            &format!("{name}: limit restored"),
+        // Refusals of the class by reason (proven, unproven), for the message.
+        let refused = |lab: &Lab| -> Vec<(u32, u64, u64)> {
+            let k = lab.shedder.service_counters(SVC_RST).expect("counters");
+            (0..shedder_common::NUM_REASONS)
+                .map(|r| {
+                    let i = shedder_common::decision_index(CLASS_MEDIUM, VERDICT_RST, r) as usize;
+                    (r, k.n[i], k.unproven[i])
+                })
+                .filter(|(_, a, b)| a + b > 0)
+                .collect()
+        };
+        let attempt = lab.connect(fam.client, fam.server, PORT_RST, ADMIT_WAIT);
+        let why = format!(
+            "{name}: limit restored (refused by reason: {:?}; in flight {:?})",
+            refused(&lab),
+            lab.shedder.inflight(SVC_RST)
         );
+        assert_admitted(attempt, &why);
         assert_eq!(
             lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, REASON_UNDER_LIMIT) - before,
             1

@@ -283,12 +283,16 @@ pub trait MapReader {
         Ok((way < proof::STANDING_WAYS).then(|| set.slot[way]))
     }
 
-    /// Established connections per class of a service, as the kernel counts them.
+    /// Work in flight and established connections per class of a service, as the kernel
+    /// counts them (a count below zero read as 0, as the packet path reads it:
+    /// [`Inflight::busy`]).
     fn inflight(&self, service: u32) -> Result<Inflight> {
         check_service(service)?;
         let m: Array<&MapData, Inflight> =
             Array::try_from(self.map_named(maps::INFLIGHT)?).map_err(map_err(maps::INFLIGHT))?;
-        m.get(&service, 0).map_err(map_err(maps::INFLIGHT))
+        m.get(&service, 0)
+            .map(|i| i.clamped())
+            .map_err(map_err(maps::INFLIGHT))
     }
 
     /// A QUIC service's flows per class in `state` (`flow::WAITING` or `flow::ANSWERED`)
