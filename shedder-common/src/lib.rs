@@ -54,6 +54,20 @@ pub const SYN_SETS: u32 = 16384;
 /// counts each connection in the class it was admitted in: 16,384 entries (replacement
 /// makes a demoted connection count in its source's own class).
 pub const DEMOTED_SETS: u32 = 4096;
+/// How long after a service's last demoted admission its completed handshakes still look
+/// for a demoted attempt of their own: a handshake completes within the server's SYN-ACK
+/// retransmissions (about 63 s at Linux's default `tcp_synack_retries` of 5). Past it
+/// (and on a service that never demoted) the tracking path skips the demoted table, whose
+/// look-up at a random set is a cache miss every new connection would pay otherwise.
+pub const DEMOTED_RECENT_NS: u64 = 64_000_000_000;
+
+/// Whether a handshake completing at `now_ns` may belong to a demoted attempt of a service
+/// whose last demoted admission was at `last_ns` (0: never).
+#[inline(always)]
+pub fn demotion_recent(last_ns: u64, now_ns: u64) -> bool {
+    // (Signed: another CPU may have written it just after this one read its clock.)
+    last_ns != 0 && (now_ns.wrapping_sub(last_ns) as i64) <= DEMOTED_RECENT_NS as i64
+}
 /// Longest IPv6 extension-header chain the packet path walks; a longer one is dropped
 /// ([`STAT_EXT_CHAIN_DROPPED`]). RFC 8200 §4.1 has each extension header occur once, the
 /// destination options at most twice: hop-by-hop, destination options twice, routing,
@@ -431,6 +445,9 @@ pub mod maps {
     /// Per-class counts of the fair shares and retry budget, per service and epoch.
     pub const FAIR: &str = "SHEDDER_FAIR";
     pub const DEMOTED: &str = "SHEDDER_DEMOTED";
+    /// Per service, the monotonic time (ns) of its last demoted admission
+    /// ([`crate::demotion_recent`]).
+    pub const DEMOTED_AT: &str = "SHEDDER_DEMOTED_AT";
     /// The QUIC packet programs, one per program type, which the TCP programs tail-call
     /// for a datagram to a QUIC port (a program of its own keeps each within the
     /// verifier's budget and leaves the TCP path's cost as it was).
@@ -454,7 +471,7 @@ pub mod maps {
     /// Per service and CPU, the requests in service by the slot they started in
     /// ([`crate::work::Ring`]).
     pub const WORK: &str = "SHEDDER_WORK";
-    pub const ALL: [&str; 32] = [
+    pub const ALL: [&str; 33] = [
         GLOBALS,
         PORTS,
         QUIC_PORTS,
@@ -478,6 +495,7 @@ pub mod maps {
         SOURCES,
         FAIR,
         DEMOTED,
+        DEMOTED_AT,
         QUIC_XDP,
         QUIC_TC,
         QUIC_EGRESS,
@@ -1028,6 +1046,17 @@ mod tests {
         let c = i.clamped();
         assert_eq!(c.class, [0, 3, 0, 0]);
         assert_eq!(c.connections, [1, 0, 4, 0]);
+    }
+
+    #[test]
+    fn a_demotion_is_recent_for_a_handshake_s_lifetime() {
+        let t = 5_000_000_000_000;
+        assert!(!demotion_recent(0, t), "never demoted");
+        assert!(demotion_recent(t, t));
+        assert!(demotion_recent(t, t + DEMOTED_RECENT_NS));
+        assert!(!demotion_recent(t, t + DEMOTED_RECENT_NS + 1));
+        // Written by another CPU just after this one read its clock.
+        assert!(demotion_recent(t + 10, t));
     }
 
     #[test]

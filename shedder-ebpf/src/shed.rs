@@ -100,6 +100,10 @@ pub static SHEDDER_FAIR: Array<Fairness> = Array::with_max_entries(MAX_SERVICES,
 /// was admitted in (the one its limits were checked against), not its source's own.
 #[map]
 pub static SHEDDER_DEMOTED: Array<Set> = Array::with_max_entries(DEMOTED_SETS, 0);
+/// Per service, when it last admitted a demoted attempt (see
+/// [`shedder_common::demotion_recent`]).
+#[map]
+pub static SHEDDER_DEMOTED_AT: Array<u64> = Array::with_max_entries(MAX_SERVICES, 0);
 /// Addresses that completed a handshake recently, and their tokens (see
 /// [`shedder_common::proof`]): the packet path spends tokens, the tracking path earns them.
 #[map]
@@ -758,6 +762,9 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
                 table::pack(now, class, false, 1, tag),
                 now,
             );
+            if let Some(at) = SHEDDER_DEMOTED_AT.get_ptr_mut(service) {
+                unsafe { *at = bpf_ktime_get_ns() };
+            }
         }
     }
     unsafe {

@@ -18,7 +18,7 @@ use shedder_common::{
     DEFAULT_TRACKED_SOCKETS, DEMOTED_SETS, HIST_PER_SERVICE, MAX_SERVICES, NUM_CLASSES,
     POLICY_CONFIGURED, SEED_COUNTED, SEED_KNOWN, SEED_TABLE_FULL, SEED_UNPROTECTED, SOCK_AGE_SEEN,
     SOCK_BUSY, SOCK_PENDING, SOCK_POOL_UNPROVEN, SOCK_SEQ_KNOWN, STAT_QUIC_ANSWERS_NOT_PROVEN,
-    STAT_UNTRACKED, SeedResult, SeedSock, ServiceHist, SockState,
+    STAT_UNTRACKED, SeedResult, SeedSock, ServiceHist, SockState, demotion_recent,
     flow::{
         self, ANSWERED, FLOW_ANSWERED, FLOW_EARNED, FLOW_UNPROVEN, FlowKey, SEEN_LIVENESS,
         UNPROVEN, WAITING,
@@ -32,9 +32,9 @@ use crate::{
     atomic,
     parse::Datagram,
     shed::{
-        SHEDDER_ALIVE, SHEDDER_COUNTERS, SHEDDER_DEMOTED, SHEDDER_FLOWS, SHEDDER_GLOBALS,
-        SHEDDER_INFLIGHT, SHEDDER_PENDING, SHEDDER_POLICY, SHEDDER_STANDING, SHEDDER_STATS,
-        alive_add, bump, classify, lookup_service,
+        SHEDDER_ALIVE, SHEDDER_COUNTERS, SHEDDER_DEMOTED, SHEDDER_DEMOTED_AT, SHEDDER_FLOWS,
+        SHEDDER_GLOBALS, SHEDDER_INFLIGHT, SHEDDER_PENDING, SHEDDER_POLICY, SHEDDER_STANDING,
+        SHEDDER_STATS, alive_add, bump, classify, lookup_service,
     },
 };
 
@@ -116,18 +116,25 @@ pub fn connection_born(key: &FlowKey, local: [u32; 4], client_next: u32, server_
         Some(p) if p.configured == POLICY_CONFIGURED => p,
         _ => return,
     };
-    // A demoted attempt counts in the class it was admitted in (see SHEDDER_DEMOTED).
-    let seed = SHEDDER_GLOBALS.get(0).map_or(0, |g| g.table_seed);
-    let h = table::hash(seed, &table::demoted_words(remote, key.sport, port, v6));
-    let tag = table::tag(h);
+    let now = unsafe { bpf_ktime_get_ns() };
     let mut class = classify(remote, v6, policy);
-    if let Some(set) = SHEDDER_DEMOTED.get_ptr_mut(table::set_index(h, DEMOTED_SETS)) {
-        let set = unsafe { &mut *set };
-        let way = table::find(set, tag);
-        if way < table::WAYS {
-            let slot = &mut set.slot[way & (table::WAYS - 1)];
-            class = table::class_of(slot.word);
-            slot.tag = 0;
+    // A demoted attempt counts in the class it was admitted in (see SHEDDER_DEMOTED), if
+    // the service demoted one lately.
+    if SHEDDER_DEMOTED_AT
+        .get(service)
+        .is_some_and(|&at| demotion_recent(at, now))
+    {
+        let seed = SHEDDER_GLOBALS.get(0).map_or(0, |g| g.table_seed);
+        let h = table::hash(seed, &table::demoted_words(remote, key.sport, port, v6));
+        let tag = table::tag(h);
+        if let Some(set) = SHEDDER_DEMOTED.get_ptr_mut(table::set_index(h, DEMOTED_SETS)) {
+            let set = unsafe { &mut *set };
+            let way = table::find(set, tag);
+            if way < table::WAYS {
+                let slot = &mut set.slot[way & (table::WAYS - 1)];
+                class = table::class_of(slot.word);
+                slot.tag = 0;
+            }
         }
     }
     // The handshake is complete: the address has proved itself. The pool its attempt was
@@ -138,7 +145,7 @@ pub fn connection_born(key: &FlowKey, local: [u32; 4], client_next: u32, server_
     let (stood, disputed) = prove(remote, v6);
     let pool = 1 - (stood & (1 - disputed));
     let state = SockState {
-        established_ns: unsafe { bpf_ktime_get_ns() },
+        established_ns: now,
         service: service as u16,
         class: class as u8,
         // The attempt stays pending until the first request arrives (or its hold slot
