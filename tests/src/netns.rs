@@ -49,6 +49,24 @@ impl Netns {
         ebpf
     }
 
+    /// The empty TC classifier at both hooks of [`IFACE`] (tcx), as shedder's TC attachment
+    /// places its ingress and egress programs: what any program at those hooks costs.
+    pub fn attach_pass_tc(&self) -> aya::Ebpf {
+        use aya::programs::{SchedClassifier, TcAttachType};
+        let mut ebpf = aya::Ebpf::load(shedder::kernel::BASELINE_OBJECT).expect("baseline object");
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(shedder_common::programs::BASELINE_TC)
+            .expect("baseline classifier")
+            .try_into()
+            .expect("tc program");
+        prog.load().expect("load baseline classifier");
+        for hook in [TcAttachType::Ingress, TcAttachType::Egress] {
+            self.run(|| prog.attach(IFACE, hook))
+                .expect("attach the baseline classifier");
+        }
+        ebpf
+    }
+
     /// A new namespace named `shd-<tag>-<pid>-<n>` with loopback up.
     pub fn new(tag: &str) -> Self {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);

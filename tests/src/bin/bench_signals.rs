@@ -1,14 +1,15 @@
 //! `cargo xtask bench signals`: what measuring costs.
 //!
-//! 1. The tracking tracepoint programs, per event, from the kernel's BPF run-time statistics,
-//!    while real request/response connections run over veth between two namespaces: once to
-//!    a protected port (tracked) and once to an unprotected one (one failed lookup per event).
+//! 1. The packet programs (ingress and TC egress) per run, from the kernel's BPF run-time
+//!    statistics, while real request/response connections run over veth between two
+//!    namespaces: once to a protected port (tracked) and once to an unprotected one (the
+//!    early exit).
 //! 2. The CPU time of one signal-reading tick (every source of every service) at 1, 10 and
 //!    100 services.
 //! 3. A real server with and without shedder: Debian's nginx (one worker) under wrk, with
 //!    keep-alive and with one request per connection, in rounds that rotate through nothing
-//!    attached, the tracking programs alone, an empty native XDP program, and shedder with
-//!    XDP or TC (policy for nginx's port that refuses nothing): requests/s, and the
+//!    attached, an empty native XDP program, an empty TC classifier at both hooks, and
+//!    shedder with XDP or TC (policy for nginx's port that refuses nothing): requests/s, and the
 //!    machine's CPU time per request from `/proc/stat` (steadier on a shared host).
 
 use std::{
@@ -335,6 +336,9 @@ enum Attachment {
     /// veth costs (the veth then delivers through its own NAPI poll instead of the
     /// backlog).
     EmptyXdp,
+    /// The empty TC classifier at ingress and egress: what any program at the two hooks
+    /// shedder's TC attachment uses costs, before it does anything.
+    EmptyTc,
     /// shedder minus the daemon, as `attach = "native"` runs it: XDP native on the server's
     /// interface, the tracking programs, and nginx's port protected by a policy that
     /// refuses nothing.
@@ -345,10 +349,11 @@ enum Attachment {
 }
 
 impl Attachment {
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 5] = [
         Self::Nothing,
         Self::EmptyXdp,
         Self::ShedderXdp,
+        Self::EmptyTc,
         Self::ShedderTc,
     ];
 
@@ -356,6 +361,7 @@ impl Attachment {
         match self {
             Self::Nothing => "nothing attached",
             Self::EmptyXdp => "an empty XDP program (native), nothing else",
+            Self::EmptyTc => "an empty TC classifier at ingress and egress, nothing else",
             Self::ShedderXdp => "shedder: XDP native + TC egress (`attach = \"native\"`)",
             Self::ShedderTc => "**shedder: TC + TC egress (`attach = \"auto\"` on a veth)**",
         }
@@ -387,6 +393,9 @@ fn attach(pair: &Pair, what: Attachment) -> Result<Attached> {
         }
         Attachment::EmptyXdp => Attached::Empty {
             _held: Box::new(pair.server.attach_pass_program()),
+        },
+        Attachment::EmptyTc => Attached::Empty {
+            _held: Box::new(pair.server.attach_pass_tc()),
         },
     })
 }
