@@ -178,7 +178,13 @@ pub fn ingress(data: usize, data_end: usize) {
             return;
         }
         st.client_next = end;
-        st.flags |= SOCK_SEQ_KNOWN;
+        // Written only when it changes: the egress program, on another CPU, ends the
+        // connection's request by rewriting the same byte, and a rewrite of it here from a
+        // read before that end would make the connection busy again, for its next segment
+        // out to end the same request twice.
+        if !known {
+            st.flags |= SOCK_SEQ_KNOWN;
+        }
         if s.len > 0 {
             track::request_arrived(st);
         } else if fin != 0 {

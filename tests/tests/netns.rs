@@ -15,7 +15,7 @@ use std::{
 use shedder::kernel::{AttachMode, Attached, Shedder};
 use shedder_common::{
     ACTION_DROP, ACTION_RST, CLASS_CRITICAL, CLASS_MEDIUM, CLASS_SHEDDABLE, Inflight, MODE_ENFORCE,
-    REASON_CRITICAL, REASON_PRIORITY, REASON_UNDER_LIMIT, REASONS_IN_USE,
+    NUM_CLASSES, REASON_CRITICAL, REASON_PRIORITY, REASON_UNDER_LIMIT, REASONS_IN_USE, SOCK_BUSY,
     STAT_ATTEMPTS_IN_FRAGMENTS, STAT_ATTEMPTS_IN_TUNNELS, ServicePolicy, VERDICT_DROP,
     VERDICT_PASS, VERDICT_RST,
     tunnel::{TUNNEL_VXLAN, port_index},
@@ -86,6 +86,42 @@ impl Lab {
         self.shedder
             .counter(service, class, verdict, reason)
             .expect("counter")
+    }
+
+    /// The packet path's counts of `service` agree with its tracked connections: each
+    /// class's connections, and its busy ones (work in flight). A connection closing as
+    /// this reads them can make the two differ for a moment; a count that drifted (a
+    /// request ended twice, or started twice) differs for good, so they must agree within
+    /// a second.
+    fn assert_counts_match_tracked(&self, service: u32, what: &str) {
+        let read = || {
+            let mut conns = [0i32; NUM_CLASSES];
+            let mut busy = [0i32; NUM_CLASSES];
+            let tracked = self.shedder.tracked_connections().expect("tracked");
+            for (_, st) in tracked
+                .iter()
+                .filter(|(_, st)| u32::from(st.service) == service)
+            {
+                let c = usize::from(st.class) & (NUM_CLASSES - 1);
+                conns[c] += 1;
+                busy[c] += i32::from(st.flags & SOCK_BUSY != 0);
+            }
+            let i = self.shedder.inflight_stored(service).expect("inflight");
+            (
+                (i.connections.map(|v| v as i32), i.class.map(|v| v as i32)),
+                (conns, busy),
+            )
+        };
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let (mut stored, mut tracked) = read();
+        while stored != tracked && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            (stored, tracked) = read();
+        }
+        assert_eq!(
+            stored, tracked,
+            "{what}: (connections, busy) per class, counted against tracked"
+        );
     }
 
     /// The same counter of unproven attempts: a source's first attempt, before any of its
@@ -215,6 +251,9 @@ fn scenario(tag: &str, mode: AttachMode, expect: Attached) {
         echo_roundtrip(&mut established, b"after the limit dropped").expect("echo after (drop)");
         echo_roundtrip(&mut established, &bulk).expect("bulk echo after (drop)");
         echo_roundtrip(&mut established_rst, &bulk).expect("bulk echo after (rst)");
+        for (svc, what) in [(SVC_DROP, "drop service"), (SVC_RST, "rst service")] {
+            lab.assert_counts_match_tracked(svc, &format!("{name}: {what}, after bulk echoes"));
+        }
 
         // Other ports are untouched.
         let mut other = assert_admitted(
@@ -279,6 +318,7 @@ fn scenario(tag: &str, mode: AttachMode, expect: Attached) {
                 .filter(|(_, a, b)| a + b > 0)
                 .collect()
         };
+        lab.assert_counts_match_tracked(SVC_RST, &format!("{name}: before the limit is restored"));
         let attempt = lab.connect(fam.client, fam.server, PORT_RST, ADMIT_WAIT);
         let why = format!(
             "{name}: limit restored (refused by reason: {:?}; in flight {:?})",

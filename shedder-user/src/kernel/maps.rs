@@ -287,12 +287,16 @@ pub trait MapReader {
     /// counts them (a count below zero read as 0, as the packet path reads it:
     /// [`Inflight::busy`]).
     fn inflight(&self, service: u32) -> Result<Inflight> {
+        self.inflight_stored(service).map(|i| i.clamped())
+    }
+
+    /// The same counts as stored, a count below zero as the `u32` it wraps to: what shows
+    /// whether they drifted from the tracked connections they count.
+    fn inflight_stored(&self, service: u32) -> Result<Inflight> {
         check_service(service)?;
         let m: Array<&MapData, Inflight> =
             Array::try_from(self.map_named(maps::INFLIGHT)?).map_err(map_err(maps::INFLIGHT))?;
-        m.get(&service, 0)
-            .map(|i| i.clamped())
-            .map_err(map_err(maps::INFLIGHT))
+        m.get(&service, 0).map_err(map_err(maps::INFLIGHT))
     }
 
     /// A QUIC service's flows per class in `state` (`flow::WAITING` or `flow::ANSWERED`)
