@@ -257,10 +257,9 @@ impl Lab {
 /// The daemon's limit of service 0 over time.
 pub struct LimitSampler {
     stop: Arc<AtomicBool>,
-    samples: Arc<Mutex<Vec<(Duration, u32)>>>,
-    /// Beside each sample, the service's work in flight (busy connections, all classes) as
-    /// the packet path counts it against the limit.
-    busy: Arc<Mutex<Vec<u32>>>,
+    /// (time since start, limit, work in flight): the service's busy connections, all
+    /// classes, as the packet path counts them against the limit, read with the limit.
+    samples: Arc<Mutex<Vec<(Duration, u32, u32)>>>,
     thread: Option<thread::JoinHandle<()>>,
 }
 
@@ -269,10 +268,9 @@ impl LimitSampler {
     pub fn start(pins: &Path, every: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::new()));
-        let busy = Arc::new(Mutex::new(Vec::new()));
         let pins = pins.to_path_buf();
         let thread = {
-            let (stop, samples, busy) = (stop.clone(), samples.clone(), busy.clone());
+            let (stop, samples) = (stop.clone(), samples.clone());
             thread::spawn(move || {
                 let start = Instant::now();
                 let mut maps = None;
@@ -284,11 +282,11 @@ impl LimitSampler {
                         && let Ok(p) = m.policy(0)
                     {
                         let work = m.inflight(0).map_or(0, |i| i.class.iter().sum::<u32>());
-                        samples
-                            .lock()
-                            .expect("samples")
-                            .push((start.elapsed(), p.total_limit));
-                        busy.lock().expect("busy").push(work);
+                        samples.lock().expect("samples").push((
+                            start.elapsed(),
+                            p.total_limit,
+                            work,
+                        ));
                     }
                     thread::sleep(every);
                 }
@@ -297,18 +295,12 @@ impl LimitSampler {
         Self {
             stop,
             samples,
-            busy,
             thread: Some(thread),
         }
     }
 
-    /// The work in flight beside each sample so far.
-    pub fn busy(&self) -> Vec<u32> {
-        self.busy.lock().expect("busy").clone()
-    }
-
-    /// Stop and return every (time since start, limit).
-    pub fn finish(mut self) -> Vec<(Duration, u32)> {
+    /// Stop and return every (time since start, limit, work in flight).
+    pub fn finish_with_busy(mut self) -> Vec<(Duration, u32, u32)> {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -316,10 +308,19 @@ impl LimitSampler {
         std::mem::take(&mut *self.samples.lock().expect("samples"))
     }
 
+    /// Stop and return every (time since start, limit).
+    pub fn finish(self) -> Vec<(Duration, u32)> {
+        without_busy(&self.finish_with_busy())
+    }
+
     /// The samples so far.
     pub fn snapshot(&self) -> Vec<(Duration, u32)> {
-        self.samples.lock().expect("samples").clone()
+        without_busy(&self.samples.lock().expect("samples"))
     }
+}
+
+fn without_busy(samples: &[(Duration, u32, u32)]) -> Vec<(Duration, u32)> {
+    samples.iter().map(|&(t, l, _)| (t, l)).collect()
 }
 
 impl Drop for LimitSampler {
@@ -340,10 +341,7 @@ pub fn refusals_by_reason(pins: &Path) -> String {
     let mut out = Vec::new();
     for r in 0..shedder_common::NUM_REASONS {
         let n: u64 = (0..shedder_common::NUM_CLASSES as u32)
-            .flat_map(|c| {
-                [shedder_common::VERDICT_DROP, shedder_common::VERDICT_RST]
-                    .map(|v| k.n[shedder_common::decision_index(c, v, r) as usize])
-            })
+            .map(|c| k.refused(c, r))
             .sum();
         if n > 0 {
             out.push(format!("{} {n}", shedder_common::REASON_NAMES[r as usize]));

@@ -241,12 +241,10 @@ fn a_thousand_sources_in_fixed_memory() {
         .map(|set| set.slot.iter().filter(|s| s.tag != 0).count())
         .sum();
     let w = report.range(SETTLE..secs);
-    let busy = sampler.busy();
     let limits: Vec<String> = sampler
-        .finish()
+        .finish_with_busy()
         .iter()
-        .zip(busy)
-        .map(|((t, l), b)| format!("{:.1}s {l} ({b} busy)", t.as_secs_f64()))
+        .map(|(t, l, b)| format!("{:.1}s {l} ({b} busy)", t.as_secs_f64()))
         .collect();
     eprintln!(
         "{held} sources held, at most {most} active in one epoch; offered {:.0}/s, goodput \

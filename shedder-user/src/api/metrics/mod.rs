@@ -788,6 +788,33 @@ fn answer(
 mod tests {
     use super::*;
 
+    /// A scrape before the daemon's first tick fails (503) instead of answering an empty
+    /// exposition that reads as a healthy node with no services.
+    #[test]
+    fn a_scrape_before_the_first_tick_is_refused() {
+        use std::io::{Read as _, Write as _};
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        serve(listener, Shared::default());
+        let get = |path: &str| {
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+                .expect("timeout");
+            write!(
+                s,
+                "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+            )
+            .expect("request");
+            let mut answer = String::new();
+            s.read_to_string(&mut answer).expect("answer");
+            answer
+        };
+        let starting = get("/metrics");
+        assert!(starting.starts_with("HTTP/1.1 503"), "{starting}");
+        assert!(starting.contains("shedder is starting"), "{starting}");
+        assert!(get("/other").starts_with("HTTP/1.1 404"));
+    }
+
     #[test]
     fn rebucketing_is_per_bucket_and_conservative() {
         let mut counts = vec![0u64; hist::BUCKETS as usize];
