@@ -60,6 +60,9 @@ pub const DEMOTED_SETS: u32 = 4096;
 /// (and on a service that never demoted) the tracking path skips the demoted table, whose
 /// look-up at a random set is a cache miss every new connection would pay otherwise.
 pub const DEMOTED_RECENT_NS: u64 = 64_000_000_000;
+/// The stamp of a service's last demoted admission is rewritten only once it is this old,
+/// so the window above runs 63–64 s from the last demotion.
+pub const DEMOTED_RESTAMP_NS: u64 = 1_000_000_000;
 
 /// Whether a handshake completing at `now_ns` may belong to a demoted attempt of a service
 /// whose last demoted admission was at `last_ns` (0: never).

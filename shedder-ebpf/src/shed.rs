@@ -13,8 +13,8 @@ use aya_log_ebpf::{
 };
 use shedder_common::{
     ACTION_RST, ADDR_KEY_QUIC, ADDR_KEY_TCP, Bucket, CLASS_L1_ENTRIES, CLASS_L2_BLOCKS,
-    COUNTERS_PER_SERVICE, ClassBlock, ClassRule, DEMOTED_SETS, Globals, Inflight,
-    KLOG_LINES_PER_SECOND, LogBudget, MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES,
+    COUNTERS_PER_SERVICE, ClassBlock, ClassRule, DEMOTED_RESTAMP_NS, DEMOTED_SETS, Globals,
+    Inflight, KLOG_LINES_PER_SECOND, LogBudget, MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES,
     MODE_DRY_RUN, NUM_CLASSES, NUM_STATS, POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES,
     PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, STAT_FALLBACK, STAT_LOG_SUPPRESSED,
     STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_REPLY_LIMITED_PROVEN, STAT_REPLY_LIMITED_UNPROVEN,
@@ -762,8 +762,13 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
                 table::pack(now, class, false, 1, tag),
                 now,
             );
+            // Restamped once a second at most: every CPU's demoted admissions would
+            // otherwise write the one cache line the stamps of eight services share.
             if let Some(at) = SHEDDER_DEMOTED_AT.get_ptr_mut(service) {
-                unsafe { *at = bpf_ktime_get_ns() };
+                let t = unsafe { bpf_ktime_get_ns() };
+                if t.wrapping_sub(unsafe { core::ptr::read_volatile(at) }) > DEMOTED_RESTAMP_NS {
+                    unsafe { *at = t };
+                }
             }
         }
     }
