@@ -413,8 +413,22 @@ pub const PORT_SERVICE_MASK: u32 = 0xffff;
 /// port; look the (address, port) pair up in the address map first.
 pub const PORT_HAS_ADDR_SERVICES: u32 = 1 << 31;
 
+/// The layout of the pinned maps: which maps there are, their types, sizes and what their
+/// values mean. A daemon adopts the maps an earlier run pinned only when that run's layout
+/// is this one and every map's shape agrees; any other set is replaced (docs/operations.md,
+/// *Upgrades and rollbacks*). Bump it whenever a map is added, removed or resized, or a
+/// value's meaning changes: a unit test of the daemon holds the maps' shapes against the
+/// layout they were recorded under, and fails until this is bumped.
+///
+/// Layout 1 is also what an unmarked set of pins is (versions before the marker).
+pub const LAYOUT: u32 = 1;
+
 /// Names of the maps, as the daemon pins them under `/sys/fs/bpf/shedder/`.
 pub mod maps {
+    /// The marker of the pinned maps' layout ([`crate::LAYOUT`]): a one-entry array of `u32`
+    /// the daemon creates beside the object's maps. Not in the eBPF object, so not in
+    /// [`ALL`].
+    pub const LAYOUT: &str = "SHEDDER_LAYOUT";
     pub const GLOBALS: &str = "SHEDDER_GLOBALS";
     pub const PORTS: &str = "SHEDDER_PORTS";
     /// UDP port → QUIC service, laid out as [`PORTS`] is for TCP.

@@ -96,10 +96,12 @@ fn restart_adopts_the_pinned_attachment_without_a_gap_and_sigterm_detaches() {
     let pair = Pair::new("drst");
     let _server = pair.server.run(|| TestServer::holding(RESTART_PORT));
     let pins = pin_dir("restart");
+    // Told to detach on SIGTERM (the default leaves protection in place).
     let mut daemon = Daemon::start(
         &pair.server,
         "restart",
-        &config(&pins, RESTART_PORT, 3000),
+        &config(&pins, RESTART_PORT, 3000)
+            .replace("[daemon]\n", "[daemon]\ndetach_on_exit = true\n"),
         &pins,
     );
     daemon.wait_for_log("running", Duration::from_secs(10));
@@ -187,7 +189,7 @@ fn sighup_reload_applies_a_good_policy_and_keeps_it_when_the_next_is_bad() {
     let _server = pair.server.run(|| TestServer::holding(HUP_PORT));
     let pins = pin_dir("hup");
     let cfg = config(&pins, HUP_PORT, 3000);
-    let daemon = Daemon::start(&pair.server, "hup", &cfg, &pins);
+    let mut daemon = Daemon::start(&pair.server, "hup", &cfg, &pins);
     daemon.wait_for_log("running", Duration::from_secs(10));
     let mut held = hold(&pair, &pins, HUP_PORT, 4);
     refused(&pair, HUP_PORT, "at the limit of 4");
@@ -217,4 +219,153 @@ fn sighup_reload_applies_a_good_policy_and_keeps_it_when_the_next_is_bad() {
         HUP_PORT,
         "under the limit of 6 after the refused reload",
     ));
+
+    // By default SIGTERM (`systemctl stop`) leaves protection in place: still attached,
+    // still refusing at the limit until the heartbeat times out.
+    let status = daemon.terminate();
+    assert!(status.success(), "exit status {status}\n{}", daemon.log());
+    assert!(
+        pins.join("links").join(IFACE).exists(),
+        "still attached after a stop"
+    );
+    refused(&pair, HUP_PORT, "after a stop, at the last limit of 6");
+}
+
+const LAYOUT_PORT: u16 = 7603;
+
+/// Pin a one-entry array of `u32` at `path` (replacing what is there), holding `value`: a
+/// map of another version.
+fn pin_foreign_array(path: &std::path::Path, value: u32) {
+    use aya::maps::{Array, Map, MapData};
+    let def = aya_obj::Map::new_from_params(2, 4, 4, 1, 0);
+    let mut map = Map::Array(MapData::create(def, "foreign", None).expect("create a map"));
+    Array::<&mut MapData, u32>::try_from(&mut map)
+        .expect("an array")
+        .set(0, value, 0)
+        .expect("set");
+    let _ = std::fs::remove_file(path);
+    map.pin(path).expect("pin");
+}
+
+/// A restart over maps pinned by another version (another layout marker, a map of another
+/// size) never reuses them: the new daemon loads its own beside them, counts the
+/// connections in service into them, switches the pinned attachment over without a gap and
+/// removes the old set. Tools that read the pins refuse another version's maps.
+#[test]
+fn restart_over_another_versions_maps_replaces_them_without_a_gap() {
+    use shedder_common::{LAYOUT, maps};
+    use std::{
+        os::unix::fs::MetadataExt,
+        sync::atomic::{AtomicBool, AtomicU32, Ordering},
+    };
+    require_root();
+    shedder_tests::ensure_fs();
+    let pair = Pair::new("dlay");
+    let _server = pair.server.run(|| TestServer::holding(LAYOUT_PORT));
+    let pins = pin_dir("layout");
+    let mut daemon = Daemon::start(
+        &pair.server,
+        "layout",
+        &config(&pins, LAYOUT_PORT, 3000)
+            .replace("[daemon]\n", "[daemon]\ndetach_on_exit = true\n"),
+        &pins,
+    );
+    daemon.wait_for_log("running", Duration::from_secs(10));
+    let mut held = hold(&pair, &pins, LAYOUT_PORT, 4);
+    let link = pins.join("links").join(IFACE);
+    let inode = std::fs::metadata(&link).expect("pinned link").ino();
+    daemon.kill();
+
+    // Another version's pins: a newer layout's marker, and a map resized.
+    let map_dir = pins.join("maps");
+    pin_foreign_array(&map_dir.join(maps::LAYOUT), LAYOUT + 1);
+    pin_foreign_array(&map_dir.join(maps::STATS), 0);
+    // And what a start interrupted before its switch leaves: maps beside them, in no use.
+    std::fs::create_dir_all(pins.join("maps-next")).expect("mkdir");
+    pin_foreign_array(&pins.join("maps-next").join(maps::STATS), 0);
+    let refused_read = PinnedMaps::open(&pins).err().map(|e| e.to_string());
+    assert!(
+        refused_read
+            .as_deref()
+            .is_some_and(|e| e.contains("not this version's") && e.contains("SHEDDER_STATS")),
+        "the tools refuse another version's maps: {refused_read:?}"
+    );
+
+    let stop = AtomicBool::new(false);
+    let (admitted_probes, probes) = (AtomicU32::new(0), AtomicU32::new(0));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pair.client.run(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let a = connect_from(
+                        IpAddr::V4(CLIENT_V4),
+                        IpAddr::V4(SERVER_V4),
+                        LAYOUT_PORT,
+                        Duration::from_secs(1),
+                    );
+                    probes.fetch_add(1, Ordering::Relaxed);
+                    if a.result.is_ok() {
+                        admitted_probes.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        });
+        daemon.spawn(&pair.server);
+        // (The log is appended to: the first daemon's "running" is in it already.)
+        daemon.wait_for_log("switched to this version's maps", Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::Relaxed);
+    });
+    let log = daemon.log();
+    assert_eq!(log.matches("running services").count(), 2, "{log}");
+    assert!(
+        log.contains("the pinned maps are another version's")
+            && log.contains(&format!("pinned by layout {}", LAYOUT + 1))
+            && log.contains("SHEDDER_STATS: type 2, this version's 6, value size 4"),
+        "the replacement and its reasons are logged:\n{log}"
+    );
+    assert!(
+        probes.load(Ordering::Relaxed) > 20,
+        "the probe ran through the restart"
+    );
+    assert_eq!(
+        admitted_probes.load(Ordering::Relaxed),
+        0,
+        "no attempt over the limit admitted while the maps were replaced"
+    );
+    assert_eq!(
+        std::fs::metadata(&link).expect("pinned link").ino(),
+        inode,
+        "the pinned attachment was switched, not recreated"
+    );
+    assert!(
+        !pins.join("maps-next").exists(),
+        "nothing left beside the maps"
+    );
+    assert!(
+        log.contains("interrupted before switching to new maps: removed them"),
+        "the interrupted replacement's maps removed first:\n{log}"
+    );
+    let stats = aya::maps::MapInfo::from_pin(map_dir.join(maps::STATS)).expect("stats pin");
+    assert_eq!(
+        (stats.value_size(), stats.max_entries()),
+        (8, 32),
+        "the resized map was replaced, not reused"
+    );
+    let s = PinnedMaps::open(&pins).expect("this version's maps now");
+    s.stats().expect("this version's statistics map");
+    drop(s);
+    // The new maps count what is in service: still refused at 4; one closed, one admitted.
+    refused(&pair, LAYOUT_PORT, "after the replacement, at the limit");
+    held.pop();
+    settle(&pins, 3);
+    held.push(busy(
+        &pair,
+        LAYOUT_PORT,
+        "after the replacement, under the limit",
+    ));
+    let status = daemon.terminate();
+    assert!(status.success(), "exit status {status}\n{}", daemon.log());
+    assert!(!pins.exists(), "pins removed");
 }

@@ -45,6 +45,16 @@ pub fn run(config: PathBuf, interfaces: Vec<String>, mode: Option<Attach>) -> Re
         .iter()
         .map(|iface| shedder::daemon::delivering_mode(&cfg, iface, mode))
         .collect::<Result<Vec<_>>>()?;
+    // Without a daemon there is no one to switch attachments over: another version's maps
+    // are left to that version or to this version's daemon, which replaces them.
+    if let kernel::layout::Plan::Replace { why, .. } = kernel::layout::prepare(pin_dir)? {
+        bail!(
+            "the maps pinned under {} are another version's ({}): start this version's \
+             daemon, which replaces them without a gap, or `shedder detach` first",
+            pin_dir.display(),
+            why.join("; ")
+        );
+    }
     let mut shedder = Shedder::load_pinned(pin_dir, false).context("loading the eBPF programs")?;
     let hz = shedder
         .calibrate_hz(Duration::from_millis(100))

@@ -62,8 +62,9 @@ pub struct Daemon {
     /// Percentiles of queue age and latency cover this much recent history.
     #[serde(default = "defaults::signal_window_ms")]
     pub signal_window_ms: u64,
-    /// Detach and remove the pins when the daemon stops (SIGTERM/SIGINT). With `false` the
-    /// programs stay attached and the fallback limits take over after the heartbeat timeout.
+    /// Detach and remove the pins when the daemon stops (SIGTERM/SIGINT). With `false` (the
+    /// default) the programs stay attached and the fallback limits take over after the
+    /// heartbeat timeout.
     #[serde(default = "defaults::detach_on_exit")]
     pub detach_on_exit: bool,
     /// Fail-static: a daemon that dies leaves the programs attached with its last limits,

@@ -25,8 +25,10 @@ pub fn signal_window_ms() -> u64 {
 pub fn fail_static() -> bool {
     true
 }
+/// Off: a stop or a restart (an upgrade) leaves the node protected; `shedder detach` is
+/// how protection is removed.
 pub fn detach_on_exit() -> bool {
-    true
+    false
 }
 pub fn syn_retransmit_window_ms() -> u64 {
     30_000

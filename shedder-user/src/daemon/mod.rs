@@ -4,7 +4,8 @@
 //!
 //! Restarting adopts what is pinned — maps, the interface links, the tracking links — without
 //! detaching, so protection never lapses; the adaptive limits continue from the ones in the
-//! maps. SIGTERM/SIGINT stop the loop and, unless `detach_on_exit` is off (or `run
+//! maps (or, when they are another version's, replaces them without a gap: `kernel::layout`).
+//! SIGTERM/SIGINT stop the loop and, only if `detach_on_exit` is on (and not `run
 //! --keep-attached`), detach and unpin everything. A daemon killed outright leaves the last
 //! limits in force until the heartbeat times out, then the kernel side falls back to each
 //! service's fallback limit. SIGHUP reloads the configuration; a configuration that fails
@@ -143,14 +144,18 @@ pub fn run(opts: Options) -> Result<()> {
         );
     }
     info!(pins = %pins.describe(), "pin directory");
-    // A start that fails leaves nothing of its own behind; an earlier run's pins stay.
-    let fresh = !pins.path.join("maps").exists();
+    // A start that fails leaves nothing of its own behind; an earlier run's pins stay (a
+    // replacement of them is settled: finished where an attachment already runs over the
+    // new maps, else undone).
+    let fresh = !pins.path.join(crate::kernel::layout::MAPS).exists();
     let fresh_dir = pins.path.clone();
     let mut daemon = match Daemon::start(opts.config.clone(), cfg, text, pins) {
         Ok(d) => d,
         Err(e) => {
             if fresh {
                 let _ = crate::kernel::unpin_all(&fresh_dir);
+            } else {
+                let _ = crate::kernel::layout::settle(&fresh_dir);
             }
             return Err(e);
         }

@@ -23,6 +23,7 @@ use crate::{
     fleet,
     kernel::{
         Attached, MapReader as _, MapWriter as _, Shedder,
+        layout::Plan,
         pins::{Durability, PinDir},
         policy::compile,
     },
@@ -37,7 +38,26 @@ impl Daemon {
         pins: PinDir,
     ) -> Result<Self> {
         let pin_dir = pins.path.clone();
-        let adopting = pin_dir.join("maps").exists();
+        // Adopt an earlier run's maps only if they are this version's; any other set is
+        // replaced: new maps beside it, the attachments switched, then the old set removed.
+        let plan = crate::kernel::layout::prepare(&pin_dir)?;
+        let adopting = plan == Plan::Adopt;
+        let replacing = matches!(plan, Plan::Replace { .. });
+        if let Plan::Replace { layout, why } = &plan {
+            warn!(
+                pinned_layout = layout,
+                layout = crate::kernel::layout::LAYOUT,
+                why = %why.join("; "),
+                "the pinned maps are another version's: loading new ones beside them, then \
+                 switching the attachments to them (their state starts over: fallback \
+                 limits, connections counted from the sockets)"
+            );
+        }
+        let maps_sub = if replacing {
+            crate::kernel::layout::NEXT
+        } else {
+            crate::kernel::layout::MAPS
+        };
         // Endpoints first: a port or a socket in use fails the start before anything is
         // attached.
         let metrics_listener = std::net::TcpListener::bind(&cfg.daemon.metrics_listen)
@@ -70,7 +90,7 @@ impl Daemon {
             })
             .collect::<Result<Vec<_>>>()?;
         let mut kernel_log = cfg.daemon.kernel_debug_log;
-        let loaded = match Shedder::load_pinned(&pin_dir, kernel_log) {
+        let loaded = match Shedder::load_pinned_into(&pin_dir, maps_sub, kernel_log) {
             // The log sites multiply what the verifier explores: older kernels' verifiers
             // (Linux 6.1) give up on the packet path with them, and shedding matters more
             // than its debug log.
@@ -81,16 +101,15 @@ impl Daemon {
                      can): running without the kernel debug log"
                 );
                 kernel_log = false;
-                Shedder::load_pinned(&pin_dir, false)
+                Shedder::load_pinned_into(&pin_dir, maps_sub, false)
             }
             other => other,
         };
         let mut shedder = loaded.with_context(|| {
             format!(
-                "loading the programs with the maps pinned under {} (if they come from an \
-                 incompatible version, `shedder detach` removes them; `shedder doctor` checks \
+                "loading the programs with the maps pinned under {} (`shedder doctor` checks \
                  this kernel)",
-                pin_dir.display()
+                pin_dir.join(maps_sub).display()
             )
         })?;
         let hz = shedder
@@ -142,6 +161,12 @@ impl Daemon {
                 "no fail-static: the pins die with this daemon ({why}); if it dies, nothing is shed"
             ));
         }
+        // A replacement counts the connections in service before the attachments switch to
+        // its maps, so that its programs never start from zero under load (and again after,
+        // for those born meanwhile: each is counted once).
+        if replacing {
+            let _ = crate::kernel::seed::seed_and_report(&mut shedder, &cfg);
+        }
         let mut attach = Vec::new();
         for (iface, mode) in cfg.daemon.interfaces.iter().zip(modes) {
             let Some(mode) = mode else {
@@ -184,6 +209,16 @@ impl Daemon {
         // Counted after attaching: a connection born meanwhile is seen on the wire or found
         // here (both: counted once).
         warnings.extend(crate::kernel::seed::seed_and_report(&mut shedder, &cfg));
+        if replacing {
+            // Every attachment runs over the new maps: the old set goes.
+            crate::kernel::layout::retire(&pin_dir).with_context(|| {
+                format!(
+                    "removing the replaced maps under {}",
+                    pin_dir.join(crate::kernel::layout::MAPS).display()
+                )
+            })?;
+            info!("switched to this version's maps; the replaced ones are removed");
+        }
         // A first start begins no lower than the work it found in service, unless that work
         // is a backlog (a restart that adopts the maps continues from the limit in them).
         if !adopting {

@@ -504,7 +504,7 @@ pub const DETACH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The kernel's IDs of the programs the links pinned in `links` hold (our handles on the
 /// links closed again at once).
-fn pinned_link_programs(links: &Path) -> Vec<u32> {
+pub(super) fn pinned_link_programs(links: &Path) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir(links) else {
         return Vec::new();
     };
@@ -527,7 +527,7 @@ fn pinned_link_programs(links: &Path) -> Vec<u32> {
 
 fn remove_pins(dir: &Path) -> std::io::Result<Vec<String>> {
     let mut detached = Vec::new();
-    for sub in ["links", "maps"] {
+    for sub in ["links", super::layout::MAPS, super::layout::NEXT] {
         let d = dir.join(sub);
         let entries = match std::fs::read_dir(&d) {
             Ok(e) => e,

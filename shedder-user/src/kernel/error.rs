@@ -57,6 +57,8 @@ pub enum Error {
     QuicUnavailable { service: String, why: String },
     #[error("{0}: {1}")]
     Io(&'static str, #[source] std::io::Error),
+    #[error("the pinned maps' layout: {0}")]
+    Layout(String),
 }
 
 /// The last line of a verifier log that says something other than its statistics.

@@ -160,12 +160,26 @@ impl Shedder {
     /// there are reused (a restarted daemon adopts the running state). With `kernel_log`,
     /// the packet path writes rate-limited debug lines (see [`Shedder::kernel_logger`]);
     /// without it, every log site is pruned by the verifier.
+    /// Use it only where [`crate::kernel::layout`] found the maps there to be this
+    /// version's, or nothing pinned.
     pub fn load_pinned(dir: &Path, kernel_log: bool) -> Result<Self> {
-        Self::load_with(Some(dir), kernel_log)
+        Self::load_pinned_into(dir, super::layout::MAPS, kernel_log)
     }
 
-    pub(super) fn load_with(pin_dir: Option<&Path>, kernel_log: bool) -> Result<Self> {
-        let mut ebpf = Self::loader(pin_dir, kernel_log)?.load(OBJECT)?;
+    /// [`Shedder::load_pinned`] with the maps pinned under `dir/maps_sub/` (a replacement's
+    /// `maps-next`), which is marked with this version's layout.
+    pub fn load_pinned_into(dir: &Path, maps_sub: &str, kernel_log: bool) -> Result<Self> {
+        let maps_dir = dir.join(maps_sub);
+        let shedder = Self::load_with(Some((dir, &maps_dir)), kernel_log)?;
+        super::layout::mark(&maps_dir)?;
+        Ok(shedder)
+    }
+
+    /// Load with private maps, or with the maps pinned under `pins.1` (`pins.0` the pin
+    /// directory).
+    pub(super) fn load_with(pins: Option<(&Path, &Path)>, kernel_log: bool) -> Result<Self> {
+        let pin_dir = pins.map(|p| p.0);
+        let mut ebpf = Self::loader(pins.map(|p| p.1), kernel_log)?.load(OBJECT)?;
         for name in LOADED {
             load_program(&mut ebpf, name)?;
         }
@@ -194,18 +208,17 @@ impl Shedder {
         }
     }
 
-    /// The loader: the kernel log level set, the maps pinned under `pin_dir/maps/` if given.
-    fn loader(pin_dir: Option<&Path>, kernel_log: bool) -> Result<EbpfLoader<'static>> {
+    /// The loader: the kernel log level set, the maps pinned under `map_dir` if given.
+    fn loader(map_dir: Option<&Path>, kernel_log: bool) -> Result<EbpfLoader<'static>> {
         raise_memlock();
         let mut loader = EbpfLoader::new();
         // aya-log's level: 0 is off, Debug (4) lets the shed path's debug lines through.
         static OFF: u8 = 0;
         static DEBUG: u8 = aya_log::Level::Debug as u8;
         loader.override_global(aya_log::LEVEL, if kernel_log { &DEBUG } else { &OFF }, true);
-        let map_dir = pin_dir.map(|d| d.join("maps"));
-        if let Some(map_dir) = &map_dir {
+        if let Some(map_dir) = map_dir {
             std::fs::create_dir_all(map_dir).map_err(|e| Error::Pin {
-                path: map_dir.clone(),
+                path: map_dir.to_path_buf(),
                 reason: e.to_string(),
             })?;
             for name in maps::ALL {

@@ -410,7 +410,9 @@ pub struct PinnedMaps {
 
 impl PinnedMaps {
     /// Open every pinned map under `dir/maps/`.
+    /// Refused unless they are this version's ([`crate::kernel::layout::check_readable`]).
     pub fn open(dir: &Path) -> Result<Self> {
+        crate::kernel::layout::check_readable(dir)?;
         let mut maps = std::collections::HashMap::new();
         for name in maps::ALL {
             let path = dir.join("maps").join(name);

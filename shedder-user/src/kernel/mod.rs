@@ -27,6 +27,7 @@ pub mod conns;
 pub mod diag;
 pub mod error;
 pub mod klog;
+pub mod layout;
 pub mod load;
 pub mod maps;
 pub mod netdev;
