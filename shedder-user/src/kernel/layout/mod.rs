@@ -209,11 +209,8 @@ pub fn check_readable(pin_dir: &Path) -> Result<()> {
     match plan(&ours()?, &pinned) {
         Plan::Adopt => Ok(()),
         Plan::Fresh => Err(Error::Layout(format!(
-            "nothing is pinned under {} DEBUG {:?} {:?} {:?}",
-            pin_dir.join(MAPS).display(),
-            std::fs::read_dir(pin_dir.join(MAPS)).map(|d| d.count()),
-            MapInfo::from_pin(pin_dir.join(MAPS).join(maps::GLOBALS)).map(|i| i.id()),
-            std::fs::read_link("/proc/thread-self/ns/mnt"),
+            "nothing is pinned under {} (is a daemon running, with this pin_dir?)",
+            pin_dir.join(MAPS).display()
         ))),
         Plan::Replace { why, .. } => Err(Error::Layout(format!(
             "the maps under {} are not this version's ({}): the daemon of this version \
