@@ -57,6 +57,9 @@ pub enum Launch {
 /// A daemon process and the files it uses.
 pub struct Daemon {
     child: Option<Child>,
+    /// The binary the next spawn runs (default: [`shedder_bin`]): another version's, in the
+    /// upgrade tests.
+    pub binary: PathBuf,
     pub config: PathBuf,
     pub pin_dir: PathBuf,
     pub log: PathBuf,
@@ -67,6 +70,20 @@ impl Daemon {
     pub fn start_as(ns: &Netns, tag: &str, config: &str, pin_dir: &Path, launch: Launch) -> Self {
         let mut d = Self::start_stopped(tag, config, pin_dir);
         d.spawn_as(ns, launch);
+        d
+    }
+
+    /// [`Daemon::start`] with another binary (an older version's).
+    pub fn start_with_binary(
+        ns: &Netns,
+        tag: &str,
+        config: &str,
+        pin_dir: &Path,
+        binary: &Path,
+    ) -> Self {
+        let mut d = Self::start_stopped(tag, config, pin_dir);
+        d.binary = binary.to_path_buf();
+        d.spawn(ns);
         d
     }
 
@@ -84,6 +101,7 @@ impl Daemon {
             .expect("write config");
         Self {
             child: None,
+            binary: shedder_bin(),
             config: path,
             pin_dir: pin_dir.to_path_buf(),
             log: dir.join("daemon.log"),
@@ -120,7 +138,7 @@ impl Daemon {
             }
         };
         let child = command
-            .arg(shedder_bin())
+            .arg(&self.binary)
             .args(["run", "--config"])
             .arg(&self.config)
             .env(
@@ -155,6 +173,21 @@ impl Daemon {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Wait until the log contains `needle` `n` times: the log is appended to across
+    /// spawns (panics with the log after `timeout`).
+    pub fn wait_for_log_count(&self, needle: &str, n: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.log().matches(needle).count() < n {
+            if Instant::now() > deadline {
+                panic!(
+                    "daemon log never said {needle:?} {n} times:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Wait until the log contains `needle` (panics with the log after `timeout`).

@@ -11,6 +11,7 @@ mod cmd;
 mod fresh;
 mod setup;
 mod test;
+mod upgrade;
 mod vm;
 
 use std::process::ExitCode;
@@ -56,6 +57,12 @@ enum Command {
     /// per run, HEAD of this checkout cloned into it, both commands run there (chroot).
     /// Root only; not part of `cargo xtask test`. Logs in target/fresh-check/.
     FreshCheck(fresh::FreshArgs),
+    /// Setup, then an upgrade and a rollback under load: an older revision's daemon (built
+    /// from this repository's history under target/upgrade/) protects a service at its
+    /// limit, this checkout's daemon takes over its pins, then the older one again, with
+    /// probes at the limit throughout (tests/tests/upgrade.rs). Root only; not part of
+    /// `cargo xtask test` (building the older version takes minutes).
+    UpgradeCheck(upgrade::UpgradeArgs),
 }
 
 fn main() -> ExitCode {
@@ -67,6 +74,7 @@ fn main() -> ExitCode {
         Command::Bench { bench } => bench::run_bench(bench),
         Command::VmTest(args) => vm::run_vm_test(args),
         Command::FreshCheck(args) => fresh::run_fresh_check(args),
+        Command::UpgradeCheck(args) => upgrade::run_upgrade_check(args),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,112 @@
+//! An upgrade and a rollback under load, with a released version's binary: the older
+//! daemon protects a service at its limit, is stopped with `detach_on_exit = false`, this
+//! version's daemon starts over its pins, then the older one again. Probes at the limit run
+//! all along: refusals must continue through both switches and no attempt over the limit
+//! may be admitted.
+//!
+//! Ignored in `cargo xtask test`: it needs the older binary, which `cargo xtask
+//! upgrade-check` builds from the repository's history and passes in
+//! `SHEDDER_UPGRADE_FROM` (with the revision in `SHEDDER_UPGRADE_REV`).
+
+use std::{
+    net::IpAddr,
+    path::PathBuf,
+    sync::atomic::{AtomicBool, AtomicU32, Ordering},
+    time::Duration,
+};
+
+use shedder_tests::{
+    daemon::{Daemon, busy, hold, pin_dir, refused, settle, shedder_bin, web_config},
+    netns::Pair,
+    policy::{CLIENT_V4, SERVER_V4},
+    require_root,
+    tcp::{TestServer, connect_from},
+};
+
+const PORT: u16 = 7610;
+
+#[test]
+#[ignore = "needs an older version's binary: run `cargo xtask upgrade-check`"]
+fn upgrade_and_rollback_under_load_leave_no_gap() {
+    require_root();
+    shedder_tests::ensure_fs();
+    let older = PathBuf::from(
+        std::env::var_os("SHEDDER_UPGRADE_FROM")
+            .expect("SHEDDER_UPGRADE_FROM: the older shedder binary (cargo xtask upgrade-check)"),
+    );
+    let rev = std::env::var("SHEDDER_UPGRADE_REV").unwrap_or_else(|_| "older".into());
+    let pair = Pair::new("upg");
+    let _server = pair.server.run(|| TestServer::holding(PORT));
+    let pins = pin_dir("upgrade");
+    // Said explicitly: versions before 2026-12-06 detach on SIGTERM by default.
+    let config = web_config(
+        &pins,
+        PORT,
+        1,
+        "detach_on_exit = false\nheartbeat_timeout_ms = 5000",
+    ) + "retry_window_ms = 0\n";
+    let mut daemon = Daemon::start_with_binary(&pair.server, "upgrade", &config, &pins, &older);
+    daemon.wait_for_log("running", Duration::from_secs(20));
+    // At the limit of 4: every probe below must be refused.
+    let mut held = hold(&pair, &pins, PORT, 4);
+    refused(&pair, PORT, &format!("at the limit under {rev}"));
+
+    let stop = AtomicBool::new(false);
+    let (admitted, probes) = (AtomicU32::new(0), AtomicU32::new(0));
+    let mut phases = Vec::new();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pair.client.run(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let a = connect_from(
+                        IpAddr::V4(CLIENT_V4),
+                        IpAddr::V4(SERVER_V4),
+                        PORT,
+                        Duration::from_secs(1),
+                    );
+                    probes.fetch_add(1, Ordering::Relaxed);
+                    if a.result.is_ok() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        });
+        let mut switch = |to: PathBuf, what: &str, adoptions: usize| {
+            let before = probes.load(Ordering::Relaxed);
+            let status = daemon.terminate();
+            assert!(status.success(), "{what}: stop: {status}\n{}", daemon.log());
+            daemon.binary = to;
+            daemon.spawn(&pair.server);
+            daemon.wait_for_log_count(
+                "adopted the pinned attachment",
+                adoptions,
+                Duration::from_secs(20),
+            );
+            daemon.wait_for_log_count("running services", adoptions + 1, Duration::from_secs(20));
+            std::thread::sleep(Duration::from_millis(500));
+            phases.push((what.to_string(), probes.load(Ordering::Relaxed) - before));
+        };
+        switch(shedder_bin(), &format!("upgrade {rev} -> this version"), 1);
+        switch(older.clone(), &format!("rollback this version -> {rev}"), 2);
+        stop.store(true, Ordering::Relaxed);
+    });
+    for (what, n) in &phases {
+        assert!(*n >= 20, "{what}: the probes ran through the switch ({n})");
+    }
+    assert_eq!(
+        admitted.load(Ordering::Relaxed),
+        0,
+        "an attempt over the limit was admitted during {phases:?}:\n{}",
+        daemon.log()
+    );
+    // The older version runs the service again: at the limit, one closed, one admitted.
+    refused(&pair, PORT, &format!("after the rollback to {rev}"));
+    held.pop();
+    settle(&pins, 3);
+    held.push(busy(&pair, PORT, "after the rollback, under the limit"));
+    eprintln!(
+        "upgrade-check: {} probes at the limit, none admitted; {phases:?}",
+        probes.load(Ordering::Relaxed)
+    );
+}
