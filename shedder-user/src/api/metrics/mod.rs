@@ -743,6 +743,11 @@ pub fn encode(registry: &Registry) -> String {
     out
 }
 
+/// Connections the metrics endpoint serves at once; more wait in its backlog. A scrape is
+/// one short connection: 64 covers several Prometheus servers, probes and people with
+/// room to spare, and bounds what a flood of idle connections can hold.
+pub const CONNECTIONS: usize = 64;
+
 /// Serve `GET /metrics` on `listener`, each connection on a task of its own (see
 /// [`crate::api::http`]), so that idle or slow clients cannot keep a scrape waiting.
 pub fn serve(listener: TcpListener, shared: Shared) {
@@ -751,7 +756,7 @@ pub fn serve(listener: TcpListener, shared: Shared) {
         listener.set_nonblocking(true)?;
         tokio::net::TcpListener::from_std(listener)
     };
-    crate::api::http::accept_loop("the metrics endpoint", make, move |conn| {
+    crate::api::http::accept_loop("the metrics endpoint", CONNECTIONS, make, move |conn| {
         let (registry, shared) = (registry.clone(), shared.clone());
         crate::api::http::serve_connection(conn, move |req| {
             let answer = answer(&req, &registry, &shared);
