@@ -400,14 +400,8 @@ fn check_expr(context: &str, expr: &str, errors: &mut Vec<String>) -> Scanned {
     for sel in &scanned.selectors {
         let allowed: Vec<String>;
         let base: &str;
-        if sel.metric.starts_with("shedder_") {
-            let Some((b, labels, bucket)) = exposed.get(&sel.metric) else {
-                fail(format!(
-                    "`{}` is not a metric the daemon exports (shedder::api::metrics::names::exposed_names())",
-                    sel.metric
-                ));
-                continue;
-            };
+        // The daemon's own names, and the standard process_* ones it exports too.
+        if let Some((b, labels, bucket)) = exposed.get(&sel.metric) {
             base = b;
             allowed = labels
                 .iter()
@@ -415,6 +409,12 @@ fn check_expr(context: &str, expr: &str, errors: &mut Vec<String>) -> Scanned {
                 .chain(bucket.then_some(&"le"))
                 .map(|s| s.to_string())
                 .collect();
+        } else if sel.metric.starts_with("shedder_") || sel.metric.starts_with("process_") {
+            fail(format!(
+                "`{}` is not a metric the daemon exports (shedder::api::metrics::names::exposed_names())",
+                sel.metric
+            ));
+            continue;
         } else if OTHER_METRICS.contains(&sel.metric.as_str()) {
             base = "";
             allowed = TARGET_LABELS.iter().map(|s| s.to_string()).collect();

@@ -7,6 +7,7 @@
 //! of the value).
 
 pub mod names;
+pub mod process;
 
 use std::{
     net::TcpListener,
@@ -730,6 +731,7 @@ fn rebucket(counts: &[u64], sum_us: u64) -> (f64, u64, Vec<(f64, u64)>) {
 pub fn registry(shared: Shared) -> Registry {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ShedderCollector(shared)));
+    registry.register_collector(Box::new(process::ProcessCollector));
     registry
 }
 
@@ -942,6 +944,20 @@ mod tests {
             assert!(
                 names::METRICS.iter().any(|m| m.0 == name && m.1 == kind),
                 "{name} ({kind}) is not in names.rs"
+            );
+        }
+        // The process's own figures, under the names every exporter uses.
+        for family in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_virtual_memory_bytes",
+            "process_open_fds",
+            "process_max_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                out.lines().any(|l| l.starts_with(family)),
+                "no {family} in\n{out}"
             );
         }
     }
