@@ -93,6 +93,8 @@ struct Daemon {
     last_run_stats: Vec<(&'static str, Duration, u64)>,
     programs: Vec<ProgramCost>,
     last_heartbeat: Instant,
+    /// How the last reload went, for the metrics.
+    reload: metrics::Reload,
     metrics: metrics::Shared,
     requests: mpsc::Receiver<Request>,
     /// Set by a detach request: stop and detach whatever the configuration says.

@@ -48,6 +48,42 @@ pub struct Snapshot {
     pub udp_errors: Option<crate::signals::snmp::UdpCounters>,
     /// When the heartbeat was last stamped.
     pub heartbeat: Instant,
+    /// How the last reload went.
+    pub reload: Reload,
+}
+
+/// The last reload of the configuration (SIGHUP or `policy apply`), reported as
+/// Prometheus reports its own: whether the last attempt succeeded, and when one last did
+/// (the start counts as one, the configuration having been loaded then).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reload {
+    pub successful: bool,
+    /// Seconds since the Unix epoch.
+    pub success_time_s: f64,
+}
+
+impl Reload {
+    /// The configuration loaded at start.
+    pub fn started() -> Self {
+        Self {
+            successful: true,
+            success_time_s: unix_now(),
+        }
+    }
+
+    /// A reload was attempted now.
+    pub fn attempted(&mut self, ok: bool) {
+        self.successful = ok;
+        if ok {
+            self.success_time_s = unix_now();
+        }
+    }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 pub type Shared = Arc<Mutex<Option<Snapshot>>>;
@@ -474,6 +510,16 @@ impl Collector for ShedderCollector {
             &mut encoder,
             "shedder_override",
             &per_service(&|s| Some(if s.override_limit.is_some() { 1.0 } else { 0.0 })),
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_config_last_reload_successful",
+            &[(Vec::new(), if snap.reload.successful { 1.0 } else { 0.0 })],
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_config_last_reload_success_timestamp_seconds",
+            &[(Vec::new(), snap.reload.success_time_s)],
         )?;
         gauges(
             &mut encoder,
@@ -912,11 +958,17 @@ mod tests {
                 errors: 5,
             }),
             heartbeat: Instant::now(),
+            reload: Reload {
+                successful: false,
+                success_time_s: 1_700_000_000.0,
+            },
         })));
         let out = encode(&registry(shared));
         for line in [
             "shedder_udp_receive_buffer_errors_total{} 3.0",
             "shedder_udp_errors_total{} 5.0",
+            "shedder_config_last_reload_successful{} 0.0",
+            "shedder_config_last_reload_success_timestamp_seconds{} 1700000000.0",
             "shedder_service_protocol{service=\"web\",protocol=\"tcp\"} 1.0",
             "# TYPE shedder_syn_retransmits counter",
             "shedder_syn_retransmits_total{service=\"web\",class=\"medium\"} 4.0",
@@ -960,6 +1012,24 @@ mod tests {
                 "no {family} in\n{out}"
             );
         }
+    }
+
+    #[test]
+    fn a_refused_reload_keeps_the_time_of_the_last_success() {
+        let mut r = Reload {
+            successful: true,
+            success_time_s: 5.0,
+        };
+        r.attempted(false);
+        assert_eq!(
+            r,
+            Reload {
+                successful: false,
+                success_time_s: 5.0
+            }
+        );
+        r.attempted(true);
+        assert!(r.successful && r.success_time_s > 1e9, "{r:?}");
     }
 
     #[test]

@@ -324,6 +324,18 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "1 while a manual limit override is in force.",
     ),
     (
+        "shedder_config_last_reload_successful",
+        "gauge",
+        &[],
+        "1 if the last reload of the configuration (SIGHUP or policy apply) was put in force, 0 if it was refused (the configuration before it stays in force).",
+    ),
+    (
+        "shedder_config_last_reload_success_timestamp_seconds",
+        "gauge",
+        &[],
+        "When the configuration in force was last loaded (the start, or a reload that succeeded), in seconds since the Unix epoch.",
+    ),
+    (
         "shedder_heartbeat_age_seconds",
         "gauge",
         &[],
