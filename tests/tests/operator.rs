@@ -767,7 +767,11 @@ fn metrics_scrape_is_valid_openmetrics_and_counts_what_happened() {
         assert!(present || optional, "{name} is documented but not exported");
     }
 
-    // Anything but /metrics is a 404.
+    // Alive and ready (ticking, heartbeat fresh); anything else is a 404.
+    for path in ["/healthz", "/readyz"] {
+        let (head, body) = pair.server.run(|| http_get(addr, path));
+        assert!(head.starts_with("HTTP/1.1 200"), "{path}: {head}\n{body}");
+    }
     let (head, _) = pair.server.run(|| http_get(addr, "/nope"));
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
     drop(held);

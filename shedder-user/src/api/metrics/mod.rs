@@ -1,4 +1,5 @@
-//! The Prometheus / OpenMetrics endpoint on `daemon.metrics_listen` (`GET /metrics`).
+//! The Prometheus / OpenMetrics endpoint on `daemon.metrics_listen` (`GET /metrics`), with
+//! `GET /healthz` (alive) and `GET /readyz` (see [`readiness`]) beside it.
 //!
 //! Values come from the snapshot the daemon takes each tick: cumulative kernel counters and
 //! histograms, the limits and signals. Histograms are re-bucketed from the kernel's
@@ -818,23 +819,63 @@ fn answer(
     registry: &Registry,
     shared: &Shared,
 ) -> crate::api::http::Answer {
-    if req.method() != hyper::Method::GET || req.uri().path() != "/metrics" {
-        return crate::api::http::answer(404, "text/plain", "shedder serves GET /metrics\n");
+    use crate::api::http::answer as reply;
+    if req.method() != hyper::Method::GET {
+        return reply(405, "text/plain", "shedder serves GET only\n");
+    }
+    match req.uri().path() {
+        "/metrics" => {}
+        // Liveness: the process runs and its endpoint answers (a restart cures nothing
+        // more that this can see).
+        "/healthz" => return reply(200, "text/plain", "ok\n"),
+        "/readyz" => {
+            let snap = shared.lock().ok().and_then(|s| s.clone());
+            return match readiness(snap.as_ref()) {
+                Ok(()) => reply(200, "text/plain", "ready\n"),
+                Err(why) => reply(503, "text/plain", format!("not ready: {why}\n")),
+            };
+        }
+        _ => {
+            return reply(
+                404,
+                "text/plain",
+                "shedder serves GET /metrics, /healthz and /readyz\n",
+            );
+        }
     }
     // Before the first tick there is nothing to report: an empty exposition would read as
     // a daemon with no services and no refusals, so the scrape fails instead (`up` 0).
     if shared.lock().map_or(true, |s| s.is_none()) {
-        return crate::api::http::answer(
+        return reply(
             503,
             "text/plain",
             "shedder is starting: no figures until its first tick has run\n",
         );
     }
-    crate::api::http::answer(
+    reply(
         200,
         "application/openmetrics-text; version=1.0.0; charset=utf-8",
         encode(registry),
     )
+}
+
+/// Whether the daemon is ready (`/readyz`): its first tick has run (attached, limits
+/// written, figures published; a start that cannot attach never gets here), and the
+/// heartbeat is fresh, so the packet path uses the daemon's limits rather than the
+/// fallback ones. A stuck tick loop or a heartbeat that cannot be stamped makes it stale.
+pub fn readiness(snap: Option<&Snapshot>) -> Result<(), String> {
+    let snap = snap.ok_or("starting: the first tick has not run")?;
+    let age = snap.heartbeat.elapsed();
+    let timeout = std::time::Duration::from_millis(snap.state.heartbeat_timeout_ms);
+    if age > timeout {
+        return Err(format!(
+            "the heartbeat is {} ms old, past heartbeat_timeout_ms ({}): the packet path uses \
+             the fallback limits",
+            age.as_millis(),
+            timeout.as_millis()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -866,6 +907,11 @@ mod tests {
         assert!(starting.starts_with("HTTP/1.1 503"), "{starting}");
         assert!(starting.contains("shedder is starting"), "{starting}");
         assert!(get("/other").starts_with("HTTP/1.1 404"));
+        // Alive, not ready.
+        assert!(get("/healthz").starts_with("HTTP/1.1 200"));
+        let ready = get("/readyz");
+        assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+        assert!(ready.contains("first tick"), "{ready}");
     }
 
     #[test]
@@ -1012,6 +1058,27 @@ mod tests {
                 "no {family} in\n{out}"
             );
         }
+    }
+
+    /// Ready once a tick has run, and while the heartbeat is within its timeout.
+    #[test]
+    fn ready_after_the_first_tick_while_the_heartbeat_is_fresh() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/golden/state.json");
+        let mut state: State =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        state.heartbeat_timeout_ms = 3000;
+        let at = |age_ms: u64| Snapshot {
+            state: state.clone(),
+            services: Vec::new(),
+            listen: None,
+            udp_errors: None,
+            heartbeat: Instant::now() - std::time::Duration::from_millis(age_ms),
+            reload: Reload::started(),
+        };
+        assert!(readiness(None).unwrap_err().contains("first tick"));
+        assert_eq!(readiness(Some(&at(200))), Ok(()));
+        let stale = readiness(Some(&at(3500))).unwrap_err();
+        assert!(stale.contains("fallback limits"), "{stale}");
     }
 
     #[test]
