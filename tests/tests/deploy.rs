@@ -1284,6 +1284,25 @@ fn unit_runs_the_daemon_with_the_capabilities_and_paths_it_needs() {
     assert!(get("RestartSec").len() == 1, "RestartSec=");
     assert_eq!(one("KillSignal"), "SIGTERM");
 
+    // sd_notify: ready after the first tick, and a watchdog the tick loop feeds, longer
+    // than the heartbeat's timeout (a hang is restarted, a slow tick is not).
+    assert_eq!(one("Type"), "notify");
+    assert_eq!(one("NotifyAccess"), "main");
+    let cfg = Config::parse(&read_repo_file(CONFIG)).unwrap();
+    let watchdog_ms = minutes(&one("WatchdogSec")) * 60_000.0;
+    assert!(
+        watchdog_ms >= 3.0 * cfg.daemon.heartbeat_timeout_ms as f64,
+        "WatchdogSec= ({watchdog_ms} ms) under three heartbeat timeouts ({} ms)",
+        cfg.daemon.heartbeat_timeout_ms
+    );
+    // Room for the endpoints' connections beside the maps, programs and links.
+    let nofile: usize = one("LimitNOFILE").parse().expect("LimitNOFILE= a number");
+    let connections = shedder::api::metrics::CONNECTIONS + shedder::api::control::CONNECTIONS;
+    assert!(
+        nofile >= 4 * connections,
+        "LimitNOFILE={nofile} leaves little room beside {connections} connections"
+    );
+
     for key in ["CapabilityBoundingSet", "AmbientCapabilities"] {
         let caps: Vec<String> = get(key)
             .iter()
@@ -1297,7 +1316,6 @@ fn unit_runs_the_daemon_with_the_capabilities_and_paths_it_needs() {
         }
     }
     assert!(yes(&one("NoNewPrivileges")), "NoNewPrivileges=");
-    let cfg = Config::parse(&read_repo_file(CONFIG)).unwrap();
     if cfg.daemon.control_group.is_some() {
         assert!(
             get("CapabilityBoundingSet").join(" ").contains("CAP_CHOWN"),
