@@ -794,6 +794,40 @@ fn promtool() -> PathBuf {
         .expect("promtool not found: `cargo xtask setup` (run by `cargo xtask test`) unpacks it")
 }
 
+/// Every alert rule has a promtool unit test in which it fires (a rule never seen to
+/// fire may never fire: a typo in a label, a `for` longer than the data can hold), and one
+/// in which it stays quiet.
+#[test]
+fn every_alert_rule_has_a_promtool_test_that_fires_it_and_one_that_does_not() {
+    let mut fired = BTreeSet::new();
+    let mut quiet = BTreeSet::new();
+    for file in ALERTS_TESTS {
+        let tests: serde_yaml_ng::Value = serde_yaml_ng::from_str(&read_repo_file(file)).unwrap();
+        for test in tests["tests"].as_sequence().expect("tests") {
+            for t in test["alert_rule_test"].as_sequence().into_iter().flatten() {
+                let name = t["alertname"].as_str().expect("alertname").to_string();
+                let fires = t["exp_alerts"].as_sequence().is_some_and(|a| !a.is_empty());
+                if fires { &mut fired } else { &mut quiet }.insert(name);
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    for (group, rule) in rules() {
+        let Some(alert) = &rule.alert else { continue };
+        if !fired.contains(alert) {
+            missing.push(format!("{group}/{alert}: no test in which it fires"));
+        }
+        if !quiet.contains(alert) {
+            missing.push(format!("{group}/{alert}: no test in which it stays quiet"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "alert rules without promtool unit tests ({ALERTS_TESTS:?}):\n{}",
+        missing.join("\n")
+    );
+}
+
 #[test]
 fn promtool_accepts_the_rules_and_their_unit_tests() {
     let dir = repo_root().join("deploy/prometheus");
