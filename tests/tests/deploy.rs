@@ -952,6 +952,13 @@ fn dashboard_covers_the_key_metrics_and_is_well_formed() {
         "shedder_attach_mode",
         "shedder_program_ns_per_run",
         "shedder_kernel_events_total",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "shedder_config_last_reload_successful",
+        "shedder_fleet_etcd_up",
+        "shedder_fleet_departed",
     ];
     let missing: Vec<&str> = required
         .into_iter()
