@@ -1427,3 +1427,40 @@ fn unit_runs_the_daemon_with_the_capabilities_and_paths_it_needs() {
         }
     }
 }
+
+/// `systemd-analyze verify` finds nothing to say about the unit (a misspelt key or a bad
+/// value is only a warning to systemd, which then ignores the line). The binary's path is
+/// pointed at one that exists; skipped where systemd is not installed.
+#[test]
+fn systemd_analyze_verifies_the_unit() {
+    let Ok(version) = Command::new("systemd-analyze").arg("--version").output() else {
+        eprintln!("systemd-analyze not installed: skipped");
+        return;
+    };
+    assert!(version.status.success());
+    let dir = std::env::temp_dir().join(format!("shedder-unit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let unit = dir.join("shedder.service");
+    std::fs::write(
+        &unit,
+        read_repo_file(UNIT).replace("/usr/local/bin/shedder", "/bin/true"),
+    )
+    .unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&unit)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let said: Vec<String> = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .chain(String::from_utf8_lossy(&out.stdout).lines())
+        .filter(|l| l.contains("shedder.service"))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        out.status.success() && said.is_empty(),
+        "systemd-analyze verify {UNIT}:\n{}",
+        said.join("\n")
+    );
+}
