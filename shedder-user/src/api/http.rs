@@ -5,7 +5,8 @@
 //! Every connection is a task of its own, so a client that sends half a request holds one
 //! task, not the endpoint: its head must arrive within [`HEAD_TIMEOUT`], its body within
 //! [`BODY_TIMEOUT`], and the whole exchange ends within [`CONNECTION_TIMEOUT`]. Bodies are
-//! bounded, and chunked bodies are read as such.
+//! bounded, and chunked bodies are read as such. Each endpoint serves a bounded number of
+//! connections at once and pauses after failed accepts ([`crate::api::accept`]).
 
 use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
 
