@@ -63,6 +63,8 @@ pub struct Daemon {
     pub config: PathBuf,
     pub pin_dir: PathBuf,
     pub log: PathBuf,
+    /// Environment given to the daemon beside RUST_LOG (e.g. systemd's NOTIFY_SOCKET).
+    pub env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -92,6 +94,23 @@ impl Daemon {
         Self::start_as(ns, tag, config, pin_dir, Launch::Nsenter)
     }
 
+    /// Write `config` and start `shedder run` inside `ns` (nsenter) with `env` added.
+    pub fn start_with_env(
+        ns: &Netns,
+        tag: &str,
+        config: &str,
+        pin_dir: &Path,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let mut d = Self::start_stopped(tag, config, pin_dir);
+        d.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        d.spawn_as(ns, Launch::Nsenter);
+        d
+    }
+
     fn start_stopped(tag: &str, config: &str, pin_dir: &Path) -> Self {
         let dir = std::env::temp_dir().join(format!("shedder-test-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -105,6 +124,7 @@ impl Daemon {
             config: path,
             pin_dir: pin_dir.to_path_buf(),
             log: dir.join("daemon.log"),
+            env: Vec::new(),
         }
     }
 
@@ -145,6 +165,7 @@ impl Daemon {
                 "RUST_LOG",
                 std::env::var("SHEDDER_TEST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -1,6 +1,6 @@
 //! The daemon as an operator runs it (`shedder run`, in the server's namespace): fail-static
 //! when it is killed, adoption without a gap when it restarts, clean detach on SIGTERM,
-//! reload that keeps the last good policy.
+//! reload that keeps the last good policy, systemd notification and the reload metrics.
 
 use std::{
     net::IpAddr,
@@ -22,6 +22,7 @@ use shedder_tests::{
 const KILL_PORT: u16 = 7600;
 const RESTART_PORT: u16 = 7601;
 const HUP_PORT: u16 = 7602;
+const NOTIFY_PORT: u16 = 7603;
 
 /// A service on `port` with a fixed live limit of 4 and a fallback limit of 1; resets.
 /// Retry recognition is off: these tests count limits with one client address, whose
@@ -368,4 +369,109 @@ fn restart_over_another_versions_maps_replaces_them_without_a_gap() {
     let status = daemon.terminate();
     assert!(status.success(), "exit status {status}\n{}", daemon.log());
     assert!(!pins.exists(), "pins removed");
+}
+
+/// GET `path` from the daemon's metrics endpoint (its default, 127.0.0.1:9464, in the
+/// server's namespace): (status line, body).
+fn scrape(pair: &Pair, path: &str) -> (String, String) {
+    use std::io::{Read as _, Write as _};
+    pair.server.run(|| {
+        let mut c = std::net::TcpStream::connect("127.0.0.1:9464").expect("connect to metrics");
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            c,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut raw = String::new();
+        c.read_to_string(&mut raw).expect("answer");
+        let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP head");
+        (
+            head.lines().next().unwrap_or("").to_string(),
+            body.to_string(),
+        )
+    })
+}
+
+/// Under systemd (`Type=notify`, `WatchdogSec=`): READY=1 once the first tick ran (ready on
+/// /readyz too), WATCHDOG=1 from the tick loop, RELOADING=1 then READY=1 around a SIGHUP
+/// reload (whose outcome the reload metrics report), STOPPING=1 on SIGTERM.
+#[test]
+fn systemd_is_notified_of_readiness_reloads_the_watchdog_and_the_stop() {
+    use std::os::unix::net::UnixDatagram;
+    require_root();
+    shedder_tests::ensure_fs();
+    let pair = Pair::new("dnotify");
+    let pins = pin_dir("notify");
+    let dir = std::env::temp_dir().join(format!("shedder-notify-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("notify");
+    let _ = std::fs::remove_file(&socket);
+    let systemd = UnixDatagram::bind(&socket).expect("bind the notification socket");
+    systemd
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let cfg = web_config(
+        &pins,
+        NOTIFY_PORT,
+        1,
+        &format!("control_socket = \"{}\"", dir.join("ctl.sock").display()),
+    );
+    let mut daemon = Daemon::start_with_env(
+        &pair.server,
+        "notify",
+        &cfg,
+        &pins,
+        &[
+            ("NOTIFY_SOCKET", socket.to_str().unwrap()),
+            ("WATCHDOG_USEC", "400000"),
+        ],
+    );
+    // The next notification that is not a watchdog ping (counting the pings).
+    let log = daemon.log.clone();
+    let mut pings = 0;
+    let mut next = || loop {
+        let mut buf = [0u8; 256];
+        let n = systemd.recv(&mut buf).unwrap_or_else(|e| {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("no notification ({e}):\n{log}")
+        });
+        let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if msg == "WATCHDOG=1\n" {
+            pings += 1;
+        } else {
+            return msg;
+        }
+    };
+    assert_eq!(next(), "READY=1\n");
+    let (head, body) = scrape(&pair, "/readyz");
+    assert!(head.contains(" 200"), "ready at READY=1: {head} {body}");
+    let (_, metrics) = scrape(&pair, "/metrics");
+    assert!(
+        metrics.contains("shedder_config_last_reload_successful{} 1"),
+        "{metrics}"
+    );
+
+    daemon.rewrite_config(&cfg.replace("fixed_limit = 4", "fixed_limit = 1000"));
+    daemon.hangup();
+    let reloading = next();
+    assert!(
+        reloading.starts_with("RELOADING=1\nMONOTONIC_USEC="),
+        "{reloading}"
+    );
+    assert_eq!(next(), "READY=1\n", "a refused reload ends too");
+    // The refusal is in the metrics from the next tick (100 ms).
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, metrics) = scrape(&pair, "/metrics");
+    assert!(
+        metrics.contains("shedder_config_last_reload_successful{} 0"),
+        "{metrics}"
+    );
+
+    let status = daemon.terminate();
+    assert!(status.success(), "{status}");
+    assert_eq!(next(), "STOPPING=1\n");
+    // Pinged at least every quarter of 400 ms over the run (over a second).
+    assert!(pings >= 4, "{pings} watchdog pings");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -400,14 +400,8 @@ fn check_expr(context: &str, expr: &str, errors: &mut Vec<String>) -> Scanned {
     for sel in &scanned.selectors {
         let allowed: Vec<String>;
         let base: &str;
-        if sel.metric.starts_with("shedder_") {
-            let Some((b, labels, bucket)) = exposed.get(&sel.metric) else {
-                fail(format!(
-                    "`{}` is not a metric the daemon exports (shedder::api::metrics::names::exposed_names())",
-                    sel.metric
-                ));
-                continue;
-            };
+        // The daemon's own names, and the standard process_* ones it exports too.
+        if let Some((b, labels, bucket)) = exposed.get(&sel.metric) {
             base = b;
             allowed = labels
                 .iter()
@@ -415,6 +409,12 @@ fn check_expr(context: &str, expr: &str, errors: &mut Vec<String>) -> Scanned {
                 .chain(bucket.then_some(&"le"))
                 .map(|s| s.to_string())
                 .collect();
+        } else if sel.metric.starts_with("shedder_") || sel.metric.starts_with("process_") {
+            fail(format!(
+                "`{}` is not a metric the daemon exports (shedder::api::metrics::names::exposed_names())",
+                sel.metric
+            ));
+            continue;
         } else if OTHER_METRICS.contains(&sel.metric.as_str()) {
             base = "";
             allowed = TARGET_LABELS.iter().map(|s| s.to_string()).collect();
@@ -794,6 +794,40 @@ fn promtool() -> PathBuf {
         .expect("promtool not found: `cargo xtask setup` (run by `cargo xtask test`) unpacks it")
 }
 
+/// Every alert rule has a promtool unit test in which it fires (a rule never seen to
+/// fire may never fire: a typo in a label, a `for` longer than the data can hold), and one
+/// in which it stays quiet.
+#[test]
+fn every_alert_rule_has_a_promtool_test_that_fires_it_and_one_that_does_not() {
+    let mut fired = BTreeSet::new();
+    let mut quiet = BTreeSet::new();
+    for file in ALERTS_TESTS {
+        let tests: serde_yaml_ng::Value = serde_yaml_ng::from_str(&read_repo_file(file)).unwrap();
+        for test in tests["tests"].as_sequence().expect("tests") {
+            for t in test["alert_rule_test"].as_sequence().into_iter().flatten() {
+                let name = t["alertname"].as_str().expect("alertname").to_string();
+                let fires = t["exp_alerts"].as_sequence().is_some_and(|a| !a.is_empty());
+                if fires { &mut fired } else { &mut quiet }.insert(name);
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    for (group, rule) in rules() {
+        let Some(alert) = &rule.alert else { continue };
+        if !fired.contains(alert) {
+            missing.push(format!("{group}/{alert}: no test in which it fires"));
+        }
+        if !quiet.contains(alert) {
+            missing.push(format!("{group}/{alert}: no test in which it stays quiet"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "alert rules without promtool unit tests ({ALERTS_TESTS:?}):\n{}",
+        missing.join("\n")
+    );
+}
+
 #[test]
 fn promtool_accepts_the_rules_and_their_unit_tests() {
     let dir = repo_root().join("deploy/prometheus");
@@ -918,6 +952,13 @@ fn dashboard_covers_the_key_metrics_and_is_well_formed() {
         "shedder_attach_mode",
         "shedder_program_ns_per_run",
         "shedder_kernel_events_total",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "shedder_config_last_reload_successful",
+        "shedder_fleet_etcd_up",
+        "shedder_fleet_departed",
     ];
     let missing: Vec<&str> = required
         .into_iter()
@@ -1284,6 +1325,25 @@ fn unit_runs_the_daemon_with_the_capabilities_and_paths_it_needs() {
     assert!(get("RestartSec").len() == 1, "RestartSec=");
     assert_eq!(one("KillSignal"), "SIGTERM");
 
+    // sd_notify: ready after the first tick, and a watchdog the tick loop feeds, longer
+    // than the heartbeat's timeout (a hang is restarted, a slow tick is not).
+    assert_eq!(one("Type"), "notify");
+    assert_eq!(one("NotifyAccess"), "main");
+    let cfg = Config::parse(&read_repo_file(CONFIG)).unwrap();
+    let watchdog_ms = minutes(&one("WatchdogSec")) * 60_000.0;
+    assert!(
+        watchdog_ms >= 3.0 * cfg.daemon.heartbeat_timeout_ms as f64,
+        "WatchdogSec= ({watchdog_ms} ms) under three heartbeat timeouts ({} ms)",
+        cfg.daemon.heartbeat_timeout_ms
+    );
+    // Room for the endpoints' connections beside the maps, programs and links.
+    let nofile: usize = one("LimitNOFILE").parse().expect("LimitNOFILE= a number");
+    let connections = shedder::api::metrics::CONNECTIONS + shedder::api::control::CONNECTIONS;
+    assert!(
+        nofile >= 4 * connections,
+        "LimitNOFILE={nofile} leaves little room beside {connections} connections"
+    );
+
     for key in ["CapabilityBoundingSet", "AmbientCapabilities"] {
         let caps: Vec<String> = get(key)
             .iter()
@@ -1297,7 +1357,6 @@ fn unit_runs_the_daemon_with_the_capabilities_and_paths_it_needs() {
         }
     }
     assert!(yes(&one("NoNewPrivileges")), "NoNewPrivileges=");
-    let cfg = Config::parse(&read_repo_file(CONFIG)).unwrap();
     if cfg.daemon.control_group.is_some() {
         assert!(
             get("CapabilityBoundingSet").join(" ").contains("CAP_CHOWN"),
@@ -1367,4 +1426,41 @@ fn unit_runs_the_daemon_with_the_capabilities_and_paths_it_needs() {
             assert!(families.contains(f), "RestrictAddressFamilies= lacks {f}");
         }
     }
+}
+
+/// `systemd-analyze verify` finds nothing to say about the unit (a misspelt key or a bad
+/// value is only a warning to systemd, which then ignores the line). The binary's path is
+/// pointed at one that exists; skipped where systemd is not installed.
+#[test]
+fn systemd_analyze_verifies_the_unit() {
+    let Ok(version) = Command::new("systemd-analyze").arg("--version").output() else {
+        eprintln!("systemd-analyze not installed: skipped");
+        return;
+    };
+    assert!(version.status.success());
+    let dir = std::env::temp_dir().join(format!("shedder-unit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let unit = dir.join("shedder.service");
+    std::fs::write(
+        &unit,
+        read_repo_file(UNIT).replace("/usr/local/bin/shedder", "/bin/true"),
+    )
+    .unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&unit)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let said: Vec<String> = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .chain(String::from_utf8_lossy(&out.stdout).lines())
+        .filter(|l| l.contains("shedder.service"))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        out.status.success() && said.is_empty(),
+        "systemd-analyze verify {UNIT}:\n{}",
+        said.join("\n")
+    );
 }

@@ -448,16 +448,18 @@ fn stalled_clients_do_not_block_the_endpoints() {
         "no figures at \"running\""
     );
 
-    let mut stalled_tcp: Vec<TcpStream> = pair.server.run(|| {
-        (0..64)
-            .map(|_| {
-                let mut c = TcpStream::connect(metrics).expect("connect to metrics");
-                c.write_all(b"GET /metr").unwrap();
-                c
-            })
-            .collect()
-    });
-    let mut stalled_unix: Vec<std::os::unix::net::UnixStream> = (0..64)
+    // Stalled clients in every place but one of each endpoint's cap.
+    let metrics_cap = shedder::api::metrics::CONNECTIONS;
+    let control_cap = shedder::api::control::CONNECTIONS;
+    let stall_metrics = || {
+        let mut c = TcpStream::connect(metrics).expect("connect to metrics");
+        c.write_all(b"GET /metr").unwrap();
+        c
+    };
+    let mut stalled_tcp: Vec<TcpStream> = pair
+        .server
+        .run(|| (1..metrics_cap).map(|_| stall_metrics()).collect());
+    let mut stalled_unix: Vec<std::os::unix::net::UnixStream> = (1..control_cap)
         .map(|_| {
             let mut c = std::os::unix::net::UnixStream::connect(&sock).expect("connect");
             c.write_all(b"GET /shed").unwrap();
@@ -474,7 +476,11 @@ fn stalled_clients_do_not_block_the_endpoints() {
     let r = ok(shedder(&bin, &[], &["status", "--socket", s]));
     assert!(r.stdout.contains("web (ports 7614)"), "{r:?}");
     let status = t.elapsed();
-    println!("with 64 stalled clients on each: scrape {scrape:?}, status {status:?}");
+    println!(
+        "with {} and {} stalled clients: scrape {scrape:?}, status {status:?}",
+        metrics_cap - 1,
+        control_cap - 1
+    );
     assert!(
         scrape < Duration::from_secs(2) && status < Duration::from_secs(2),
         "scrape {scrape:?}, status {status:?}"
@@ -500,8 +506,19 @@ fn stalled_clients_do_not_block_the_endpoints() {
         "chunked policy: {answer}"
     );
 
+    // Past the cap a client waits in the backlog (not refused) until the head timeout
+    // (5 s) cuts the stalled ones off, then is answered.
+    stalled_tcp.push(pair.server.run(stall_metrics));
+    let t = std::time::Instant::now();
+    let (head, _) = pair.server.run(|| http_get(metrics, "/metrics"));
+    assert!(head.starts_with("HTTP/1.1 200"), "past the cap: {head}");
+    println!(
+        "past the cap of {metrics_cap}: answered after {:?}",
+        t.elapsed()
+    );
+
     // The stalled ones are cut off after the head timeout (5 s).
-    std::thread::sleep(Duration::from_secs(6));
+    std::thread::sleep(Duration::from_secs(1));
     let mut buf = [0u8; 256];
     for c in stalled_tcp.iter_mut().take(4) {
         c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
@@ -522,7 +539,8 @@ fn stalled_clients_do_not_block_the_endpoints() {
 /// GET `path` from `addr` over plain HTTP/1.1; (status line, headers+body).
 fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
     let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
-    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // Past an endpoint's cap the answer comes within the head timeout (5 s).
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     write!(
         c,
         "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -749,7 +767,11 @@ fn metrics_scrape_is_valid_openmetrics_and_counts_what_happened() {
         assert!(present || optional, "{name} is documented but not exported");
     }
 
-    // Anything but /metrics is a 404.
+    // Alive and ready (ticking, heartbeat fresh); anything else is a 404.
+    for path in ["/healthz", "/readyz"] {
+        let (head, body) = pair.server.run(|| http_get(addr, path));
+        assert!(head.starts_with("HTTP/1.1 200"), "{path}: {head}\n{body}");
+    }
     let (head, _) = pair.server.run(|| http_get(addr, "/nope"));
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
     drop(held);

@@ -259,12 +259,17 @@ pub fn bind(path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
 /// Serve the API on `listener` until the process exits, each connection on a task of its
 /// own (see [`crate::api::http`]): each request is forwarded to the daemon loop over `requests`
 /// and answered with what it replies.
+/// Connections the control socket serves at once; more wait in its backlog. The CLI opens
+/// one per command, so 32 is ample for operators and scripts, and bounds what a runaway
+/// client in the control group can hold (tasks, buffers, descriptors).
+pub const CONNECTIONS: usize = 32;
+
 pub fn serve(listener: UnixListener, group: Option<u32>, requests: mpsc::Sender<Request>) {
     let make = move || {
         listener.set_nonblocking(true)?;
         tokio::net::UnixListener::from_std(listener)
     };
-    crate::api::http::accept_loop("the control socket", make, move |conn| {
+    crate::api::http::accept_loop("the control socket", CONNECTIONS, make, move |conn| {
         let peer = peer_of(&conn).map_err(|e| e.to_string());
         let requests = requests.clone();
         crate::api::http::serve_connection(conn, move |req| {

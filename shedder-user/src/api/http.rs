@@ -5,15 +5,21 @@
 //! Every connection is a task of its own, so a client that sends half a request holds one
 //! task, not the endpoint: its head must arrive within [`HEAD_TIMEOUT`], its body within
 //! [`BODY_TIMEOUT`], and the whole exchange ends within [`CONNECTION_TIMEOUT`]. Bodies are
-//! bounded, and chunked bodies are read as such.
+//! bounded, and chunked bodies are read as such. Each endpoint serves a bounded number of
+//! connections at once and pauses after failed accepts ([`crate::api::accept`]).
 
-use std::{convert::Infallible, future::Future, time::Duration};
+use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::{Request, Response, body::Incoming, server::conn::http1, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    sync::Semaphore,
+};
+
+use crate::api::accept::{Backoff, Held};
 
 /// The request head (line and headers) must arrive within this.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
@@ -55,13 +61,16 @@ impl Listener for tokio::net::UnixListener {
     }
 }
 
-/// Accept connections on the runtime until the process exits, handing each to `each`
-/// (which serves it, usually with [`serve_connection`]). `make` turns the bound socket into
-/// the runtime's listener; if it cannot, `what` is logged as not served.
+/// Accept connections on the runtime until the process exits, at most `cap` served at
+/// once (see [`crate::api::accept`]), handing each to `each` (which serves it, usually
+/// with [`serve_connection`]; the connection frees its place when dropped). `make` turns
+/// the bound socket into the runtime's listener; if it cannot, `what` is logged as not
+/// served.
 pub fn accept_loop<L: Listener>(
     what: &'static str,
+    cap: usize,
     make: impl FnOnce() -> std::io::Result<L> + Send + 'static,
-    each: impl Fn(L::Conn) + Send + 'static,
+    each: impl Fn(Held<L::Conn>) + Send + 'static,
 ) {
     crate::runtime::handle().spawn(async move {
         let listener = match make() {
@@ -71,9 +80,31 @@ pub fn accept_loop<L: Listener>(
                 return;
             }
         };
+        let places = Arc::new(Semaphore::new(cap));
+        let mut backoff = Backoff::default();
         loop {
-            if let Ok(conn) = listener.accept().await {
-                each(conn);
+            // Taken before accepting, so that past the cap clients wait in the backlog.
+            let Ok(place) = places.clone().acquire_owned().await else {
+                return;
+            };
+            match listener.accept().await {
+                Ok(conn) => {
+                    backoff.succeeded();
+                    each(Held::new(conn, place));
+                }
+                Err(e) => {
+                    let failed = backoff.failed(e.raw_os_error(), std::time::Instant::now());
+                    if let Some(unsaid) = failed.say {
+                        tracing::warn!(
+                            error = %e,
+                            pause_ms = failed.pause.as_millis() as u64,
+                            failures_unsaid = unsaid,
+                            "{what}: accepting a connection failed"
+                        );
+                    }
+                    drop(place);
+                    tokio::time::sleep(failed.pause).await;
+                }
             }
         }
     });
@@ -119,5 +150,53 @@ pub async fn body(req: Request<Incoming>, max: usize) -> Result<Bytes, BodyError
         Ok(Ok(b)) => Ok(b.to_bytes()),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge(max)),
         Ok(Err(e)) => Err(BodyError::Read(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        io::{ErrorKind, Read as _, Write as _},
+        net::{TcpListener, TcpStream},
+    };
+
+    use super::*;
+
+    /// Past the cap a client waits in the backlog, is not refused, and is answered as soon
+    /// as a connection before it ends; the idle ones do not starve it for longer.
+    #[test]
+    fn connections_past_the_cap_wait_and_are_served_when_a_place_frees() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let make = move || {
+            listener.set_nonblocking(true)?;
+            tokio::net::TcpListener::from_std(listener)
+        };
+        accept_loop("a test endpoint", 2, make, |conn| {
+            serve_connection(conn, |_req| async { answer(200, "text/plain", "ok\n") });
+        });
+        let idle: Vec<TcpStream> = (0..2)
+            .map(|_| TcpStream::connect(addr).expect("connect"))
+            .collect();
+        let mut third = TcpStream::connect(addr).expect("the third connects (backlog)");
+        third
+            .write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            .expect("request");
+        third
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .expect("timeout");
+        let mut buf = [0u8; 256];
+        let waiting = third.read(&mut buf);
+        assert!(
+            matches!(&waiting, Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)),
+            "the third was served past the cap of 2: {waiting:?}"
+        );
+        drop(idle);
+        third
+            .set_read_timeout(Some(Duration::from_secs(4)))
+            .expect("timeout");
+        let mut answer = String::new();
+        third.read_to_string(&mut answer).expect("answer");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
 }

@@ -24,6 +24,7 @@ use anyhow::{Context as _, Result};
 use tracing::{info, warn};
 
 mod hold;
+mod notify;
 mod recall;
 mod reload;
 mod requests;
@@ -94,6 +95,8 @@ struct Daemon {
     last_run_stats: Vec<(&'static str, Duration, u64)>,
     programs: Vec<ProgramCost>,
     last_heartbeat: Instant,
+    /// How the last reload went, for the metrics.
+    reload: metrics::Reload,
     metrics: metrics::Shared,
     requests: mpsc::Receiver<Request>,
     /// Set by a detach request: stop and detach whatever the configuration says.
@@ -163,6 +166,8 @@ pub fn run(opts: Options) -> Result<()> {
     // The first tick publishes the figures (metrics, status) before the daemon says it runs.
     daemon.tick();
     daemon.watchdog.step(watchdog::Step::Idle);
+    let mut systemd = notify::Notifier::from_env();
+    systemd.ready();
     info!(
         services = daemon.services.len(),
         interfaces = ?daemon.cfg.daemon.interfaces,
@@ -180,6 +185,9 @@ pub fn run(opts: Options) -> Result<()> {
             next = now;
         }
         while Instant::now() < next && !STOP.load(Ordering::SeqCst) && !daemon.detach_requested {
+            // Pinged between ticks as well, so only a step that hangs (not a long tick_ms)
+            // stops the pings.
+            systemd.alive(Instant::now());
             daemon.serve_requests();
             std::thread::sleep((next - Instant::now()).min(Duration::from_millis(20)));
         }
@@ -187,11 +195,15 @@ pub fn run(opts: Options) -> Result<()> {
             break;
         }
         if RELOAD.swap(false, Ordering::SeqCst) {
+            systemd.reloading();
             daemon.reload_file();
+            systemd.ready();
         }
         daemon.tick();
         daemon.watchdog.step(watchdog::Step::Idle);
+        systemd.alive(Instant::now());
     }
+    systemd.stopping();
     let detach =
         daemon.detach_requested || (daemon.cfg.daemon.detach_on_exit && !opts.keep_attached);
     let pin_dir = daemon.pins.path.clone();

@@ -26,10 +26,13 @@ impl Daemon {
             Ok(read) => read,
             Err(e) => {
                 warn!(error = %e, "reload refused; the running configuration stays in force");
+                self.reload.attempted(false);
                 return;
             }
         };
-        match self.apply_config(cfg, text) {
+        let applied = self.apply_config(cfg, text);
+        self.reload.attempted(applied.is_ok());
+        match applied {
             Ok(()) => info!(services = self.services.len(), "configuration reloaded"),
             Err(e) => {
                 warn!(error = %e.error, "reload refused; the running configuration stays in force")

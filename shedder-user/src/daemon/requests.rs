@@ -36,6 +36,7 @@ impl Daemon {
                         }),
                         Err(e) => Err(ApiError::from(e)),
                     };
+                    self.reload.attempted(result.is_ok());
                     let _ = reply.send(result);
                 }
                 Request::SetOverride {

@@ -314,6 +314,7 @@ impl Daemon {
             last_run_stats: Vec::new(),
             programs: Vec::new(),
             last_heartbeat: Instant::now(),
+            reload: metrics::Reload::started(),
             metrics: shared,
             requests,
             detach_requested: false,

@@ -229,6 +229,7 @@ impl Daemon {
             listen: self.reader.listen_counters(),
             udp_errors: self.reader.udp_errors(),
             heartbeat: self.last_heartbeat,
+            reload: self.reload,
         }
     }
 }

@@ -1,4 +1,5 @@
-//! The Prometheus / OpenMetrics endpoint on `daemon.metrics_listen` (`GET /metrics`).
+//! The Prometheus / OpenMetrics endpoint on `daemon.metrics_listen` (`GET /metrics`), with
+//! `GET /healthz` (alive) and `GET /readyz` (see [`readiness`]) beside it.
 //!
 //! Values come from the snapshot the daemon takes each tick: cumulative kernel counters and
 //! histograms, the limits and signals. Histograms are re-bucketed from the kernel's
@@ -7,6 +8,7 @@
 //! of the value).
 
 pub mod names;
+pub mod process;
 
 use std::{
     net::TcpListener,
@@ -47,6 +49,42 @@ pub struct Snapshot {
     pub udp_errors: Option<crate::signals::snmp::UdpCounters>,
     /// When the heartbeat was last stamped.
     pub heartbeat: Instant,
+    /// How the last reload went.
+    pub reload: Reload,
+}
+
+/// The last reload of the configuration (SIGHUP or `policy apply`), reported as
+/// Prometheus reports its own: whether the last attempt succeeded, and when one last did
+/// (the start counts as one, the configuration having been loaded then).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reload {
+    pub successful: bool,
+    /// Seconds since the Unix epoch.
+    pub success_time_s: f64,
+}
+
+impl Reload {
+    /// The configuration loaded at start.
+    pub fn started() -> Self {
+        Self {
+            successful: true,
+            success_time_s: unix_now(),
+        }
+    }
+
+    /// A reload was attempted now.
+    pub fn attempted(&mut self, ok: bool) {
+        self.successful = ok;
+        if ok {
+            self.success_time_s = unix_now();
+        }
+    }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 pub type Shared = Arc<Mutex<Option<Snapshot>>>;
@@ -476,6 +514,16 @@ impl Collector for ShedderCollector {
         )?;
         gauges(
             &mut encoder,
+            "shedder_config_last_reload_successful",
+            &[(Vec::new(), if snap.reload.successful { 1.0 } else { 0.0 })],
+        )?;
+        gauges(
+            &mut encoder,
+            "shedder_config_last_reload_success_timestamp_seconds",
+            &[(Vec::new(), snap.reload.success_time_s)],
+        )?;
+        gauges(
+            &mut encoder,
             "shedder_heartbeat_age_seconds",
             &[(Vec::new(), snap.heartbeat.elapsed().as_secs_f64())],
         )?;
@@ -730,6 +778,7 @@ fn rebucket(counts: &[u64], sum_us: u64) -> (f64, u64, Vec<(f64, u64)>) {
 pub fn registry(shared: Shared) -> Registry {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(ShedderCollector(shared)));
+    registry.register_collector(Box::new(process::ProcessCollector));
     registry
 }
 
@@ -743,6 +792,11 @@ pub fn encode(registry: &Registry) -> String {
     out
 }
 
+/// Connections the metrics endpoint serves at once; more wait in its backlog. A scrape is
+/// one short connection: 64 covers several Prometheus servers, probes and people with
+/// room to spare, and bounds what a flood of idle connections can hold.
+pub const CONNECTIONS: usize = 64;
+
 /// Serve `GET /metrics` on `listener`, each connection on a task of its own (see
 /// [`crate::api::http`]), so that idle or slow clients cannot keep a scrape waiting.
 pub fn serve(listener: TcpListener, shared: Shared) {
@@ -751,7 +805,7 @@ pub fn serve(listener: TcpListener, shared: Shared) {
         listener.set_nonblocking(true)?;
         tokio::net::TcpListener::from_std(listener)
     };
-    crate::api::http::accept_loop("the metrics endpoint", make, move |conn| {
+    crate::api::http::accept_loop("the metrics endpoint", CONNECTIONS, make, move |conn| {
         let (registry, shared) = (registry.clone(), shared.clone());
         crate::api::http::serve_connection(conn, move |req| {
             let answer = answer(&req, &registry, &shared);
@@ -765,23 +819,63 @@ fn answer(
     registry: &Registry,
     shared: &Shared,
 ) -> crate::api::http::Answer {
-    if req.method() != hyper::Method::GET || req.uri().path() != "/metrics" {
-        return crate::api::http::answer(404, "text/plain", "shedder serves GET /metrics\n");
+    use crate::api::http::answer as reply;
+    if req.method() != hyper::Method::GET {
+        return reply(405, "text/plain", "shedder serves GET only\n");
+    }
+    match req.uri().path() {
+        "/metrics" => {}
+        // Liveness: the process runs and its endpoint answers (a restart cures nothing
+        // more that this can see).
+        "/healthz" => return reply(200, "text/plain", "ok\n"),
+        "/readyz" => {
+            let snap = shared.lock().ok().and_then(|s| s.clone());
+            return match readiness(snap.as_ref()) {
+                Ok(()) => reply(200, "text/plain", "ready\n"),
+                Err(why) => reply(503, "text/plain", format!("not ready: {why}\n")),
+            };
+        }
+        _ => {
+            return reply(
+                404,
+                "text/plain",
+                "shedder serves GET /metrics, /healthz and /readyz\n",
+            );
+        }
     }
     // Before the first tick there is nothing to report: an empty exposition would read as
     // a daemon with no services and no refusals, so the scrape fails instead (`up` 0).
     if shared.lock().map_or(true, |s| s.is_none()) {
-        return crate::api::http::answer(
+        return reply(
             503,
             "text/plain",
             "shedder is starting: no figures until its first tick has run\n",
         );
     }
-    crate::api::http::answer(
+    reply(
         200,
         "application/openmetrics-text; version=1.0.0; charset=utf-8",
         encode(registry),
     )
+}
+
+/// Whether the daemon is ready (`/readyz`): its first tick has run (attached, limits
+/// written, figures published; a start that cannot attach never gets here), and the
+/// heartbeat is fresh, so the packet path uses the daemon's limits rather than the
+/// fallback ones. A stuck tick loop or a heartbeat that cannot be stamped makes it stale.
+pub fn readiness(snap: Option<&Snapshot>) -> Result<(), String> {
+    let snap = snap.ok_or("starting: the first tick has not run")?;
+    let age = snap.heartbeat.elapsed();
+    let timeout = std::time::Duration::from_millis(snap.state.heartbeat_timeout_ms);
+    if age > timeout {
+        return Err(format!(
+            "the heartbeat is {} ms old, past heartbeat_timeout_ms ({}): the packet path uses \
+             the fallback limits",
+            age.as_millis(),
+            timeout.as_millis()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -813,6 +907,11 @@ mod tests {
         assert!(starting.starts_with("HTTP/1.1 503"), "{starting}");
         assert!(starting.contains("shedder is starting"), "{starting}");
         assert!(get("/other").starts_with("HTTP/1.1 404"));
+        // Alive, not ready.
+        assert!(get("/healthz").starts_with("HTTP/1.1 200"));
+        let ready = get("/readyz");
+        assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+        assert!(ready.contains("first tick"), "{ready}");
     }
 
     #[test]
@@ -905,11 +1004,17 @@ mod tests {
                 errors: 5,
             }),
             heartbeat: Instant::now(),
+            reload: Reload {
+                successful: false,
+                success_time_s: 1_700_000_000.0,
+            },
         })));
         let out = encode(&registry(shared));
         for line in [
             "shedder_udp_receive_buffer_errors_total{} 3.0",
             "shedder_udp_errors_total{} 5.0",
+            "shedder_config_last_reload_successful{} 0.0",
+            "shedder_config_last_reload_success_timestamp_seconds{} 1700000000.0",
             "shedder_service_protocol{service=\"web\",protocol=\"tcp\"} 1.0",
             "# TYPE shedder_syn_retransmits counter",
             "shedder_syn_retransmits_total{service=\"web\",class=\"medium\"} 4.0",
@@ -939,6 +1044,59 @@ mod tests {
                 "{name} ({kind}) is not in names.rs"
             );
         }
+        // The process's own figures, under the names every exporter uses.
+        for family in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_virtual_memory_bytes",
+            "process_open_fds",
+            "process_max_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                out.lines().any(|l| l.starts_with(family)),
+                "no {family} in\n{out}"
+            );
+        }
+    }
+
+    /// Ready once a tick has run, and while the heartbeat is within its timeout.
+    #[test]
+    fn ready_after_the_first_tick_while_the_heartbeat_is_fresh() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/golden/state.json");
+        let mut state: State =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        state.heartbeat_timeout_ms = 3000;
+        let at = |age_ms: u64| Snapshot {
+            state: state.clone(),
+            services: Vec::new(),
+            listen: None,
+            udp_errors: None,
+            heartbeat: Instant::now() - std::time::Duration::from_millis(age_ms),
+            reload: Reload::started(),
+        };
+        assert!(readiness(None).unwrap_err().contains("first tick"));
+        assert_eq!(readiness(Some(&at(200))), Ok(()));
+        let stale = readiness(Some(&at(3500))).unwrap_err();
+        assert!(stale.contains("fallback limits"), "{stale}");
+    }
+
+    #[test]
+    fn a_refused_reload_keeps_the_time_of_the_last_success() {
+        let mut r = Reload {
+            successful: true,
+            success_time_s: 5.0,
+        };
+        r.attempted(false);
+        assert_eq!(
+            r,
+            Reload {
+                successful: false,
+                success_time_s: 5.0
+            }
+        );
+        r.attempted(true);
+        assert!(r.successful && r.success_time_s > 1e9, "{r:?}");
     }
 
     #[test]

@@ -4,6 +4,10 @@
 //! sets unbounded and put client data into the monitoring system.
 //!
 //! The alert rules and the dashboard in `deploy/` use these names; a test checks them.
+//!
+//! Every name starts with `shedder_`, but for the standard `process_*` families
+//! ([`super::process`]), which keep the names every exporter uses so that existing
+//! dashboards and alerts apply unchanged.
 
 /// (name without the `_total`/`_bucket` suffixes, type, labels, help)
 pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
@@ -320,6 +324,18 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "1 while a manual limit override is in force.",
     ),
     (
+        "shedder_config_last_reload_successful",
+        "gauge",
+        &[],
+        "1 if the last reload of the configuration (SIGHUP or policy apply) was put in force, 0 if it was refused (the configuration before it stays in force).",
+    ),
+    (
+        "shedder_config_last_reload_success_timestamp_seconds",
+        "gauge",
+        &[],
+        "When the configuration in force was last loaded (the start, or a reload that succeeded), in seconds since the Unix epoch.",
+    ),
+    (
         "shedder_heartbeat_age_seconds",
         "gauge",
         &[],
@@ -362,6 +378,42 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "Exceptional packet-path and tracking events: fallback decisions, fail-open paths (rst_errors, missing_policy, untracked_sockets, pending_miss), token buckets spent by two CPUs at once (rate_contended), suppressed log lines; what the parser dropped by rule (fragments_dropped, ext_chain_dropped, nested_tunnels_dropped) and passed undecided (esp_passed, unknown_header_passed, tunnels_passed, tunnels_unparsed); attempts decided inside tunnels and in fragments.",
     ),
     ("shedder_build", "info", &["version"], "The shedder build."),
+    (
+        "process_cpu_seconds",
+        "counter",
+        &[],
+        "User and system CPU time the daemon spent, in seconds.",
+    ),
+    (
+        "process_resident_memory_bytes",
+        "gauge",
+        &[],
+        "The daemon's resident memory (VmRSS), in bytes.",
+    ),
+    (
+        "process_virtual_memory_bytes",
+        "gauge",
+        &[],
+        "The daemon's virtual memory (VmSize), in bytes.",
+    ),
+    (
+        "process_open_fds",
+        "gauge",
+        &[],
+        "File descriptors the daemon holds open (maps, programs, links, sockets).",
+    ),
+    (
+        "process_max_fds",
+        "gauge",
+        &[],
+        "The most file descriptors the daemon may hold open (RLIMIT_NOFILE, soft).",
+    ),
+    (
+        "process_start_time_seconds",
+        "gauge",
+        &[],
+        "When the daemon started, in seconds since the Unix epoch.",
+    ),
     (
         "shedder_fleet_members",
         "gauge",
