@@ -182,8 +182,8 @@ enum Command {
 enum PolicyCommand {
     /// Check a configuration file.
     ///
-    /// Prints the first problem (file:line: field: what is wrong) and exits 2 if there is
-    /// one.
+    /// Prints every problem, one a line (file:line:column: field: what is wrong), and
+    /// exits 2 if there is one. A TOML syntax error stops at the first.
     #[command(after_help = EXIT_CODES)]
     Validate { file: PathBuf },
     /// Put a configuration in force in the running daemon, without detaching.

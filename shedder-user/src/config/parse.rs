@@ -194,10 +194,7 @@ impl Config {
     /// the policy in force). The one place a file becomes a configuration: the CLI, the
     /// daemon's start and its reload all read through here, so errors name the file alike.
     pub fn read(path: &Path) -> Result<(Self, String), ConfigError> {
-        let with_file = |mut e: ConfigError| {
-            e.file = Some(path.to_path_buf());
-            e
-        };
+        let with_file = |e: ConfigError| e.in_file(path);
         let text = std::fs::read_to_string(path)
             .map_err(|e| with_file(err("", format!("cannot read: {e}"))))?;
         let cfg = Self::parse(&text).map_err(with_file)?;
@@ -230,10 +227,15 @@ impl Config {
             placed(error, position)
         })?;
         // A value that parsed but breaks a rule: where the text has it (or its table).
-        cfg.validate().map_err(|e| {
+        // Every one of them, each placed.
+        let mut problems = cfg.problems().into_iter().map(|e| {
             let position = source.position_of(&e.field);
             placed(e, position)
-        })?;
+        });
+        if let Some(mut first) = problems.next() {
+            first.also = problems.collect();
+            return Err(first);
+        }
         Ok(cfg)
     }
 }
