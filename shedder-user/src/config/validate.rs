@@ -517,6 +517,11 @@ impl Config {
         // (protocol, address or None for any, port) → service name: a TCP and a QUIC
         // service may share an address and port number (one is TCP's, the other UDP's).
         let mut bound: HashMap<(Protocol, Option<IpAddr>, u16), &str> = HashMap::new();
+        // (protocol, port) → the first service bound to it on some address, and the one
+        // bound on any address: an empty `addresses` covers every address, so the two
+        // would claim the same attempts.
+        let mut on_address: HashMap<(Protocol, u16), (&str, IpAddr)> = HashMap::new();
+        let mut on_any: HashMap<(Protocol, u16), &str> = HashMap::new();
         let mut addr_entries = 0u32;
         for (i, s) in self.services.iter().enumerate() {
             let field = |f: &str| format!("service[{i}].{f}");
@@ -557,6 +562,34 @@ impl Config {
                             format!(
                                 "{} port {port} on {at} is already protected by service `{other}`",
                                 s.protocol.transport()
+                            ),
+                        ));
+                    }
+                    let overlap = match t {
+                        Some(a) => {
+                            on_address.entry((s.protocol, port)).or_insert((&s.name, a));
+                            on_any
+                                .get(&(s.protocol, port))
+                                .map(|any| (*any, s.name.as_str(), a))
+                        }
+                        None => {
+                            on_any.entry((s.protocol, port)).or_insert(&s.name);
+                            on_address
+                                .get(&(s.protocol, port))
+                                .map(|&(bound, a)| (s.name.as_str(), bound, a))
+                        }
+                    };
+                    if let Some((any, bound, a)) = overlap
+                        && any != bound
+                    {
+                        errs.push(err(
+                            format!("{}[{j}]", field("ports")),
+                            format!(
+                                "{transport} port {port} is protected on any address by service \
+                                 `{any}` and on {a} by service `{bound}`: an empty `addresses` \
+                                 covers every address, so both would claim the same attempts; \
+                                 give `{any}` its addresses, or make them one service",
+                                transport = s.protocol.transport()
                             ),
                         ));
                     }
@@ -1034,9 +1067,37 @@ mod tests {
         let c = Config::parse(&format!(
             "{IFACE}[[service]]\nname = \"a\"\nports = [80]\naddresses = [\"198.18.0.2\"]\n\
              [[service]]\nname = \"b\"\nports = [80]\naddresses = [\"198.18.0.3\"]\n\
-             [[service]]\nname = \"c\"\nports = [80]\n",
+             [[service]]\nname = \"q\"\nprotocol = \"quic\"\nports = [80]\n",
         ));
         assert!(c.is_ok(), "{c:?}");
+    }
+
+    /// docs/configuration.md: an empty `addresses` covers every address, so a service on
+    /// any address and one on an address may not share a port, in either order.
+    #[test]
+    fn a_wildcard_service_and_an_address_bound_one_may_not_share_a_port() {
+        let bound = "[[service]]\nname = \"a\"\nports = [80, 81]\naddresses = [\"198.18.0.2\"]\n";
+        let any = "[[service]]\nname = \"c\"\nports = [81]\n";
+        let e = error_of(&format!("{IFACE}{bound}{any}"));
+        assert!(
+            e.ends_with(
+                "service[1] (c).ports[0]: TCP port 81 is protected on any address by service `c` \
+                 and on 198.18.0.2 by service `a`: an empty `addresses` covers every address, so \
+                 both would claim the same attempts; give `c` its addresses, or make them one \
+                 service"
+            ),
+            "{e}"
+        );
+        let e = error_of(&format!("{IFACE}{any}{bound}"));
+        assert!(
+            e.ends_with(
+                "service[1] (a).ports[1]: TCP port 81 is protected on any address by service `c` \
+                 and on 198.18.0.2 by service `a`: an empty `addresses` covers every address, so \
+                 both would claim the same attempts; give `c` its addresses, or make them one \
+                 service"
+            ),
+            "{e}"
+        );
     }
 
     /// A file with several mistakes hears of all of them in one run, each placed.
