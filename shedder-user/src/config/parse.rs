@@ -201,6 +201,12 @@ impl Config {
         Ok((cfg, text))
     }
 
+    /// Parse and validate text that is not read from a path (standard input), its errors
+    /// naming it as `name`.
+    pub fn parse_named(text: &str, name: &Path) -> Result<Self, ConfigError> {
+        Self::parse(text).map_err(|e| e.in_file(name))
+    }
+
     /// Parse and validate configuration text.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let at = |span: std::ops::Range<usize>| Position::of(text, span.start);
