@@ -2,10 +2,12 @@
 //! file of its own.
 
 mod attach;
+mod completions;
 mod counters;
 mod detach;
 mod doctor;
 mod limit;
+mod manpage;
 mod paths;
 mod policy;
 mod status;
@@ -231,6 +233,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print a shell completion script (e.g. `shedder completions bash >
+    /// /etc/bash_completion.d/shedder`).
+    #[command(after_help = EXIT_CODES)]
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_name = "SHELL")]
+        shell: completions::Shell,
+    },
+    /// Print the manual page, in roff (e.g. `shedder manpage | man -l -`).
+    #[command(after_help = EXIT_CODES)]
+    Manpage,
 }
 
 #[derive(Subcommand)]
@@ -400,6 +413,8 @@ pub fn run(cli: Cli) -> Result<u8> {
             &services,
             json,
         )?,
+        Command::Completions { shell } => completions::run(shell),
+        Command::Manpage => manpage::run()?,
     }
     Ok(0)
 }
