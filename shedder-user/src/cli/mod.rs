@@ -472,6 +472,28 @@ mod tests {
         golden::check("help.txt", &text);
     }
 
+    /// A positional argument shows in `--help` only as its name: it must say what it is.
+    #[test]
+    fn every_positional_argument_is_described() {
+        let mut all = Vec::new();
+        paths(&Cli::command(), Vec::new(), &mut all);
+        for p in all {
+            let mut cmd = Cli::command();
+            for name in &p {
+                cmd = cmd.find_subcommand(name).unwrap().clone();
+            }
+            for arg in cmd.get_positionals() {
+                assert!(
+                    arg.get_help()
+                        .is_some_and(|h| !h.to_string().trim().is_empty()),
+                    "`shedder {}`: <{}> has no description",
+                    p.join(" "),
+                    arg.get_id()
+                );
+            }
+        }
+    }
+
     #[test]
     fn every_verb_that_talks_to_the_daemon_documents_the_exit_codes() {
         let help = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/golden/help.txt"))
