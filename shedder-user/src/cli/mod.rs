@@ -242,8 +242,16 @@ enum Command {
         shell: completions::Shell,
     },
     /// Print the manual page, in roff (e.g. `shedder manpage | man -l -`).
+    ///
+    /// shedder(1) names a page per verb (shedder-run(1), …): --dir writes them all, to
+    /// install under e.g. /usr/share/man/man1.
     #[command(after_help = EXIT_CODES)]
-    Manpage,
+    Manpage {
+        /// Write shedder.1 and a page per verb into this directory instead of printing
+        /// shedder(1).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -414,7 +422,7 @@ pub fn run(cli: Cli) -> Result<u8> {
             json,
         )?,
         Command::Completions { shell } => completions::run(shell),
-        Command::Manpage => manpage::run()?,
+        Command::Manpage { dir } => manpage::run(dir.as_deref())?,
     }
     Ok(0)
 }
