@@ -347,7 +347,6 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
-/// `1 service`, `3 services`.
 /// `--mode`, spelled as `daemon.attach` is (the configuration's own names).
 fn attach_mode(s: &str) -> Result<Attach, String> {
     use serde::Deserialize as _;
@@ -355,6 +354,7 @@ fn attach_mode(s: &str) -> Result<Attach, String> {
     Attach::deserialize(de).map_err(|_| "use auto, native, generic or tc".to_string())
 }
 
+/// `1 service`, `3 services`.
 fn count(n: usize, noun: &str) -> String {
     format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
