@@ -104,13 +104,10 @@ fn table() -> Vec<Case> {
     .collect()
 }
 
-#[test]
-fn fixture_table() {
-    shedder_tests::require_root();
-    let table = table();
-    // Every row through both programs, except rows the kernel cannot run through an skb
-    // program (they say why).
-    let jobs: Vec<(&Case, Prog)> = table
+/// Every row through both programs, except rows the kernel cannot run through an skb
+/// program (they say why).
+fn runs(table: &[Case]) -> Vec<(&Case, Prog)> {
+    table
         .iter()
         .flat_map(|case| {
             let progs: &[Prog] = if case.xdp_only {
@@ -120,7 +117,49 @@ fn fixture_table() {
             };
             progs.iter().map(move |&prog| (case, prog))
         })
-        .collect();
+        .collect()
+}
+
+/// The number `file` writes right after `lead`.
+fn claimed(file: &str, lead: &str) -> usize {
+    let text = shedder_tests::read_repo_file(file);
+    let at = text
+        .find(lead)
+        .unwrap_or_else(|| panic!("{file} no longer says `{lead}N …`"));
+    let rest = &text[at + lead.len()..];
+    rest[..rest.find(' ').unwrap_or(0)]
+        .parse()
+        .unwrap_or_else(|_| panic!("{file}: `{lead}` is not followed by a number"))
+}
+
+/// The README counts the table's runs, docs/development.md its rows (no root needed: the
+/// table is only built, not run).
+#[test]
+fn the_docs_count_the_fixture_table() {
+    let table = table();
+    let runs = runs(&table).len();
+    let readme = claimed("README.md", "the BPF_PROG_TEST_RUN fixture table (");
+    assert_eq!(
+        readme, runs,
+        "README.md says {readme} fixture runs; the table has {runs} (XDP and TC)"
+    );
+    let development = claimed(
+        "docs/development.md",
+        "the BPF_PROG_TEST_RUN fixture table: ",
+    );
+    assert_eq!(
+        development,
+        table.len(),
+        "docs/development.md says {development} fixture frames; the table has {} rows",
+        table.len()
+    );
+}
+
+#[test]
+fn fixture_table() {
+    shedder_tests::require_root();
+    let table = table();
+    let jobs = runs(&table);
     // Loading the object (verifier, per-CPU maps) dominates; rows are independent (each has
     // its own maps), so they run on a few threads.
     let next = AtomicUsize::new(0);

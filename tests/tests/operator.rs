@@ -88,6 +88,31 @@ fn shedder(bin: &Path, as_user: &[&str], args: &[&str]) -> Run {
     }
 }
 
+/// `shedder args` with `env` set and `stdin` on its standard input (as root).
+fn shedder_with(bin: &Path, env: &[(&str, &str)], stdin: &str, args: &[&str]) -> Run {
+    use std::process::Stdio;
+    let mut child = Command::new(bin)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run shedder");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    let out = child.wait_with_output().expect("wait for shedder");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 fn ok(r: Run) -> Run {
     assert_eq!(r.code, 0, "{r:?}");
     r
@@ -135,6 +160,46 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
     let shown = shedder::config::Config::parse(&r.stdout)
         .unwrap_or_else(|e| panic!("policy show is not a valid configuration: {e}\n{r:?}"));
     assert_eq!(shown.services[0].fixed_limit, Some(4));
+
+    // The command line's habits, end to end: the socket and the configuration from the
+    // environment, a service filter, JSON of every read, a policy on standard input.
+    let env_cfg = dir.join("env.toml");
+    std::fs::write(&env_cfg, &cfg).unwrap();
+    let by_env = [("SHEDDER_SOCKET", s)];
+    let r = ok(shedder_with(
+        &bin,
+        &by_env,
+        "",
+        &["status", "-s", "web", "--json"],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["services"].as_array().map(Vec::len), Some(1), "{r:?}");
+    let r = shedder_with(&bin, &by_env, "", &["status", "--service", "nope"]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert_eq!(
+        r.stderr,
+        "shedder: --service nope: no such service (there are: web)\n"
+    );
+    // The socket named by the configuration SHEDDER_CONFIG names.
+    let by_config = [("SHEDDER_CONFIG", env_cfg.to_str().unwrap())];
+    let r = ok(shedder_with(
+        &bin,
+        &by_config,
+        "",
+        &["policy", "show", "--json"],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["service"][0]["name"], "web", "{r:?}");
+    let r = ok(shedder_with(
+        &bin,
+        &by_config,
+        "",
+        &["counters", "--json", "-s", "web"],
+    ));
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert!(v.is_array(), "{r:?}");
+    let r = ok(shedder_with(&bin, &[], &cfg, &["policy", "validate", "-"]));
+    assert_eq!(r.stdout, "<stdin>: ok (1 service, 1 interface)\n");
 
     // An override holds the limit, and the kernel enforces it as soon as the verb returns.
     let r = ok(shedder(
@@ -265,6 +330,16 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
     );
     assert_eq!(r.code, 2, "{r:?}");
     assert!(r.stderr.contains("fixed_limit"), "{r:?}");
+    // The same from standard input: refused before the daemon hears of it, by line.
+    let bad = std::fs::read_to_string(&bad_file).unwrap();
+    let r = shedder_with(&bin, &[], &bad, &["policy", "apply", "-", "--socket", s]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(
+        r.stderr.contains(&format!(
+            "<stdin>:{line}:15: service[0] (web).fixed_limit: 1000 is outside"
+        )),
+        "{r:?}"
+    );
     let r2 = ok(shedder(&bin, &[], &["policy", "show", "--socket", s]));
     assert_eq!(
         shedder::config::Config::parse(&r2.stdout).unwrap().services[0].fixed_limit,

@@ -10,7 +10,7 @@ use shedder::{
     kernel::{self, MapWriter as _, Shedder, policy::compile},
 };
 
-use super::{init_logging, load_config};
+use super::{init_logging, paths::load_config};
 
 pub fn run(config: PathBuf, interfaces: Vec<String>, mode: Option<Attach>) -> Result<()> {
     // The choice of mode and the connections counted are logged, as by the daemon.

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::load_config;
+use super::paths::load_config;
 
 /// The exit code is the worst verdict's.
 pub fn run(config: Option<&Path>, json: bool) -> Result<u8> {

@@ -2,24 +2,24 @@
 //! file of its own.
 
 mod attach;
+mod completions;
 mod counters;
 mod detach;
 mod doctor;
 mod limit;
+mod manpage;
+mod paths;
 mod policy;
 mod status;
 
-use std::{
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{path::PathBuf, time::Duration};
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use shedder::{
     BadInput,
     api::control::{Client, ClientError},
-    config::{Attach, Config},
+    config::Attach,
     kernel::{self},
 };
 
@@ -35,12 +35,27 @@ const EXIT_CODES: &str = "Exit codes:
   3  no daemon answers on the control socket
   4  permission denied (the control socket is for root and daemon.control_group)";
 
+/// The top level's help: the exit codes, then where the files are.
+const EXIT_CODES_AND_ENVIRONMENT: &str = "Exit codes:
+  0  success
+  1  the operation failed (kernel, I/O, the daemon answered with an error)
+  2  bad input: command line, configuration or policy; nothing was changed
+  3  no daemon answers on the control socket
+  4  permission denied (the control socket is for root and daemon.control_group)
+
+Environment (a flag wins over the environment, which wins over the default):
+  SHEDDER_CONFIG  the configuration (default /etc/shedder/shedder.toml)
+  SHEDDER_SOCKET  the control socket (else daemon.control_socket of the configuration,
+                  else /run/shedder/shedder.sock)
+  RUST_LOG        the daemon's log filter (default info); SHEDDER_LOG=json logs JSON";
+
 #[derive(Parser)]
 #[command(
     name = "shedder",
     version,
-    about = "Kernel-edge load shedder: refuses new TCP connections per service and class with XDP/TC",
-    after_help = EXIT_CODES
+    about = "Kernel-edge load shedder: refuses new TCP connections and QUIC Initials per \
+             service and class with XDP/TC",
+    after_help = EXIT_CODES_AND_ENVIRONMENT
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -50,24 +65,58 @@ pub struct Cli {
 /// Where the daemon's control socket is.
 #[derive(Args, Clone)]
 struct Target {
-    /// The control socket (default: daemon.control_socket of --config, else
-    /// /run/shedder/shedder.sock).
-    #[arg(long)]
+    /// The control socket [default: $SHEDDER_SOCKET, else daemon.control_socket of the
+    /// configuration, else /run/shedder/shedder.sock].
+    #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
-    /// Read the control socket's path from this configuration.
-    #[arg(long, short)]
+    /// The configuration to read daemon.control_socket from [default: $SHEDDER_CONFIG, else
+    /// /etc/shedder/shedder.toml if it exists].
+    #[arg(long, short, value_name = "FILE")]
     config: Option<PathBuf>,
 }
 
 impl Target {
     fn client(&self) -> Result<Client> {
-        if let Some(s) = &self.socket {
-            return Ok(Client::new(s));
+        let socket = paths::socket(
+            self.socket.as_deref(),
+            self.config.as_deref(),
+            &paths::process_env,
+        )?;
+        Ok(Client::new(socket))
+    }
+}
+
+/// Which services a read verb shows.
+#[derive(Args, Clone, Default)]
+struct Services {
+    /// Only this service (repeat for more); an unknown name is bad input.
+    #[arg(long = "service", short = 's', value_name = "NAME")]
+    names: Vec<String>,
+}
+
+impl Services {
+    /// Whether `name` is shown.
+    fn shows(&self, name: &str) -> bool {
+        self.names.is_empty() || self.names.iter().any(|n| n == name)
+    }
+
+    /// Refuse a name that is none of `known`, naming those there are.
+    fn check<'a>(&self, known: impl IntoIterator<Item = &'a str> + Clone) -> Result<()> {
+        for n in &self.names {
+            if !known.clone().into_iter().any(|k| k == n) {
+                let known: Vec<&str> = known.into_iter().collect();
+                return Err(BadInput(format!(
+                    "--service {n}: no such service (there are: {})",
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ))
+                .into());
+            }
         }
-        if let Some(c) = &self.config {
-            return Ok(Client::new(load_config(c)?.daemon.control_socket));
-        }
-        Ok(Client::new(shedder::config::defaults::control_socket()))
+        Ok(())
     }
 }
 
@@ -81,9 +130,9 @@ enum Command {
     /// unless told otherwise).
     #[command(after_help = EXIT_CODES)]
     Run {
-        /// Configuration file.
-        #[arg(long, short)]
-        config: PathBuf,
+        /// Configuration file [default: $SHEDDER_CONFIG, else /etc/shedder/shedder.toml].
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
         /// On SIGTERM leave the programs attached (the fallback limits take over after the
         /// heartbeat timeout), whatever daemon.detach_on_exit says.
         #[arg(long)]
@@ -97,6 +146,8 @@ enum Command {
     Status {
         #[command(flatten)]
         target: Target,
+        #[command(flatten)]
+        services: Services,
         /// Print the daemon's state as JSON.
         #[arg(long)]
         json: bool,
@@ -106,6 +157,8 @@ enum Command {
     Top {
         #[command(flatten)]
         target: Target,
+        #[command(flatten)]
+        services: Services,
         /// Seconds between refreshes.
         #[arg(long, default_value_t = 1.0)]
         interval: f64,
@@ -129,8 +182,9 @@ enum Command {
     /// PSI, the daemon. Each failing check says how to fix it.
     #[command(after_help = EXIT_CODES)]
     Doctor {
-        /// Also check what this configuration needs (interfaces, cgroups, the daemon).
-        #[arg(long, short)]
+        /// Also check what this configuration needs (interfaces, cgroups, the daemon)
+        /// [default: $SHEDDER_CONFIG, else /etc/shedder/shedder.toml if it exists].
+        #[arg(long, short, value_name = "FILE")]
         config: Option<PathBuf>,
         /// Print JSON.
         #[arg(long)]
@@ -153,9 +207,9 @@ enum Command {
     /// exit. The fallback limits are in force.
     #[command(after_help = EXIT_CODES)]
     Attach {
-        /// Configuration file.
-        #[arg(long, short)]
-        config: PathBuf,
+        /// Configuration file [default: $SHEDDER_CONFIG, else /etc/shedder/shedder.toml].
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
         /// Interfaces to attach to (default: daemon.interfaces from the configuration).
         #[arg(long = "iface", short)]
         interfaces: Vec<String>,
@@ -169,12 +223,34 @@ enum Command {
     /// and retries (attempts from a recently shed source, by their class before demotion).
     #[command(after_help = EXIT_CODES)]
     Counters {
-        /// Configuration file (for service names and the pin directory).
-        #[arg(long, short)]
-        config: PathBuf,
+        /// Configuration file, for service names and the pin directory [default:
+        /// $SHEDDER_CONFIG, else /etc/shedder/shedder.toml].
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        services: Services,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// Print a shell completion script (e.g. `shedder completions bash >
+    /// /etc/bash_completion.d/shedder`).
+    #[command(after_help = EXIT_CODES)]
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_name = "SHELL")]
+        shell: completions::Shell,
+    },
+    /// Print the manual page, in roff (e.g. `shedder manpage | man -l -`).
+    ///
+    /// shedder(1) names a page per verb (shedder-run(1), …): --dir writes them all, to
+    /// install under e.g. /usr/share/man/man1.
+    #[command(after_help = EXIT_CODES)]
+    Manpage {
+        /// Write shedder.1 and a page per verb into this directory instead of printing
+        /// shedder(1).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -182,16 +258,25 @@ enum Command {
 enum PolicyCommand {
     /// Check a configuration file.
     ///
-    /// Prints the first problem (file:line: field: what is wrong) and exits 2 if there is
-    /// one.
+    /// Prints every problem, one a line (file:line:column: field: what is wrong), and
+    /// exits 2 if there is one. A TOML syntax error stops at the first.
     #[command(after_help = EXIT_CODES)]
-    Validate { file: PathBuf },
+    Validate {
+        /// The configuration file to check; `-` reads standard input.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Print the verdict as JSON (every problem with its line, column and field).
+        #[arg(long)]
+        json: bool,
+    },
     /// Put a configuration in force in the running daemon, without detaching.
     ///
     /// The file is validated first; if it is refused, the running policy stays. It holds
     /// until the daemon restarts or gets SIGHUP, which re-read the daemon's own file.
     #[command(after_help = EXIT_CODES)]
     Apply {
+        /// The configuration to put in force; `-` reads standard input.
+        #[arg(value_name = "FILE")]
         file: PathBuf,
         #[command(flatten)]
         target: Target,
@@ -201,6 +286,10 @@ enum PolicyCommand {
     Show {
         #[command(flatten)]
         target: Target,
+        /// Print the configuration as a JSON document (its TOML's tables and values) instead
+        /// of the TOML text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -213,7 +302,11 @@ enum LimitCommand {
     /// cleared.
     #[command(after_help = EXIT_CODES)]
     Set {
+        /// The service, by its name in the configuration.
+        #[arg(value_name = "SERVICE")]
         service: String,
+        /// The concurrency limit to hold, in connections.
+        #[arg(value_name = "LIMIT")]
         limit: u32,
         /// How long, e.g. 90s, 10m, 2h (default 10m).
         #[arg(long, default_value = "10m", value_parser = parse_duration)]
@@ -230,6 +323,8 @@ enum LimitCommand {
     /// End SERVICE's override; the controller resumes.
     #[command(after_help = EXIT_CODES)]
     Clear {
+        /// The service, by its name in the configuration.
+        #[arg(value_name = "SERVICE")]
         service: String,
         #[command(flatten)]
         target: Target,
@@ -252,7 +347,6 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
-/// `1 service`, `3 services`.
 /// `--mode`, spelled as `daemon.attach` is (the configuration's own names).
 fn attach_mode(s: &str) -> Result<Attach, String> {
     use serde::Deserialize as _;
@@ -260,12 +354,9 @@ fn attach_mode(s: &str) -> Result<Attach, String> {
     Attach::deserialize(de).map_err(|_| "use auto, native, generic or tc".to_string())
 }
 
+/// `1 service`, `3 services`.
 fn count(n: usize, noun: &str) -> String {
     format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
-}
-
-fn load_config(path: &Path) -> Result<Config> {
-    Config::load(path).map_err(|e| BadInput(e.to_string()).into())
 }
 
 /// The exit code for an error.
@@ -290,26 +381,48 @@ pub fn run(cli: Cli) -> Result<u8> {
         } => {
             init_logging();
             shedder::daemon::run(shedder::daemon::Options {
-                config,
+                config: paths::required_config(config.as_deref(), &paths::process_env),
                 keep_attached,
             })?;
         }
-        Command::Status { target, json } => status::status(&target, json)?,
+        Command::Status {
+            target,
+            services,
+            json,
+        } => status::status(&target, &services, json)?,
         Command::Top {
             target,
+            services,
             interval,
             iterations,
-        } => status::top(&target, interval, iterations)?,
-        Command::Policy { command } => policy::run(command)?,
+        } => status::top(&target, &services, interval, iterations)?,
+        Command::Policy { command } => return policy::run(command),
         Command::Limit { command } => limit::run(command)?,
-        Command::Doctor { config, json } => return doctor::run(config.as_deref(), json),
+        Command::Doctor { config, json } => {
+            let config = paths::optional_config(config.as_deref(), &paths::process_env);
+            return doctor::run(config.as_deref(), json);
+        }
         Command::Detach { target, pin_dir } => detach::run(&target, &pin_dir)?,
         Command::Attach {
             config,
             interfaces,
             mode,
-        } => attach::run(config, interfaces, mode)?,
-        Command::Counters { config, json } => counters::run(config, json)?,
+        } => attach::run(
+            paths::required_config(config.as_deref(), &paths::process_env),
+            interfaces,
+            mode,
+        )?,
+        Command::Counters {
+            config,
+            services,
+            json,
+        } => counters::run(
+            &paths::required_config(config.as_deref(), &paths::process_env),
+            &services,
+            json,
+        )?,
+        Command::Completions { shell } => completions::run(shell),
+        Command::Manpage { dir } => manpage::run(dir.as_deref())?,
     }
     Ok(0)
 }
@@ -365,6 +478,28 @@ mod tests {
             text.push_str(&format!("==> {}\n{}\n", argv.join(" "), err.render()));
         }
         golden::check("help.txt", &text);
+    }
+
+    /// A positional argument shows in `--help` only as its name: it must say what it is.
+    #[test]
+    fn every_positional_argument_is_described() {
+        let mut all = Vec::new();
+        paths(&Cli::command(), Vec::new(), &mut all);
+        for p in all {
+            let mut cmd = Cli::command();
+            for name in &p {
+                cmd = cmd.find_subcommand(name).unwrap().clone();
+            }
+            for arg in cmd.get_positionals() {
+                assert!(
+                    arg.get_help()
+                        .is_some_and(|h| !h.to_string().trim().is_empty()),
+                    "`shedder {}`: <{}> has no description",
+                    p.join(" "),
+                    arg.get_id()
+                );
+            }
+        }
     }
 
     #[test]

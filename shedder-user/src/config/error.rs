@@ -4,9 +4,10 @@ use std::path::{Path, PathBuf};
 
 /// A configuration error: which file, where in it, which key, what is wrong. Shown as
 /// `shedder.toml:12:13: service[1] (web).max_limit: 5 is below min_limit (10)`; without a
-/// file, as `line 12, column 13: …`.
+/// file, as `line 12, column 13: …`. The other problems of the same file follow, one a
+/// line, so that one run names them all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}{}{message}", at(.file.as_deref(), *.line, *.column), key(.field))]
+#[error("{}{}{message}{}", at(.file.as_deref(), *.line, *.column), key(.field), rest(.also))]
 pub struct ConfigError {
     pub file: Option<PathBuf>,
     /// 1-based line of the offending value (or of its table, for a key left out), when
@@ -17,6 +18,36 @@ pub struct ConfigError {
     /// Dotted path of the offending field, e.g. `service[0].max_limit`.
     pub field: String,
     pub message: String,
+    /// The file's other problems, after this one (empty in each of them). Boxed: a
+    /// `Result` carrying this error stays small.
+    pub also: Box<[ConfigError]>,
+}
+
+impl ConfigError {
+    /// This error and the others, each alone, in order.
+    pub fn each(&self) -> Vec<ConfigError> {
+        let first = ConfigError {
+            also: Box::default(),
+            ..self.clone()
+        };
+        std::iter::once(first)
+            .chain(self.also.iter().cloned())
+            .collect()
+    }
+
+    /// The same errors, each naming `file`.
+    pub(super) fn in_file(mut self, file: &Path) -> Self {
+        self.file = Some(file.to_path_buf());
+        for e in self.also.iter_mut() {
+            e.file = Some(file.to_path_buf());
+        }
+        self
+    }
+}
+
+/// The other problems, each on a line of its own.
+fn rest(also: &[ConfigError]) -> String {
+    also.iter().map(|e| format!("\n{e}")).collect()
 }
 
 /// The place prefix of an error's text.
@@ -47,6 +78,7 @@ pub(super) fn err(field: impl Into<String>, message: impl Into<String>) -> Confi
         column: None,
         field: field.into(),
         message: message.into(),
+        also: Box::default(),
     }
 }
 

@@ -10,7 +10,12 @@ pub const FLEET: &str =
 
 pub const SHARED: &str = "[[service]]\nname = \"db\"\nports = [5432]\nglobal_limit = 500\n";
 
-/// The message of the error `toml` is refused with.
+/// The message of the first error `toml` is refused with (the rule a test is about; the
+/// fragments often lack what a whole file needs, e.g. an interface).
 pub fn error_of(toml: &str) -> String {
-    Config::parse(toml).unwrap_err().to_string()
+    Config::parse(toml)
+        .unwrap_err()
+        .each()
+        .remove(0)
+        .to_string()
 }

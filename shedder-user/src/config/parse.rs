@@ -177,6 +177,92 @@ fn service_name(source: &Source<'_>, index: usize) -> Option<String> {
     valid_name(name).then(|| name.to_string())
 }
 
+/// At most this many refusals of the deserializer after the first (each costs a parse).
+const MAX_MORE_SHAPE_ERRORS: usize = 32;
+
+/// The refusals of the deserializer after the first, which stops it. To find the next, the
+/// value at fault is taken out of a copy of the document and the copy read again, until it
+/// passes, a key is missing or the next refusal is about a key already named (either may
+/// be the copy's doing, not a second mistake of the file's). Placed by their key paths.
+fn more_shape_errors(
+    text: &str,
+    source: &Source<'_>,
+    first: &serde_path_to_error::Path,
+    first_field: &str,
+) -> Vec<ConfigError> {
+    let Ok(doc) = text.parse::<toml::Table>() else {
+        return Vec::new();
+    };
+    let mut doc = toml::Value::Table(doc);
+    let mut named = vec![first_field.to_string()];
+    let mut more = Vec::new();
+    let mut path = first.clone();
+    while more.len() < MAX_MORE_SHAPE_ERRORS && take_out(&mut doc, &path) {
+        let Err(e) = serde_path_to_error::deserialize::<_, Config>(doc.clone()) else {
+            break;
+        };
+        path = e.path().clone();
+        let message = e.inner().message();
+        // A key missing from the copy may be one taken out (a misspelt key's right
+        // spelling, a wrongly typed required key), and there is nothing to take out of it.
+        if message.starts_with("missing field") {
+            break;
+        }
+        let error = shape_error(source, &path, message);
+        if named.iter().any(|n| same_key(n, &error.field)) {
+            break;
+        }
+        named.push(error.field.clone());
+        let position = source.position_of(&error.field);
+        more.push(placed(error, position));
+    }
+    more
+}
+
+/// Whether one key path is the other or inside it.
+fn same_key(a: &str, b: &str) -> bool {
+    let inside = |outer: &str, inner: &str| {
+        inner
+            .strip_prefix(outer)
+            .is_some_and(|r| r.is_empty() || r.starts_with(['.', '[', ' ']))
+    };
+    inside(a, b) || inside(b, a)
+}
+
+/// Take the value `path` names out of `doc`: a key is removed (its default applies, or it
+/// is reported missing); an element of an array is replaced by a sibling, so that the
+/// others keep their indexes (an array of one is removed). Whether anything was.
+fn take_out(doc: &mut toml::Value, path: &serde_path_to_error::Path) -> bool {
+    use serde_path_to_error::Segment;
+    let segments: Vec<&Segment> = path.iter().collect();
+    let Some((last, parents)) = segments.split_last() else {
+        return false;
+    };
+    let mut here = doc;
+    for segment in parents {
+        let next = match (segment, here) {
+            (Segment::Map { key }, toml::Value::Table(t)) => t.get_mut(key.as_str()),
+            (Segment::Seq { index }, toml::Value::Array(a)) => a.get_mut(*index),
+            _ => None,
+        };
+        match next {
+            Some(v) => here = v,
+            None => return false,
+        }
+    }
+    match (last, here) {
+        (Segment::Map { key }, toml::Value::Table(t)) => t.remove(key.as_str()).is_some(),
+        (Segment::Seq { index }, toml::Value::Array(a)) if *index < a.len() => {
+            match (0..a.len()).find(|&j| j != *index) {
+                Some(j) => a[*index] = a[j].clone(),
+                None => a.clear(),
+            }
+            true
+        }
+        _ => false,
+    }
+}
+
 /// `error`, placed at `at` in the text.
 fn placed(mut error: ConfigError, at: Option<Position>) -> ConfigError {
     error.line = at.map(|p| p.line);
@@ -194,14 +280,17 @@ impl Config {
     /// the policy in force). The one place a file becomes a configuration: the CLI, the
     /// daemon's start and its reload all read through here, so errors name the file alike.
     pub fn read(path: &Path) -> Result<(Self, String), ConfigError> {
-        let with_file = |mut e: ConfigError| {
-            e.file = Some(path.to_path_buf());
-            e
-        };
+        let with_file = |e: ConfigError| e.in_file(path);
         let text = std::fs::read_to_string(path)
             .map_err(|e| with_file(err("", format!("cannot read: {e}"))))?;
         let cfg = Self::parse(&text).map_err(with_file)?;
         Ok((cfg, text))
+    }
+
+    /// Parse and validate text that is not read from a path (standard input), its errors
+    /// naming it as `name`.
+    pub fn parse_named(text: &str, name: &Path) -> Result<Self, ConfigError> {
+        Self::parse(text).map_err(|e| e.in_file(name))
     }
 
     /// Parse and validate configuration text.
@@ -227,13 +316,25 @@ impl Config {
                 .span()
                 .map(at)
                 .or_else(|| source.position_of(&error.field));
-            placed(error, position)
+            let first = placed(error, position);
+            // All of them in the file's order (serde reads the keys in its own).
+            let mut all = more_shape_errors(text, &source, &path, &first.field);
+            all.push(first);
+            all.sort_by_key(|e| (e.line, e.column));
+            let mut first = all.remove(0);
+            first.also = all.into();
+            first
         })?;
         // A value that parsed but breaks a rule: where the text has it (or its table).
-        cfg.validate().map_err(|e| {
+        // Every one of them, each placed.
+        let mut problems = cfg.problems().into_iter().map(|e| {
             let position = source.position_of(&e.field);
             placed(e, position)
-        })?;
+        });
+        if let Some(mut first) = problems.next() {
+            first.also = problems.collect();
+            return Err(first);
+        }
         Ok(cfg)
     }
 }
@@ -504,6 +605,33 @@ min_limit = 50
         // An unknown key: at the key.
         let (at, _) = refusal("  max_limt = 5\n");
         assert_eq!(at, (13, 3, "service[1] (web).max_limt".into()));
+    }
+
+    /// Keys the deserializer refuses are all named, each placed, however many sections
+    /// they are in; a required key of the wrong type is named once, not again as missing.
+    #[test]
+    fn every_refused_key_is_reported() {
+        let e = Config::parse(
+            "[daemon]\ninterfaces = [\"eth0\"]\ntick = 5\n\n\
+             [[service]]\nname = \"a\"\nports = [80, \"x\"]\nmax_limit = \"lots\"\n\n\
+             [[service]]\nname = \"b\"\nports = [81]\naction = \"reject\"\n",
+        )
+        .unwrap_err();
+        let all: Vec<(Option<usize>, String)> =
+            e.each().into_iter().map(|e| (e.line, e.field)).collect();
+        assert_eq!(
+            all,
+            [
+                (Some(3), "daemon.tick".to_string()),
+                (Some(7), "service[0] (a).ports[1]".to_string()),
+                (Some(8), "service[0] (a).max_limit".to_string()),
+                (Some(13), "service[1] (b).action".to_string()),
+            ],
+            "{e}"
+        );
+        let e = Config::parse("[[service]]\nname = 5\nports = [80]\nmax_limt = 1\n").unwrap_err();
+        let fields: Vec<String> = e.each().into_iter().map(|e| e.field).collect();
+        assert_eq!(fields, ["service[0].name", "service[0].max_limt"], "{e}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The rules a value that parsed may still break: ranges, the relations between keys, and
-//! the capacities of the kernel's maps. The first problem found is the one reported.
+//! the capacities of the kernel's maps. Every problem found is reported, in the order of
+//! the file's sections, so that an operator fixes a file in one pass.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -47,17 +48,41 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 impl Config {
-    /// Check every value; the first problem is returned.
+    /// Check every value; every problem is returned, the first with the others in
+    /// [`ConfigError::also`].
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut errs = self.problems();
+        if errs.is_empty() {
+            return Ok(());
+        }
+        let mut first = errs.remove(0);
+        first.also = errs.into();
+        Err(first)
+    }
+
+    /// Every problem, in the order of the file's sections.
+    pub(super) fn problems(&self) -> Vec<ConfigError> {
+        let mut errs = Vec::new();
+        self.validate_daemon(&mut errs);
+        self.validate_classes(&mut errs);
+        self.validate_services(&mut errs);
+        self.validate_decapsulate(&mut errs);
+        self.validate_fleet(&mut errs);
+        // Last: the other mistakes of a file come first.
+        self.validate_measure_only(&mut errs);
+        errs
+    }
+
+    fn validate_daemon(&self, errs: &mut Vec<ConfigError>) {
         let d = &self.daemon;
         if d.tick_ms < 10 || d.tick_ms > 60_000 {
-            return Err(err(
+            errs.push(err(
                 "daemon.tick_ms",
                 format!("{} is outside 10..=60000", d.tick_ms),
             ));
         }
         if d.heartbeat_timeout_ms < 2 * d.tick_ms {
-            return Err(err(
+            errs.push(err(
                 "daemon.heartbeat_timeout_ms",
                 format!(
                     "{} must be at least twice tick_ms ({}), or every late tick drops to the fallback limits",
@@ -66,7 +91,7 @@ impl Config {
             ));
         }
         if d.signal_window_ms < d.tick_ms || d.signal_window_ms > 60_000 {
-            return Err(err(
+            errs.push(err(
                 "daemon.signal_window_ms",
                 format!(
                     "{} must be between tick_ms ({}) and 60000",
@@ -75,13 +100,13 @@ impl Config {
             ));
         }
         if d.heartbeat_timeout_ms > 3_600_000 {
-            return Err(err(
+            errs.push(err(
                 "daemon.heartbeat_timeout_ms",
                 format!("{} is longer than an hour", d.heartbeat_timeout_ms),
             ));
         }
         if d.metrics_listen.parse::<std::net::SocketAddr>().is_err() {
-            return Err(err(
+            errs.push(err(
                 "daemon.metrics_listen",
                 format!(
                     "`{}` is not an address:port (e.g. 127.0.0.1:9464)",
@@ -92,13 +117,13 @@ impl Config {
         if let Some(g) = &d.control_group
             && (g.is_empty() || g.contains(['/', ':', ' ']))
         {
-            return Err(err(
+            errs.push(err(
                 "daemon.control_group",
                 format!("`{g}` is not a group name"),
             ));
         }
         if d.syn_retransmit_window_ms > MAX_SYN_RETRANSMIT_WINDOW_MS {
-            return Err(err(
+            errs.push(err(
                 "daemon.syn_retransmit_window_ms",
                 format!(
                     "{} is outside 0..={MAX_SYN_RETRANSMIT_WINDOW_MS} (0 disables retransmit recognition)",
@@ -107,7 +132,7 @@ impl Config {
             ));
         }
         if !(1..=MAX_STANDING_WINDOW_S).contains(&d.standing_window_s) {
-            return Err(err(
+            errs.push(err(
                 "daemon.standing_window_s",
                 format!(
                     "{} is outside 1..={MAX_STANDING_WINDOW_S}",
@@ -116,7 +141,7 @@ impl Config {
             ));
         }
         if d.handshake_hold_ms > MAX_HANDSHAKE_HOLD_MS {
-            return Err(err(
+            errs.push(err(
                 "daemon.handshake_hold_ms",
                 format!(
                     "{} is outside 0..={MAX_HANDSHAKE_HOLD_MS} (0 measures it)",
@@ -135,7 +160,7 @@ impl Config {
             ),
         ] {
             if v > 1_000_000_000 {
-                return Err(err(
+                errs.push(err(
                     key,
                     format!("{v} is outside 0..=1000000000 (0: no bound)"),
                 ));
@@ -143,40 +168,35 @@ impl Config {
         }
         for (i, iface) in d.interfaces.iter().enumerate() {
             if iface.is_empty() || iface.len() > 15 || iface.contains('/') {
-                return Err(err(
+                errs.push(err(
                     format!("daemon.interfaces[{i}]"),
                     format!("`{iface}` is not a valid interface name"),
                 ));
             }
         }
-        self.validate_classes()?;
-        self.validate_services()?;
-        self.validate_decapsulate()?;
-        self.validate_fleet()?;
-        // Last: a file with a mistake elsewhere hears of that mistake first.
-        self.validate_measure_only()
     }
 
     /// Tunnel ports: each a port, at most [`MAX_TUNNEL_PORTS`] a kind, one kind a port, and
     /// none a QUIC service's (a datagram to it is either a tunnel's or an attempt).
-    fn validate_decapsulate(&self) -> Result<(), ConfigError> {
+    fn validate_decapsulate(&self, errs: &mut Vec<ConfigError>) {
         let mut seen: HashMap<u16, &str> = HashMap::new();
         for (key, ports, _) in self.daemon.decapsulate.port_lists() {
             let field = format!("daemon.decapsulate.{key}");
             if ports.len() > MAX_TUNNEL_PORTS {
-                return Err(err(
-                    field,
+                errs.push(err(
+                    &field,
                     format!("{} ports; at most {MAX_TUNNEL_PORTS}", ports.len()),
                 ));
             }
             for (j, &port) in ports.iter().enumerate() {
                 let field = format!("{field}[{j}]");
                 if port == 0 {
-                    return Err(err(field, "port 0 is not a port"));
+                    errs.push(err(field, "port 0 is not a port"));
+                    continue;
                 }
                 if let Some(other) = seen.insert(port, key) {
-                    return Err(err(
-                        field,
+                    errs.push(err(
+                        &field,
                         format!(
                             "{port} is listed twice (also in {other}): a UDP port carries one kind of tunnel"
                         ),
@@ -187,7 +207,7 @@ impl Config {
                     .iter()
                     .find(|s| s.protocol == Protocol::Quic && s.ports.contains(&port))
                 {
-                    return Err(err(
+                    errs.push(err(
                         field,
                         format!(
                             "UDP port {port} is a port of QUIC service `{}`: a datagram to it \
@@ -198,21 +218,20 @@ impl Config {
                 }
             }
         }
-        Ok(())
     }
 
     /// A file without interfaces would shed nothing: refused unless it says so.
-    fn validate_measure_only(&self) -> Result<(), ConfigError> {
+    fn validate_measure_only(&self, errs: &mut Vec<ConfigError>) {
         let d = &self.daemon;
         match (d.measure_only, d.interfaces.is_empty()) {
-            (false, true) => Err(err(
+            (false, true) => errs.push(err(
                 "daemon.interfaces",
                 "no interface is listed, so nothing would be shed; list the interfaces that \
                  receive the services' traffic (e.g. interfaces = [\"eth0\"]), or set \
                  daemon.measure_only = true to measure, run the controllers and serve status \
                  and metrics without shedding",
             )),
-            (true, false) => Err(err(
+            (true, false) => errs.push(err(
                 "daemon.measure_only",
                 format!(
                     "true attaches to no interface, but daemon.interfaces lists {:?}; remove \
@@ -220,11 +239,11 @@ impl Config {
                     d.interfaces
                 ),
             )),
-            _ => Ok(()),
+            _ => {}
         }
     }
 
-    fn validate_fleet(&self) -> Result<(), ConfigError> {
+    fn validate_fleet(&self, errs: &mut Vec<ConfigError>) {
         let Some(f) = &self.fleet else {
             if let Some((i, s)) = self
                 .services
@@ -232,15 +251,15 @@ impl Config {
                 .enumerate()
                 .find(|(_, s)| s.global_limit.is_some())
             {
-                return Err(err(
+                errs.push(err(
                     format!("service[{i}] ({}).global_limit", s.name),
                     "needs a [fleet] section (the etcd cluster the fleet shares it through)",
                 ));
             }
-            return Ok(());
+            return;
         };
         if f.endpoints.is_empty() {
-            return Err(err(
+            errs.push(err(
                 "fleet.endpoints",
                 "at least one etcd endpoint is needed",
             ));
@@ -250,7 +269,7 @@ impl Config {
                 .strip_prefix("http://")
                 .or_else(|| e.strip_prefix("https://"));
             if rest.is_none_or(|r| r.is_empty() || r.contains('/')) {
-                return Err(err(
+                errs.push(err(
                     format!("fleet.endpoints[{i}]"),
                     format!(
                         "`{e}` is not an etcd client URL (http://host:port or https://host:port)"
@@ -261,7 +280,7 @@ impl Config {
         if let Some(n) = &f.node
             && !valid_name(n)
         {
-            return Err(err(
+            errs.push(err(
                 "fleet.node",
                 format!("`{n}`: use 1 to 64 characters from [A-Za-z0-9._-]"),
             ));
@@ -271,7 +290,7 @@ impl Config {
             || f.prefix.ends_with('/')
             || f.prefix.contains(char::is_whitespace)
         {
-            return Err(err(
+            errs.push(err(
                 "fleet.prefix",
                 format!(
                     "`{}` must start with `/`, not end with one, and hold no spaces",
@@ -280,19 +299,19 @@ impl Config {
             ));
         }
         if !(3..=300).contains(&f.lease_ttl_s) {
-            return Err(err(
+            errs.push(err(
                 "fleet.lease_ttl_s",
                 format!("{} is outside 3..=300", f.lease_ttl_s),
             ));
         }
         if !(f.safety > 0.0 && f.safety <= 1.0) {
-            return Err(err(
+            errs.push(err(
                 "fleet.safety",
                 format!("{} is outside (0, 1]", f.safety),
             ));
         }
         if !(1..=100_000).contains(&f.max_nodes) {
-            return Err(err(
+            errs.push(err(
                 "fleet.max_nodes",
                 format!("{} is outside 1..=100000", f.max_nodes),
             ));
@@ -300,7 +319,7 @@ impl Config {
         let fail_static = f.fail_static().as_millis() as u64;
         let lease_ms = f.etcd_lease_ttl().as_millis() as u64;
         if fail_static < self.daemon.tick_ms || fail_static >= lease_ms {
-            return Err(err(
+            errs.push(err(
                 "fleet.fail_static_ms",
                 format!(
                     "{fail_static} must be at least tick_ms ({}) and below the etcd lease \
@@ -311,7 +330,7 @@ impl Config {
             ));
         }
         if f.reserve_departed_s < f.lease_ttl_s || f.reserve_departed_s > 30 * 86_400 {
-            return Err(err(
+            errs.push(err(
                 "fleet.reserve_departed_s",
                 format!(
                     "{} is outside lease_ttl_s ({})..=2592000 (30 days)",
@@ -320,7 +339,7 @@ impl Config {
             ));
         }
         if self.daemon.heartbeat_timeout_ms >= lease_ms {
-            return Err(err(
+            errs.push(err(
                 "daemon.heartbeat_timeout_ms",
                 format!(
                     "{} must be below the etcd lease (fleet.lease_ttl_s less 1 s: {lease_ms} ms) in \
@@ -331,7 +350,7 @@ impl Config {
             ));
         }
         if !(100..=60_000).contains(&f.timeout_ms) {
-            return Err(err(
+            errs.push(err(
                 "fleet.timeout_ms",
                 format!("{} is outside 100..=60000", f.timeout_ms),
             ));
@@ -352,7 +371,7 @@ impl Config {
         for ((a, has_a), (b, has_b), message) in pairs {
             if has_a != has_b {
                 let missing = if has_a { b } else { a };
-                return Err(err(format!("fleet.{missing}"), message));
+                errs.push(err(format!("fleet.{missing}"), message));
             }
         }
         // etcd's password authentication sends the password in the clear to every endpoint
@@ -360,7 +379,7 @@ impl Config {
         if f.password_file.is_some()
             && let Some(e) = f.endpoints.iter().find(|e| e.starts_with("http://"))
         {
-            return Err(err(
+            errs.push(err(
                 "fleet.password_file",
                 format!(
                     "an etcd password would cross the network in the clear to `{e}`; use https:// \
@@ -371,7 +390,7 @@ impl Config {
         if (f.cert_file.is_some() || f.ca_file.is_some())
             && f.endpoints.iter().any(|e| e.starts_with("http://"))
         {
-            return Err(err(
+            errs.push(err(
                 "fleet.endpoints",
                 "TLS files are set but an endpoint is http://; use https:// endpoints",
             ));
@@ -380,16 +399,15 @@ impl Config {
             if let Some(g) = s.global_limit
                 && (g == 0 || g > LIMIT_CEILING)
             {
-                return Err(err(
+                errs.push(err(
                     format!("service[{i}] ({}).global_limit", s.name),
                     format!("{g} is outside 1..={LIMIT_CEILING}"),
                 ));
             }
         }
-        Ok(())
     }
 
-    fn validate_classes(&self) -> Result<(), ConfigError> {
+    fn validate_classes(&self, errs: &mut Vec<ConfigError>) {
         let mut seen: HashMap<Prefix, &str> = HashMap::new();
         let (mut v4, mut v6) = (0u32, 0u32);
         let mut floors = 0.0;
@@ -398,7 +416,7 @@ impl Config {
             let field = |f: &str| format!("classes.{name}.{f}");
             if id == 0 {
                 if class.floor.is_some() {
-                    return Err(err(
+                    errs.push(err(
                         field("floor"),
                         "critical is never shed by pressure, so it has no floor; bound it with `ceiling`",
                     ));
@@ -406,10 +424,10 @@ impl Config {
                 match class.ceiling {
                     Some(c) if c > 0.0 && c <= 1.0 => {}
                     Some(c) => {
-                        return Err(err(field("ceiling"), format!("{c} is outside (0, 1]")));
+                        errs.push(err(field("ceiling"), format!("{c} is outside (0, 1]")));
                     }
                     None => {
-                        return Err(err(
+                        errs.push(err(
                             field("ceiling"),
                             "critical needs a finite ceiling (never shed by pressure is not unbounded: a flood marked critical must still stop somewhere)",
                         ));
@@ -418,41 +436,46 @@ impl Config {
             } else {
                 if let Some(f) = class.floor {
                     if !(0.0..=1.0).contains(&f) {
-                        return Err(err(field("floor"), format!("{f} is outside [0, 1]")));
+                        errs.push(err(field("floor"), format!("{f} is outside [0, 1]")));
                     }
                     floors += f;
                 }
                 if let Some(c) = class.ceiling
                     && !(c > 0.0 && c <= 1.0)
                 {
-                    return Err(err(field("ceiling"), format!("{c} is outside (0, 1]")));
+                    errs.push(err(field("ceiling"), format!("{c} is outside (0, 1]")));
                 }
                 if let (Some(f), Some(c)) = (class.floor, class.ceiling)
                     && f > c
                 {
-                    return Err(err(
+                    errs.push(err(
                         field("floor"),
                         format!("floor {f} is above the class ceiling {c}"),
                     ));
                 }
             }
             if class.source_prefix_v4 > 32 {
-                return Err(err(
+                errs.push(err(
                     field("source_prefix_v4"),
                     format!("{} is outside 0..=32", class.source_prefix_v4),
                 ));
             }
             if class.source_prefix_v6 > 128 {
-                return Err(err(
+                errs.push(err(
                     field("source_prefix_v6"),
                     format!("{} is outside 0..=128", class.source_prefix_v6),
                 ));
             }
             for (i, s) in class.sources.iter().enumerate() {
-                let p =
-                    Prefix::parse(s).map_err(|m| err(format!("{}[{i}]", field("sources")), m))?;
+                let p = match Prefix::parse(s) {
+                    Ok(p) => p,
+                    Err(m) => {
+                        errs.push(err(format!("{}[{i}]", field("sources")), m));
+                        continue;
+                    }
+                };
                 if let Some(other) = seen.insert(p, name) {
-                    return Err(err(
+                    errs.push(err(
                         format!("{}[{i}]", field("sources")),
                         format!("{p} is already listed under classes.{other}"),
                     ));
@@ -465,25 +488,24 @@ impl Config {
             }
         }
         if floors > 1.0 + 1e-9 {
-            return Err(err(
+            errs.push(err(
                 "classes",
                 format!("the floors add up to {floors:.2}, more than the whole limit"),
             ));
         }
         for (family, n) in [("IPv4", v4), ("IPv6", v6)] {
             if n > MAX_CLASS_RULES {
-                return Err(err(
+                errs.push(err(
                     "classes",
                     format!("{n} {family} source prefixes; the class map holds {MAX_CLASS_RULES}"),
                 ));
             }
         }
-        Ok(())
     }
 
-    fn validate_services(&self) -> Result<(), ConfigError> {
+    fn validate_services(&self, errs: &mut Vec<ConfigError>) {
         if self.services.len() > MAX_SERVICES as usize {
-            return Err(err(
+            errs.push(err(
                 "service",
                 format!(
                     "{} services; the maps hold {MAX_SERVICES}",
@@ -495,11 +517,16 @@ impl Config {
         // (protocol, address or None for any, port) → service name: a TCP and a QUIC
         // service may share an address and port number (one is TCP's, the other UDP's).
         let mut bound: HashMap<(Protocol, Option<IpAddr>, u16), &str> = HashMap::new();
+        // (protocol, port) → the first service bound to it on some address, and the one
+        // bound on any address: an empty `addresses` covers every address, so the two
+        // would claim the same attempts.
+        let mut on_address: HashMap<(Protocol, u16), (&str, IpAddr)> = HashMap::new();
+        let mut on_any: HashMap<(Protocol, u16), &str> = HashMap::new();
         let mut addr_entries = 0u32;
         for (i, s) in self.services.iter().enumerate() {
             let field = |f: &str| format!("service[{i}].{f}");
             if !valid_name(&s.name) {
-                return Err(err(
+                errs.push(err(
                     field("name"),
                     format!(
                         "`{}`: use 1 to 64 characters from [A-Za-z0-9._-] (it becomes a metric label)",
@@ -509,17 +536,18 @@ impl Config {
             }
             let field = |f: &str| format!("service[{i}] ({}).{f}", s.name);
             if !names.insert(s.name.as_str()) {
-                return Err(err(field("name"), "another service has this name"));
+                errs.push(err(field("name"), "another service has this name"));
             }
             if s.ports.is_empty() {
-                return Err(err(field("ports"), "at least one port is needed"));
+                errs.push(err(field("ports"), "at least one port is needed"));
             }
             for (j, &port) in s.ports.iter().enumerate() {
                 if port == 0 {
-                    return Err(err(
+                    errs.push(err(
                         format!("{}[{j}]", field("ports")),
                         "port 0 is not a port",
                     ));
+                    continue;
                 }
                 let targets: Vec<Option<IpAddr>> = if s.addresses.is_empty() {
                     vec![None]
@@ -529,11 +557,39 @@ impl Config {
                 for t in targets {
                     if let Some(other) = bound.insert((s.protocol, t, port), &s.name) {
                         let at = t.map_or("any address".to_string(), |a| a.to_string());
-                        return Err(err(
+                        errs.push(err(
                             format!("{}[{j}]", field("ports")),
                             format!(
                                 "{} port {port} on {at} is already protected by service `{other}`",
                                 s.protocol.transport()
+                            ),
+                        ));
+                    }
+                    let overlap = match t {
+                        Some(a) => {
+                            on_address.entry((s.protocol, port)).or_insert((&s.name, a));
+                            on_any
+                                .get(&(s.protocol, port))
+                                .map(|any| (*any, s.name.as_str(), a))
+                        }
+                        None => {
+                            on_any.entry((s.protocol, port)).or_insert(&s.name);
+                            on_address
+                                .get(&(s.protocol, port))
+                                .map(|&(bound, a)| (s.name.as_str(), bound, a))
+                        }
+                    };
+                    if let Some((any, bound, a)) = overlap
+                        && any != bound
+                    {
+                        errs.push(err(
+                            format!("{}[{j}]", field("ports")),
+                            format!(
+                                "{transport} port {port} is protected on any address by service \
+                                 `{any}` and on {a} by service `{bound}`: an empty `addresses` \
+                                 covers every address, so both would claim the same attempts; \
+                                 give `{any}` its addresses, or make them one service",
+                                transport = s.protocol.transport()
                             ),
                         ));
                     }
@@ -544,38 +600,38 @@ impl Config {
             }
             if let Some(ms) = s.active_window_ms {
                 if s.protocol != Protocol::Quic {
-                    return Err(err(
+                    errs.push(err(
                         field("active_window_ms"),
                         "only a QUIC service (protocol = \"quic\") has an active window",
                     ));
                 }
                 if !(100..=MAX_ACTIVE_WINDOW_MS).contains(&ms) {
-                    return Err(err(
+                    errs.push(err(
                         field("active_window_ms"),
                         format!("{ms} is outside 100..={MAX_ACTIVE_WINDOW_MS}"),
                     ));
                 }
             }
             if s.min_limit == 0 {
-                return Err(err(
+                errs.push(err(
                     field("min_limit"),
                     "must be at least 1, so some traffic always flows and the controller can learn",
                 ));
             }
             if s.max_limit > LIMIT_CEILING {
-                return Err(err(
+                errs.push(err(
                     field("max_limit"),
                     format!("{} is above the supported {LIMIT_CEILING}", s.max_limit),
                 ));
             }
             if s.max_limit < s.min_limit {
-                return Err(err(
+                errs.push(err(
                     field("max_limit"),
                     format!("{} is below min_limit ({})", s.max_limit, s.min_limit),
                 ));
             }
             if s.max_connections > shedder_common::DEFAULT_TRACKED_SOCKETS {
-                return Err(err(
+                errs.push(err(
                     field("max_connections"),
                     format!(
                         "{} is above the {} connections the node tracks",
@@ -585,7 +641,7 @@ impl Config {
                 ));
             }
             if s.max_connections < s.max_limit.min(shedder_common::DEFAULT_TRACKED_SOCKETS) {
-                return Err(err(
+                errs.push(err(
                     field("max_connections"),
                     format!(
                         "{} is below max_limit ({}): every request in service holds a \
@@ -596,7 +652,7 @@ impl Config {
                 ));
             }
             if s.recall_per_second > MAX_RECALL_PER_SECOND {
-                return Err(err(
+                errs.push(err(
                     field("recall_per_second"),
                     format!(
                         "{} is above the supported {MAX_RECALL_PER_SECOND} (0 turns recall off)",
@@ -604,8 +660,10 @@ impl Config {
                     ),
                 ));
             }
-            if s.fallback_limit < s.min_limit || s.fallback_limit > s.max_limit {
-                return Err(err(
+            // Against bounds that contradict each other, these would only repeat that.
+            let bounds_ok = s.min_limit >= 1 && s.min_limit <= s.max_limit;
+            if bounds_ok && (s.fallback_limit < s.min_limit || s.fallback_limit > s.max_limit) {
+                errs.push(err(
                     field("fallback_limit"),
                     format!(
                         "{} is outside [min_limit, max_limit] = [{}, {}]",
@@ -614,9 +672,10 @@ impl Config {
                 ));
             }
             if let Some(f) = s.fixed_limit
+                && bounds_ok
                 && (f < s.min_limit || f > s.max_limit)
             {
-                return Err(err(
+                errs.push(err(
                     field("fixed_limit"),
                     format!(
                         "{f} is outside [min_limit, max_limit] = [{}, {}]",
@@ -627,13 +686,13 @@ impl Config {
             if let Some(r) = s.target_rps
                 && !(r > 0.0 && r.is_finite())
             {
-                return Err(err(
+                errs.push(err(
                     field("target_rps"),
                     format!("{r} must be a positive number"),
                 ));
             }
             if s.target_latency_ms == 0 || s.target_latency_ms > 600_000 {
-                return Err(err(
+                errs.push(err(
                     field("target_latency_ms"),
                     format!("{} is outside 1..=600000", s.target_latency_ms),
                 ));
@@ -641,13 +700,13 @@ impl Config {
             if let Some(cg) = &s.cgroup
                 && (cg.is_empty() || cg.split('/').any(|c| c == ".."))
             {
-                return Err(err(
+                errs.push(err(
                     field("cgroup"),
                     format!("`{cg}` must be a path relative to the cgroup v2 mount, without `..`"),
                 ));
             }
             if s.retry_window_ms > MAX_RETRY_WINDOW_MS {
-                return Err(err(
+                errs.push(err(
                     field("retry_window_ms"),
                     format!(
                         "{} is outside 0..={MAX_RETRY_WINDOW_MS} (0 disables retry recognition)",
@@ -656,14 +715,14 @@ impl Config {
                 ));
             }
             if s.retry_window_ms == 0 && s.demote_retries == Some(true) {
-                return Err(err(
+                errs.push(err(
                     field("demote_retries"),
                     "true has no effect with retry_window_ms = 0 (no attempt is recognised as a retry); \
                      give retry_window_ms a window or remove demote_retries",
                 ));
             }
             if !(0.0..=1.0).contains(&s.retry_budget) {
-                return Err(err(
+                errs.push(err(
                     field("retry_budget"),
                     format!(
                         "{} is outside [0, 1] (a fraction of first attempts; 0 turns the budget off)",
@@ -672,7 +731,7 @@ impl Config {
                 ));
             }
             if !(s.unproven_share > 0.0 && s.unproven_share <= 1.0) {
-                return Err(err(
+                errs.push(err(
                     field("unproven_share"),
                     format!(
                         "{} is outside (0, 1] (a part of each class's share; attempts from sources \
@@ -684,10 +743,11 @@ impl Config {
             for (class, rate) in &s.rate {
                 let f = format!("{}.{class}", field("rate"));
                 if !CLASS_NAMES.contains(&class.as_str()) {
-                    return Err(err(f, format!("unknown class; use one of {CLASS_NAMES:?}")));
+                    errs.push(err(f, format!("unknown class; use one of {CLASS_NAMES:?}")));
+                    continue;
                 }
                 if shedder_common::gcra::BucketParams::new(rate.per_second, rate.burst).is_none() {
-                    return Err(err(
+                    errs.push(err(
                         f,
                         format!(
                             "per_second must be 1..=1e9 and burst at least 1 (got {} and {})",
@@ -698,14 +758,13 @@ impl Config {
             }
         }
         if addr_entries > MAX_ADDR_SERVICES {
-            return Err(err(
+            errs.push(err(
                 "service",
                 format!(
                     "{addr_entries} (address, port) pairs; the address map holds {MAX_ADDR_SERVICES}"
                 ),
             ));
         }
-        Ok(())
     }
 }
 
@@ -1008,9 +1067,60 @@ mod tests {
         let c = Config::parse(&format!(
             "{IFACE}[[service]]\nname = \"a\"\nports = [80]\naddresses = [\"198.18.0.2\"]\n\
              [[service]]\nname = \"b\"\nports = [80]\naddresses = [\"198.18.0.3\"]\n\
-             [[service]]\nname = \"c\"\nports = [80]\n",
+             [[service]]\nname = \"q\"\nprotocol = \"quic\"\nports = [80]\n",
         ));
         assert!(c.is_ok(), "{c:?}");
+    }
+
+    /// docs/configuration.md: an empty `addresses` covers every address, so a service on
+    /// any address and one on an address may not share a port, in either order.
+    #[test]
+    fn a_wildcard_service_and_an_address_bound_one_may_not_share_a_port() {
+        let bound = "[[service]]\nname = \"a\"\nports = [80, 81]\naddresses = [\"198.18.0.2\"]\n";
+        let any = "[[service]]\nname = \"c\"\nports = [81]\n";
+        let e = error_of(&format!("{IFACE}{bound}{any}"));
+        assert!(
+            e.ends_with(
+                "service[1] (c).ports[0]: TCP port 81 is protected on any address by service `c` \
+                 and on 198.18.0.2 by service `a`: an empty `addresses` covers every address, so \
+                 both would claim the same attempts; give `c` its addresses, or make them one \
+                 service"
+            ),
+            "{e}"
+        );
+        let e = error_of(&format!("{IFACE}{any}{bound}"));
+        assert!(
+            e.ends_with(
+                "service[1] (a).ports[1]: TCP port 81 is protected on any address by service `c` \
+                 and on 198.18.0.2 by service `a`: an empty `addresses` covers every address, so \
+                 both would claim the same attempts; give `c` its addresses, or make them one \
+                 service"
+            ),
+            "{e}"
+        );
+    }
+
+    /// A file with several mistakes hears of all of them in one run, each placed.
+    #[test]
+    fn every_problem_of_a_file_is_reported() {
+        let e = Config::parse(
+            "[daemon]\ninterfaces = [\"eth0\"]\ntick_ms = 5\n\
+             [[service]]\nname = \"a\"\nports = [0]\n\
+             [[service]]\nname = \"b\"\nports = [81]\nmin_limit = 50\nmax_limit = 10\n",
+        )
+        .unwrap_err();
+        let all: Vec<String> = e.each().iter().map(|e| e.to_string()).collect();
+        assert_eq!(
+            all,
+            [
+                "line 3, column 11: daemon.tick_ms: 5 is outside 10..=60000",
+                "line 6, column 10: service[0] (a).ports[0]: port 0 is not a port",
+                "line 11, column 13: service[1] (b).max_limit: 10 is below min_limit (50)",
+            ],
+            "{e}"
+        );
+        // The whole text names them one a line, in that order.
+        assert_eq!(e.to_string(), all.join("\n"));
     }
 
     #[test]
