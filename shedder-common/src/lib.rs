@@ -23,6 +23,7 @@ pub mod hist;
 pub mod mask;
 pub mod proof;
 pub mod quic;
+pub mod refusal;
 pub mod table;
 pub mod tunnel;
 pub mod work;
@@ -347,6 +348,9 @@ pub const STAT_QUIC_ANSWERS_NOT_PROVEN: u32 = 19;
 /// the client's sequence proved) was found gone from the kernel's sockets and ended by the
 /// daemon's sweep.
 pub const STAT_CONNECTIONS_SWEPT: u32 = 20;
+/// A sampled refusal ([`refusal`]) found the ring buffer full: the daemon did not drain it
+/// (not running, or stalled), and who was refused then is not known.
+pub const STAT_REFUSAL_SAMPLES_LOST: u32 = 21;
 pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
     "fallback_decisions",
     "rst_errors",
@@ -369,7 +373,7 @@ pub const STAT_NAMES: [&str; NUM_STATS as usize] = [
     "quic_server_ids_learned",
     "quic_answers_not_proven",
     "connections_swept",
-    "reserved21",
+    "refusal_samples_lost",
     "reserved22",
     "reserved23",
     "reserved24",
@@ -429,6 +433,9 @@ pub mod maps {
     /// the daemon creates beside the object's maps. Not in the eBPF object, so not in
     /// [`ALL`].
     pub const LAYOUT: &str = "SHEDDER_LAYOUT";
+    /// Sampled refusals ([`crate::refusal`]): a ring buffer private to one load (not
+    /// pinned, not in [`ALL`]), read by the daemon that loaded it.
+    pub const REFUSALS: &str = "SHEDDER_REFUSALS";
     pub const GLOBALS: &str = "SHEDDER_GLOBALS";
     pub const PORTS: &str = "SHEDDER_PORTS";
     /// UDP port → QUIC service, laid out as [`PORTS`] is for TCP.

@@ -4,7 +4,7 @@
 use aya_ebpf::{
     helpers::generated::{bpf_jiffies64, bpf_ktime_get_ns},
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key},
 };
 use aya_log_ebpf::{
     debug,
@@ -17,9 +17,9 @@ use shedder_common::{
     Inflight, KLOG_LINES_PER_SECOND, LogBudget, MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES,
     MODE_DRY_RUN, NUM_CLASSES, NUM_STATS, POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES,
     PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, STAT_FALLBACK, STAT_LOG_SUPPRESSED,
-    STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_REPLY_LIMITED_PROVEN, STAT_REPLY_LIMITED_UNPROVEN,
-    STAT_RST_ERROR, SYN_SETS, ServiceAddrKey, ServiceCounters, ServicePolicy, VERDICT_DROP,
-    VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
+    STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_REFUSAL_SAMPLES_LOST, STAT_REPLY_LIMITED_PROVEN,
+    STAT_REPLY_LIMITED_UNPROVEN, STAT_RST_ERROR, SYN_SETS, ServiceAddrKey, ServiceCounters,
+    ServicePolicy, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST,
     admit::{self, Attempt, decide},
     classmap,
     csum::{
@@ -39,6 +39,7 @@ use shedder_common::{
         CID_WINDOW, CidWords, FIXED_BIT, HEADER_FORM_LONG, mask_cid, reserved_version,
         version_negotiation_len, version_negotiation_sum,
     },
+    refusal,
     table::{self, Set, WAYS},
 };
 
@@ -193,6 +194,55 @@ const _: () = assert!(ALIVE_RING.is_power_of_two());
 /// verified instructions).
 #[map]
 static SHEDDER_MEMO: PerCpuArray<Memo> = PerCpuArray::with_max_entries(1, 0);
+/// Sampled refusals for the daemon ([`shedder_common::refusal`]); private to one load, as
+/// the daemon that loaded the programs is the one that reads it.
+#[map]
+static SHEDDER_REFUSALS: RingBuf = RingBuf::with_byte_size(refusal::RING_BYTES, 0);
+/// Each CPU's sampling budget (private to one load).
+#[map]
+static SHEDDER_SAMPLER: PerCpuArray<refusal::Sampler> = PerCpuArray::with_max_entries(1, 0);
+
+/// Hand the daemon a refusal of `syn`'s source, within this CPU's sampling budget. The
+/// verdict is the one the policy names (a refusal the reply budget turned into a drop is
+/// sampled as a reset).
+#[inline(always)]
+fn sample_refusal(syn: &Syn, service: u32, class: u32, verdict: u32, reason: u32, proven: u32) {
+    let Some(s) = SHEDDER_SAMPLER.get_ptr_mut(0) else {
+        return;
+    };
+    if !unsafe { (*s).take(bpf_ktime_get_ns()) } {
+        return;
+    }
+    let sample = refusal::Sample {
+        addr: syn.src,
+        service: service as u16,
+        class: class as u8,
+        reason: reason as u8,
+        verdict: verdict as u8,
+        v6: syn.v6 as u8,
+        proven: proven as u8,
+        _pad: 0,
+    };
+    if SHEDDER_REFUSALS
+        .output::<refusal::Sample>(&sample, 0)
+        .is_err()
+    {
+        bump(&SHEDDER_STATS, STAT_REFUSAL_SAMPLES_LOST);
+    }
+}
+
+/// The verdict a refusal meets under `policy`.
+#[inline(always)]
+fn refusal_verdict(policy: &ServicePolicy) -> u32 {
+    if policy.mode == MODE_DRY_RUN {
+        VERDICT_DRY_RUN
+    } else if policy.action == ACTION_RST {
+        VERDICT_RST
+    } else {
+        VERDICT_DROP
+    }
+}
+
 /// Per-CPU kernel-log budget (private to one load; only touched with logging enabled).
 #[map]
 static SHEDDER_LOG_BUDGET: PerCpuArray<LogBudget> = PerCpuArray::with_max_entries(1, 0);
@@ -636,14 +686,16 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             count_decision(service, class, VERDICT_PASS, decision.reason, unique);
             break 'act Outcome::Pass;
         }
+        sample_refusal(
+            &syn,
+            service,
+            class,
+            refusal_verdict(policy),
+            decision.reason,
+            (pool == 0) as u32,
+        );
         if may_log(Level::Debug) {
-            let verdict = if dry_run {
-                VERDICT_DRY_RUN
-            } else if policy.action == ACTION_RST {
-                VERDICT_RST
-            } else {
-                VERDICT_DROP
-            };
+            let verdict = refusal_verdict(policy);
             debug!(
                 &(),
                 "shed port={} service={} class={} verdict={} reason={} class_inflight={} inflight={} limit={} stale={} retransmit={} retry={}",
@@ -1427,6 +1479,14 @@ fn unproven<F: Frame, const QUIC: bool>(
         flow_admitted(service, class, slot, UNPROVEN);
         return Outcome::Pass;
     }
+    sample_refusal(
+        syn,
+        service,
+        class,
+        refusal_verdict(policy),
+        decision.reason,
+        0,
+    );
     if policy.mode == MODE_DRY_RUN {
         count_in(service, 1, class, VERDICT_DRY_RUN, decision.reason, 1);
         return Outcome::Pass;

@@ -232,7 +232,7 @@ fn sighup_reload_applies_a_good_policy_and_keeps_it_when_the_next_is_bad() {
     refused(&pair, HUP_PORT, "after a stop, at the last limit of 6");
 }
 
-const LAYOUT_PORT: u16 = 7603;
+const LAYOUT_PORT: u16 = 7604;
 
 /// Pin a one-entry array of `u32` at `path` (replacing what is there), holding `value`: a
 /// map of another version.

@@ -14,7 +14,7 @@ use std::{
 use shedder_tests::{
     daemon::{Daemon, admitted, busy, pin_dir, refused, settle, shedder_bin, web_config},
     netns::{IFACE, Pair},
-    policy::SERVER_V4,
+    policy::{CLIENT_V4, SERVER_V4},
     require_root,
     tcp::TestServer,
 };
@@ -228,6 +228,31 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
     ];
     settle(&pins, 2);
     refused(&pair, VERBS_PORT, "third under the override of 2");
+
+    // Who is refused: the client, which had proven its address (its connections completed),
+    // in the status the next tick publishes, as JSON and as text.
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let top = loop {
+        let v = status_json(&bin, s);
+        let top = v["services"][0]["refused"]["sources"][0].clone();
+        if !top.is_null() || std::time::Instant::now() > deadline {
+            break top;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(top["source"], CLIENT_V4.to_string(), "{top}");
+    assert_eq!(top["proven"], true, "{top}");
+    let class = top["class"].as_str().expect("a class").to_string();
+    assert!(
+        shedder_common::CLASS_NAMES.contains(&class.as_str()),
+        "{top}"
+    );
+    let r = ok(shedder(&bin, &[], &["status", "--socket", s]));
+    assert!(
+        r.stdout
+            .contains(&format!("sources   {CLIENT_V4} {class} 100%")),
+        "{r:?}"
+    );
 
     // Refusals: exit 2, a message naming the problem, nothing changed.
     let bad: &[(&[&str], &str)] = &[

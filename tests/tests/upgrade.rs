@@ -23,7 +23,7 @@ use shedder_tests::{
     tcp::{TestServer, connect_from},
 };
 
-const PORT: u16 = 7610;
+const PORT: u16 = 7640;
 
 #[test]
 #[ignore = "needs an older version's binary: run `cargo xtask upgrade-check`"]

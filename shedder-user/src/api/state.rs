@@ -148,7 +148,35 @@ pub struct ServiceState {
     /// complete.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub flooded: Vec<String>,
+    /// Who is refused: the heaviest sources and prefixes among the sampled refusals
+    /// (absent before the first sample).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<RefusedState>,
     pub signals: Signals,
+}
+
+/// The heaviest refused sources and prefixes of a service (`signals::refused`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RefusedState {
+    /// Sampled refusals counted, with a half-life of `half_life_s`.
+    pub samples: f64,
+    pub half_life_s: f64,
+    pub sources: Vec<RefusedEntry>,
+    pub prefixes: Vec<RefusedEntry>,
+}
+
+/// A source (`198.18.0.7`) or a prefix (`198.18.0.0/24`) in a class.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RefusedEntry {
+    pub source: String,
+    pub class: String,
+    /// Whether the source had proven its address (completed a handshake recently): an
+    /// unproven address may be forged, and blocking it may block its real owner.
+    pub proven: bool,
+    /// Its share of the sampled refusals (0 to 1).
+    pub share: f64,
+    /// How much of the share may be overstated (the summary's bound).
+    pub share_error: f64,
 }
 
 fn ms(q: &Reading<Quantiles>, pick: fn(&Quantiles) -> Option<f64>) -> String {
@@ -495,8 +523,44 @@ pub fn render(state: &State) -> String {
         }
         render_refusals(&mut out, s);
         render_unproven(&mut out, s);
+        render_refused(&mut out, s);
     }
     out
+}
+
+/// Sources and prefixes shown per service in the text status.
+const REFUSED_SHOWN: usize = 5;
+
+/// The most refused sources and prefixes, when any refusal was sampled.
+fn render_refused(out: &mut String, s: &ServiceState) {
+    let Some(r) = &s.refused else {
+        return;
+    };
+    if r.sources.is_empty() {
+        return;
+    }
+    let line = |e: &RefusedEntry| {
+        format!(
+            "{} {} {:.0}%{}",
+            e.source,
+            e.class,
+            e.share * 100.0,
+            if e.proven {
+                ""
+            } else {
+                " (unproven: may be forged)"
+            }
+        )
+    };
+    let _ = writeln!(
+        out,
+        "  most refused (share of {:.0} sampled refusals, half-life {:.0} s):",
+        r.samples, r.half_life_s
+    );
+    for (what, entries) in [("sources", &r.sources), ("prefixes", &r.prefixes)] {
+        let shown: Vec<String> = entries.iter().take(REFUSED_SHOWN).map(line).collect();
+        let _ = writeln!(out, "    {what:<9} {}", shown.join(", "));
+    }
 }
 
 /// Attempts from sources without standing, when there are any: what became of them, and a

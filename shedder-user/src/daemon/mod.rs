@@ -117,6 +117,11 @@ struct Daemon {
     sweep: sweep::Sweep,
     /// Says which step a stalled tick is stuck in (see [`watchdog`]).
     watchdog: watchdog::Watchdog,
+    /// The packet path's sampled refusals (`None`: the ring could not be opened; said at
+    /// start and in `status`).
+    refusals: Option<crate::kernel::refusals::RefusalReader>,
+    /// When the summaries of who is refused were last aged.
+    refused_aged: Instant,
 }
 
 pub fn run(opts: Options) -> Result<()> {

@@ -5,11 +5,13 @@
 
 use std::time::Duration;
 
-use shedder_common::{CLASS_NAMES, NUM_CLASSES, ServicePolicy};
+use shedder_common::{
+    CLASS_NAMES, NUM_CLASSES, REASON_NAMES, ServicePolicy, VERDICT_NAMES, refusal,
+};
 use tracing::info;
 
 use crate::{
-    api::state::{ClassState, Override as OverrideState, ServiceState},
+    api::state::{ClassState, Override as OverrideState, RefusedEntry, RefusedState, ServiceState},
     config::{Controller as ControllerKind, Service},
     control::{
         capped::{Cap, Capped},
@@ -22,8 +24,14 @@ use crate::{
     },
     fleet,
     kernel::{self, MapWriter, policy::service_policy},
-    signals::Signals,
+    signals::{
+        Signals,
+        refused::{self, Refused},
+    },
 };
+
+/// Sources and prefixes the state lists per service (`status --json`).
+const REFUSED_LISTED: usize = 10;
 
 /// A service's controller under its decorators: the manual override, then the fleet's cap.
 pub type Limiter = Capped<Overridable<Box<dyn Controller>>>;
@@ -63,6 +71,10 @@ pub struct ServiceControl {
     flood: FloodWatch,
     /// Which classes were flooded at the last tick.
     flooded: [bool; NUM_CLASSES],
+    /// Who is refused, from the sampled refusals.
+    refused: Refused,
+    /// When a sampled refusal was last logged (at most one a second).
+    refused_logged: Option<Duration>,
 }
 
 impl ServiceControl {
@@ -125,7 +137,65 @@ impl ServiceControl {
             unproven_need: [0.0; NUM_CLASSES],
             flood: FloodWatch::default(),
             flooded: [false; NUM_CLASSES],
+            refused: Refused::default(),
+            refused_logged: None,
         }
+    }
+
+    /// Count a sampled refusal of this service in its summary of who is refused, and log it
+    /// at debug level, one a second at most.
+    pub fn refused(&mut self, sample: &refusal::Sample, now: Duration) {
+        self.refused.add(sample);
+        let due = self
+            .refused_logged
+            .is_none_or(|t| now.saturating_sub(t) >= Duration::from_secs(1));
+        if due && tracing::enabled!(tracing::Level::DEBUG) {
+            self.refused_logged = Some(now);
+            tracing::debug!(
+                service = %self.cfg.name,
+                source = %refused::source(sample),
+                proven = sample.proven == 1,
+                class = CLASS_NAMES.get(sample.class as usize).copied().unwrap_or("?"),
+                reason = REASON_NAMES.get(sample.reason as usize).copied().unwrap_or("?"),
+                verdict = VERDICT_NAMES.get(sample.verdict as usize).copied().unwrap_or("?"),
+                "refused (one sampled refusal a second at most)"
+            );
+        }
+    }
+
+    /// Let `seconds` pass for the summary of who is refused.
+    pub fn age_refused(&mut self, seconds: f64) {
+        self.refused.decay(seconds);
+    }
+
+    /// The summary of who is refused, for the state.
+    fn refused_state(&self) -> Option<RefusedState> {
+        let samples = self.refused.samples();
+        if samples == 0.0 {
+            return None;
+        }
+        let entry = |h: &refused::Heavy| RefusedEntry {
+            source: if h.key.len == 32 || h.key.len == 128 {
+                h.key.addr.to_string()
+            } else {
+                format!("{}/{}", h.key.addr, h.key.len)
+            },
+            class: CLASS_NAMES
+                .get(h.key.class as usize)
+                .copied()
+                .unwrap_or("?")
+                .into(),
+            proven: h.key.proven,
+            share: (h.count / samples).min(1.0),
+            share_error: (h.error / samples).min(1.0),
+        };
+        let (sources, prefixes) = self.refused.top(REFUSED_LISTED);
+        Some(RefusedState {
+            samples,
+            half_life_s: refused::HALF_LIFE_S,
+            sources: sources.iter().map(entry).collect(),
+            prefixes: prefixes.iter().map(entry).collect(),
+        })
     }
 
     /// A reload's services: one that keeps its name and controller keeps its limit, its
@@ -158,6 +228,7 @@ impl ServiceControl {
                     sc.unproven_need = o.unproven_need;
                     sc.flood = o.flood.clone();
                     sc.flooded = o.flooded;
+                    sc.refused = o.refused.clone();
                 }
                 sc
             })
@@ -396,6 +467,7 @@ impl ServiceControl {
                 .filter(|(_, f)| *f)
                 .map(|(n, _)| n.to_string())
                 .collect(),
+            refused: self.refused_state(),
             signals,
         })
     }

@@ -286,6 +286,18 @@ impl Daemon {
                 None
             }
         };
+        let refusals = match shedder.refusal_reader() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                let why = format!(
+                    "the sampled refusals cannot be read ({e}): status and top cannot say who \
+                     is refused"
+                );
+                warn!("{why}");
+                warnings.push(why);
+                None
+            }
+        };
         let window_ticks = cfg.daemon.signal_window_ms.div_ceil(cfg.daemon.tick_ms) as usize;
         let cgroup_root = psi::cgroup2_mount().ok();
         let reader = SignalReader::new(specs(&cfg, cgroup_root.as_deref()), window_ticks);
@@ -327,6 +339,8 @@ impl Daemon {
                     .map(|a| (a.interface.clone(), a.mode == Attached::XdpNative.as_str())),
             ),
             hold,
+            refusals,
+            refused_aged: Instant::now(),
         })
     }
 }

@@ -16,6 +16,9 @@ use crate::{
     kernel::MapReader as _,
 };
 
+/// Sampled refusals taken per tick at most (the ring holds fewer).
+const MAX_SAMPLES_PER_TICK: usize = 4096;
+
 impl Daemon {
     pub(super) fn tick(&mut self) {
         let now = Instant::now();
@@ -42,6 +45,7 @@ impl Daemon {
                 f.report(&sc.cfg.name, report);
             }
         }
+        self.take_refusals(now);
         self.watchdog.step(Step::Recall);
         self.recall.tick(now, &self.services, &signals);
         self.watchdog.step(Step::Sweep);
@@ -59,6 +63,26 @@ impl Daemon {
         let snapshot = self.snapshot();
         if let Ok(mut m) = self.metrics.lock() {
             *m = Some(snapshot);
+        }
+    }
+
+    /// Count the refusals the packet path sampled since the last tick in their services'
+    /// summaries of who is refused, after aging those by the time that passed.
+    fn take_refusals(&mut self, now: Instant) {
+        let seconds = now.duration_since(self.refused_aged).as_secs_f64();
+        self.refused_aged = now;
+        for sc in &mut self.services {
+            sc.age_refused(seconds);
+        }
+        let Some(reader) = &mut self.refusals else {
+            return;
+        };
+        let t = now.duration_since(self.start);
+        // More than the ring holds: one tick drains it.
+        for sample in reader.drain(MAX_SAMPLES_PER_TICK) {
+            if let Some(sc) = self.services.get_mut(sample.service as usize) {
+                sc.refused(&sample, t);
+            }
         }
     }
 

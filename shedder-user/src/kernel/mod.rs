@@ -34,6 +34,7 @@ pub mod netdev;
 pub mod netns;
 pub mod pins;
 pub mod policy;
+pub mod refusals;
 pub mod seed;
 pub mod sysfs;
 pub mod version;

@@ -10,6 +10,7 @@
 
 pub mod netstat;
 pub mod psi;
+pub mod refused;
 pub mod snmp;
 
 mod reader;
