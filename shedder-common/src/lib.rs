@@ -409,6 +409,9 @@ pub const POLICY_CONFIGURED: u8 = 0xa5;
 /// Per-service mode.
 pub const MODE_ENFORCE: u8 = 0;
 pub const MODE_DRY_RUN: u8 = 1;
+/// Off: every attempt passes, counted as passed; refusals are neither made nor sampled
+/// (`shedder mode SERVICE off`). Any mode the packet path does not know is taken as off.
+pub const MODE_OFF: u8 = 2;
 
 /// Port-map value: low bits hold `service id + 1` of the service listening on any address
 /// (0 = the port is not protected).

@@ -15,7 +15,7 @@ use shedder_common::{
     ACTION_RST, ADDR_KEY_QUIC, ADDR_KEY_TCP, Bucket, CLASS_L1_ENTRIES, CLASS_L2_BLOCKS,
     COUNTERS_PER_SERVICE, ClassBlock, ClassRule, DEMOTED_RESTAMP_NS, DEMOTED_SETS, Globals,
     Inflight, KLOG_LINES_PER_SECOND, LogBudget, MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES,
-    MODE_DRY_RUN, NUM_CLASSES, NUM_STATS, POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES,
+    MODE_DRY_RUN, MODE_ENFORCE, NUM_CLASSES, NUM_STATS, POLICY_CONFIGURED, PORT_HAS_ADDR_SERVICES,
     PORT_MAP_ENTRIES, PORT_SERVICE_MASK, Pending, STAT_FALLBACK, STAT_LOG_SUPPRESSED,
     STAT_NO_POLICY, STAT_RATE_CONTENDED, STAT_REFUSAL_SAMPLES_LOST, STAT_REPLY_LIMITED_PROVEN,
     STAT_REPLY_LIMITED_UNPROVEN, STAT_RST_ERROR, SYN_SETS, ServiceAddrKey, ServiceCounters,
@@ -178,6 +178,14 @@ struct Memo {
     /// A QUIC attempt's flow, and what an admission remembers of it.
     flow_key: FlowKey,
     flow: Flow,
+    /// A refusal to offer the sampler once the decision is done ([`offer_sample`]): 1 when
+    /// `sample` holds one, with the service's mode and action to name its verdict by.
+    /// Taken there, after every path has joined, so that the sampler's branches do not
+    /// multiply what the verifier explores after the decision.
+    sampling: u32,
+    sample_mode: u32,
+    sample_action: u32,
+    sample: refusal::Sample,
 }
 /// Admitted QUIC flows (see [`shedder_common::flow`]).
 #[map]
@@ -202,31 +210,67 @@ static SHEDDER_REFUSALS: RingBuf = RingBuf::with_byte_size(refusal::RING_BYTES, 
 #[map]
 static SHEDDER_SAMPLER: PerCpuArray<refusal::Sampler> = PerCpuArray::with_max_entries(1, 0);
 
-/// Hand the daemon a refusal of `syn`'s source, within this CPU's sampling budget. The
-/// verdict is the one the policy names (a refusal the reply budget turned into a drop is
-/// sampled as a reset).
+/// Note a refusal of `syn`'s source for the sampler ([`offer_sample`]): stores only, no
+/// branch.
 #[inline(always)]
-fn sample_refusal(syn: &Syn, service: u32, class: u32, verdict: u32, reason: u32, proven: u32) {
+fn note_refusal(syn: &Syn, service: u32, class: u32, policy: &ServicePolicy, reason: u32, proven: u32) {
+    let Some(m) = SHEDDER_MEMO.get_ptr_mut(0) else {
+        return;
+    };
+    let sample = refusal::Sample {
+        addr: syn.src,
+        service: service as u16,
+        class: class as u8,
+        reason: reason as u8,
+        verdict: 0,
+        v6: syn.v6 as u8,
+        proven: proven as u8,
+        _pad: 0,
+    };
+    unsafe {
+        core::ptr::write_volatile(&raw mut (*m).sample, sample);
+        core::ptr::write_volatile(&raw mut (*m).sample_mode, policy.mode as u32);
+        core::ptr::write_volatile(&raw mut (*m).sample_action, policy.action as u32);
+        core::ptr::write_volatile(&raw mut (*m).sampling, 1);
+    }
+}
+
+/// Hand the daemon the refusal [`note_refusal`] noted, if any, within this CPU's sampling
+/// budget ([`shedder_common::refusal`]). A service switched off refuses nobody: nothing to
+/// sample.
+#[inline(always)]
+fn offer_sample() {
+    let Some(m) = SHEDDER_MEMO.get_ptr_mut(0) else {
+        return;
+    };
+    if unsafe { core::ptr::read_volatile(&raw const (*m).sampling) } == 0 {
+        return;
+    }
+    unsafe { core::ptr::write_volatile(&raw mut (*m).sampling, 0) };
+    let (mode, action) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*m).sample_mode),
+            core::ptr::read_volatile(&raw const (*m).sample_action),
+        )
+    };
+    let verdict = if mode == MODE_DRY_RUN as u32 {
+        VERDICT_DRY_RUN
+    } else if mode != MODE_ENFORCE as u32 {
+        return;
+    } else if action == ACTION_RST as u32 {
+        VERDICT_RST
+    } else {
+        VERDICT_DROP
+    };
     let Some(s) = SHEDDER_SAMPLER.get_ptr_mut(0) else {
         return;
     };
     if !unsafe { (*s).take(bpf_ktime_get_ns()) } {
         return;
     }
-    let sample = refusal::Sample {
-        addr: syn.src,
-        service: service as u16,
-        class: class as u8,
-        reason: reason as u8,
-        verdict: verdict as u8,
-        v6: syn.v6 as u8,
-        proven: proven as u8,
-        _pad: 0,
-    };
-    if SHEDDER_REFUSALS
-        .output::<refusal::Sample>(&sample, 0)
-        .is_err()
-    {
+    let mut sample = unsafe { core::ptr::read_volatile(&raw const (*m).sample) };
+    sample.verdict = verdict as u8;
+    if SHEDDER_REFUSALS.output::<refusal::Sample>(&sample, 0).is_err() {
         bump(&SHEDDER_STATS, STAT_REFUSAL_SAMPLES_LOST);
     }
 }
@@ -236,6 +280,9 @@ fn sample_refusal(syn: &Syn, service: u32, class: u32, verdict: u32, reason: u32
 fn refusal_verdict(policy: &ServicePolicy) -> u32 {
     if policy.mode == MODE_DRY_RUN {
         VERDICT_DRY_RUN
+    } else if policy.mode != MODE_ENFORCE {
+        // Off (`MODE_OFF`), or a mode this version does not know: passed, fail-open.
+        VERDICT_PASS
     } else if policy.action == ACTION_RST {
         VERDICT_RST
     } else {
@@ -365,13 +412,15 @@ pub fn bump(map: &PerCpuArray<u64>, index: u32) {
 /// one place for the proven and the unproven paths (see `answer_quic`).
 #[inline(always)]
 pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
-    match decide_frame::<F, QUIC>(frame) {
+    let outcome = match decide_frame::<F, QUIC>(frame) {
         Outcome::Negotiate => match SHEDDER_MEMO.get_ptr_mut(0) {
             Some(memo) => answer_quic(frame, memo),
             None => Outcome::Pass,
         },
         other => other,
-    }
+    };
+    offer_sample();
+    outcome
 }
 
 /// [`run`]'s decision, a refused QUIC Initial left as [`Outcome::Negotiate`] with what its
@@ -672,7 +721,8 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
         decision.reason = shedder_common::REASON_RATE;
     }
     let admitted = decision.admit == 1;
-    let dry_run = policy.mode == MODE_DRY_RUN;
+    // Dry run, or off: a refusal passes (counted as a dry-run refusal, or as a pass).
+    let dry_run = policy.mode != MODE_ENFORCE;
     // 1 for a disputed address (`pool_of`): an admission is held with the unproven
     // attempts, and a refusal counted with theirs: its refusals are mostly forged copies,
     // which as proven refusals would read as its class's pressure.
@@ -686,11 +736,11 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
             count_decision(service, class, VERDICT_PASS, decision.reason, unique);
             break 'act Outcome::Pass;
         }
-        sample_refusal(
+        note_refusal(
             &syn,
             service,
             class,
-            refusal_verdict(policy),
+            policy,
             decision.reason,
             (pool == 0) as u32,
         );
@@ -717,7 +767,7 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
                 service,
                 pool,
                 class,
-                VERDICT_DRY_RUN,
+                refusal_verdict(policy),
                 decision.reason,
                 unique,
             );
@@ -1479,16 +1529,16 @@ fn unproven<F: Frame, const QUIC: bool>(
         flow_admitted(service, class, slot, UNPROVEN);
         return Outcome::Pass;
     }
-    sample_refusal(
-        syn,
-        service,
-        class,
-        refusal_verdict(policy),
-        decision.reason,
-        0,
-    );
-    if policy.mode == MODE_DRY_RUN {
-        count_in(service, 1, class, VERDICT_DRY_RUN, decision.reason, 1);
+    note_refusal(syn, service, class, policy, decision.reason, 0);
+    if policy.mode != MODE_ENFORCE {
+        count_in(
+            service,
+            1,
+            class,
+            refusal_verdict(policy),
+            decision.reason,
+            1,
+        );
         return Outcome::Pass;
     }
     if QUIC && policy.action == ACTION_RST && syn.reply == 1 && reply_allowed(globals, 1) {

@@ -401,3 +401,52 @@ pub fn settle(pin_dir: &Path, n: u32) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// What [`probe_while`] saw: attempts made, and attempts admitted.
+#[derive(Default)]
+pub struct Probes {
+    pub made: std::sync::atomic::AtomicU32,
+    pub admitted: std::sync::atomic::AtomicU32,
+}
+
+impl Probes {
+    pub fn made(&self) -> u32 {
+        self.made.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn admitted(&self) -> u32 {
+        self.admitted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Connect to `port` from the client every 5 ms while `during` runs (given the counts so
+/// far): at the limit every probe must be refused, and one admitted is a moment without
+/// protection. Returns what `during` returned, and the counts.
+pub fn probe_while<R>(pair: &Pair, port: u16, during: impl FnOnce(&Probes) -> R) -> (R, Probes) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = AtomicBool::new(false);
+    let probes = Probes::default();
+    let result = std::thread::scope(|s| {
+        s.spawn(|| {
+            pair.client.run(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let a = connect_from(
+                        IpAddr::V4(CLIENT_V4),
+                        IpAddr::V4(SERVER_V4),
+                        port,
+                        Duration::from_secs(1),
+                    );
+                    probes.made.fetch_add(1, Ordering::Relaxed);
+                    if a.result.is_ok() {
+                        probes.admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        });
+        let r = during(&probes);
+        stop.store(true, Ordering::Relaxed);
+        r
+    });
+    (result, probes)
+}

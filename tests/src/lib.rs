@@ -9,6 +9,7 @@ pub mod interrupt;
 pub mod keepalive_lab;
 pub mod load;
 pub mod machine;
+pub mod markdown;
 pub mod netns;
 pub mod packet;
 pub mod peers;

@@ -2,19 +2,15 @@
 //! when it is killed, adoption without a gap when it restarts, clean detach on SIGTERM,
 //! reload that keeps the last good policy, systemd notification and the reload metrics.
 
-use std::{
-    net::IpAddr,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use shedder::kernel::{MapReader, PinnedMaps};
 use shedder_common::STAT_FALLBACK;
 use shedder_tests::{
-    daemon::{Daemon, busy, hold, pin_dir, refused, settle, web_config},
+    daemon::{Daemon, busy, hold, pin_dir, probe_while, refused, settle, web_config},
     netns::{IFACE, Pair},
-    policy::{CLIENT_V4, SERVER_V4},
     require_root,
-    tcp::{TestServer, connect_from},
+    tcp::TestServer,
 };
 
 // Tracking sees every namespace's sockets on a protected port, so tests that may run at
@@ -88,10 +84,7 @@ fn killed_daemon_keeps_its_limits_until_the_heartbeat_times_out_then_falls_back(
 
 #[test]
 fn restart_adopts_the_pinned_attachment_without_a_gap_and_sigterm_detaches() {
-    use std::{
-        os::unix::fs::MetadataExt,
-        sync::atomic::{AtomicBool, AtomicU32, Ordering},
-    };
+    use std::os::unix::fs::MetadataExt;
     require_root();
     shedder_tests::ensure_fs();
     let pair = Pair::new("drst");
@@ -119,42 +112,15 @@ fn restart_adopts_the_pinned_attachment_without_a_gap_and_sigterm_detaches() {
 
     // Probe continuously while the daemon dies and a new one starts: at the limit, every
     // probe must be reset; one admitted probe would be a moment without protection.
-    let stop = AtomicBool::new(false);
-    let (admitted_probes, probes) = (AtomicU32::new(0), AtomicU32::new(0));
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            pair.client.run(|| {
-                while !stop.load(Ordering::Relaxed) {
-                    let a = connect_from(
-                        IpAddr::V4(CLIENT_V4),
-                        IpAddr::V4(SERVER_V4),
-                        RESTART_PORT,
-                        Duration::from_secs(1),
-                    );
-                    probes.fetch_add(1, Ordering::Relaxed);
-                    if a.result.is_ok() {
-                        admitted_probes.fetch_add(1, Ordering::Relaxed);
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            })
-        });
+    let ((), probes) = probe_while(&pair, RESTART_PORT, |_| {
         daemon.kill();
         std::thread::sleep(Duration::from_millis(300));
         daemon.spawn(&pair.server);
         daemon.wait_for_log("adopted the pinned attachment", Duration::from_secs(10));
         std::thread::sleep(Duration::from_millis(300));
-        stop.store(true, Ordering::Relaxed);
     });
-    assert!(
-        probes.load(Ordering::Relaxed) > 20,
-        "the probe ran through the restart"
-    );
-    assert_eq!(
-        admitted_probes.load(Ordering::Relaxed),
-        0,
-        "no gap in protection"
-    );
+    assert!(probes.made() > 20, "the probe ran through the restart");
+    assert_eq!(probes.admitted(), 0, "no gap in protection");
     assert_eq!(
         std::fs::metadata(&link).expect("pinned link").ino(),
         inode,
@@ -255,10 +221,7 @@ fn pin_foreign_array(path: &std::path::Path, value: u32) {
 #[test]
 fn restart_over_another_versions_maps_replaces_them_without_a_gap() {
     use shedder_common::{LAYOUT, maps};
-    use std::{
-        os::unix::fs::MetadataExt,
-        sync::atomic::{AtomicBool, AtomicU32, Ordering},
-    };
+    use std::os::unix::fs::MetadataExt;
     require_root();
     shedder_tests::ensure_fs();
     let pair = Pair::new("dlay");
@@ -292,31 +255,11 @@ fn restart_over_another_versions_maps_replaces_them_without_a_gap() {
         "the tools refuse another version's maps: {refused_read:?}"
     );
 
-    let stop = AtomicBool::new(false);
-    let (admitted_probes, probes) = (AtomicU32::new(0), AtomicU32::new(0));
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            pair.client.run(|| {
-                while !stop.load(Ordering::Relaxed) {
-                    let a = connect_from(
-                        IpAddr::V4(CLIENT_V4),
-                        IpAddr::V4(SERVER_V4),
-                        LAYOUT_PORT,
-                        Duration::from_secs(1),
-                    );
-                    probes.fetch_add(1, Ordering::Relaxed);
-                    if a.result.is_ok() {
-                        admitted_probes.fetch_add(1, Ordering::Relaxed);
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            })
-        });
+    let ((), probes) = probe_while(&pair, LAYOUT_PORT, |_| {
         daemon.spawn(&pair.server);
         // (The log is appended to: the first daemon's "running" is in it already.)
         daemon.wait_for_log("switched to this version's maps", Duration::from_secs(10));
         std::thread::sleep(Duration::from_millis(300));
-        stop.store(true, Ordering::Relaxed);
     });
     let log = daemon.log();
     assert_eq!(log.matches("running services").count(), 2, "{log}");
@@ -326,12 +269,9 @@ fn restart_over_another_versions_maps_replaces_them_without_a_gap() {
             && log.contains("SHEDDER_STATS: type 2, this version's 6, value size 4"),
         "the replacement and its reasons are logged:\n{log}"
     );
-    assert!(
-        probes.load(Ordering::Relaxed) > 20,
-        "the probe ran through the restart"
-    );
+    assert!(probes.made() > 20, "the probe ran through the restart");
     assert_eq!(
-        admitted_probes.load(Ordering::Relaxed),
+        probes.admitted(),
         0,
         "no attempt over the limit admitted while the maps were replaced"
     );

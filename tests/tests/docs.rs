@@ -10,6 +10,7 @@
 //! - Every relative link in `README.md`, `CHANGELOG.md`, `docs/*.md` and `deploy/*.md`
 //!   points to a file that exists and, with a `#fragment`, to a heading in it.
 
+use shedder_tests::markdown::cells;
 use shedder_tests::{read_repo_file, repo_root};
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -65,25 +66,6 @@ impl Key {
 #[derive(Debug)]
 struct Reference {
     sections: Vec<(String, Vec<Key>)>,
-}
-
-/// The cells of a table row, split on `|` not escaped as `\|`, with `\|` unescaped.
-fn cells(row: &str) -> Vec<String> {
-    let inner = row.trim().trim_start_matches('|');
-    let inner = inner.strip_suffix('|').unwrap_or(inner);
-    let mut out = vec![String::new()];
-    let mut chars = inner.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' if chars.peek() == Some(&'|') => {
-                chars.next();
-                out.last_mut().unwrap().push('|');
-            }
-            '|' => out.push(String::new()),
-            c => out.last_mut().unwrap().push(c),
-        }
-    }
-    out.into_iter().map(|c| c.trim().to_string()).collect()
 }
 
 /// The text of a cell that is exactly one code span.

@@ -254,6 +254,79 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
         "{r:?}"
     );
 
+    // A runtime mode switch: audited, shown, kept through `policy apply`, cleared.
+    let enforcement = || status_json(&bin, s)["services"][0]["enforcement"].clone();
+    let r = ok(shedder(
+        &bin,
+        &[],
+        &["mode", "web", "dry-run", "--reason", "drill", "--socket", s],
+    ));
+    assert_eq!(
+        r.stdout,
+        "web: dry-run until cleared (`shedder mode web clear`)\n"
+    );
+    assert_eq!(enforcement(), "dry-run");
+    let r = ok(shedder(&bin, &[], &["status", "--socket", s]));
+    assert!(
+        r.stdout.contains("MODE DRY-RUN (switched by uid 0")
+            && r.stdout
+                .contains(": drill; until cleared; the file says enforce)"),
+        "{r:?}"
+    );
+    held.push(busy(&pair, VERBS_PORT, "third, in dry-run"));
+    ok(shedder_with(
+        &bin,
+        &[],
+        &cfg,
+        &["policy", "apply", "-", "--socket", s],
+    ));
+    assert_eq!(
+        enforcement(),
+        "dry-run",
+        "the switch outlives a policy apply"
+    );
+    ok(shedder(&bin, &[], &["mode", "web", "off", "--socket", s]));
+    assert_eq!(enforcement(), "off");
+    held.push(busy(&pair, VERBS_PORT, "fourth, switched off"));
+    let r = ok(shedder(&bin, &[], &["mode", "web", "clear", "--socket", s]));
+    assert_eq!(
+        r.stdout,
+        "web: mode switch cleared; the configuration's mode is in force\n"
+    );
+    assert_eq!(enforcement(), "enforce");
+    refused(&pair, VERBS_PORT, "enforcing again, over the override of 2");
+    held.truncate(2);
+    settle(&pins, 2);
+    // One that expires: back to the file's mode by itself.
+    ok(shedder(
+        &bin,
+        &[],
+        &["mode", "web", "off", "--ttl", "1s", "--socket", s],
+    ));
+    assert_eq!(enforcement(), "off");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(enforcement(), "enforce", "expired");
+    let log = daemon.log();
+    assert!(
+        log.contains("mode switched") && log.contains("by=expiry"),
+        "audited:\n{log}"
+    );
+    for (args, message) in [
+        (&["mode", "web", "bypass"][..], "invalid value 'bypass'"),
+        (&["mode", "nosuch", "off"][..], "no service named `nosuch`"),
+        (
+            &["mode", "web", "off", "--ttl", "0s"][..],
+            "ttl_s 0: between 1 s and 604800 s",
+        ),
+    ] {
+        let mut a = args.to_vec();
+        a.extend(["--socket", s]);
+        let r = shedder(&bin, &[], &a);
+        assert_eq!(r.code, 2, "{args:?}: {r:?}");
+        assert!(r.stderr.contains(message), "{args:?}: {r:?}");
+    }
+    assert_eq!(enforcement(), "enforce");
+
     // Refusals: exit 2, a message naming the problem, nothing changed.
     let bad: &[(&[&str], &str)] = &[
         (

@@ -5,6 +5,7 @@
 //! where the fixture table is built (`fixtures.rs`).
 
 use shedder::config::Protocol;
+use shedder_tests::markdown::cells;
 use shedder_tests::read_repo_file;
 
 /// How the README names a protocol. A new variant fails to compile here until it is named.
@@ -16,25 +17,6 @@ fn readme_name(p: Protocol) -> &'static str {
 }
 
 const PROTOCOLS: [Protocol; 2] = [Protocol::Tcp, Protocol::Quic];
-
-/// The cells of a markdown table row (`\|` is a `|` inside a cell).
-fn cells(row: &str) -> Vec<String> {
-    let inner = row.trim().trim_start_matches('|');
-    let inner = inner.strip_suffix('|').unwrap_or(inner);
-    let mut out = vec![String::new()];
-    let mut chars = inner.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' if chars.peek() == Some(&'|') => {
-                chars.next();
-                out.last_mut().unwrap().push('|');
-            }
-            '|' => out.push(String::new()),
-            c => out.last_mut().unwrap().push(c),
-        }
-    }
-    out.into_iter().map(|c| c.trim().to_string()).collect()
-}
 
 /// The rows of the table under `## Status`, by area: (works today, limits today, planned).
 fn status_table(readme: &str) -> Vec<(String, [String; 3])> {

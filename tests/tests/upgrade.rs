@@ -8,19 +8,13 @@
 //! upgrade-check` builds from the repository's history and passes in
 //! `SHEDDER_UPGRADE_FROM` (with the revision in `SHEDDER_UPGRADE_REV`).
 
-use std::{
-    net::IpAddr,
-    path::PathBuf,
-    sync::atomic::{AtomicBool, AtomicU32, Ordering},
-    time::Duration,
-};
+use std::{path::PathBuf, time::Duration};
 
 use shedder_tests::{
-    daemon::{Daemon, busy, hold, pin_dir, refused, settle, shedder_bin, web_config},
+    daemon::{Daemon, busy, hold, pin_dir, probe_while, refused, settle, shedder_bin, web_config},
     netns::Pair,
-    policy::{CLIENT_V4, SERVER_V4},
     require_root,
-    tcp::{TestServer, connect_from},
+    tcp::TestServer,
 };
 
 const PORT: u16 = 7640;
@@ -51,29 +45,10 @@ fn upgrade_and_rollback_under_load_leave_no_gap() {
     let mut held = hold(&pair, &pins, PORT, 4);
     refused(&pair, PORT, &format!("at the limit under {rev}"));
 
-    let stop = AtomicBool::new(false);
-    let (admitted, probes) = (AtomicU32::new(0), AtomicU32::new(0));
-    let mut phases = Vec::new();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            pair.client.run(|| {
-                while !stop.load(Ordering::Relaxed) {
-                    let a = connect_from(
-                        IpAddr::V4(CLIENT_V4),
-                        IpAddr::V4(SERVER_V4),
-                        PORT,
-                        Duration::from_secs(1),
-                    );
-                    probes.fetch_add(1, Ordering::Relaxed);
-                    if a.result.is_ok() {
-                        admitted.fetch_add(1, Ordering::Relaxed);
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            })
-        });
+    let (phases, probes) = probe_while(&pair, PORT, |probes| {
+        let mut phases = Vec::new();
         let mut switch = |to: PathBuf, what: &str, adoptions: usize| {
-            let before = probes.load(Ordering::Relaxed);
+            let before = probes.made();
             let status = daemon.terminate();
             assert!(status.success(), "{what}: stop: {status}\n{}", daemon.log());
             daemon.binary = to;
@@ -85,17 +60,32 @@ fn upgrade_and_rollback_under_load_leave_no_gap() {
             );
             daemon.wait_for_log_count("running services", adoptions + 1, Duration::from_secs(20));
             std::thread::sleep(Duration::from_millis(500));
-            phases.push((what.to_string(), probes.load(Ordering::Relaxed) - before));
+            // Which way this version took over: adopting the older maps (the same layout)
+            // or replacing them (another layout).
+            let log = daemon.log();
+            let how = match (
+                adoptions,
+                log.contains("the pinned maps are another version's"),
+            ) {
+                (1, true) => {
+                    assert!(log.contains("switched to this version's maps"), "{log}");
+                    " (replaced the older maps: another layout)"
+                }
+                (1, false) => " (adopted the older maps: the same layout)",
+                _ => "",
+            };
+            phases.push((format!("{what}{how}"), probes.made() - before));
         };
         switch(shedder_bin(), &format!("upgrade {rev} -> this version"), 1);
         switch(older.clone(), &format!("rollback this version -> {rev}"), 2);
-        stop.store(true, Ordering::Relaxed);
+        phases
     });
     for (what, n) in &phases {
         assert!(*n >= 20, "{what}: the probes ran through the switch ({n})");
     }
+
     assert_eq!(
-        admitted.load(Ordering::Relaxed),
+        probes.admitted(),
         0,
         "an attempt over the limit was admitted during {phases:?}:\n{}",
         daemon.log()
@@ -107,6 +97,6 @@ fn upgrade_and_rollback_under_load_leave_no_gap() {
     held.push(busy(&pair, PORT, "after the rollback, under the limit"));
     eprintln!(
         "upgrade-check: {} probes at the limit, none admitted; {phases:?}",
-        probes.load(Ordering::Relaxed)
+        probes.made()
     );
 }

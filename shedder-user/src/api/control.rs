@@ -8,6 +8,8 @@
 //! | `PUT /shedding/policy` | validate a configuration (TOML body) and apply it; a bad one changes nothing |
 //! | `PUT /shedding/override/<service>` | `{"limit": n, "ttl_s": s, "force": false, "reason": "..."}`: a bounded manual limit that expires |
 //! | `DELETE /shedding/override/<service>` | end an override |
+//! | `PUT /shedding/mode/<service>` | `{"mode": "enforce"\|"dry-run"\|"off", "ttl_s": s, "reason": "..."}`: switch the service's mode, through reloads, until cleared or expired (no `ttl_s`: until cleared) |
+//! | `DELETE /shedding/mode/<service>` | end the switch: the file's mode again |
 //! | `POST /shedding/detach` | stop the daemon and detach everything |
 //!
 //! Errors answer `{"error": "...", "field": "...", "line": n}` with 400 (bad input, nothing
@@ -91,6 +93,18 @@ fn default_ttl() -> u64 {
     600
 }
 
+/// A service's mode switched through the API (`shedder mode`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModeRequest {
+    /// `enforce`, `dry-run` or `off`.
+    pub mode: String,
+    /// Seconds until it expires (none: until cleared, or until the daemon stops).
+    #[serde(default)]
+    pub ttl_s: Option<u64>,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
 /// Who is asking (from the socket's peer credentials, as they were at connect time).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peer {
@@ -128,6 +142,17 @@ pub enum Request {
         reply: mpsc::Sender<Result<String, ApiError>>,
     },
     Detach {
+        peer: Peer,
+        reply: mpsc::Sender<Result<String, ApiError>>,
+    },
+    SetMode {
+        service: String,
+        request: ModeRequest,
+        peer: Peer,
+        reply: mpsc::Sender<Result<String, ApiError>>,
+    },
+    ClearMode {
+        service: String,
         peer: Peer,
         reply: mpsc::Sender<Result<String, ApiError>>,
     },
@@ -359,6 +384,27 @@ fn dispatch(
         ("DELETE", p) if p.starts_with("/shedding/override/") => (
             Request::ClearOverride {
                 service: p["/shedding/override/".len()..].to_string(),
+                peer: peer.clone(),
+                reply: tx,
+            },
+            json,
+        ),
+        ("PUT", p) if p.starts_with("/shedding/mode/") => {
+            let request: ModeRequest = serde_json::from_slice(&body)
+                .map_err(|e| ApiError::bad(format!("mode body: {e}")))?;
+            (
+                Request::SetMode {
+                    service: p["/shedding/mode/".len()..].to_string(),
+                    request,
+                    peer: peer.clone(),
+                    reply: tx,
+                },
+                json,
+            )
+        }
+        ("DELETE", p) if p.starts_with("/shedding/mode/") => (
+            Request::ClearMode {
+                service: p["/shedding/mode/".len()..].to_string(),
                 peer: peer.clone(),
                 reply: tx,
             },

@@ -132,9 +132,13 @@ pub struct ServiceState {
     /// (a client on this host, or another interface): counted, not measured.
     #[serde(default)]
     pub unseen_connections: u32,
-    /// `enforce` or `dry-run`.
+    /// The mode in force: `enforce`, `dry-run` or `off` (the runtime switch's while one
+    /// holds, else the file's).
     #[serde(default)]
     pub enforcement: String,
+    /// A mode switched at run time (`shedder mode`), while it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode_switch: Option<ModeSwitchState>,
     /// Fleet mode: this node's ceiling for the service (its share of `global_limit`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet_ceiling: Option<u32>,
@@ -153,6 +157,19 @@ pub struct ServiceState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<RefusedState>,
     pub signals: Signals,
+}
+
+/// A mode switched at run time, for the state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModeSwitchState {
+    pub mode: String,
+    /// The file's mode, which returns when the switch ends.
+    pub file_mode: String,
+    /// Seconds until it expires (`None`: until cleared).
+    pub remaining_s: Option<f64>,
+    pub by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// The heaviest refused sources and prefixes of a service (`signals::refused`).
@@ -433,6 +450,27 @@ pub fn render(state: &State) -> String {
             s.max_limit,
             s.fallback_limit
         );
+        match &s.mode_switch {
+            Some(m) => {
+                let left = m
+                    .remaining_s
+                    .map_or("until cleared".into(), |r| format!("{r:.0} s left"));
+                let _ = writeln!(
+                    out,
+                    "  MODE {} (switched by {}{}; {left}; the file says {})",
+                    m.mode.to_uppercase(),
+                    m.by,
+                    m.reason
+                        .as_deref()
+                        .map_or(String::new(), |r| format!(": {r}")),
+                    m.file_mode
+                );
+            }
+            None if s.enforcement != "enforce" && !s.enforcement.is_empty() => {
+                let _ = writeln!(out, "  MODE {} (configured)", s.enforcement.to_uppercase());
+            }
+            None => {}
+        }
         let _ = writeln!(
             out,
             "  queue age p50/p99 {} / {} ms   latency p50/p99 {} / {} ms   target {} ms",

@@ -8,6 +8,7 @@ mod detach;
 mod doctor;
 mod limit;
 mod manpage;
+mod mode;
 mod paths;
 mod policy;
 mod status;
@@ -175,6 +176,29 @@ enum Command {
     Limit {
         #[command(subcommand)]
         command: LimitCommand,
+    },
+    /// Switch a service to enforce, dry-run or off at run time, or clear the switch.
+    ///
+    /// dry-run decides and counts what would be refused but refuses nothing; off passes
+    /// everything, counted as passed. The switch holds through SIGHUP and `policy apply`
+    /// (it wins over the file's `mode`) until `clear`, its --ttl, or the daemon's stop; it
+    /// is logged with who set it, and shown by status.
+    #[command(after_help = EXIT_CODES)]
+    Mode {
+        /// The service, by its name in the configuration.
+        #[arg(value_name = "SERVICE")]
+        service: String,
+        /// enforce, dry-run, off, or clear (back to the file's mode).
+        #[arg(value_name = "MODE", value_parser = ["enforce", "dry-run", "off", "clear"])]
+        mode: String,
+        /// How long, e.g. 90s, 10m, 2h (default: until cleared).
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Option<Duration>,
+        /// Why (recorded in the audit log and shown by status).
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        target: Target,
     },
     /// Check that this host can run shedder, and say how to fix what is missing.
     ///
@@ -398,6 +422,13 @@ pub fn run(cli: Cli) -> Result<u8> {
         } => status::top(&target, &services, interval, iterations)?,
         Command::Policy { command } => return policy::run(command),
         Command::Limit { command } => limit::run(command)?,
+        Command::Mode {
+            service,
+            mode,
+            ttl,
+            reason,
+            target,
+        } => mode::run(&service, &mode, ttl, reason, &target)?,
         Command::Doctor { config, json } => {
             let config = paths::optional_config(config.as_deref(), &paths::process_env);
             return doctor::run(config.as_deref(), json);

@@ -6,8 +6,11 @@ use tracing::info;
 
 use super::{
     Daemon,
-    service::{Context, OverrideError},
+    service::{Context, ModeSwitch, OverrideError, RunMode},
 };
+
+/// The longest a mode switch may be set for with a ttl: a week.
+const MAX_MODE_TTL_S: u64 = 7 * 24 * 3600;
 use crate::{
     api::control::{self, ApiError, Request},
     config::Config,
@@ -53,6 +56,21 @@ impl Daemon {
                     reply,
                 } => {
                     let _ = reply.send(self.clear_override(&service, &peer));
+                }
+                Request::SetMode {
+                    service,
+                    request,
+                    peer,
+                    reply,
+                } => {
+                    let _ = reply.send(self.set_mode(&service, &request, &peer));
+                }
+                Request::ClearMode {
+                    service,
+                    peer,
+                    reply,
+                } => {
+                    let _ = reply.send(self.clear_mode(&service, &peer.to_string()));
                 }
                 Request::Detach { peer, reply } => {
                     info!(by = %peer, "detach requested over the control socket");
@@ -137,6 +155,92 @@ impl Daemon {
             Err(e) => Err(ApiError::new(
                 500,
                 format!("writing the limits of `{service}`: {e}"),
+            )),
+        }
+    }
+
+    /// Switch a service's mode at run time (see [`ModeSwitch`]), in force in the kernel
+    /// when the answer goes out, and in the audit log.
+    fn set_mode(
+        &mut self,
+        service: &str,
+        req: &control::ModeRequest,
+        peer: &control::Peer,
+    ) -> Result<String, ApiError> {
+        let i = self.service_index(service)?;
+        let mode = RunMode::parse(&req.mode).ok_or_else(|| {
+            let mut e = ApiError::bad(format!("mode `{}`: use enforce, dry-run or off", req.mode));
+            e.field = Some("mode".into());
+            e
+        })?;
+        if let Some(ttl) = req.ttl_s
+            && !(1..=MAX_MODE_TTL_S).contains(&ttl)
+        {
+            let mut e = ApiError::bad(format!(
+                "ttl_s {ttl}: between 1 s and {MAX_MODE_TTL_S} s (7 days), or none for \
+                 until cleared"
+            ));
+            e.field = Some("ttl_s".into());
+            return Err(e);
+        }
+        let now = self.start.elapsed();
+        let switch = ModeSwitch {
+            mode,
+            until: req
+                .ttl_s
+                .map_or(Duration::MAX, |t| now + Duration::from_secs(t)),
+            by: peer.to_string(),
+            reason: req.reason.clone(),
+        };
+        let ctx = Context {
+            ladder: &self.ladder,
+            hz: self.hz,
+            hold: self.hold.duration(self.hz),
+        };
+        let previous = self.services[i]
+            .set_mode(&mut self.shedder, ctx, switch)
+            .map_err(|e| ApiError::new(500, format!("writing the mode of `{service}`: {e}")))?;
+        info!(
+            service = %service,
+            by = %peer,
+            mode = mode.as_str(),
+            previous = previous.as_str(),
+            ttl_s = req.ttl_s,
+            reason = req.reason.as_deref().unwrap_or(""),
+            "mode switched"
+        );
+        Ok(serde_json::json!({
+            "service": service,
+            "mode": mode.as_str(),
+            "previous": previous.as_str(),
+            "ttl_s": req.ttl_s,
+        })
+        .to_string())
+    }
+
+    /// End a service's mode switch (`by` who, or `expired`): the file's mode again.
+    pub(super) fn clear_mode(&mut self, service: &str, by: &str) -> Result<String, ApiError> {
+        let i = self.service_index(service)?;
+        let ctx = Context {
+            ladder: &self.ladder,
+            hz: self.hz,
+            hold: self.hold.duration(self.hz),
+        };
+        match self.services[i].clear_mode(&mut self.shedder, ctx) {
+            Ok(Some(m)) => {
+                info!(
+                    service = %service,
+                    by = %by,
+                    mode = m.mode.as_str(),
+                    now = self.services[i].mode().as_str(),
+                    "mode switch ended"
+                );
+                Ok(r#"{"cleared":true}"#.to_string())
+            }
+            Ok(None) => Ok(r#"{"cleared":false}"#.to_string()),
+            Err(e) => Err(ApiError::new(
+                500,
+                format!("writing the mode of `{service}`: {e}"),
             )),
         }
     }

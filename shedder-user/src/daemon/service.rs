@@ -11,7 +11,10 @@ use shedder_common::{
 use tracing::info;
 
 use crate::{
-    api::state::{ClassState, Override as OverrideState, RefusedEntry, RefusedState, ServiceState},
+    api::state::{
+        ClassState, ModeSwitchState, Override as OverrideState, RefusedEntry, RefusedState,
+        ServiceState,
+    },
     config::{Controller as ControllerKind, Service},
     control::{
         capped::{Cap, Capped},
@@ -29,6 +32,50 @@ use crate::{
         refused::{self, Refused},
     },
 };
+
+/// A service's mode as the packet path applies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunMode {
+    Enforce,
+    /// Decide, count what would be refused, refuse nothing.
+    DryRun,
+    /// Pass everything, counted as passed.
+    Off,
+}
+
+impl RunMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Enforce => "enforce",
+            Self::DryRun => "dry-run",
+            Self::Off => "off",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Enforce, Self::DryRun, Self::Off]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+    }
+
+    fn kernel(self) -> u8 {
+        match self {
+            Self::Enforce => shedder_common::MODE_ENFORCE,
+            Self::DryRun => shedder_common::MODE_DRY_RUN,
+            Self::Off => shedder_common::MODE_OFF,
+        }
+    }
+}
+
+/// A mode switched at run time: in force until `until` (time since the daemon started),
+/// through reloads, whatever the file says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModeSwitch {
+    pub mode: RunMode,
+    pub until: Duration,
+    pub by: String,
+    pub reason: Option<String>,
+}
 
 /// Sources and prefixes the state lists per service (`status --json`).
 const REFUSED_LISTED: usize = 10;
@@ -71,6 +118,8 @@ pub struct ServiceControl {
     flood: FloodWatch,
     /// Which classes were flooded at the last tick.
     flooded: [bool; NUM_CLASSES],
+    /// The mode switched at run time (`shedder mode`), if one holds.
+    mode_switch: Option<ModeSwitch>,
     /// Who is refused, from the sampled refusals.
     refused: Refused,
     /// When a sampled refusal was last logged (at most one a second).
@@ -137,6 +186,7 @@ impl ServiceControl {
             unproven_need: [0.0; NUM_CLASSES],
             flood: FloodWatch::default(),
             flooded: [false; NUM_CLASSES],
+            mode_switch: None,
             refused: Refused::default(),
             refused_logged: None,
         }
@@ -229,6 +279,8 @@ impl ServiceControl {
                     sc.flood = o.flood.clone();
                     sc.flooded = o.flooded;
                     sc.refused = o.refused.clone();
+                    // A runtime switch outlives reloads until it is cleared or expires.
+                    sc.mode_switch = o.mode_switch.clone();
                 }
                 sc
             })
@@ -240,7 +292,7 @@ impl ServiceControl {
     fn policy(&self, ctx: Context<'_>, limit: u32) -> ServicePolicy {
         let s = self.limiter.service(&self.cfg);
         let critical = self.limiter.critical_max(&self.cfg);
-        service_policy(
+        let mut policy = service_policy(
             &s,
             ctx.ladder,
             limit,
@@ -248,7 +300,52 @@ impl ServiceControl {
             critical,
             &std::array::from_fn(|c| self.flooded[c].then_some(self.unproven_need[c])),
             ctx.hz,
-        )
+        );
+        policy.mode = self.mode().kernel();
+        policy
+    }
+
+    /// The mode in force: the runtime switch's while it holds, else the file's.
+    pub fn mode(&self) -> RunMode {
+        match &self.mode_switch {
+            Some(m) => m.mode,
+            None => match self.cfg.mode {
+                crate::config::Mode::Enforce => RunMode::Enforce,
+                crate::config::Mode::DryRun => RunMode::DryRun,
+            },
+        }
+    }
+
+    /// Switch the service's mode at run time until `until` (`shedder mode`), written to the
+    /// kernel at once; returns the mode it replaced.
+    pub fn set_mode(
+        &mut self,
+        w: &mut impl MapWriter,
+        ctx: Context<'_>,
+        switch: ModeSwitch,
+    ) -> kernel::Result<RunMode> {
+        let before = self.mode();
+        self.mode_switch = Some(switch);
+        self.write(w, ctx, self.limit_in_force())?;
+        Ok(before)
+    }
+
+    /// End the runtime switch (cleared, or expired at `now`), back to the file's mode.
+    pub fn clear_mode(
+        &mut self,
+        w: &mut impl MapWriter,
+        ctx: Context<'_>,
+    ) -> kernel::Result<Option<ModeSwitch>> {
+        let cleared = self.mode_switch.take();
+        if cleared.is_some() {
+            self.write(w, ctx, self.limit_in_force())?;
+        }
+        Ok(cleared)
+    }
+
+    /// The runtime switch, if one has expired at `now` (to be cleared).
+    pub fn mode_expired(&self, now: Duration) -> bool {
+        self.mode_switch.as_ref().is_some_and(|m| m.until <= now)
     }
 
     /// A first start on a node that already carries traffic: the controller begins no lower
@@ -434,11 +531,19 @@ impl ServiceControl {
             recall_per_second: self.cfg.recall_per_second,
             recall_errors: 0,
             unseen_connections: 0,
-            enforcement: match self.cfg.mode {
-                crate::config::Mode::Enforce => "enforce",
-                crate::config::Mode::DryRun => "dry-run",
-            }
-            .into(),
+            enforcement: self.mode().as_str().into(),
+            mode_switch: self.mode_switch.as_ref().map(|m| ModeSwitchState {
+                mode: m.mode.as_str().into(),
+                file_mode: match self.cfg.mode {
+                    crate::config::Mode::Enforce => "enforce",
+                    crate::config::Mode::DryRun => "dry-run",
+                }
+                .into(),
+                remaining_s: (m.until != Duration::MAX)
+                    .then(|| m.until.saturating_sub(now).as_secs_f64()),
+                by: m.by.clone(),
+                reason: m.reason.clone(),
+            }),
             fleet_ceiling: self.limiter.cap().map(|c| c.ceiling),
             target_latency_ms: self.cfg.target_latency_ms,
             override_limit: self.override_in_force().map(|o| OverrideState {
@@ -853,6 +958,50 @@ mod tests {
         assert_eq!((o.limit, k.limit()), (60, Some(60)));
         assert_eq!(sc.limit_in_force(), 60);
         assert!(sc.clear_override(&mut k, CTX).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_mode_switch_is_written_at_once_outlives_a_reload_and_ends_back_at_the_file() {
+        let mut k = Kernel::default();
+        let mut sc = ServiceControl::new(0, &service("aimd"), 20, None);
+        sc.initial_policy(CTX);
+        assert_eq!(k.policies.len(), 0);
+        let switch = |mode, until| ModeSwitch {
+            mode,
+            until,
+            by: "uid 0 (pid 1)".into(),
+            reason: Some("drill".into()),
+        };
+        let before = sc
+            .set_mode(&mut k, CTX, switch(RunMode::Off, ms(60_000)))
+            .unwrap();
+        assert_eq!(before, RunMode::Enforce);
+        assert_eq!(k.policies.last().unwrap().1.mode, shedder_common::MODE_OFF);
+        // A reload of the same service keeps the switch, whatever the file's mode.
+        let reloaded = config(
+            "[[service]]\nname = \"web\"\nports = [80]\ncontroller = \"aimd\"\n\
+             min_limit = 1\nmax_limit = 100\nfallback_limit = 10\nmode = \"dry-run\"\n",
+        );
+        let mut after = ServiceControl::carry_over(&[sc], &reloaded.services, |_| None);
+        let sc = &mut after[0];
+        assert_eq!(sc.mode(), RunMode::Off);
+        assert_eq!(
+            sc.state(ms(1_000)).map(|s| s.enforcement),
+            None,
+            "no state before a measurement"
+        );
+        assert!(!sc.mode_expired(ms(59_999)));
+        assert!(sc.mode_expired(ms(60_000)));
+        let ended = sc.clear_mode(&mut k, CTX).unwrap();
+        assert_eq!(ended.map(|m| m.mode), Some(RunMode::Off));
+        assert_eq!(sc.mode(), RunMode::DryRun, "the file's mode again");
+        assert_eq!(
+            k.policies.last().unwrap().1.mode,
+            shedder_common::MODE_DRY_RUN
+        );
+        assert!(sc.clear_mode(&mut k, CTX).unwrap().is_none());
+        assert_eq!(RunMode::parse("dry-run"), Some(RunMode::DryRun));
+        assert_eq!(RunMode::parse("bypass"), None);
     }
 
     #[test]

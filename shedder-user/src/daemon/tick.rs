@@ -31,6 +31,7 @@ impl Daemon {
         let signals = self.reader.tick(&self.shedder, now);
         let t = now.duration_since(self.start);
         self.watchdog.step(Step::Controllers);
+        self.expire_mode_switches(t);
         let ctx = Context {
             ladder: &self.ladder,
             hz: self.hz,
@@ -63,6 +64,21 @@ impl Daemon {
         let snapshot = self.snapshot();
         if let Ok(mut m) = self.metrics.lock() {
             *m = Some(snapshot);
+        }
+    }
+
+    /// End the mode switches whose time is up (logged as the API's clear is).
+    fn expire_mode_switches(&mut self, t: std::time::Duration) {
+        let expired: Vec<String> = self
+            .services
+            .iter()
+            .filter(|sc| sc.mode_expired(t))
+            .map(|sc| sc.cfg.name.clone())
+            .collect();
+        for name in expired {
+            if let Err(e) = self.clear_mode(&name, "expiry") {
+                error!(service = %name, error = %e.error, "ending an expired mode switch");
+            }
         }
     }
 

@@ -129,7 +129,7 @@ pub const METRICS: &[(&str, &str, &[&str], &str)] = &[
         "shedder_enforcement",
         "gauge",
         &["service", "mode"],
-        "1 for the service's enforcement mode: enforce, or dry-run (count what would be shed, shed nothing).",
+        "1 for the service's enforcement mode in force: enforce, dry-run (count what would be shed, shed nothing) or off (pass everything); a runtime switch (`shedder mode`) wins over the file.",
     ),
     (
         "shedder_max_connections",
