@@ -213,7 +213,14 @@ static SHEDDER_SAMPLER: PerCpuArray<refusal::Sampler> = PerCpuArray::with_max_en
 /// Note a refusal of `syn`'s source for the sampler ([`offer_sample`]): stores only, no
 /// branch.
 #[inline(always)]
-fn note_refusal(syn: &Syn, service: u32, class: u32, policy: &ServicePolicy, reason: u32, proven: u32) {
+fn note_refusal(
+    syn: &Syn,
+    service: u32,
+    class: u32,
+    policy: &ServicePolicy,
+    reason: u32,
+    proven: u32,
+) {
     let Some(m) = SHEDDER_MEMO.get_ptr_mut(0) else {
         return;
     };
@@ -270,7 +277,10 @@ fn offer_sample() {
     }
     let mut sample = unsafe { core::ptr::read_volatile(&raw const (*m).sample) };
     sample.verdict = verdict as u8;
-    if SHEDDER_REFUSALS.output::<refusal::Sample>(&sample, 0).is_err() {
+    if SHEDDER_REFUSALS
+        .output::<refusal::Sample>(&sample, 0)
+        .is_err()
+    {
         bump(&SHEDDER_STATS, STAT_REFUSAL_SAMPLES_LOST);
     }
 }
