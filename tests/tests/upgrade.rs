@@ -8,10 +8,14 @@
 //! upgrade-check` builds from the repository's history and passes in
 //! `SHEDDER_UPGRADE_FROM` (with the revision in `SHEDDER_UPGRADE_REV`).
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    io::ErrorKind,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use shedder_tests::{
-    daemon::{Daemon, busy, hold, pin_dir, probe_while, refused, settle, shedder_bin, web_config},
+    daemon::{Daemon, busy, connect, pin_dir, probe_while, refused, shedder_bin, web_config},
     netns::Pair,
     require_root,
     tcp::TestServer,
@@ -41,9 +45,16 @@ fn upgrade_and_rollback_under_load_leave_no_gap() {
     ) + "retry_window_ms = 0\n";
     let mut daemon = Daemon::start_with_binary(&pair.server, "upgrade", &config, &pins, &older);
     daemon.wait_for_log("running", Duration::from_secs(20));
-    // At the limit of 4: every probe below must be refused.
-    let mut held = hold(&pair, &pins, PORT, 4);
-    refused(&pair, PORT, &format!("at the limit under {rev}"));
+    // At the limit of 4: every probe below must be refused. (The in-flight counts are
+    // read from the refusals, not from the maps: this version refuses to read another
+    // layout's.)
+    let mut held: Vec<_> = (0..4)
+        .map(|i| busy(&pair, PORT, &format!("connection {i} of 4 under {rev}")))
+        .collect();
+    until(
+        &format!("at the limit under {rev}"),
+        || matches!(connect(&pair, PORT).result, Err(e) if e.kind() == ErrorKind::ConnectionRefused),
+    );
 
     let (phases, probes) = probe_while(&pair, PORT, |probes| {
         let mut phases = Vec::new();
@@ -93,10 +104,29 @@ fn upgrade_and_rollback_under_load_leave_no_gap() {
     // The older version runs the service again: at the limit, one closed, one admitted.
     refused(&pair, PORT, &format!("after the rollback to {rev}"));
     held.pop();
-    settle(&pins, 3);
-    held.push(busy(&pair, PORT, "after the rollback, under the limit"));
+    until(
+        "one closed after the rollback, under the limit",
+        || match connect(&pair, PORT).result {
+            Ok(mut c) => {
+                use std::io::Write as _;
+                c.write_all(b"h").expect("a request");
+                held.push(c);
+                true
+            }
+            Err(_) => false,
+        },
+    );
     eprintln!(
         "upgrade-check: {} probes at the limit, none admitted; {phases:?}",
         probes.made()
     );
+}
+
+/// Try `done` every 50 ms until it holds (panics after 3 s, naming `what`).
+fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within 3 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

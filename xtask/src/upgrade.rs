@@ -1,11 +1,10 @@
 //! `cargo xtask upgrade-check`: an upgrade and a rollback under load between a version
 //! from the repository's history and this checkout (tests/tests/upgrade.rs).
 //!
-//! The older revision's sources come from `git archive` into
-//! `target/upgrade/src/<rev>/`, and its `shedder` is built there with a target directory
-//! of its own (`target/upgrade/target/`, shared by every revision, so a second check
-//! builds only what changed). Not part of `cargo xtask test`: building another version
-//! takes minutes.
+//! The older revision's sources come from `git archive` into `target/upgrade/<rev>/src/`,
+//! and its `shedder` is built there with a target directory of its own
+//! (`target/upgrade/<rev>/target/`: the first check of a revision builds everything, about
+//! five minutes on 2 cores; a second one nothing). Not part of `cargo xtask test`.
 
 use std::fs;
 
@@ -36,8 +35,8 @@ pub fn run_upgrade_check(args: &UpgradeArgs) -> Result<()> {
     .with_context(|| format!("{} is not a revision of this repository", args.from))?
     .trim()
     .to_string();
-    let base = target_dir().join("upgrade");
-    let src = base.join("src").join(&rev);
+    let base = target_dir().join("upgrade").join(&rev);
+    let src = base.join("src");
     if !src.join("Cargo.toml").is_file() {
         fs::create_dir_all(&src).with_context(|| format!("creating {}", src.display()))?;
         let unpack = format!(
@@ -49,6 +48,9 @@ pub fn run_upgrade_check(args: &UpgradeArgs) -> Result<()> {
             return Err(e.context(format!("unpacking {rev}")));
         }
     }
+    // A target directory per revision: cargo names a workspace member's artifacts by its
+    // path inside the workspace, and git archive dates the files at the commit, so one
+    // shared directory would take an older revision's sources for built already.
     let older_target = base.join("target");
     let mut build = cmd("cargo", ["build", "-p", "shedder-user", "--bin", "shedder"]);
     build
