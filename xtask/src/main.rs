@@ -32,9 +32,15 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Check each dependency by using it as the build and tests do, and install only what
-    /// fails: nightly's rust-src, bpf-linker on the nightly's LLVM, the Debian packages
-    /// behind failing checks (xtask/src/setup.rs DEPS); mount bpffs. Idempotent.
-    Setup,
+    /// fails: the pinned nightly with rust-src, bpf-linker on its LLVM, the Debian packages
+    /// behind failing checks (xtask/src/setup.rs BUILD_DEPS, TEST_DEPS), promtool; mount
+    /// bpffs. Idempotent.
+    Setup {
+        /// Only what building the `shedder` binary needs (the nightly, rust-src,
+        /// bpf-linker, protoc): no test tools, servers or fonts.
+        #[arg(long)]
+        build_only: bool,
+    },
     /// Setup, then build, unit tests, root-only integration tests, clippy (host crates and
     /// the eBPF crate) and rustfmt, with a summary. Non-zero exit if any step fails.
     Test,
@@ -68,7 +74,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = cmd::cargo_bin_on_path().and_then(|()| match &cli.command {
-        Command::Setup => setup::run_all(),
+        Command::Setup { build_only } => setup::run_scope(if *build_only {
+            setup::Scope::Build
+        } else {
+            setup::Scope::All
+        }),
         Command::Test => test::run_all(),
         Command::Demo(args) => bench::run_demo(args),
         Command::Bench { bench } => bench::run_bench(bench),

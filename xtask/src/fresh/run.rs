@@ -15,7 +15,10 @@ use super::{
     host::Host,
     mounts::{mount_pseudo_filesystems, overlay, remove_tree, unmount_under},
 };
-use crate::cmd::{cmd, root, run, stdout};
+use crate::{
+    cmd::{cmd, root, run, stdout},
+    setup,
+};
 
 /// rustup's proxies: links to the `rustup` binary, which acts by the name it is run as.
 const RUSTUP_PROXIES: &[&str] = &[
@@ -109,7 +112,11 @@ impl RunRoot {
         let has_src = fs::read_dir(&toolchains)
             .with_context(|| format!("listing {}", toolchains.display()))?
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("nightly"))
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(setup::EBPF_TOOLCHAIN)
+            })
             .any(|e| {
                 e.path()
                     .join("lib/rustlib/src/rust/library/core/Cargo.toml")
@@ -125,7 +132,10 @@ impl RunRoot {
         run(&mut in_root(
             &self.merged,
             host,
-            "rustup component remove rust-src --toolchain nightly",
+            &format!(
+                "rustup component remove rust-src --toolchain {}",
+                setup::EBPF_TOOLCHAIN
+            ),
         ))
     }
 
