@@ -8,6 +8,7 @@
 
 mod bench;
 mod cmd;
+mod dist;
 mod fresh;
 mod setup;
 mod test;
@@ -63,6 +64,11 @@ enum Command {
     /// per run, HEAD of this checkout cloned into it, both commands run there (chroot).
     /// Root only; not part of `cargo xtask test`. Logs in target/fresh-check/.
     FreshCheck(fresh::FreshArgs),
+    /// Build the release artefacts into target/dist/ (after `setup --build-only`): a
+    /// Debian package (binary, systemd unit, conffile, dashboards, completions, manual
+    /// pages), a static (musl) binary tarball, and SHA256SUMS. `--check` then installs the
+    /// package in a fresh Debian root and uses it there (root only).
+    Dist(dist::DistArgs),
     /// Setup, then an upgrade and a rollback under load: an older revision's daemon (built
     /// from this repository's history under target/upgrade/) protects a service at its
     /// limit, this checkout's daemon takes over its pins, then the older one again, with
@@ -84,6 +90,7 @@ fn main() -> ExitCode {
         Command::Bench { bench } => bench::run_bench(bench),
         Command::VmTest(args) => vm::run_vm_test(args),
         Command::FreshCheck(args) => fresh::run_fresh_check(args),
+        Command::Dist(args) => dist::run_dist(args),
         Command::UpgradeCheck(args) => upgrade::run_upgrade_check(args),
     });
     match result {

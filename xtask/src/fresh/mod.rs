@@ -24,12 +24,12 @@
 //! - `base`: the cached minimal root;
 //! - `run`: one run's overlay over it.
 
-mod base;
-mod chroot;
-mod host;
-mod mounts;
-mod run;
-mod signals;
+pub(crate) mod base;
+pub(crate) mod chroot;
+pub(crate) mod host;
+pub(crate) mod mounts;
+pub(crate) mod run;
+pub(crate) mod signals;
 
 use std::{
     fs,
@@ -52,7 +52,7 @@ use mounts::private_mount_namespace;
 use run::{CLONE, RunRoot};
 use signals::{catch_signals, interrupted};
 
-const HOST_DEPS: &[setup::Dep] = &[dep(
+pub(crate) const HOST_DEPS: &[setup::Dep] = &[dep(
     "debootstrap",
     Probe::Runs("debootstrap", &["--version"]),
     "debootstrap",

@@ -106,6 +106,16 @@ impl RunRoot {
         self.clone_head()
     }
 
+    /// The overlay and the pseudo-filesystems only, with what the host reaches the
+    /// registries with: a fresh machine with no Rust and no checkout, for installing what
+    /// `cargo xtask dist` built.
+    pub fn prepare_plain(&self, base: &Path, host: &Host) -> Result<()> {
+        let d = |s: &str| self.dir.join(s).display().to_string();
+        overlay(base, &d("upper"), &d("work"), &self.merged)?;
+        mount_pseudo_filesystems(&self.merged)?;
+        carry_over(host, &self.merged)
+    }
+
     /// A nightly installed the usual way has no rust-src; setup must add it.
     fn without_rust_src(&self, host: &Host) -> Result<()> {
         let toolchains = self.merged.join("root/.rustup/toolchains");
