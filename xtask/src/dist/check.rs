@@ -17,6 +17,13 @@
 //! under `~/.cache/shedder/dist-root/bullseye`), under an overlay, where the unpacked
 //! binary runs `--version`, `policy validate` of its example, `doctor` and `manpage`
 //! ([`BULLSEYE_SCRIPT`]).
+//!
+//! Last, the OCI image, loaded from its archive and run on the host with podman the way
+//! deploy/kubernetes/shedder.yaml runs it (`image-check.sh`, beside this file): ready,
+//! refusing over its limit on a veth between namespaces, and still refusing after `podman
+//! kill`, its pins left on the host's bpffs. /sys/fs/bpf is made a shared mount first, in
+//! this process's private mount namespace only, as it is on a systemd host, so that the
+//! container's rslave bind of it (HostToContainer) is the host's bpffs.
 
 use std::{
     fs,
@@ -55,7 +62,8 @@ step "shedder policy validate (the tarball's example)"
 step "shedder doctor"
 "$D/bin/shedder" doctor
 step "shedder manpage, completions"
-"$D/bin/shedder" manpage | head -n 3
+"$D/bin/shedder" manpage > /tmp/shedder.1
+head -n 3 /tmp/shedder.1
 "$D/bin/shedder" completions bash | wc -l
 step "the static binary runs on Debian 11"
 "#;
@@ -265,8 +273,50 @@ pub fn run_check(dist: &Path) -> Result<()> {
     result?;
     finished?;
     eprintln!("dist --check: {tarball} runs on Debian 11 ({OLDEST_SUITE})");
+
+    check_image(dist, &logs)
+}
+
+/// The image check's own dependency: runc (see image-check.sh).
+const IMAGE_DEPS: &[setup::Dep] = &[
+    setup::dep(
+        "podman",
+        setup::Probe::Runs("podman", &["--version"]),
+        "podman",
+    ),
+    setup::dep("runc", setup::Probe::Runs("runc", &["--version"]), "runc"),
+];
+
+fn check_image(dist: &Path, logs: &Path) -> Result<()> {
+    let archives: Vec<String> = fs::read_dir(dist)?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("shedder-") && n.ends_with("-oci.tar"))
+        .collect();
+    let [archive] = archives.as_slice() else {
+        bail!(
+            "want one shedder-*-oci.tar in {}, found {archives:?}",
+            dist.display()
+        );
+    };
+    setup::ensure(IMAGE_DEPS)?;
+    let version = archive
+        .trim_start_matches("shedder-")
+        .trim_end_matches("-oci.tar");
+    let tag = super::image_tag(version);
+    crate::cmd::run(
+        Command::new("podman")
+            .args(["load", "--quiet", "-i"])
+            .arg(dist.join(archive)),
+    )?;
+    crate::cmd::run(Command::new("mount").args(["--make-shared", "/sys/fs/bpf"]))?;
+    let mut c = Command::new("sh");
+    c.args(["-c", IMAGE_SCRIPT, "image-check", &tag]);
+    tee(c, &logs.join("image.log"), false)?;
+    eprintln!("dist --check: {archive} runs as the DaemonSet runs it, and fails static");
     Ok(())
 }
+
+const IMAGE_SCRIPT: &str = include_str!("image-check.sh");
 
 /// A minimal root of [`OLDEST_SUITE`] from the host's mirror, made once.
 fn oldest_root(host: &Host, cache: &Path, logs: &Path) -> Result<PathBuf> {

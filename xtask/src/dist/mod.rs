@@ -9,7 +9,10 @@
 //!   and then enables the unit (the package says so when it is installed).
 //! - `shedder-<version>-x86_64-linux-musl.tar.gz`: a static binary (musl; runs on any
 //!   x86-64 Linux with kernel 5.8+, Debian 11 included), with the same files beside it.
-//! - `SHA256SUMS` of both.
+//! - `shedder-<version>-oci.tar`: an OCI image archive (`podman build` of
+//!   deploy/container/Containerfile: FROM scratch, the static binary and the example
+//!   configuration), for deploy/kubernetes/shedder.yaml.
+//! - `SHA256SUMS` of them.
 //!
 //! Only what building needs is installed first (`setup --build-only`), plus the musl C
 //! toolchain (ring compiles C for the static binary). `--check` then installs the package
@@ -49,6 +52,7 @@ const DIST_DEPS: &[setup::Dep] = &[
         Probe::Runs("objdump", &["--version"]),
         "binutils",
     ),
+    dep("podman", Probe::Runs("podman", &["--version"]), "podman"),
 ];
 
 #[derive(Debug, Args)]
@@ -95,8 +99,9 @@ fn build_all(dist: &Path) -> Result<()> {
     let work = dist.join("work");
     let deb = deb::build(&inputs, &work, dist)?;
     let tarball = tarball(&inputs, &work, dist)?;
+    let image = image(&inputs, &work, dist)?;
     fs::remove_dir_all(&work)?;
-    let mut sums = cmd("sha256sum", [&deb, &tarball]);
+    let mut sums = cmd("sha256sum", [&deb, &tarball, &image]);
     sums.current_dir(dist);
     let sums = stdout(&mut sums)?;
     fs::write(dist.join("SHA256SUMS"), &sums)?;
@@ -329,5 +334,37 @@ fn tarball(inputs: &Inputs, work: &Path, dist: &Path) -> Result<PathBuf> {
         .arg("-C")
         .arg(work)
         .arg(&name))?;
+    Ok(PathBuf::from(file))
+}
+
+/// The image's name and tag.
+pub(crate) fn image_tag(version: &str) -> String {
+    format!("localhost/shedder:{version}")
+}
+
+/// The OCI image: `podman build` of deploy/container/Containerfile with the static binary
+/// (debug information stripped) and the example configuration as its context, saved as an
+/// OCI archive.
+fn image(inputs: &Inputs, work: &Path, dist: &Path) -> Result<PathBuf> {
+    let context = work.join("image");
+    fs::create_dir_all(&context)?;
+    let bin = context.join("shedder");
+    fs::copy(&inputs.static_bin, &bin)?;
+    run(Command::new("strip").arg("--strip-debug").arg(&bin))?;
+    fs::copy(
+        crate::cmd::root().join("deploy/shedder.toml"),
+        context.join("shedder.toml"),
+    )?;
+    let tag = image_tag(&inputs.version);
+    run(Command::new("podman")
+        .args(["build", "--quiet", "-t", &tag, "-f"])
+        .arg(crate::cmd::root().join("deploy/container/Containerfile"))
+        .arg(&context))?;
+    let file = format!("shedder-{}-oci.tar", inputs.version);
+    let _ = fs::remove_file(dist.join(&file));
+    run(Command::new("podman")
+        .args(["save", "--format", "oci-archive", "-o"])
+        .arg(dist.join(&file))
+        .arg(&tag))?;
     Ok(PathBuf::from(file))
 }
