@@ -2,6 +2,12 @@
 //! into OUT_DIR, where `src/ebpf.rs` embeds it.
 use anyhow::{Context as _, anyhow};
 
+/// The nightly the eBPF object is built with (`-Z build-std=core` needs a nightly): pinned
+/// to a date, so the object does not change with whatever `nightly` is installed.
+/// `cargo xtask setup` installs it (xtask/src/setup.rs `EBPF_TOOLCHAIN`, which must be the
+/// same; a test of xtask checks it), with rust-src and a bpf-linker on its LLVM.
+const EBPF_TOOLCHAIN: &str = "nightly-2026-05-20";
+
 fn main() -> anyhow::Result<()> {
     let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR")?;
     let root = std::path::Path::new(&manifest_dir)
@@ -15,6 +21,6 @@ fn main() -> anyhow::Result<()> {
             root_dir: root,
             ..Default::default()
         }],
-        aya_build::Toolchain::Custom("nightly"),
+        aya_build::Toolchain::Custom(EBPF_TOOLCHAIN),
     )
 }

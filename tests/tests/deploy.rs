@@ -1301,7 +1301,7 @@ fn unit_runs_the_daemon_with_the_capabilities_and_paths_it_needs() {
     let config_path = start
         .split_once(" run --config ")
         .map(|(bin, cfg)| {
-            assert_eq!(bin, "/usr/local/bin/shedder");
+            assert_eq!(bin, "/usr/bin/shedder");
             cfg.trim().to_string()
         })
         .unwrap_or_else(|| panic!("ExecStart={start}: want `shedder run --config FILE`"));
@@ -1443,7 +1443,7 @@ fn systemd_analyze_verifies_the_unit() {
     let unit = dir.join("shedder.service");
     std::fs::write(
         &unit,
-        read_repo_file(UNIT).replace("/usr/local/bin/shedder", "/bin/true"),
+        read_repo_file(UNIT).replace("/usr/bin/shedder", "/bin/true"),
     )
     .unwrap();
     let out = Command::new("systemd-analyze")

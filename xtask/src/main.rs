@@ -8,6 +8,7 @@
 
 mod bench;
 mod cmd;
+mod dist;
 mod fresh;
 mod setup;
 mod test;
@@ -32,9 +33,15 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Check each dependency by using it as the build and tests do, and install only what
-    /// fails: nightly's rust-src, bpf-linker on the nightly's LLVM, the Debian packages
-    /// behind failing checks (xtask/src/setup.rs DEPS); mount bpffs. Idempotent.
-    Setup,
+    /// fails: the pinned nightly with rust-src, bpf-linker on its LLVM, the Debian packages
+    /// behind failing checks (xtask/src/setup.rs BUILD_DEPS, TEST_DEPS), promtool; mount
+    /// bpffs. Idempotent.
+    Setup {
+        /// Only what building the `shedder` binary needs (the nightly, rust-src,
+        /// bpf-linker, protoc): no test tools, servers or fonts.
+        #[arg(long)]
+        build_only: bool,
+    },
     /// Setup, then build, unit tests, root-only integration tests, clippy (host crates and
     /// the eBPF crate) and rustfmt, with a summary. Non-zero exit if any step fails.
     Test,
@@ -57,6 +64,11 @@ enum Command {
     /// per run, HEAD of this checkout cloned into it, both commands run there (chroot).
     /// Root only; not part of `cargo xtask test`. Logs in target/fresh-check/.
     FreshCheck(fresh::FreshArgs),
+    /// Build the release artefacts into target/dist/ (after `setup --build-only`): a
+    /// Debian package (binary, systemd unit, conffile, dashboards, completions, manual
+    /// pages), a static (musl) binary tarball, and SHA256SUMS. `--check` then installs the
+    /// package in a fresh Debian root and uses it there (root only).
+    Dist(dist::DistArgs),
     /// Setup, then an upgrade and a rollback under load: an older revision's daemon (built
     /// from this repository's history under target/upgrade/) protects a service at its
     /// limit, this checkout's daemon takes over its pins, then the older one again, with
@@ -68,12 +80,17 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = cmd::cargo_bin_on_path().and_then(|()| match &cli.command {
-        Command::Setup => setup::run_all(),
+        Command::Setup { build_only } => setup::run_scope(if *build_only {
+            setup::Scope::Build
+        } else {
+            setup::Scope::All
+        }),
         Command::Test => test::run_all(),
         Command::Demo(args) => bench::run_demo(args),
         Command::Bench { bench } => bench::run_bench(bench),
         Command::VmTest(args) => vm::run_vm_test(args),
         Command::FreshCheck(args) => fresh::run_fresh_check(args),
+        Command::Dist(args) => dist::run_dist(args),
         Command::UpgradeCheck(args) => upgrade::run_upgrade_check(args),
     });
     match result {

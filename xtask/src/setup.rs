@@ -1,5 +1,10 @@
 //! `cargo xtask setup`: install what building, testing and benchmarking need, only where it
 //! is missing. A second run installs nothing and takes well under a second.
+//!
+//! Two sets: what building the `shedder` binary needs ([`BUILD_DEPS`], the pinned nightly
+//! with rust-src, bpf-linker; `cargo xtask setup --build-only`, and all `cargo xtask dist`
+//! uses), and on top of it what the tests, benchmarks and demo need ([`TEST_DEPS`],
+//! promtool, the nightly's clippy, bpffs mounted).
 
 use std::{
     fs,
@@ -42,9 +47,28 @@ pub(crate) const fn dep(what: &'static str, probe: Probe, package: &'static str)
     }
 }
 
-/// What the build, the tests, the benchmarks and the demo use from Debian (found by what
-/// tests/ and xtask run).
-pub const DEPS: &[Dep] = &[
+/// What building the `shedder` binary (default features) uses from Debian. A C compiler
+/// (build-essential, for ring) is taken as given, as on any machine that builds Rust.
+pub const BUILD_DEPS: &[Dep] = &[
+    // etcd-client's build (the `fleet` feature) compiles etcd's protobuf API (prost-build
+    // runs protoc) ...
+    dep(
+        "protoc",
+        Probe::Runs("protoc", &["--version"]),
+        "protobuf-compiler",
+    ),
+    // ... which imports protobuf's well-known types: only a Recommends of
+    // protobuf-compiler.
+    dep(
+        "protoc's well-known types",
+        Probe::Check(protoc_compiles_well_known_imports),
+        "libprotobuf-dev",
+    ),
+];
+
+/// What the tests, the benchmarks and the demo use from Debian besides [`BUILD_DEPS`]
+/// (found by what tests/ and xtask run).
+pub const TEST_DEPS: &[Dep] = &[
     // Namespaces and veth pairs (tests/src/netns.rs).
     dep("ip", Probe::Runs("ip", &["-V"]), "iproute2"),
     // The load test lists sockets inside a namespace.
@@ -93,19 +117,6 @@ pub const DEPS: &[Dep] = &[
         "DejaVu Sans font",
         Probe::File("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"),
         "fonts-dejavu-core",
-    ),
-    // etcd-client's build compiles etcd's protobuf API (prost-build runs protoc) ...
-    dep(
-        "protoc",
-        Probe::Runs("protoc", &["--version"]),
-        "protobuf-compiler",
-    ),
-    // ... which imports protobuf's well-known types: only a Recommends of
-    // protobuf-compiler.
-    dep(
-        "protoc's well-known types",
-        Probe::Check(protoc_compiles_well_known_imports),
-        "libprotobuf-dev",
     ),
     // Fleet mode's tests start a real etcd on loopback (tests/tests/fleet.rs) and set up
     // its authentication with etcdctl.
@@ -199,6 +210,12 @@ impl Probe {
 /// Pinned: a newer bpf-linker may default to another LLVM than the nightly's.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
+/// The nightly the eBPF object is built with: `EBPF_TOOLCHAIN` of shedder-user/build.rs
+/// (a test below checks they agree). Dated, so that every machine builds the object with
+/// the same compiler; `rustc +nightly-2026-05-20 --version` says
+/// `1.97.0-nightly (e50aa6fba 2026-05-19)`.
+pub const EBPF_TOOLCHAIN: &str = "nightly-2026-05-20";
+
 /// Where `promtool` is unpacked, relative to $HOME (tests/tests/deploy.rs looks here).
 pub const PROMTOOL: &str = ".local/share/shedder/tools/promtool";
 
@@ -218,58 +235,110 @@ fn installing(item: &str, why: &str) {
     eprintln!("setup: {item:<STATUS_WIDTH$} installing ({why})");
 }
 
+/// What setup installs: what building needs, or that and what testing needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Building the `shedder` binary (`cargo build`, `cargo xtask dist`).
+    Build,
+    /// Building, the tests, the benchmarks and the demo.
+    All,
+}
+
 pub fn run_all() -> Result<()> {
+    run_scope(Scope::All)
+}
+
+pub fn run_scope(scope: Scope) -> Result<()> {
     let start = Instant::now();
-    nightly_toolchain()?;
+    ebpf_toolchain()?;
     rust_src()?;
     bpf_linker()?;
-    debian_packages()?;
-    promtool()?;
-    mounts()?;
+    ensure(BUILD_DEPS)?;
+    if scope == Scope::All {
+        ebpf_clippy()?;
+        ensure(TEST_DEPS)?;
+        promtool()?;
+        mounts()?;
+    }
     eprintln!("setup: done in {:.1} s", start.elapsed().as_secs_f64());
     Ok(())
 }
 
-/// The eBPF object is built by `cargo +nightly` (shedder-user/build.rs): nightly's rustc
-/// must run.
-fn nightly_toolchain() -> Result<()> {
-    if let Err(why) = probe_command(&mut cmd("rustc", ["+nightly", "--version"])) {
-        bail!(
-            "the `nightly` Rust toolchain does not run ({why}), and it cannot be downloaded \
-             on this machine. The eBPF object is built with nightly (1.97, \
-             -Z build-std=core): install it (`rustup toolchain install nightly`) where a \
-             download is possible, or copy it into $RUSTUP_HOME/toolchains"
-        );
+/// `+nightly-YYYY-MM-DD`, for cargo and rustc.
+pub fn ebpf_plus() -> String {
+    format!("+{EBPF_TOOLCHAIN}")
+}
+
+/// The eBPF object is built by `cargo +EBPF_TOOLCHAIN` (shedder-user/build.rs): that
+/// nightly's rustc must run. rustup installs it (minimal profile, with rust-src) if not.
+fn ebpf_toolchain() -> Result<()> {
+    let item = format!("{EBPF_TOOLCHAIN} toolchain");
+    if probe_command(&mut cmd("rustc", [&ebpf_plus(), "--version"])).is_ok() {
+        ok(&item);
+        return Ok(());
     }
-    ok("nightly toolchain");
-    Ok(())
+    installing(&item, "rustup");
+    run(&mut cmd(
+        "rustup",
+        [
+            "toolchain",
+            "install",
+            EBPF_TOOLCHAIN,
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ],
+    ))?;
+    probe_command(&mut cmd("rustc", [&ebpf_plus(), "--version"]))
+        .map_err(|why| anyhow::anyhow!("{EBPF_TOOLCHAIN} does not run after installing: {why}"))
 }
 
 /// What `-Z build-std=core` compiles: core's sources in the nightly's sysroot.
 fn core_sources() -> Result<PathBuf> {
-    let sysroot = stdout(&mut cmd("rustc", ["+nightly", "--print", "sysroot"]))?;
+    let sysroot = stdout(&mut cmd("rustc", [&ebpf_plus(), "--print", "sysroot"]))?;
     Ok(Path::new(sysroot.trim()).join("lib/rustlib/src/rust/library/core/Cargo.toml"))
 }
 
 fn rust_src() -> Result<()> {
-    let item = "rust-src (nightly)";
+    let item = format!("rust-src ({EBPF_TOOLCHAIN})");
     let core = core_sources()?;
     if core.is_file() {
-        ok(item);
+        ok(&item);
         return Ok(());
     }
-    installing(item, &format!("no {}", core.display()));
+    installing(&item, &format!("no {}", core.display()));
     run(&mut cmd(
         "rustup",
-        ["component", "add", "rust-src", "--toolchain", "nightly"],
+        [
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            EBPF_TOOLCHAIN,
+        ],
     ))?;
     if !core_sources()?.is_file() {
         bail!(
-            "{} is still missing after `rustup component add rust-src --toolchain nightly`",
+            "{} is still missing after `rustup component add rust-src --toolchain {EBPF_TOOLCHAIN}`",
             core.display()
         );
     }
     Ok(())
+}
+
+/// `cargo xtask test` lints the eBPF crate with the nightly's clippy.
+fn ebpf_clippy() -> Result<()> {
+    let item = format!("clippy ({EBPF_TOOLCHAIN})");
+    if probe_command(&mut cmd("cargo", [&ebpf_plus(), "clippy", "--version"])).is_ok() {
+        ok(&item);
+        return Ok(());
+    }
+    installing(&item, "rustup");
+    run(&mut cmd(
+        "rustup",
+        ["component", "add", "clippy", "--toolchain", EBPF_TOOLCHAIN],
+    ))
 }
 
 /// The nightly toolchain's shared LLVM library.
@@ -280,7 +349,7 @@ struct NightlyLlvm {
 }
 
 fn nightly_llvm() -> Result<NightlyLlvm> {
-    let sysroot = stdout(&mut cmd("rustc", ["+nightly", "--print", "sysroot"]))?;
+    let sysroot = stdout(&mut cmd("rustc", [&ebpf_plus(), "--print", "sysroot"]))?;
     let lib_dir = Path::new(sysroot.trim()).join("lib");
     let mut libs: Vec<PathBuf> = fs::read_dir(&lib_dir)
         .with_context(|| format!("listing {}", lib_dir.display()))?
@@ -299,12 +368,14 @@ fn nightly_llvm() -> Result<NightlyLlvm> {
             lib_dir.display()
         ),
     };
-    let version = stdout(&mut cmd("rustc", ["+nightly", "-vV"]))?;
+    let version = stdout(&mut cmd("rustc", [&ebpf_plus(), "-vV"]))?;
     let major = version
         .lines()
         .find_map(|l| l.strip_prefix("LLVM version:"))
         .and_then(|v| v.trim().split('.').next()?.parse().ok())
-        .context("`rustc +nightly -vV` prints no `LLVM version: N.…` line")?;
+        .with_context(|| {
+            format!("`rustc +{EBPF_TOOLCHAIN} -vV` prints no `LLVM version: N.…` line")
+        })?;
     Ok(NightlyLlvm { lib, major })
 }
 
@@ -416,10 +487,6 @@ fn debian_package_installed(pkg: &str) -> Result<bool> {
         && String::from_utf8_lossy(&out.stdout).trim() == "install ok installed")
 }
 
-fn debian_packages() -> Result<()> {
-    ensure(DEPS)
-}
-
 /// Check each of `deps`; install the packages of those that fail (apt-get, as root), then
 /// check those again. When everything is there this only runs the checks.
 pub(crate) fn ensure(deps: &[Dep]) -> Result<()> {
@@ -453,7 +520,7 @@ pub(crate) fn ensure(deps: &[Dep]) -> Result<()> {
     if !still.is_empty() {
         bail!(
             "still failing after `apt-get install {}`: {}. The package installed but does not \
-             provide what is checked: see xtask/src/setup.rs DEPS",
+             provide what is checked: see BUILD_DEPS and TEST_DEPS in xtask/src/setup.rs",
             packages.join(" "),
             still.join("; ")
         );
@@ -616,8 +683,21 @@ mod tests {
     }
 
     #[test]
+    fn the_ebpf_toolchain_is_the_one_build_rs_uses() {
+        let build_rs = fs::read_to_string(crate::cmd::root().join("shedder-user/build.rs"))
+            .expect("reading shedder-user/build.rs");
+        let line = format!("const EBPF_TOOLCHAIN: &str = \"{EBPF_TOOLCHAIN}\";");
+        assert!(
+            build_rs.contains(&line),
+            "shedder-user/build.rs must say `{line}`"
+        );
+        assert!(build_rs.contains("Toolchain::Custom(EBPF_TOOLCHAIN)"));
+    }
+
+    #[test]
     fn every_dependency_names_one_package_and_a_unique_use() {
-        for (i, d) in DEPS.iter().enumerate() {
+        let deps: Vec<&Dep> = BUILD_DEPS.iter().chain(TEST_DEPS).collect();
+        for (i, d) in deps.iter().enumerate() {
             assert!(
                 !d.package.is_empty() && !d.package.contains(char::is_whitespace),
                 "{}",
@@ -625,7 +705,7 @@ mod tests {
             );
             assert!(d.what.len() <= STATUS_WIDTH, "{} is too long", d.what);
             assert!(
-                DEPS[..i].iter().all(|e| e.what != d.what),
+                deps[..i].iter().all(|e| e.what != d.what),
                 "{} twice",
                 d.what
             );

@@ -73,7 +73,7 @@ const STEPS: &[Step] = &[
         required: false,
         run: || {
             run(&mut cargo([
-                "+nightly",
+                &setup::ebpf_plus(),
                 "clippy",
                 "-p",
                 "shedder-ebpf",

@@ -96,7 +96,7 @@ impl Fleet {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "fleet"))]
 mod tests {
     use super::super::{Config, fixtures::*};
 

@@ -244,6 +244,25 @@ impl Config {
     }
 
     fn validate_fleet(&self, errs: &mut Vec<ConfigError>) {
+        // A build without the etcd client refuses fleet settings rather than run without
+        // the global bound they ask for.
+        if !crate::fleet::AVAILABLE {
+            if self.fleet.is_some() {
+                errs.push(err("fleet", crate::fleet::UNAVAILABLE));
+            }
+            if let Some((i, s)) = self
+                .services
+                .iter()
+                .enumerate()
+                .find(|(_, s)| s.global_limit.is_some())
+            {
+                errs.push(err(
+                    format!("service[{i}] ({}).global_limit", s.name),
+                    crate::fleet::UNAVAILABLE,
+                ));
+            }
+            return;
+        }
         let Some(f) = &self.fleet else {
             if let Some((i, s)) = self
                 .services
@@ -802,6 +821,37 @@ mod tests {
     }
 
     #[test]
+    #[cfg(not(feature = "fleet"))]
+    fn a_build_without_fleet_mode_refuses_fleet_settings() {
+        let refusal = |text: &str| Config::parse(text).unwrap_err().to_string();
+        let e = refusal(&format!("{IFACE}{FLEET}{SHARED}"));
+        assert!(
+            e.starts_with("line 3, column 1: fleet: this build has no fleet mode"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "\nline 10, column 16: service[0] (db).global_limit: this build has no fleet mode"
+            ),
+            "{e}"
+        );
+        // A global_limit alone says the same, not "needs a [fleet] section".
+        let e = refusal(&format!("{IFACE}{SHARED}"));
+        assert!(
+            e.starts_with(
+                "line 6, column 16: service[0] (db).global_limit: this build has no fleet mode"
+            ),
+            "{e}"
+        );
+        // Without either, nothing changes.
+        Config::parse(&format!(
+            "{IFACE}[[service]]\nname = \"db\"\nports = [5432]\n"
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    #[cfg(feature = "fleet")]
     fn bad_fleet_settings_name_the_field() {
         let cases: &[(String, &str)] = &[
             (

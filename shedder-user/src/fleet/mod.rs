@@ -51,9 +51,21 @@
 //! ranges, a member's need is capped by what it proved it holds, its claim counts only as
 //! far as this node's views granted it, departed reserves are bounded each and in all.
 
+//! ## Builds without fleet mode
+//!
+//! The etcd client is the `fleet` cargo feature (on by default; its build needs protoc).
+//! Without it, the pure parts here (shares, views, trust) are still built and tested, but
+//! [`Handle`] is a type with no values and [`probe`] fails: a configuration with a
+//! `[fleet]` section is refused when it is validated (see [`UNAVAILABLE`]), so neither is
+//! ever reached with one.
+
+#[cfg(not(feature = "fleet"))]
+mod absent;
+#[cfg(feature = "fleet")]
 mod agent;
 mod demand;
 mod records;
+#[cfg(feature = "fleet")]
 mod settings;
 mod shares;
 mod state;
@@ -62,14 +74,26 @@ pub mod view;
 
 use crate::config::Config;
 
+#[cfg(not(feature = "fleet"))]
+pub use absent::{Handle, probe};
+#[cfg(feature = "fleet")]
 pub use agent::Handle;
 pub use demand::{DEFAULT_HOLD, Demand, Smoother};
 pub use records::{Departed, Record};
+#[cfg(feature = "fleet")]
 pub use settings::{node_name, probe};
 pub use shares::{
     Want, budget, by_demand, claim, next_ceiling, next_ceiling_by_demand, static_share, target,
 };
 pub use state::{Cap, FleetState, NodeShare, Report, ServiceShare};
+
+/// Whether this build has fleet mode (the `fleet` feature).
+pub const AVAILABLE: bool = cfg!(feature = "fleet");
+
+/// Why a configuration with `[fleet]` is refused by a build without fleet mode.
+pub const UNAVAILABLE: &str = "this build has no fleet mode (shedder was built without the \
+     `fleet` feature, which brings the etcd client): remove the [fleet] section and every \
+     global_limit, or install a build with fleet mode";
 
 /// One service shared by the fleet, as this node configures it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,7 +118,7 @@ pub fn shared_services(cfg: &Config) -> Vec<SharedService> {
         .collect()
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "fleet"))]
 mod tests {
     use super::*;
 

@@ -44,6 +44,8 @@ pub struct Departed {
     pub since_unix_ms: u64,
 }
 
+/// Now, in ms since the Unix epoch (the agent's clock for departed records).
+#[cfg(feature = "fleet")]
 pub(super) fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

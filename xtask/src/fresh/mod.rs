@@ -24,12 +24,12 @@
 //! - `base`: the cached minimal root;
 //! - `run`: one run's overlay over it.
 
-mod base;
-mod chroot;
-mod host;
-mod mounts;
-mod run;
-mod signals;
+pub(crate) mod base;
+pub(crate) mod chroot;
+pub(crate) mod host;
+pub(crate) mod mounts;
+pub(crate) mod run;
+pub(crate) mod signals;
 
 use std::{
     fs,
@@ -52,7 +52,7 @@ use mounts::private_mount_namespace;
 use run::{CLONE, RunRoot};
 use signals::{catch_signals, interrupted};
 
-const HOST_DEPS: &[setup::Dep] = &[dep(
+pub(crate) const HOST_DEPS: &[setup::Dep] = &[dep(
     "debootstrap",
     Probe::Runs("debootstrap", &["--version"]),
     "debootstrap",
@@ -65,13 +65,29 @@ const TAIL_LINES: usize = 40;
 enum Readme {
     Test,
     Demo,
+    /// `cargo xtask setup --build-only`, then `cargo build -p shedder-user`: the build set
+    /// alone is enough, and it installs none of the test set's packages.
+    Build,
 }
+
+/// Packages only the tests, benchmarks and demo need: `setup --build-only` must install
+/// none of them.
+const TEST_ONLY_PACKAGES: &[&str] = &[
+    "haproxy",
+    "nginx",
+    "etcd-server",
+    "wrk",
+    "fonts-dejavu-core",
+    "nghttp2-client",
+    "python3-prometheus-client",
+];
 
 impl Readme {
     fn step(self) -> &'static str {
         match self {
             Self::Test => "cargo xtask test (in the root)",
             Self::Demo => "cargo xtask demo (in the root)",
+            Self::Build => "setup --build-only, cargo build (in the root)",
         }
     }
 
@@ -79,6 +95,17 @@ impl Readme {
         let sub = match self {
             Self::Test => "test",
             Self::Demo => "demo",
+            Self::Build => {
+                return format!(
+                    "cd {CLONE} && cargo xtask setup --build-only && \
+                     cargo build -p shedder-user && ./target/debug/shedder --version && \
+                     for p in {}; do \
+                       if dpkg-query -W -f='${{Status}}' $p 2>/dev/null | grep -q 'ok installed'; then \
+                         echo \"setup --build-only installed $p\"; exit 1; fi; done && \
+                     echo '=== build set: built, and no test package installed'",
+                    TEST_ONLY_PACKAGES.join(" ")
+                );
+            }
         };
         format!("cd {CLONE} && exec cargo xtask {sub}")
     }
@@ -87,6 +114,7 @@ impl Readme {
         match self {
             Self::Test => "test.log",
             Self::Demo => "demo.log",
+            Self::Build => "build.log",
         }
     }
     /// The line that starts the command's own summary in its output.
@@ -94,6 +122,7 @@ impl Readme {
         match self {
             Self::Test => "=== summary",
             Self::Demo => "== Summary",
+            Self::Build => "=== build set",
         }
     }
 }

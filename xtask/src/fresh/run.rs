@@ -15,7 +15,10 @@ use super::{
     host::Host,
     mounts::{mount_pseudo_filesystems, overlay, remove_tree, unmount_under},
 };
-use crate::cmd::{cmd, root, run, stdout};
+use crate::{
+    cmd::{cmd, root, run, stdout},
+    setup,
+};
 
 /// rustup's proxies: links to the `rustup` binary, which acts by the name it is run as.
 const RUSTUP_PROXIES: &[&str] = &[
@@ -103,13 +106,27 @@ impl RunRoot {
         self.clone_head()
     }
 
+    /// The overlay and the pseudo-filesystems only, with what the host reaches the
+    /// registries with: a fresh machine with no Rust and no checkout, for installing what
+    /// `cargo xtask dist` built.
+    pub fn prepare_plain(&self, base: &Path, host: &Host) -> Result<()> {
+        let d = |s: &str| self.dir.join(s).display().to_string();
+        overlay(base, &d("upper"), &d("work"), &self.merged)?;
+        mount_pseudo_filesystems(&self.merged)?;
+        carry_over(host, &self.merged)
+    }
+
     /// A nightly installed the usual way has no rust-src; setup must add it.
     fn without_rust_src(&self, host: &Host) -> Result<()> {
         let toolchains = self.merged.join("root/.rustup/toolchains");
         let has_src = fs::read_dir(&toolchains)
             .with_context(|| format!("listing {}", toolchains.display()))?
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("nightly"))
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(setup::EBPF_TOOLCHAIN)
+            })
             .any(|e| {
                 e.path()
                     .join("lib/rustlib/src/rust/library/core/Cargo.toml")
@@ -125,7 +142,10 @@ impl RunRoot {
         run(&mut in_root(
             &self.merged,
             host,
-            "rustup component remove rust-src --toolchain nightly",
+            &format!(
+                "rustup component remove rust-src --toolchain {}",
+                setup::EBPF_TOOLCHAIN
+            ),
         ))
     }
 

@@ -26,8 +26,9 @@ use netlink_sys::{
 pub const XDP_ATTACHED_DRV: u8 = 1;
 /// The sequence number of every request; replies to anything else are skipped.
 const SEQ: u32 = 0x5eed;
-/// How long a request waits for its reply.
-const REPLY_TIMEOUT_SECS: libc::time_t = 2;
+/// How long a request waits for its reply. Not a `libc::time_t`: the libc crate marks that
+/// alias deprecated on musl (the static build), whose time_t changed width in musl 1.2.
+const REPLY_TIMEOUT_SECS: u8 = 2;
 
 /// An XDP program attached to an interface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -248,7 +249,7 @@ where
     socket.bind_auto()?;
     socket.connect(&SocketAddr::new(0, 0))?;
     let timeout = libc::timeval {
-        tv_sec: REPLY_TIMEOUT_SECS,
+        tv_sec: REPLY_TIMEOUT_SECS.into(),
         tv_usec: 0,
     };
     // SAFETY: a valid timeval of the size given, on a socket we own.
