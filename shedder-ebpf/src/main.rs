@@ -94,7 +94,8 @@ fn xdp_verdict(outcome: Outcome) -> u32 {
         | Outcome::ToQuic
         | Outcome::ToTrack
         | Outcome::Flow(_)
-        | Outcome::Negotiate => xdp_action::XDP_PASS,
+        | Outcome::Negotiate
+        | Outcome::PassRefused => xdp_action::XDP_PASS,
         Outcome::Drop => xdp_action::XDP_DROP,
         Outcome::Reply => xdp_action::XDP_TX,
     }
@@ -271,7 +272,8 @@ fn tc_verdict(ctx: &TcContext, outcome: Outcome) -> i32 {
         | Outcome::ToQuic
         | Outcome::ToTrack
         | Outcome::Flow(_)
-        | Outcome::Negotiate => TC_ACT_OK,
+        | Outcome::Negotiate
+        | Outcome::PassRefused => TC_ACT_OK,
         Outcome::Drop => TC_ACT_SHOT,
         // Send the answer back out of the interface the attempt arrived on.
         Outcome::Reply => unsafe {

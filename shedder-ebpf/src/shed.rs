@@ -350,6 +350,9 @@ pub enum Outcome {
     /// A refused QUIC Initial to answer with Version Negotiation ([`run`] does, and never
     /// returns this).
     Negotiate,
+    /// A refusal that passes (dry-run, off): [`run`] offers it to the sampler and returns
+    /// [`Outcome::Pass`], never this.
+    PassRefused,
 }
 
 /// The program-type specific parts of a frame.
@@ -422,15 +425,27 @@ pub fn bump(map: &PerCpuArray<u64>, index: u32) {
 /// one place for the proven and the unproven paths (see `answer_quic`).
 #[inline(always)]
 pub fn run<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
-    let outcome = match decide_frame::<F, QUIC>(frame) {
-        Outcome::Negotiate => match SHEDDER_MEMO.get_ptr_mut(0) {
-            Some(memo) => answer_quic(frame, memo),
-            None => Outcome::Pass,
-        },
+    // Only a refusal offers a sample: the frames that are no attempt, and the attempts
+    // admitted, pay nothing for it.
+    match decide_frame::<F, QUIC>(frame) {
+        Outcome::Negotiate => {
+            let outcome = match SHEDDER_MEMO.get_ptr_mut(0) {
+                Some(memo) => answer_quic(frame, memo),
+                None => Outcome::Pass,
+            };
+            offer_sample();
+            outcome
+        }
+        Outcome::PassRefused => {
+            offer_sample();
+            Outcome::Pass
+        }
+        refused @ (Outcome::Drop | Outcome::Reply) => {
+            offer_sample();
+            refused
+        }
         other => other,
-    };
-    offer_sample();
-    outcome
+    }
 }
 
 /// [`run`]'s decision, a refused QUIC Initial left as [`Outcome::Negotiate`] with what its
@@ -781,7 +796,7 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
                 decision.reason,
                 unique,
             );
-            break 'act Outcome::Pass;
+            break 'act Outcome::PassRefused;
         }
         // An attempt in a fragment or a tunnel is dropped, not answered (see `parse`).
         let answer = policy.action == ACTION_RST && syn.reply == 1;
@@ -1549,7 +1564,7 @@ fn unproven<F: Frame, const QUIC: bool>(
             decision.reason,
             1,
         );
-        return Outcome::Pass;
+        return Outcome::PassRefused;
     }
     if QUIC && policy.action == ACTION_RST && syn.reply == 1 && reply_allowed(globals, 1) {
         unsafe {
