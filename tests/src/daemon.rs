@@ -116,7 +116,7 @@ impl Daemon {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let path = dir.join("shedder.toml");
         std::fs::File::create(&path)
-            .and_then(|mut f| f.write_all(config.as_bytes()))
+            .and_then(|mut f| f.write_all(stop_detaches(config).as_bytes()))
             .expect("write config");
         Self {
             child: None,
@@ -281,8 +281,19 @@ impl Daemon {
 
     /// Replace the configuration file's content (for reload tests).
     pub fn rewrite_config(&self, config: &str) {
-        std::fs::write(&self.config, config).expect("rewrite config");
+        std::fs::write(&self.config, stop_detaches(config)).expect("rewrite config");
     }
+}
+
+/// `config` with `detach_on_exit = true` unless it says otherwise: a test's daemon detaches
+/// when the test stops it (the product's default is to stay attached), so that what a test
+/// runs after a stop is unprotected, as the comparisons with no shedder expect, and nothing
+/// stays attached between tests.
+fn stop_detaches(config: &str) -> String {
+    if config.contains("detach_on_exit") {
+        return config.to_string();
+    }
+    config.replacen("[daemon]\n", "[daemon]\ndetach_on_exit = true\n", 1)
 }
 
 impl Drop for Daemon {

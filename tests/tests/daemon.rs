@@ -155,7 +155,9 @@ fn sighup_reload_applies_a_good_policy_and_keeps_it_when_the_next_is_bad() {
     let pair = Pair::new("dhup");
     let _server = pair.server.run(|| TestServer::holding(HUP_PORT));
     let pins = pin_dir("hup");
-    let cfg = config(&pins, HUP_PORT, 3000);
+    // The product's default, said here: the harness makes its daemons detach on a stop.
+    let cfg =
+        config(&pins, HUP_PORT, 3000).replace("[daemon]\n", "[daemon]\ndetach_on_exit = false\n");
     let mut daemon = Daemon::start(&pair.server, "hup", &cfg, &pins);
     daemon.wait_for_log("running", Duration::from_secs(10));
     let mut held = hold(&pair, &pins, HUP_PORT, 4);
@@ -187,8 +189,9 @@ fn sighup_reload_applies_a_good_policy_and_keeps_it_when_the_next_is_bad() {
         "under the limit of 6 after the refused reload",
     ));
 
-    // By default SIGTERM (`systemctl stop`) leaves protection in place: still attached,
-    // still refusing at the limit until the heartbeat times out.
+    // With detach_on_exit = false (the default) SIGTERM (`systemctl stop`) leaves
+    // protection in place: still attached, still refusing at the limit until the heartbeat
+    // times out.
     let status = daemon.terminate();
     assert!(status.success(), "exit status {status}\n{}", daemon.log());
     assert!(
