@@ -260,15 +260,10 @@ fn offer_sample() {
             core::ptr::read_volatile(&raw const (*m).sample_action),
         )
     };
-    let verdict = if mode == MODE_DRY_RUN as u32 {
-        VERDICT_DRY_RUN
-    } else if mode != MODE_ENFORCE as u32 {
+    let verdict = verdict_of(mode, action);
+    if verdict == VERDICT_PASS {
         return;
-    } else if action == ACTION_RST as u32 {
-        VERDICT_RST
-    } else {
-        VERDICT_DROP
-    };
+    }
     let Some(s) = SHEDDER_SAMPLER.get_ptr_mut(0) else {
         return;
     };
@@ -288,12 +283,18 @@ fn offer_sample() {
 /// The verdict a refusal meets under `policy`.
 #[inline(always)]
 fn refusal_verdict(policy: &ServicePolicy) -> u32 {
-    if policy.mode == MODE_DRY_RUN {
+    verdict_of(policy.mode as u32, policy.action as u32)
+}
+
+/// The verdict a refusal meets under a service's mode and action.
+#[inline(always)]
+fn verdict_of(mode: u32, action: u32) -> u32 {
+    if mode == MODE_DRY_RUN as u32 {
         VERDICT_DRY_RUN
-    } else if policy.mode != MODE_ENFORCE {
+    } else if mode != MODE_ENFORCE as u32 {
         // Off (`MODE_OFF`), or a mode this version does not know: passed, fail-open.
         VERDICT_PASS
-    } else if policy.action == ACTION_RST {
+    } else if action == ACTION_RST as u32 {
         VERDICT_RST
     } else {
         VERDICT_DROP

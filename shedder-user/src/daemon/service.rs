@@ -58,11 +58,22 @@ impl RunMode {
             .find(|m| m.as_str() == s)
     }
 
+    /// The packet path's value for this mode.
     fn kernel(self) -> u8 {
         match self {
             Self::Enforce => shedder_common::MODE_ENFORCE,
             Self::DryRun => shedder_common::MODE_DRY_RUN,
             Self::Off => shedder_common::MODE_OFF,
+        }
+    }
+}
+
+/// The file's mode, before any switch.
+impl From<crate::config::Mode> for RunMode {
+    fn from(m: crate::config::Mode) -> Self {
+        match m {
+            crate::config::Mode::Enforce => Self::Enforce,
+            crate::config::Mode::DryRun => Self::DryRun,
         }
     }
 }
@@ -307,13 +318,9 @@ impl ServiceControl {
 
     /// The mode in force: the runtime switch's while it holds, else the file's.
     pub fn mode(&self) -> RunMode {
-        match &self.mode_switch {
-            Some(m) => m.mode,
-            None => match self.cfg.mode {
-                crate::config::Mode::Enforce => RunMode::Enforce,
-                crate::config::Mode::DryRun => RunMode::DryRun,
-            },
-        }
+        self.mode_switch
+            .as_ref()
+            .map_or(self.cfg.mode.into(), |m| m.mode)
     }
 
     /// Switch the service's mode at run time until `until` (`shedder mode`), written to the
@@ -534,11 +541,7 @@ impl ServiceControl {
             enforcement: self.mode().as_str().into(),
             mode_switch: self.mode_switch.as_ref().map(|m| ModeSwitchState {
                 mode: m.mode.as_str().into(),
-                file_mode: match self.cfg.mode {
-                    crate::config::Mode::Enforce => "enforce",
-                    crate::config::Mode::DryRun => "dry-run",
-                }
-                .into(),
+                file_mode: RunMode::from(self.cfg.mode).as_str().into(),
                 remaining_s: (m.until != Duration::MAX)
                     .then(|| m.until.saturating_sub(now).as_secs_f64()),
                 by: m.by.clone(),
