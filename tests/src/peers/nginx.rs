@@ -5,7 +5,7 @@
 use std::{
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use super::{PeerProcess, nsenter, process_cpu_time};
@@ -186,8 +186,8 @@ pub struct Nginx(PeerProcess);
 
 impl Nginx {
     /// Write the configuration to a new directory, check it with `nginx -t`, start nginx
-    /// inside `ns` and wait until its port accepts connections (panics with nginx's error
-    /// log if it does not within 5 s).
+    /// inside `ns` and wait until its port accepts connections and its worker runs (panics
+    /// with nginx's error log if it does not within 5 s).
     pub fn start(ns: &Netns, cfg: &NginxConfig) -> Self {
         let mut p = PeerProcess::new("nginx", "nginx.conf", |dir| cfg.render(dir));
         std::fs::write(p.path("body"), RESPONSE).expect("write nginx's body file");
@@ -209,7 +209,23 @@ impl Nginx {
         args(&mut c);
         c.stdout(Stdio::null()).stderr(Stdio::null());
         p.spawn(c, ns, cfg.port, ERROR_LOG);
-        Self(p)
+        let nginx = Self(p);
+        nginx.wait_for_worker();
+        nginx
+    }
+
+    /// The master listens before it forks its worker, so an accepting port does not yet
+    /// mean a worker: wait for it (panics after 5 s), or a CPU reading would miss it.
+    fn wait_for_worker(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.pids().len() < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "nginx's master {} forked no worker within 5 s",
+                self.0.pid()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// The master's and the workers' process ids.
