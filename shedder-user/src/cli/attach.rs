@@ -7,7 +7,8 @@ use anyhow::{Context as _, Result, bail};
 use shedder::{
     BadInput,
     config::Attach,
-    kernel::{self, MapWriter as _, Shedder, policy::compile},
+    control::policy::compile,
+    kernel::{self, MapWriter as _, Shedder},
 };
 
 use super::{init_logging, paths::load_config};
@@ -76,7 +77,7 @@ pub fn run(config: PathBuf, interfaces: Vec<String>, mode: Option<Attach>) -> Re
     // counted once). The fallback limits bound connections in service: without them
     // counted, they would bound only attempts not yet established. Its warning is logged
     // (and there is no status to show it in).
-    let _ = kernel::seed::seed_and_report(&mut shedder, &cfg);
+    let _ = kernel::seed::seed_and_report(&mut shedder, &cfg.ports_by_service());
     for problem in shedder.egress_problems() {
         println!("warning: {problem}");
     }

@@ -15,7 +15,7 @@ pub fn heartbeat_timeout_ms() -> u64 {
     3000
 }
 /// Default root of everything shedder pins.
-pub const PIN_DIR: &str = "/sys/fs/bpf/shedder";
+pub use crate::kernel::DEFAULT_PIN_DIR as PIN_DIR;
 pub fn pin_dir() -> PathBuf {
     PIN_DIR.into()
 }

@@ -37,4 +37,13 @@ impl Config {
             .iter()
             .any(|s| s.action == Action::Rst && s.mode == Mode::Enforce)
     }
+
+    /// Each service's name and ports, by service id: what the connections open before
+    /// tracking began are counted for.
+    pub fn ports_by_service(&self) -> Vec<(&str, &[u16])> {
+        self.services
+            .iter()
+            .map(|s| (s.name.as_str(), s.ports.as_slice()))
+            .collect()
+    }
 }

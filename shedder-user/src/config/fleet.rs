@@ -143,3 +143,11 @@ mod tests {
         );
     }
 }
+
+/// Whether this build has fleet mode (the `fleet` feature).
+pub const FLEET_AVAILABLE: bool = cfg!(feature = "fleet");
+
+/// Why a configuration with `[fleet]` is refused by a build without fleet mode.
+pub const FLEET_UNAVAILABLE: &str = "this build has no fleet mode (shedder was built without the \
+     `fleet` feature, which brings the etcd client): remove the [fleet] section and every \
+     global_limit, or install a build with fleet mode";

@@ -22,11 +22,12 @@ mod parse;
 mod service;
 mod validate;
 
-pub use classes::{Class, ClassName, Classes, Prefix};
-pub use daemon::{Attach, Daemon};
+pub use crate::types::{Attach, Prefix, Protocol};
+pub use classes::{Class, ClassName, Classes};
+pub use daemon::Daemon;
 pub use decapsulate::{Decapsulate, MAX_TUNNEL_PORTS};
 pub use document::Config;
 pub use error::ConfigError;
-pub use fleet::{Fleet, Shares};
-pub use service::{Action, Controller, Mode, Protocol, Rate, Service, socket_serves};
+pub use fleet::{FLEET_AVAILABLE, FLEET_UNAVAILABLE, Fleet, Shares};
+pub use service::{Action, Controller, Mode, Rate, Service, socket_serves};
 pub use validate::{LIMIT_CEILING, MAX_RETRY_WINDOW_MS, MAX_SYN_RETRANSMIT_WINDOW_MS, valid_name};

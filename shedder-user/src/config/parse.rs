@@ -8,8 +8,8 @@ use serde::Deserialize;
 use toml::de::DeTable;
 
 use super::{
+    Attach,
     classes::ClassName,
-    daemon::Attach,
     document::Config,
     error::{ConfigError, err},
     locate::{Position, Source},
@@ -582,7 +582,7 @@ min_limit = 50
         let (at, _) = refusal(
             "\n[fleet]\nendpoints = [\"http://e:2379\"]\nmax_nodes = 3\nusername = \"x\"\n",
         );
-        if crate::fleet::AVAILABLE {
+        if crate::config::FLEET_AVAILABLE {
             assert_eq!(at, (14, 1, "fleet.password_file".into()));
         } else {
             // A build without fleet mode refuses the section itself, at its header.

@@ -10,11 +10,11 @@ use std::{
 use shedder_common::{CLASS_NAMES, MAX_ADDR_SERVICES, MAX_CLASS_RULES, MAX_SERVICES};
 
 use super::{
-    classes::Prefix,
+    Prefix, Protocol,
     decapsulate::MAX_TUNNEL_PORTS,
     document::Config,
     error::{ConfigError, err},
-    service::{MAX_ACTIVE_WINDOW_MS, Protocol},
+    service::MAX_ACTIVE_WINDOW_MS,
 };
 
 /// Largest concurrency limit accepted: far above any real service, far below overflow.
@@ -246,9 +246,9 @@ impl Config {
     fn validate_fleet(&self, errs: &mut Vec<ConfigError>) {
         // A build without the etcd client refuses fleet settings rather than run without
         // the global bound they ask for.
-        if !crate::fleet::AVAILABLE {
+        if !super::FLEET_AVAILABLE {
             if self.fleet.is_some() {
-                errs.push(err("fleet", crate::fleet::UNAVAILABLE));
+                errs.push(err("fleet", super::FLEET_UNAVAILABLE));
             }
             if let Some((i, s)) = self
                 .services
@@ -258,7 +258,7 @@ impl Config {
             {
                 errs.push(err(
                     format!("service[{i}] ({}).global_limit", s.name),
-                    crate::fleet::UNAVAILABLE,
+                    super::FLEET_UNAVAILABLE,
                 ));
             }
             return;

@@ -8,7 +8,9 @@
 
 pub mod capped;
 pub mod classes;
+pub mod clock;
 pub mod controller;
 pub mod overridden;
+pub mod policy;
 pub mod proof;
 pub mod recall;

@@ -11,11 +11,8 @@ use tracing::{info, warn};
 use super::Daemon;
 use crate::{
     config::{Config, Protocol},
-    kernel::{
-        MapReader as _,
-        clock::{hold_bits_for, hold_us_from_rtts},
-        diag,
-    },
+    control::clock::{hold_bits_for, hold_us_from_rtts},
+    kernel::{MapReader as _, diag},
 };
 
 /// How often the round trips are sampled.

@@ -18,11 +18,13 @@ use super::service::ServiceControl;
 use crate::{
     api::state::ServiceState,
     config::{Config, Mode, Prefix, Protocol, socket_serves},
-    control::recall::{Budget, Conn, Settled, choose, classify, quiet_below, wanted},
+    control::{
+        policy::class_rules,
+        recall::{Budget, Conn, Settled, choose, classify, quiet_below, wanted},
+    },
     kernel::{
         diag::{self, Destroyer, TCP_ESTABLISHED, TcpSocket},
         netns::{Namespace, in_namespace, namespaces},
-        policy::class_rules,
     },
     signals::Signals,
 };

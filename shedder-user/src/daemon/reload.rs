@@ -13,8 +13,9 @@ use crate::{
     api::control::ApiError,
     config::Config,
     control::classes::Ladder,
+    control::policy::compile,
     fleet,
-    kernel::{Attached, MapWriter as _, policy::compile},
+    kernel::{Attached, MapWriter as _},
     signals::{SignalReader, psi},
 };
 

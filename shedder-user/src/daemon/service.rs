@@ -16,6 +16,7 @@ use crate::{
         ServiceState,
     },
     config::{Controller as ControllerKind, Service},
+    control::policy::service_policy,
     control::{
         capped::{Cap, Capped},
         classes::{Ladder, class_demand},
@@ -26,7 +27,7 @@ use crate::{
         proof::{self, FloodWatch},
     },
     fleet,
-    kernel::{self, MapWriter, policy::service_policy},
+    kernel::{self, MapWriter},
     signals::{
         Signals,
         refused::{self, Refused},

@@ -19,13 +19,12 @@ use super::{
 use crate::{
     api::{control, metrics, state::Attachment},
     config::Config,
-    control::classes::Ladder,
+    control::{classes::Ladder, policy::compile},
     fleet,
     kernel::{
         Attached, MapReader as _, MapWriter as _, Shedder,
         layout::Plan,
         pins::{Durability, PinDir},
-        policy::compile,
     },
     signals::{SignalReader, psi},
 };
@@ -165,7 +164,7 @@ impl Daemon {
         // its maps, so that its programs never start from zero under load (and again after,
         // for those born meanwhile: each is counted once).
         if replacing {
-            let _ = crate::kernel::seed::seed_and_report(&mut shedder, &cfg);
+            let _ = crate::kernel::seed::seed_and_report(&mut shedder, &cfg.ports_by_service());
         }
         let mut attach = Vec::new();
         for (iface, mode) in cfg.daemon.interfaces.iter().zip(modes) {
@@ -208,7 +207,10 @@ impl Daemon {
         }
         // Counted after attaching: a connection born meanwhile is seen on the wire or found
         // here (both: counted once).
-        warnings.extend(crate::kernel::seed::seed_and_report(&mut shedder, &cfg));
+        warnings.extend(crate::kernel::seed::seed_and_report(
+            &mut shedder,
+            &cfg.ports_by_service(),
+        ));
         if replacing {
             // Every attachment runs over the new maps: the old set goes.
             crate::kernel::layout::retire(&pin_dir).with_context(|| {

@@ -87,13 +87,9 @@ pub use shares::{
 };
 pub use state::{Cap, FleetState, NodeShare, Report, ServiceShare};
 
-/// Whether this build has fleet mode (the `fleet` feature).
-pub const AVAILABLE: bool = cfg!(feature = "fleet");
-
-/// Why a configuration with `[fleet]` is refused by a build without fleet mode.
-pub const UNAVAILABLE: &str = "this build has no fleet mode (shedder was built without the \
-     `fleet` feature, which brings the etcd client): remove the [fleet] section and every \
-     global_limit, or install a build with fleet mode";
+/// Whether this build has fleet mode, and why a `[fleet]` is refused without it: facts of
+/// the build that validating a configuration needs, so kept with it.
+pub use crate::config::{FLEET_AVAILABLE as AVAILABLE, FLEET_UNAVAILABLE as UNAVAILABLE};
 
 /// One service shared by the fleet, as this node configures it.
 #[derive(Clone, Debug, PartialEq, Eq)]

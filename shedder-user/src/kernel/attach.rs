@@ -15,7 +15,7 @@ use super::{Error, Result, Shedder};
 /// How to attach to an interface: the configuration's `daemon.attach`. [`Shedder::attach`]
 /// does what it names (`Auto`: native XDP, else generic); which one delivers the configured
 /// action is [`crate::kernel::netdev::choose`]'s decision.
-pub use crate::config::Attach as AttachMode;
+pub use crate::types::Attach as AttachMode;
 
 /// How a program ended up attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

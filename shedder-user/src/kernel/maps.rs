@@ -13,7 +13,7 @@ use shedder_common::{
 };
 
 use super::{Error, Result, Shedder};
-use crate::config::Protocol;
+use crate::types::{Prefix, Protocol};
 
 /// A random non-zero 64-bit seed from the kernel's generator.
 pub(super) fn random_seed() -> Result<u64> {
@@ -553,7 +553,7 @@ impl Shedder {
     /// host bits clear). New rules go into the tries first, then the direct table is
     /// rewritten (blocks into the half not in use, then the first level), and only then
     /// are stale trie entries removed, so a concurrent lookup never sees a hole.
-    pub fn replace_class_rules(&mut self, rules: &[(crate::config::Prefix, u32)]) -> Result<()> {
+    pub fn replace_class_rules(&mut self, rules: &[(Prefix, u32)]) -> Result<()> {
         for (p, class) in rules {
             self.insert_class_rule(p.addr, p.len, *class)?;
         }
@@ -587,10 +587,7 @@ impl Shedder {
         Ok(())
     }
 
-    pub(super) fn write_direct_table(
-        &mut self,
-        rules: &[(crate::config::Prefix, u32)],
-    ) -> Result<()> {
+    pub(super) fn write_direct_table(&mut self, rules: &[(Prefix, u32)]) -> Result<()> {
         let v4: Vec<(std::net::Ipv4Addr, u32, u32)> = rules
             .iter()
             .filter_map(|(p, class)| match p.addr {

@@ -18,7 +18,7 @@ pub static BASELINE_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/shedder-baseline"));
 
 /// Default root of everything shedder pins.
-pub use crate::config::defaults::PIN_DIR as DEFAULT_PIN_DIR;
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/shedder";
 
 pub mod attach;
 pub mod classmap;
@@ -43,7 +43,6 @@ pub use attach::{
     AttachMode, Attached, EGRESS_PIN_PREFIX, INGRESS_NETLINK_PREFIX, egress_pin_name,
     pinned_ingress, unpin_all,
 };
-pub use clock::{epoch_shift_for, ms_to_jiffies};
 pub use error::{Error, Result};
 pub use load::{Hook, Shedder};
 pub use maps::{MapReader, MapWriter, PinnedMaps, addr_key};

@@ -173,15 +173,15 @@ pub fn seed(shedder: &mut Shedder, protected: &BTreeSet<u16>) -> Result<Summary,
     Ok(summary)
 }
 
-/// Seed the in-flight counts of `cfg`'s services and log what was found: the connections
-/// counted, a warning when they cannot be (in-flight then starts from the connections born
-/// after attach), and protected ports listened on in several network namespaces. Returns
-/// the warning for `status` when nothing could be counted.
-pub fn seed_and_report(shedder: &mut Shedder, cfg: &crate::config::Config) -> Option<String> {
-    let protected: BTreeSet<u16> = cfg
-        .services
+/// Seed the in-flight counts of `services` (each one's name and ports, by service id) and
+/// log what was found: the connections counted, a warning when they cannot be (in-flight
+/// then starts from the connections born after attach), and protected ports listened on
+/// in several network namespaces. Returns the warning for `status` when nothing could be
+/// counted.
+pub fn seed_and_report(shedder: &mut Shedder, services: &[(&str, &[u16])]) -> Option<String> {
+    let protected: BTreeSet<u16> = services
         .iter()
-        .flat_map(|s| s.ports.iter().copied())
+        .flat_map(|(_, ports)| ports.iter().copied())
         .collect();
     if protected.is_empty() {
         return None;
@@ -189,10 +189,7 @@ pub fn seed_and_report(shedder: &mut Shedder, cfg: &crate::config::Config) -> Op
     match seed(shedder, &protected) {
         Ok(summary) => {
             for ((service, class), n) in &summary.counted {
-                let name = cfg
-                    .services
-                    .get(*service as usize)
-                    .map_or("?", |s| s.name.as_str());
+                let name = services.get(*service as usize).map_or("?", |s| s.0);
                 let class = shedder_common::CLASS_NAMES
                     .get(*class as usize)
                     .copied()

@@ -8,7 +8,7 @@ pub mod netlink;
 
 use std::path::Path;
 
-use crate::config::Attach;
+use crate::types::Attach;
 
 /// `NETDEV_XDP_ACT_BASIC`: the driver runs XDP programs natively.
 pub const XDP_ACT_BASIC: u64 = 1;
