@@ -3,14 +3,19 @@
 
 //!
 //! A service's limiter is its controller wrapped in decorators, in the order they apply:
-//! the [`overridden::Overridable`] manual limit, then the fleet's [`capped::Capped`]
-//! ceiling. Each holds its concern alone; the controllers know nothing of either.
+//! [`resumable::Resumable`] starts it over from a limit, the [`overridden::Overridable`]
+//! manual limit holds one for a while, and the fleet's [`capped::Capped`] ceiling bounds
+//! them all. Each holds its concern alone; a controller only updates from an observation
+//! (which carries any outside ceiling) and reports its limit.
 
 pub mod capped;
 pub mod classes;
 pub mod clock;
 pub mod controller;
+#[cfg(test)]
+mod fake;
 pub mod overridden;
 pub mod policy;
 pub mod proof;
 pub mod recall;
+pub mod resumable;

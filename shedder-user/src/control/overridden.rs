@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use tracing::info;
 
-use super::controller::{Action, Controller, Decision, Mode, Observation, Signal};
+use super::{
+    controller::{Action, Controller, Decision, Mode, Observation, Signal},
+    resumable::Resume,
+};
 
 /// The largest change of the limit an override may make without `force`.
 pub const MAX_STEP: u32 = 4;
@@ -123,7 +126,7 @@ pub struct Overridable<C> {
     mode: Mode,
 }
 
-impl<C: Controller> Overridable<C> {
+impl<C: Controller + Resume> Overridable<C> {
     pub fn new(inner: C) -> Self {
         Self {
             inner,
@@ -160,7 +163,14 @@ impl<C: Controller> Overridable<C> {
     }
 }
 
-impl<C: Controller> Controller for Overridable<C> {
+impl<C: Controller + Resume> Resume for Overridable<C> {
+    /// Start the controller underneath over; an override in force stays the limit.
+    fn resume_from(&mut self, limit: u32) {
+        self.inner.resume_from(limit);
+    }
+}
+
+impl<C: Controller + Resume> Controller for Overridable<C> {
     fn update(&mut self, obs: &Observation) -> Decision {
         if let Some(o) = self.current.take_if(|o| obs.now >= o.until) {
             // The expiry tick writes the override's limit once more and hands it over.
@@ -196,12 +206,101 @@ impl<C: Controller> Controller for Overridable<C> {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
+}
 
-    fn set_cap(&mut self, cap: Option<u32>) {
-        self.inner.set_cap(cap);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::fake::Fake;
+
+    fn at(ms: u64) -> Observation {
+        Observation {
+            now: Duration::from_millis(ms),
+            ..Observation::default()
+        }
     }
 
-    fn resume_from(&mut self, limit: u32) {
-        self.inner.resume_from(limit);
+    fn manual(limit: u32, until_ms: u64) -> Override {
+        Override {
+            limit,
+            until: Duration::from_millis(until_ms),
+            by: "uid 0".into(),
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn an_override_is_the_limit_while_the_controller_runs_underneath() {
+        let mut c = Overridable::new(Fake::at(60));
+        c.set(manual(25, 1_000));
+        assert_eq!(c.limit(), 25);
+        let d = c.update(&at(500));
+        assert_eq!((d.limit, d.mode), (25, Mode::Shedding));
+        assert_eq!(c.inner().ceilings.len(), 1, "the controller was updated");
+        assert_eq!(c.inner().limit(), 60);
+    }
+
+    #[test]
+    fn at_its_end_the_controller_starts_over_from_the_overrides_limit() {
+        let mut c = Overridable::new(Fake::at(60));
+        c.update(&at(0));
+        c.set(manual(25, 1_000));
+        // The expiry tick decides nothing: it hands the override's limit over.
+        let d = c.update(&at(1_000));
+        assert_eq!((d.previous, d.limit, d.action), (25, 25, Action::Hold));
+        assert_eq!(d.mode, Mode::Shedding, "the last decision's mode");
+        assert_eq!(c.inner().resumed, [25]);
+        assert_eq!(
+            c.inner().ceilings.len(),
+            1,
+            "not updated on the expiry tick"
+        );
+        assert!(c.current().is_none());
+        // A clear does the same at once; with nothing in force it does nothing.
+        c.set(manual(40, 9_000));
+        assert_eq!(c.clear().map(|o| o.limit), Some(40));
+        assert_eq!(
+            (c.inner().resumed.as_slice(), c.limit()),
+            ([25, 40].as_slice(), 40)
+        );
+        assert!(c.clear().is_none());
+        // Carried over a reload: in force again, with no restart.
+        c.carry(Some(manual(30, 9_000)));
+        assert_eq!(c.limit(), 30);
+        assert_eq!(c.inner().resumed.len(), 2);
+    }
+
+    #[test]
+    fn a_request_is_checked_against_bounds_ceiling_step_and_ttl() {
+        let req = |limit, ttl_s, force| Request {
+            limit,
+            ttl: Duration::from_secs(ttl_s),
+            force,
+        };
+        let check = |r: &Request, ceiling| check("a", r, (10, 400), ceiling, 100);
+        assert_eq!(check(&req(200, 60, false), None), Ok(()));
+        assert_eq!(
+            check(&req(5, 60, false), None).unwrap_err().field(),
+            "limit"
+        );
+        assert!(matches!(
+            check(&req(200, 60, false), Some(150)),
+            Err(Refusal::AboveCeiling { ceiling: 150, .. })
+        ));
+        assert!(matches!(
+            check(&req(401, 60, true), None),
+            Err(Refusal::OutsideBounds { .. })
+        ));
+        // More than 4x away needs force.
+        assert!(matches!(
+            check(&req(20, 60, false), None),
+            Err(Refusal::TooFar { .. })
+        ));
+        assert_eq!(check(&req(20, 60, true), None), Ok(()));
+        assert_eq!(check(&req(200, 0, false), None), Err(Refusal::Ttl(0)));
+        assert_eq!(
+            check(&req(200, 86_401, false), None).unwrap_err().field(),
+            "ttl_s"
+        );
     }
 }

@@ -53,34 +53,57 @@ pub fn unproven_cap(base: u32, unproven_share: f64, flood: Option<f64>) -> u32 {
     (part.min(u32::MAX as f64) as u32).clamp(1, base.max(1))
 }
 
-/// Build the service policy for `total` (the adaptive limit), split by `demand` when known
-/// (see [`allocate_for_demand_in`]), else statically (see [`allocate_in`]); the fallback
-/// limits are always split statically. CRITICAL's ceiling is a fraction of `critical_max`
-/// (the node's own bound, which a fleet's ceiling, written into `s.max_limit`, never
-/// lowers). `flood` says, per class, whether it is under a flood of unproven attempts and
+/// The limits a service's policy is built within: as configured, or under an outside
+/// ceiling (fleet mode's [`super::capped::Capped::limits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub min: u32,
+    pub max: u32,
+    /// The kernel's fallback limit.
+    pub fallback: u32,
+    /// What CRITICAL's ceiling is a fraction of: the node's own bound, which an outside
+    /// ceiling never lowers.
+    pub critical_max: u32,
+}
+
+impl Limits {
+    /// As `s` configures them.
+    pub fn configured(s: &Service) -> Self {
+        Self {
+            min: s.min_limit,
+            max: s.max_limit,
+            fallback: s.fallback_limit,
+            critical_max: s.max_limit,
+        }
+    }
+}
+
+/// Build the service policy for `total` (the adaptive limit) within `limits`, split by
+/// `demand` when known (see [`allocate_for_demand_in`]), else statically (see
+/// [`allocate_in`]); the fallback limits are always split statically. `flood` says, per class, whether it is under a flood of unproven attempts and
 /// then what its new clients need of its unproven part ([`unproven_cap`]). `hz` converts
 /// the retry window to jiffies. The daemon rebuilds every service's policy with this
 /// function each tick, so everything configured (retry window and demotion included) is
 /// written with every limit change.
 pub fn service_policy(
     s: &Service,
+    limits: Limits,
     ladder: &Ladder,
     total: u32,
     demand: Option<&[f64; NUM_CLASSES]>,
-    critical_max: u32,
     flood: &[Option<f64>; NUM_CLASSES],
     hz: u32,
 ) -> ServicePolicy {
-    let total = total.clamp(s.min_limit, s.max_limit);
+    let total = total.clamp(limits.min, limits.max);
     let max = Maxima {
-        service: s.max_limit,
-        critical: critical_max,
+        service: limits.max,
+        critical: limits.critical_max,
     };
     let live = match demand {
         Some(d) => allocate_for_demand_in(total, max, ladder, d),
         None => allocate_in(total, max, ladder),
     };
-    let fallback = allocate_in(s.fallback_limit, max, ladder);
+    let fallback = allocate_in(limits.fallback, max, ladder);
     let pace = quic_pace(s, total);
     let mut classes = [ClassPolicy::default(); NUM_CLASSES];
     for (id, c) in classes.iter_mut().enumerate() {
@@ -122,7 +145,7 @@ pub fn service_policy(
     ServicePolicy {
         classes,
         total_limit: total,
-        fallback_total: s.fallback_limit,
+        fallback_total: limits.fallback,
         action: match s.action {
             Action::Drop => ACTION_DROP,
             Action::Rst => ACTION_RST,
@@ -222,10 +245,10 @@ pub fn compile(cfg: &Config, hz: u32) -> Compiled {
             addresses: s.addresses.clone(),
             policy: service_policy(
                 s,
+                Limits::configured(s),
                 &ladder,
                 s.fallback_limit,
                 None,
-                s.max_limit,
                 &[None; NUM_CLASSES],
                 hz,
             ),
@@ -287,10 +310,10 @@ mod tests {
         // 64 connections per 250 ms window: one every 3.9 ms, four at once.
         let p = service_policy(
             &c.services[0],
+            Limits::configured(&c.services[0]),
             &ladder,
             64,
             None,
-            c.services[0].max_limit,
             &[None; NUM_CLASSES],
             1000,
         );
@@ -305,10 +328,10 @@ mod tests {
         let c = cfg("rate = { medium = { per_second = 1, burst = 2 } }\n");
         let p = service_policy(
             &c.services[0],
+            Limits::configured(&c.services[0]),
             &ladder,
             64,
             None,
-            c.services[0].max_limit,
             &[None; NUM_CLASSES],
             1000,
         );
@@ -322,10 +345,10 @@ mod tests {
         .expect("valid");
         let p = service_policy(
             &c.services[0],
+            Limits::configured(&c.services[0]),
             &ladder,
             64,
             None,
-            c.services[0].max_limit,
             &[None; NUM_CLASSES],
             1000,
         );
@@ -498,10 +521,10 @@ mod tests {
         ] {
             let p = service_policy(
                 s,
+                Limits::configured(s),
                 &ladder,
                 limit,
                 demand.as_ref(),
-                s.max_limit,
                 &[None; NUM_CLASSES],
                 250,
             );

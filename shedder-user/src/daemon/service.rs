@@ -25,6 +25,7 @@ use crate::{
         },
         overridden::{self, Overridable, Override, Refusal},
         proof::{self, FloodWatch},
+        resumable::{Resumable, Resume as _},
     },
     fleet,
     kernel::{self, MapWriter},
@@ -93,7 +94,7 @@ pub struct ModeSwitch {
 const REFUSED_LISTED: usize = 10;
 
 /// A service's controller under its decorators: the manual override, then the fleet's cap.
-pub type Limiter = Capped<Overridable<Box<dyn Controller>>>;
+pub type Limiter = Capped<Overridable<Resumable<Box<dyn Controller>>>>;
 
 /// What every service's tick shares.
 #[derive(Clone, Copy, Debug)]
@@ -184,7 +185,9 @@ impl ServiceControl {
     /// Service `id` as configured by `cfg`, its controller starting from `initial`, under
     /// the fleet's `cap` if it shares the service.
     pub fn new(id: u32, cfg: &Service, initial: u32, cap: Option<Cap>) -> Self {
-        let mut limiter = Capped::new(Overridable::new(controller(cfg, initial)));
+        let s = cfg.clone();
+        let start = Resumable::new(initial, Box::new(move |limit| controller(&s, limit)));
+        let mut limiter = Capped::new(Overridable::new(start));
         limiter.set(cap);
         Self {
             id,
@@ -302,14 +305,12 @@ impl ServiceControl {
     /// The policy for a total of `limit`: the service's configuration under the fleet's
     /// cap (CRITICAL's ceiling excepted), split among the classes by the last demand.
     fn policy(&self, ctx: Context<'_>, limit: u32) -> ServicePolicy {
-        let s = self.limiter.service(&self.cfg);
-        let critical = self.limiter.critical_max(&self.cfg);
         let mut policy = service_policy(
-            &s,
+            &self.cfg,
+            self.limiter.limits(&self.cfg),
             ctx.ladder,
             limit,
             self.demand.as_ref(),
-            critical,
             &std::array::from_fn(|c| self.flooded[c].then_some(self.unproven_need[c])),
             ctx.hz,
         );
@@ -532,7 +533,7 @@ impl ServiceControl {
             mode: self.decision.map_or(Mode::Normal, |d| d.mode),
             limit: written.total_limit,
             // What the kernel falls back to: in fleet mode capped at the static share.
-            fallback_limit: self.limiter.service(&self.cfg).fallback_limit,
+            fallback_limit: self.limiter.limits(&self.cfg).fallback,
             min_limit: self.cfg.min_limit,
             max_limit: self.cfg.max_limit,
             max_connections: self.cfg.max_connections,
@@ -679,6 +680,8 @@ pub fn observation(sig: &Signals, now: Duration) -> Observation {
             .rates
             .ok()
             .map_or(0.0, |r| r.iter().map(|c| c.pressed()).sum()),
+        // The fleet's ceiling is the limiter's to add.
+        ceiling: None,
     }
 }
 
@@ -838,6 +841,7 @@ mod tests {
             cpu_pressure: Some(0.0),
             shed_rate: 0.0,
             pressed_rate: 0.0,
+            ceiling: None,
         }
     }
 
@@ -1118,7 +1122,7 @@ mod tests {
         sc.tick(&mut k, CTX, &healthy(ms(800_000), 8), None, None)
             .unwrap();
         assert!(sc.report().is_none());
-        assert_eq!(sc.limiter.service(&sc.cfg).fallback_limit, 10);
+        assert_eq!(sc.limiter.limits(&sc.cfg).fallback, 10);
     }
 
     /// Whatever etcd says (a fleet ceiling of 0: a node waiting for its share, or one a

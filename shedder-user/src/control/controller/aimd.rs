@@ -49,6 +49,7 @@ impl Aimd {
 
 impl Controller for Aimd {
     fn update(&mut self, obs: &Observation) -> Decision {
+        guard::cap(&mut self.bounds, &mut self.limit, obs.ceiling);
         let previous = self.limit();
         let dt = self
             .last_tick
@@ -132,14 +133,6 @@ impl Controller for Aimd {
 
     fn name(&self) -> &'static str {
         "aimd"
-    }
-
-    fn set_cap(&mut self, cap: Option<u32>) {
-        guard::cap(&mut self.bounds, &mut self.limit, cap);
-    }
-
-    fn resume_from(&mut self, limit: u32) {
-        *self = Self::new(self.bounds, self.guard.tuning, limit);
     }
 }
 

@@ -3,11 +3,14 @@
 use super::{Action, Bounds, Controller, Decision, Observation, Signal, Tuning, guard::Guard};
 
 /// A constant limit (a static limit measured by load testing, for a service whose
-/// capacity is known and stable, where adapting buys nothing). Still reports the mode.
+/// capacity is known and stable, where adapting buys nothing). Still reports the mode. An
+/// outside ceiling bounds it; the limit is the configured one again at the first
+/// observation without it.
 #[derive(Clone, Debug)]
 pub struct Fixed {
+    /// The limit of the last decision.
     limit: u32,
-    /// The configured limit, which `limit` returns to when a cap rises.
+    /// The configured limit.
     fixed: u32,
     guard: Guard,
 }
@@ -26,9 +29,11 @@ impl Fixed {
 impl Controller for Fixed {
     fn update(&mut self, obs: &Observation) -> Decision {
         let mode = self.guard.update_mode(obs, false);
+        let previous = self.limit;
+        self.limit = obs.ceiling.map_or(self.fixed, |c| self.fixed.min(c));
         Decision {
             limit: self.limit,
-            previous: self.limit,
+            previous,
             action: Action::Hold,
             signal: Signal::Configured,
             mode,
@@ -43,10 +48,4 @@ impl Controller for Fixed {
     fn name(&self) -> &'static str {
         "fixed"
     }
-
-    fn set_cap(&mut self, cap: Option<u32>) {
-        self.limit = cap.map_or(self.fixed, |c| self.fixed.min(c));
-    }
-
-    fn resume_from(&mut self, _limit: u32) {}
 }

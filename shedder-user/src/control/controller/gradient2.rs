@@ -63,6 +63,7 @@ impl Gradient2 {
 
 impl Controller for Gradient2 {
     fn update(&mut self, obs: &Observation) -> Decision {
+        guard::cap(&mut self.bounds, &mut self.limit, obs.ceiling);
         let previous = self.limit();
         let (action, signal, delay_ms) = match self.guard.gate(obs) {
             Gate::Fallback => {
@@ -125,18 +126,5 @@ impl Controller for Gradient2 {
 
     fn name(&self) -> &'static str {
         "gradient2"
-    }
-
-    fn set_cap(&mut self, cap: Option<u32>) {
-        guard::cap(&mut self.bounds, &mut self.limit, cap);
-    }
-
-    fn resume_from(&mut self, limit: u32) {
-        *self = Self {
-            guard: Guard::new(self.guard.tuning),
-            limit: self.bounds.clamp(limit as f64),
-            long_ms: None,
-            ..self.clone()
-        };
     }
 }

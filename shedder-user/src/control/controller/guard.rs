@@ -119,7 +119,8 @@ pub(super) fn conclude(
     }
 }
 
-/// Put an adaptive controller's bounds under `cap`, its limit with them.
+/// Put an adaptive controller's bounds under `cap` (the observation's ceiling), its limit
+/// with them; `None` restores the configured bounds.
 pub(super) fn cap(bounds: &mut Bounds, limit: &mut f64, cap: Option<u32>) {
     *bounds = bounds.capped(cap);
     *limit = bounds.clamp(*limit);

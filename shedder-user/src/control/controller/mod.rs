@@ -140,6 +140,11 @@ pub struct Observation {
     /// Attempts refused per second for pressure (a class's share, the service's total, a
     /// source's fair share): the limit is what holds them back.
     pub pressed_rate: f64,
+    /// An outside ceiling in force this tick (`None`: the configured bounds only). It wins
+    /// over everything configured, `min` included; an adaptive controller's limit moves
+    /// under it and does not grow past it. Who sets it, and why, is not the controller's
+    /// concern (fleet mode's [`crate::control::capped::Capped`]).
+    pub ceiling: Option<u32>,
 }
 
 impl Observation {
@@ -283,13 +288,6 @@ pub trait Controller: Send {
     /// The current limit.
     fn limit(&self) -> u32;
     fn name(&self) -> &'static str;
-    /// Put the limit under an outside ceiling (`None`: the configured bounds only); the
-    /// limit moves under it at once and never grows past it.
-    fn set_cap(&mut self, cap: Option<u32>);
-    /// Start over from `limit` (within the bounds, under the cap), with the history of
-    /// earlier windows forgotten: what a manual limit that ends hands back. A fixed
-    /// controller keeps its configured limit.
-    fn resume_from(&mut self, limit: u32);
 }
 
 impl<C: Controller + ?Sized> Controller for Box<C> {
@@ -301,12 +299,6 @@ impl<C: Controller + ?Sized> Controller for Box<C> {
     }
     fn name(&self) -> &'static str {
         (**self).name()
-    }
-    fn set_cap(&mut self, cap: Option<u32>) {
-        (**self).set_cap(cap)
-    }
-    fn resume_from(&mut self, limit: u32) {
-        (**self).resume_from(limit)
     }
 }
 

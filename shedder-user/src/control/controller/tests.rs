@@ -48,6 +48,7 @@ fn obs(t_ms: u64, delay_ms: f64, occupancy: u32) -> Observation {
         cpu_pressure: Some(0.0),
         shed_rate: 0.0,
         pressed_rate: 0.0,
+        ceiling: None,
     }
 }
 
@@ -388,25 +389,33 @@ fn an_outside_cap_bounds_every_controller_and_wins_over_min() {
         Box::new(Gradient2::new(b, t, 60)),
         Box::new(Fixed::new(b, t, 60)),
     ];
+    let capped = |t_ms, ceiling| Observation {
+        ceiling,
+        ..obs(t_ms, 1.0, 18)
+    };
     for c in &mut controllers {
-        c.set_cap(Some(18));
-        assert_eq!(c.limit(), 18, "{}", c.name());
-        // Healthy and saturated: AIMD would grow; never past the cap.
-        for i in 0..20 {
-            let d = c.update(&obs(i * 100, 1.0, 18));
+        let d = c.update(&capped(0, Some(18)));
+        assert_eq!((d.limit, c.limit()), (18, 18), "{}", c.name());
+        // Healthy and saturated: AIMD would grow; never past the ceiling.
+        for i in 1..20 {
+            let d = c.update(&capped(i * 100, Some(18)));
             assert!(d.limit <= 18, "{}: {}", c.name(), d.limit);
         }
         // Below min_limit too: the fleet's share wins.
-        c.set_cap(Some(3));
-        assert_eq!(c.limit(), 3, "{}", c.name());
-        c.set_cap(Some(0));
+        assert_eq!(c.update(&capped(2_000, Some(3))).limit, 3, "{}", c.name());
+        assert_eq!(c.update(&capped(2_100, Some(0))).limit, 0, "{}", c.name());
         assert_eq!(c.limit(), 0, "{}", c.name());
     }
     // Lifted: the fixed limit returns at once; the adaptive ones grow from where they are.
     let mut f = Fixed::new(b, t, 60);
-    f.set_cap(Some(9));
-    f.set_cap(None);
-    assert_eq!(f.limit(), 60);
+    assert_eq!(f.update(&capped(0, Some(9))).limit, 9);
+    let d = f.update(&capped(100, None));
+    assert_eq!((d.previous, d.limit, f.limit()), (9, 60, 60));
+    let mut a = Aimd::new(b, t, 60);
+    a.update(&capped(0, Some(9)));
+    let d = a.update(&capped(700, None));
+    assert_eq!(d.previous, 9);
+    assert!((9..20).contains(&d.limit), "{d:?}");
     assert_eq!(b.capped(Some(20)).fallback, 20);
     assert_eq!(b.capped(None), b);
 }
