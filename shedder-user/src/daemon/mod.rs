@@ -25,6 +25,7 @@ use tracing::{info, warn};
 
 mod hold;
 mod notify;
+mod plan;
 mod recall;
 mod reload;
 mod requests;
@@ -130,15 +131,8 @@ pub fn run(opts: Options) -> Result<()> {
     let pins =
         crate::kernel::pins::locate(&cfg.daemon.pin_dir).context("finding the bpf filesystem")?;
     if let Durability::Private(why) = &pins.durability {
-        if cfg.daemon.fail_static && cfg.enforces() {
-            return Err(crate::BadInput(format!(
-                "daemon.fail_static: the pins under {} would die with this process ({why}), \
-                 so a crashed daemon would leave nothing shed; start it in the host's mount \
-                 namespace (e.g. `nsenter --net=/var/run/netns/NAME` instead of `ip netns \
-                 exec`), or set daemon.fail_static = false to run without fail-static",
-                cfg.daemon.pin_dir.display()
-            ))
-            .into());
+        if let Some(refusal) = plan::fail_static_refusal(&cfg, Some(why)) {
+            return Err(crate::BadInput(refusal).into());
         }
         let allowed = if cfg.daemon.fail_static {
             "nothing is enforced"

@@ -8,11 +8,11 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use shedder_common::POLICY_CONFIGURED;
 use tracing::{info, warn};
 
 use super::{
     Daemon, delivering_mode,
+    plan::{Hook, HostFacts, initial_limit, plan},
     service::{Context, ServiceControl, StartFloor},
     specs,
 };
@@ -39,10 +39,8 @@ impl Daemon {
         let pin_dir = pins.path.clone();
         // Adopt an earlier run's maps only if they are this version's; any other set is
         // replaced: new maps beside it, the attachments switched, then the old set removed.
-        let plan = crate::kernel::layout::prepare(&pin_dir)?;
-        let adopting = plan == Plan::Adopt;
-        let replacing = matches!(plan, Plan::Replace { .. });
-        if let Plan::Replace { layout, why } = &plan {
+        let layout = crate::kernel::layout::prepare(&pin_dir)?;
+        if let Plan::Replace { layout, why } = &layout {
             warn!(
                 pinned_layout = layout,
                 layout = crate::kernel::layout::LAYOUT,
@@ -52,11 +50,23 @@ impl Daemon {
                  limits, connections counted from the sockets)"
             );
         }
-        let maps_sub = if replacing {
-            crate::kernel::layout::NEXT
-        } else {
-            crate::kernel::layout::MAPS
-        };
+        let plan = plan(
+            &cfg,
+            &HostFacts {
+                layout,
+                pinned_attachments: cfg
+                    .daemon
+                    .interfaces
+                    .iter()
+                    .map(|iface| crate::kernel::pinned_ingress(&pin_dir, iface).is_some())
+                    .collect(),
+                private_pins: match &pins.durability {
+                    Durability::Private(why) => Some(why.clone()),
+                    _ => None,
+                },
+            },
+        );
+        let (adopting, replacing, maps_sub) = (plan.adopt_maps, plan.replace, plan.maps);
         // Endpoints first: a port or a socket in use fails the start before anything is
         // attached.
         let metrics_listener = std::net::TcpListener::bind(&cfg.daemon.metrics_listen)
@@ -76,16 +86,12 @@ impl Daemon {
                 )
             })?;
         // Each interface's mode, unless an earlier run's attachment is adopted.
-        let modes = cfg
-            .daemon
+        let modes = plan
             .interfaces
             .iter()
-            .map(|iface| {
-                if crate::kernel::pinned_ingress(&pin_dir, iface).is_some() {
-                    Ok(None)
-                } else {
-                    delivering_mode(&cfg, iface, cfg.daemon.attach).map(Some)
-                }
+            .map(|(iface, hook)| match hook {
+                Hook::Adopt => Ok(None),
+                Hook::Attach => delivering_mode(&cfg, iface, cfg.daemon.attach).map(Some),
             })
             .collect::<Result<Vec<_>>>()?;
         let mut kernel_log = cfg.daemon.kernel_debug_log;
@@ -130,17 +136,8 @@ impl Daemon {
         for (i, s) in cfg.services.iter().enumerate() {
             let id = i as u32;
             // On restart, continue from the limit in the maps rather than from the fallback.
-            let initial = if adopting {
-                shedder
-                    .policy(id)
-                    .ok()
-                    .filter(|p| p.configured == POLICY_CONFIGURED)
-                    .map(|p| p.total_limit)
-                    .filter(|l| (s.min_limit..=s.max_limit).contains(l))
-                    .unwrap_or(s.fallback_limit)
-            } else {
-                s.fallback_limit
-            };
+            let pinned = adopting.then(|| shedder.policy(id).ok()).flatten();
+            let initial = initial_limit(s, adopting, pinned.as_ref());
             let cap = fleet.as_ref().and_then(|f| f.cap(&s.name));
             let mut sc = ServiceControl::new(id, s, initial, cap);
             compiled.services[i].policy = sc.initial_policy(Context {
@@ -154,12 +151,7 @@ impl Daemon {
             .write_compiled(&compiled)
             .context("writing the policy")?;
         shedder.heartbeat().context("stamping the heartbeat")?;
-        let mut warnings: Vec<String> = Vec::new();
-        if let Durability::Private(why) = &pins.durability {
-            warnings.push(format!(
-                "no fail-static: the pins die with this daemon ({why}); if it dies, nothing is shed"
-            ));
-        }
+        let mut warnings = plan.warnings.clone();
         // A replacement counts the connections in service before the attachments switch to
         // its maps, so that its programs never start from zero under load (and again after,
         // for those born meanwhile: each is counted once).
@@ -300,9 +292,8 @@ impl Daemon {
                 None
             }
         };
-        let window_ticks = cfg.daemon.signal_window_ms.div_ceil(cfg.daemon.tick_ms) as usize;
         let cgroup_root = psi::cgroup2_mount().ok();
-        let reader = SignalReader::new(specs(&cfg, cgroup_root.as_deref()), window_ticks);
+        let reader = SignalReader::new(specs(&cfg, cgroup_root.as_deref()), plan.window_ticks);
         let shared: metrics::Shared = Default::default();
         metrics::serve(metrics_listener, shared.clone());
         let (tx, requests) = mpsc::channel();
@@ -311,10 +302,7 @@ impl Daemon {
             config_path,
             recall: super::recall::Recall::new(&cfg),
             sweep: super::sweep::Sweep::new(&cfg),
-            // A third of the heartbeat's timeout: said well before the fallback takes over.
-            watchdog: super::watchdog::Watchdog::start(Duration::from_millis(
-                (cfg.daemon.heartbeat_timeout_ms / 3).max(100),
-            )),
+            watchdog: super::watchdog::Watchdog::start(plan.watchdog_after),
             cfg,
             config_text,
             shedder,
