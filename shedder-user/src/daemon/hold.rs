@@ -54,15 +54,16 @@ impl Daemon {
     /// hold they ask for, if it changed (at most every [`EVERY`]). With no connection to
     /// sample the hold stays as it is.
     pub(super) fn measure_hold(&mut self, now: Instant) {
-        if self.hold.configured
+        if self.control.hold.configured
             || self
+                .control
                 .hold
                 .last
                 .is_some_and(|t| now.duration_since(t) < EVERY)
         {
             return;
         }
-        self.hold.last = Some(now);
+        self.control.hold.last = Some(now);
         let ports: Vec<u16> = self
             .cfg
             .services
@@ -83,25 +84,26 @@ impl Daemon {
         let Some(us) = hold_us_from_rtts(&mut rtts) else {
             return;
         };
-        self.hold.measured = Some((us, rtts.len()));
-        let bits = hold_bits_for(us, self.hz);
-        if bits == self.hold.bits {
+        self.control.hold.measured = Some((us, rtts.len()));
+        let bits = hold_bits_for(us, self.kernel.hz);
+        if bits == self.control.hold.bits {
             return;
         }
-        let written = self.shedder.globals().and_then(|mut g| {
+        let written = self.kernel.shedder.globals().and_then(|mut g| {
             g.hold_bits = bits;
-            self.shedder.set_globals(&g)
+            self.kernel.shedder.set_globals(&g)
         });
         match written {
             Ok(()) => {
                 info!(
-                    hold_ms = (1u64 << bits) as f64 * 1000.0 / self.hz as f64,
-                    previous_ms = (1u64 << self.hold.bits) as f64 * 1000.0 / self.hz as f64,
+                    hold_ms = (1u64 << bits) as f64 * 1000.0 / self.kernel.hz as f64,
+                    previous_ms =
+                        (1u64 << self.control.hold.bits) as f64 * 1000.0 / self.kernel.hz as f64,
                     rtt_p99_us = us / 2,
                     connections = rtts.len(),
                     "handshake hold changed"
                 );
-                self.hold.bits = bits;
+                self.control.hold.bits = bits;
             }
             Err(e) => warn!(error = %e, "writing the handshake hold"),
         }

@@ -13,17 +13,17 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        mpsc,
-    },
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
 use tracing::{info, warn};
 
+mod control_side;
+mod endpoints;
 mod hold;
+mod kernel_side;
 mod notify;
 mod plan;
 mod recall;
@@ -36,21 +36,13 @@ mod tick;
 mod watchdog;
 
 use crate::{
-    api::{
-        control::Request,
-        metrics,
-        state::{Attachment, ProgramCost},
-    },
     config::Config,
-    control::classes::Ladder,
-    fleet,
-    kernel::{
-        AttachMode, Shedder,
-        pins::{Durability, PinDir},
-    },
-    signals::{ServiceSpec, SignalReader},
+    kernel::{AttachMode, pins::Durability},
+    signals::ServiceSpec,
 };
-use service::ServiceControl;
+use control_side::ControlSide;
+use endpoints::Endpoints;
+use kernel_side::KernelSide;
 
 static STOP: AtomicBool = AtomicBool::new(false);
 static RELOAD: AtomicBool = AtomicBool::new(false);
@@ -78,51 +70,22 @@ pub struct Options {
     pub keep_attached: bool,
 }
 
+/// A running daemon: its configuration, and its three sides, each of one concern.
 struct Daemon {
     config_path: PathBuf,
     cfg: Config,
     /// The text of the configuration in force (the file's, or the one applied over the API).
     config_text: String,
-    shedder: Shedder,
-    reader: SignalReader,
-    services: Vec<ServiceControl>,
-    ladder: Ladder,
-    hz: u32,
     start: Instant,
-    attach: Vec<Attachment>,
-    /// Keeps the kernel's BPF run-time statistics on while the daemon runs.
-    /// Keeps the kernel's BPF run-time statistics on while held (`None`: unavailable).
-    stats_enabled: Option<std::os::fd::OwnedFd>,
-    last_run_stats: Vec<(&'static str, Duration, u64)>,
-    programs: Vec<ProgramCost>,
-    last_heartbeat: Instant,
-    /// How the last reload went, for the metrics.
-    reload: metrics::Reload,
-    metrics: metrics::Shared,
-    requests: mpsc::Receiver<Request>,
-    /// Set by a detach request: stop and detach whatever the configuration says.
-    detach_requested: bool,
-    /// Fleet mode's etcd agent (`None` without `[fleet]`).
-    fleet: Option<fleet::Handle>,
-    /// Where the pins are (see [`crate::kernel::pins`]).
-    pins: PinDir,
     /// Lasting limitations found at start, for `status` (see [`State::warnings`]).
     warnings: Vec<String>,
-    /// Refusals that do not leave the host: the drivers' XDP transmit errors.
-    delivery: crate::kernel::netdev::delivery::Monitor,
-    /// How long the packet path holds an admitted attempt (see [`hold`]).
-    hold: hold::Hold,
-    /// Recalling keep-alive connections of refused classes (see [`recall`]).
-    recall: recall::Recall,
-    /// Checking the tracked connections against the kernel's sockets (see [`sweep`]).
-    sweep: sweep::Sweep,
+    /// Set by a detach request: stop and detach whatever the configuration says.
+    detach_requested: bool,
     /// Says which step a stalled tick is stuck in (see [`watchdog`]).
     watchdog: watchdog::Watchdog,
-    /// The packet path's sampled refusals (`None`: the ring could not be opened; said at
-    /// start and in `status`).
-    refusals: Option<crate::kernel::refusals::RefusalReader>,
-    /// When the summaries of who is refused were last aged.
-    refused_aged: Instant,
+    kernel: KernelSide,
+    control: ControlSide,
+    endpoints: Endpoints,
 }
 
 pub fn run(opts: Options) -> Result<()> {
@@ -168,7 +131,7 @@ pub fn run(opts: Options) -> Result<()> {
     let mut systemd = notify::Notifier::from_env();
     systemd.ready();
     info!(
-        services = daemon.services.len(),
+        services = daemon.control.services.len(),
         interfaces = ?daemon.cfg.daemon.interfaces,
         measure_only = daemon.cfg.daemon.measure_only,
         tick_ms = daemon.cfg.daemon.tick_ms,
@@ -205,7 +168,7 @@ pub fn run(opts: Options) -> Result<()> {
     systemd.stopping();
     let detach =
         daemon.detach_requested || (daemon.cfg.daemon.detach_on_exit && !opts.keep_attached);
-    let pin_dir = daemon.pins.path.clone();
+    let pin_dir = daemon.kernel.pins.path.clone();
     let socket = daemon.cfg.daemon.control_socket.clone();
     drop(daemon);
     let _ = std::fs::remove_file(&socket);

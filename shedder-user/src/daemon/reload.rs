@@ -27,14 +27,17 @@ impl Daemon {
             Ok(read) => read,
             Err(e) => {
                 warn!(error = %e, "reload refused; the running configuration stays in force");
-                self.reload.attempted(false);
+                self.endpoints.reload.attempted(false);
                 return;
             }
         };
         let applied = self.apply_config(cfg, text);
-        self.reload.attempted(applied.is_ok());
+        self.endpoints.reload.attempted(applied.is_ok());
         match applied {
-            Ok(()) => info!(services = self.services.len(), "configuration reloaded"),
+            Ok(()) => info!(
+                services = self.control.services.len(),
+                "configuration reloaded"
+            ),
             Err(e) => {
                 warn!(error = %e.error, "reload refused; the running configuration stays in force")
             }
@@ -75,7 +78,7 @@ impl Daemon {
             }
         }
         if cfg.sends_replies() {
-            for a in &self.attach {
+            for a in &self.kernel.attach {
                 if a.mode != Attached::XdpNative.as_str() {
                     continue;
                 }
@@ -97,45 +100,46 @@ impl Daemon {
             }
         }
         let ladder = Ladder::from_config(&cfg);
-        let mut compiled = compile(&cfg, self.hz);
+        let mut compiled = compile(&cfg, self.kernel.hz);
         // A measured hold carries over unless the new file sets one.
         let mut hold = super::hold::Hold::new(&cfg, compiled.globals.hold_bits);
-        if cfg.daemon.handshake_hold_ms == 0 && self.hold.measured.is_some() {
-            compiled.globals.hold_bits = self.hold.bits;
-            hold = self.hold.clone();
+        if cfg.daemon.handshake_hold_ms == 0 && self.control.hold.measured.is_some() {
+            compiled.globals.hold_bits = self.control.hold.bits;
+            hold = self.control.hold.clone();
         }
-        if let Some(f) = &self.fleet {
+        if let Some(f) = &self.control.fleet {
             f.set_services(fleet::shared_services(&cfg));
         }
         let ctx = Context {
             ladder: &ladder,
-            hz: self.hz,
-            hold: hold.duration(self.hz),
+            hz: self.kernel.hz,
+            hold: hold.duration(self.kernel.hz),
         };
-        let fleet = self.fleet.as_ref();
-        let mut services = ServiceControl::carry_over(&self.services, &cfg.services, |name| {
-            fleet.and_then(|f| f.cap(name))
-        });
+        let fleet = self.control.fleet.as_ref();
+        let mut services =
+            ServiceControl::carry_over(&self.control.services, &cfg.services, |name| {
+                fleet.and_then(|f| f.cap(name))
+            });
         // What is in force from now: a kept override, else the new controller's limit (a
         // fixed controller's new fixed_limit takes effect at once).
         for (i, sc) in services.iter_mut().enumerate() {
             compiled.services[i].policy = sc.initial_policy(ctx);
         }
-        if let Err(e) = self.shedder.write_compiled(&compiled) {
+        if let Err(e) = self.kernel.shedder.write_compiled(&compiled) {
             // The running configuration stays in force, fleet services included.
-            if let Some(f) = &self.fleet {
+            if let Some(f) = &self.control.fleet {
                 f.set_services(fleet::shared_services(&self.cfg));
             }
             return Err(ApiError::new(500, format!("writing the policy: {e}")));
         }
         let window_ticks = cfg.daemon.signal_window_ms.div_ceil(cfg.daemon.tick_ms) as usize;
         let cgroup_root = psi::cgroup2_mount().ok();
-        self.reader = SignalReader::new(specs(&cfg, cgroup_root.as_deref()), window_ticks);
-        self.services = services;
-        self.ladder = ladder;
-        self.hold = hold;
-        self.recall.reload(&cfg);
-        self.sweep.reload(&cfg);
+        self.control.reader = SignalReader::new(specs(&cfg, cgroup_root.as_deref()), window_ticks);
+        self.control.services = services;
+        self.control.ladder = ladder;
+        self.control.hold = hold;
+        self.control.recall.reload(&cfg);
+        self.control.sweep.reload(&cfg);
         self.cfg = cfg;
         self.config_text = text;
         Ok(())

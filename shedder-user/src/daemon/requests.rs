@@ -20,7 +20,7 @@ use crate::{
 impl Daemon {
     /// Answer what the control socket asked, between ticks.
     pub(super) fn serve_requests(&mut self) {
-        while let Ok(request) = self.requests.try_recv() {
+        while let Ok(request) = self.endpoints.requests.try_recv() {
             match request {
                 Request::State(reply) => {
                     let _ = reply.send(
@@ -34,12 +34,12 @@ impl Daemon {
                 Request::ApplyPolicy { text, peer, reply } => {
                     let result = match Config::parse(&text) {
                         Ok(cfg) => self.apply_config(cfg, text).map(|()| {
-                            info!(by = %peer, services = self.services.len(), "policy applied over the control socket");
-                            format!(r#"{{"applied":true,"services":{}}}"#, self.services.len())
+                            info!(by = %peer, services = self.control.services.len(), "policy applied over the control socket");
+                            format!(r#"{{"applied":true,"services":{}}}"#, self.control.services.len())
                         }),
                         Err(e) => Err(ApiError::from(e)),
                     };
-                    self.reload.attempted(result.is_ok());
+                    self.endpoints.reload.attempted(result.is_ok());
                     let _ = reply.send(result);
                 }
                 Request::SetOverride {
@@ -83,7 +83,8 @@ impl Daemon {
 
     /// The index of the service named `name` (404 if there is none).
     fn service_index(&self, name: &str) -> Result<usize, ApiError> {
-        self.services
+        self.control
+            .services
             .iter()
             .position(|r| r.cfg.name == name)
             .ok_or_else(|| ApiError::new(404, format!("no service named `{name}`")))
@@ -105,15 +106,15 @@ impl Daemon {
         };
         let (ctx, now) = (
             Context {
-                ladder: &self.ladder,
-                hz: self.hz,
-                hold: self.hold.duration(self.hz),
+                ladder: &self.control.ladder,
+                hz: self.kernel.hz,
+                hold: self.control.hold.duration(self.kernel.hz),
             },
             self.start.elapsed(),
         );
         let by = (peer.to_string(), req.reason.clone());
-        let previous = self.services[i]
-            .set_override(&mut self.shedder, ctx, &request, now, by)
+        let previous = self.control.services[i]
+            .set_override(&mut self.kernel.shedder, ctx, &request, now, by)
             .map_err(|e| match e {
                 OverrideError::Refused(r) => {
                     let mut e = ApiError::bad(r.to_string());
@@ -142,11 +143,11 @@ impl Daemon {
     fn clear_override(&mut self, service: &str, peer: &control::Peer) -> Result<String, ApiError> {
         let i = self.service_index(service)?;
         let ctx = Context {
-            ladder: &self.ladder,
-            hz: self.hz,
-            hold: self.hold.duration(self.hz),
+            ladder: &self.control.ladder,
+            hz: self.kernel.hz,
+            hold: self.control.hold.duration(self.kernel.hz),
         };
-        match self.services[i].clear_override(&mut self.shedder, ctx) {
+        match self.control.services[i].clear_override(&mut self.kernel.shedder, ctx) {
             Ok(Some(o)) => {
                 info!(service = %service, by = %peer, limit = o.limit, "override cleared");
                 Ok(r#"{"cleared":true}"#.to_string())
@@ -193,12 +194,12 @@ impl Daemon {
             reason: req.reason.clone(),
         };
         let ctx = Context {
-            ladder: &self.ladder,
-            hz: self.hz,
-            hold: self.hold.duration(self.hz),
+            ladder: &self.control.ladder,
+            hz: self.kernel.hz,
+            hold: self.control.hold.duration(self.kernel.hz),
         };
-        let previous = self.services[i]
-            .set_mode(&mut self.shedder, ctx, switch)
+        let previous = self.control.services[i]
+            .set_mode(&mut self.kernel.shedder, ctx, switch)
             .map_err(|e| ApiError::new(500, format!("writing the mode of `{service}`: {e}")))?;
         info!(
             service = %service,
@@ -222,17 +223,17 @@ impl Daemon {
     pub(super) fn clear_mode(&mut self, service: &str, by: &str) -> Result<String, ApiError> {
         let i = self.service_index(service)?;
         let ctx = Context {
-            ladder: &self.ladder,
-            hz: self.hz,
-            hold: self.hold.duration(self.hz),
+            ladder: &self.control.ladder,
+            hz: self.kernel.hz,
+            hold: self.control.hold.duration(self.kernel.hz),
         };
-        match self.services[i].clear_mode(&mut self.shedder, ctx) {
+        match self.control.services[i].clear_mode(&mut self.kernel.shedder, ctx) {
             Ok(Some(m)) => {
                 info!(
                     service = %service,
                     by = %by,
                     mode = m.mode.as_str(),
-                    now = self.services[i].mode().as_str(),
+                    now = self.control.services[i].mode().as_str(),
                     "mode switch ended"
                 );
                 Ok(r#"{"cleared":true}"#.to_string())

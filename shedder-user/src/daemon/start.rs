@@ -11,7 +11,7 @@ use anyhow::{Context as _, Result};
 use tracing::{info, warn};
 
 use super::{
-    Daemon, delivering_mode,
+    ControlSide, Daemon, Endpoints, KernelSide, delivering_mode,
     plan::{Hook, HostFacts, initial_limit, plan},
     service::{Context, ServiceControl, StartFloor},
     specs,
@@ -300,37 +300,43 @@ impl Daemon {
         control::serve(control_listener, group, tx);
         Ok(Self {
             config_path,
-            recall: super::recall::Recall::new(&cfg),
-            sweep: super::sweep::Sweep::new(&cfg),
+            start: Instant::now(),
+            warnings,
+            detach_requested: false,
             watchdog: super::watchdog::Watchdog::start(plan.watchdog_after),
+            control: ControlSide {
+                recall: super::recall::Recall::new(&cfg),
+                sweep: super::sweep::Sweep::new(&cfg),
+                services,
+                ladder,
+                reader,
+                hold,
+                fleet,
+                refused_aged: Instant::now(),
+            },
+            kernel: KernelSide {
+                shedder,
+                hz,
+                delivery: crate::kernel::netdev::delivery::Monitor::new(
+                    attach
+                        .iter()
+                        .map(|a| (a.interface.clone(), a.mode == Attached::XdpNative.as_str())),
+                ),
+                attach,
+                stats_enabled: stats,
+                last_run_stats: Vec::new(),
+                programs: Vec::new(),
+                last_heartbeat: Instant::now(),
+                pins,
+                refusals,
+            },
+            endpoints: Endpoints {
+                metrics: shared,
+                requests,
+                reload: metrics::Reload::started(),
+            },
             cfg,
             config_text,
-            shedder,
-            reader,
-            services,
-            ladder,
-            hz,
-            start: Instant::now(),
-            attach: attach.clone(),
-            stats_enabled: stats,
-            last_run_stats: Vec::new(),
-            programs: Vec::new(),
-            last_heartbeat: Instant::now(),
-            reload: metrics::Reload::started(),
-            metrics: shared,
-            requests,
-            detach_requested: false,
-            fleet,
-            pins,
-            warnings,
-            delivery: crate::kernel::netdev::delivery::Monitor::new(
-                attach
-                    .iter()
-                    .map(|a| (a.interface.clone(), a.mode == Attached::XdpNative.as_str())),
-            ),
-            hold,
-            refusals,
-            refused_aged: Instant::now(),
         })
     }
 }

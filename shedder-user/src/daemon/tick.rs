@@ -10,7 +10,7 @@ use super::{Daemon, service::Context, watchdog::Step};
 use crate::{
     api::{
         metrics,
-        state::{Attachment, ProgramCost, State},
+        state::{Attachment, State},
     },
     config::Protocol,
     kernel::MapReader as _,
@@ -23,46 +23,59 @@ impl Daemon {
     pub(super) fn tick(&mut self) {
         let now = Instant::now();
         self.watchdog.step(Step::Signals);
-        match self.shedder.clock(false) {
+        match self.kernel.shedder.clock(false) {
             Ok(jiffies) => self.count_quic_flows(jiffies),
             Err(e) => warn!(error = %e, "reading the kernel clock"),
         }
         self.measure_hold(now);
-        let signals = self.reader.tick(&self.shedder, now);
+        let signals = self.control.reader.tick(&self.kernel.shedder, now);
         let t = now.duration_since(self.start);
         self.watchdog.step(Step::Controllers);
         self.expire_mode_switches(t);
         let ctx = Context {
-            ladder: &self.ladder,
-            hz: self.hz,
-            hold: self.hold.duration(self.hz),
+            ladder: &self.control.ladder,
+            hz: self.kernel.hz,
+            hold: self.control.hold.duration(self.kernel.hz),
         };
-        for (sc, sig) in self.services.iter_mut().zip(&signals) {
-            let cap = self.fleet.as_ref().and_then(|f| f.cap(&sc.cfg.name));
-            if let Err(e) = sc.tick_signals(&mut self.shedder, ctx, sig, t, cap) {
+        for (sc, sig) in self.control.services.iter_mut().zip(&signals) {
+            let cap = self
+                .control
+                .fleet
+                .as_ref()
+                .and_then(|f| f.cap(&sc.cfg.name));
+            if let Err(e) = sc.tick_signals(&mut self.kernel.shedder, ctx, sig, t, cap) {
                 error!(service = %sc.cfg.name, error = %e, "writing the limits");
             }
-            if let (Some(f), Some(report)) = (&self.fleet, sc.report()) {
+            if let (Some(f), Some(report)) = (&self.control.fleet, sc.report()) {
                 f.report(&sc.cfg.name, report);
             }
         }
         self.take_refusals(now);
         self.watchdog.step(Step::Recall);
-        self.recall.tick(now, &self.services, &signals);
+        self.control
+            .recall
+            .tick(now, &self.control.services, &signals);
         self.watchdog.step(Step::Sweep);
-        let names: Vec<String> = self.services.iter().map(|sc| sc.cfg.name.clone()).collect();
+        let names: Vec<String> = self
+            .control
+            .services
+            .iter()
+            .map(|sc| sc.cfg.name.clone())
+            .collect();
         let name = |id: u32| names.get(id as usize).cloned().unwrap_or_default();
-        self.sweep.tick(now, &mut self.shedder, &name);
+        self.control
+            .sweep
+            .tick(now, &mut self.kernel.shedder, &name);
         self.watchdog.step(Step::Heartbeat);
-        match self.shedder.heartbeat() {
-            Ok(_) => self.last_heartbeat = Instant::now(),
+        match self.kernel.shedder.heartbeat() {
+            Ok(_) => self.kernel.last_heartbeat = Instant::now(),
             Err(e) => error!(error = %e, "stamping the heartbeat"),
         }
         self.watchdog.step(Step::Report);
-        self.update_program_costs();
-        self.delivery.poll(now, self.cfg.sends_replies());
+        self.kernel.update_program_costs();
+        self.kernel.delivery.poll(now, self.cfg.sends_replies());
         let snapshot = self.snapshot();
-        if let Ok(mut m) = self.metrics.lock() {
+        if let Ok(mut m) = self.endpoints.metrics.lock() {
             *m = Some(snapshot);
         }
     }
@@ -70,6 +83,7 @@ impl Daemon {
     /// End the mode switches whose time is up (logged as the API's clear is).
     fn expire_mode_switches(&mut self, t: std::time::Duration) {
         let expired: Vec<String> = self
+            .control
             .services
             .iter()
             .filter(|sc| sc.mode_expired(t))
@@ -85,18 +99,18 @@ impl Daemon {
     /// Count the refusals the packet path sampled since the last tick in their services'
     /// summaries of who is refused, after aging those by the time that passed.
     fn take_refusals(&mut self, now: Instant) {
-        let seconds = now.duration_since(self.refused_aged).as_secs_f64();
-        self.refused_aged = now;
-        for sc in &mut self.services {
+        let seconds = now.duration_since(self.control.refused_aged).as_secs_f64();
+        self.control.refused_aged = now;
+        for sc in &mut self.control.services {
             sc.age_refused(seconds);
         }
-        let Some(reader) = &mut self.refusals else {
+        let Some(reader) = &mut self.kernel.refusals else {
             return;
         };
         let t = now.duration_since(self.start);
         // More than the ring holds: one tick drains it.
         for sample in reader.drain(MAX_SAMPLES_PER_TICK) {
-            if let Some(sc) = self.services.get_mut(sample.service as usize) {
+            if let Some(sc) = self.control.services.get_mut(sample.service as usize) {
                 sc.refused(&sample, t);
             }
         }
@@ -119,7 +133,7 @@ impl Daemon {
         for (id, s) in quic {
             let g = match globals {
                 Some(g) => g,
-                None => match self.shedder.globals() {
+                None => match self.kernel.shedder.globals() {
                     Ok(g) => *globals.insert(g),
                     Err(e) => {
                         warn!(error = %e, "reading the globals to count QUIC flows");
@@ -128,8 +142,9 @@ impl Daemon {
                 },
             };
             let slot = flow::slot(jiffies, g.epoch_shift());
-            let window = |ms| flow::window_slots(ms, self.hz, g.epoch_shift());
+            let window = |ms| flow::window_slots(ms, self.kernel.hz, g.epoch_shift());
             let counted = self
+                .kernel
                 .shedder
                 .alive(
                     id as u32,
@@ -138,14 +153,18 @@ impl Daemon {
                     window(s.active_window_ms()),
                 )
                 .and_then(|answered| {
-                    let waiting = self.shedder.alive(
+                    let waiting = self.kernel.shedder.alive(
                         id as u32,
                         flow::WAITING,
                         slot,
                         window(flow::WAITING_WINDOW_MS),
                     )?;
-                    let p99 = self.services.get(id).and_then(|sc| sc.handshake_p99_ms());
-                    let unproven = self.shedder.alive(
+                    let p99 = self
+                        .control
+                        .services
+                        .get(id)
+                        .and_then(|sc| sc.handshake_p99_ms());
+                    let unproven = self.kernel.shedder.alive(
                         id as u32,
                         flow::UNPROVEN,
                         slot,
@@ -156,7 +175,7 @@ impl Daemon {
                             .saturating_add(waiting[c])
                             .saturating_add(unproven[c])
                     });
-                    self.shedder.set_inflight(
+                    self.kernel.shedder.set_inflight(
                         id as u32,
                         &Inflight {
                             class,
@@ -171,34 +190,10 @@ impl Daemon {
         }
     }
 
-    fn update_program_costs(&mut self) {
-        if self.stats_enabled.is_none() {
-            return;
-        }
-        let now = self.shedder.run_stats();
-        self.programs = now
-            .iter()
-            .map(|&(name, time, runs)| {
-                let prev = self.last_run_stats.iter().find(|(n, _, _)| *n == name);
-                let ns_per_run = prev.and_then(|&(_, t0, r0)| {
-                    let dr = runs.saturating_sub(r0);
-                    (dr > 0).then(|| time.saturating_sub(t0).as_nanos() as f64 / dr as f64)
-                });
-                ProgramCost {
-                    program: name.to_string(),
-                    runs,
-                    run_seconds: time.as_secs_f64(),
-                    ns_per_run,
-                }
-            })
-            .collect();
-        self.last_run_stats = now;
-    }
-
     /// The state as the API and the metrics report it.
     pub(super) fn state(&self) -> State {
         let now = Instant::now();
-        let kernel_events = match self.shedder.stats() {
+        let kernel_events = match self.kernel.shedder.stats() {
             Ok(stats) => STAT_NAMES
                 .iter()
                 .zip(stats)
@@ -215,46 +210,52 @@ impl Daemon {
             pin_dir: self.cfg.daemon.pin_dir.display().to_string(),
             tick_ms: self.cfg.daemon.tick_ms,
             heartbeat_timeout_ms: self.cfg.daemon.heartbeat_timeout_ms,
-            heartbeat_age_ms: now.duration_since(self.last_heartbeat).as_millis() as u64,
+            heartbeat_age_ms: now.duration_since(self.kernel.last_heartbeat).as_millis() as u64,
             attach: self
+                .kernel
                 .attach
                 .iter()
                 .map(|a| Attachment {
-                    xdp_tx_errors: self.delivery.errors(&a.interface),
+                    xdp_tx_errors: self.kernel.delivery.errors(&a.interface),
                     ..a.clone()
                 })
                 .collect(),
-            programs: self.programs.clone(),
+            programs: self.kernel.programs.clone(),
             kernel_events,
-            handshake_hold_ms: Some(self.hold.duration(self.hz).as_secs_f64() * 1000.0),
-            handshake_hold_measured: self.hold.measured.map(|(us, n)| {
+            handshake_hold_ms: Some(
+                self.control.hold.duration(self.kernel.hz).as_secs_f64() * 1000.0,
+            ),
+            handshake_hold_measured: self.control.hold.measured.map(|(us, n)| {
                 crate::api::state::HoldMeasured {
                     wanted_ms: us as f64 / 1000.0,
                     connections: n,
                 }
             }),
             services: self
+                .control
                 .services
                 .iter()
                 .filter_map(|sc| sc.state(now.duration_since(self.start)))
                 .map(|mut s| {
-                    self.recall.fill(&mut s);
+                    self.control.recall.fill(&mut s);
                     s.unseen_connections = self
+                        .control
                         .services
                         .iter()
                         .find(|sc| sc.cfg.name == s.name)
-                        .map_or(0, |sc| self.sweep.unseen(sc.id));
+                        .map_or(0, |sc| self.control.sweep.unseen(sc.id));
                     s
                 })
                 .collect(),
-            fleet: self.fleet.as_ref().map(|f| f.state()),
+            fleet: self.control.fleet.as_ref().map(|f| f.state()),
             warnings: self
                 .warnings
                 .iter()
                 .cloned()
-                .chain(self.delivery.problems())
+                .chain(self.kernel.delivery.problems())
                 .chain(
-                    self.recall
+                    self.control
+                        .recall
                         .unavailable()
                         .map(|why| format!("keep-alive recall is unavailable: {why}")),
                 )
@@ -265,11 +266,11 @@ impl Daemon {
     pub(super) fn snapshot(&self) -> metrics::Snapshot {
         metrics::Snapshot {
             state: self.state(),
-            services: self.reader.cumulative(),
-            listen: self.reader.listen_counters(),
-            udp_errors: self.reader.udp_errors(),
-            heartbeat: self.last_heartbeat,
-            reload: self.reload,
+            services: self.control.reader.cumulative(),
+            listen: self.control.reader.listen_counters(),
+            udp_errors: self.control.reader.udp_errors(),
+            heartbeat: self.kernel.last_heartbeat,
+            reload: self.endpoints.reload,
         }
     }
 }
