@@ -3,15 +3,15 @@
 
 use crate::hist;
 use crate::ids::{NUM_CLASSES, NUM_VERDICTS, VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_RST};
-use crate::reasons::NUM_REASONS;
+use crate::reasons::REASON_SLOTS;
 
 /// Decision counters of one service: one per (class, verdict, reason).
-pub const COUNTERS_PER_SERVICE: usize = NUM_CLASSES * NUM_VERDICTS as usize * NUM_REASONS as usize;
+pub const COUNTERS_PER_SERVICE: usize = NUM_CLASSES * NUM_VERDICTS as usize * REASON_SLOTS as usize;
 
 /// Index of (class, verdict, reason) within [`ServiceCounters`].
 #[inline(always)]
 pub const fn decision_index(class: u32, verdict: u32, reason: u32) -> u32 {
-    (class * NUM_VERDICTS + verdict) * NUM_REASONS + reason
+    (class * NUM_VERDICTS + verdict) * REASON_SLOTS + reason
 }
 
 /// A flat numbering of every decision counter of every service (service-major), for
@@ -75,7 +75,7 @@ impl ServiceCounters {
 
     /// Unproven attempts of `class` with `verdict`, every reason.
     pub fn unproven_verdict(&self, class: u32, verdict: u32) -> u64 {
-        (0..NUM_REASONS)
+        (0..REASON_SLOTS)
             .map(|r| self.unproven[decision_index(class, verdict, r) as usize])
             .sum()
     }

@@ -52,7 +52,7 @@ pub struct ClassPolicy {
     /// [`crate::admit`]); not applied with a stale heartbeat.
     pub reserve: u32,
     /// Admitted attempts from sources without standing ([`crate::proof`]) the class holds at
-    /// most (its *bounded unproven part*); more are refused ([`crate::REASON_UNPROVEN`]).
+    /// most (its *bounded unproven part*); more are refused ([`crate::Reason::Unproven`]).
     pub unproven_cap: u32,
 }
 
@@ -88,7 +88,7 @@ pub struct ServicePolicy {
     pub retry_budget: u32,
     pub retry_budget_min: u32,
     /// Established connections (busy or idle) the service may hold: an attempt beyond is
-    /// refused ([`crate::REASON_CONNECTIONS`]) in every class and mode. A safety bound on what
+    /// refused ([`crate::Reason::Connections`]) in every class and mode. A safety bound on what
     /// idle pools may pin, far above the limit on work; 0: none (the daemon always writes
     /// one).
     pub max_connections: u32,
