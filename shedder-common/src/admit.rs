@@ -9,16 +9,16 @@
 //! 2. **CRITICAL** below its ceiling is admitted: it is never shed by pressure;
 //! 3. a class below its **floor** is admitted whatever the service's pressure, so a class
 //!    with a floor is never starved;
-//! 4. a class at its **share** is shed ([`REASON_PRIORITY`]): the daemon sets each share to
+//! 4. a class at its **share** is shed ([`Reason::Priority`]): the daemon sets each share to
 //!    the limit less what the classes above it want and the floors in use below it — but
 //!    a retry filling idle room ([`Attempt::fills_idle`]) only while the whole service is
 //!    full;
 //! 5. when the **service** is full the attempt is shed, where *full* is seen from the
 //!    attempt's class: this class and every class above it count in full, the classes
-//!    below it only up to their floors ([`REASON_SERVICE_LIMIT`], or
-//!    [`REASON_FLOORS_BELOW`] when only those floors make it full);
+//!    below it only up to their floors ([`Reason::ServiceLimit`], or
+//!    [`Reason::FloorsBelow`] when only those floors make it full);
 //! 6. the class's **reserve** is room it leaves free for the classes above it: it is shed
-//!    ([`REASON_PRIORITY`]) once the service, seen as in step 5, is within `reserve` of
+//!    ([`Reason::Priority`]) once the service, seen as in step 5, is within `reserve` of
 //!    the limit;
 //! 7. otherwise it is admitted (the token bucket, if any, is checked afterwards).
 //!
@@ -44,9 +44,7 @@
 //! With a stale heartbeat the fallback share, floor and total are used instead.
 
 use crate::{
-    CLASS_CRITICAL, NUM_CLASSES, REASON_CEILING, REASON_CRITICAL, REASON_FAIR_SHARE, REASON_FLOOR,
-    REASON_FLOORS_BELOW, REASON_PRIORITY, REASON_RETRY_BUDGET, REASON_SERVICE_LIMIT,
-    REASON_UNDER_LIMIT, REASON_UNPROVEN, ServicePolicy,
+    CLASS_CRITICAL, NUM_CLASSES, Reason, ServicePolicy,
     fair::{self, ClassEpoch},
     is_pressure, mask,
 };
@@ -56,7 +54,7 @@ use crate::{
 pub struct Decision {
     /// 1 = admit, 0 = shed (an integer keeps the eBPF code free of bool/Option plumbing).
     pub admit: u32,
-    /// One of the `REASON_*` constants.
+    /// A [`Reason`]'s number.
     pub reason: u32,
     /// Refused for pressure: by how many connections the bound that refused it (the
     /// class's share, the service's total as the class sees it, or that less the class's
@@ -128,10 +126,10 @@ pub fn decide(
     let cp = &policy.classes[class];
     let mine = occ[class];
     if mine >= cp.ceiling as u64 {
-        return Decision::shed(REASON_CEILING);
+        return Decision::shed(Reason::Ceiling as u32);
     }
     if class as u32 == CLASS_CRITICAL {
-        return Decision::admit(REASON_CRITICAL);
+        return Decision::admit(Reason::Critical as u32);
     }
     let (share, floor, total_limit) = if stale {
         (cp.fallback_limit, cp.fallback_floor, policy.fallback_total)
@@ -139,7 +137,7 @@ pub fn decide(
         (cp.limit, cp.floor, policy.total_limit)
     };
     if mine < floor as u64 || attempt.below_floor_share {
-        return Decision::admit(REASON_FLOOR);
+        return Decision::admit(Reason::Floor as u32);
     }
     // All ones for a retry filling idle room while the whole service has some (masks: one
     // branch, not three).
@@ -147,7 +145,7 @@ pub fn decide(
     let waived = mask::sign(total as i64 - total_limit as i64)
         & 0u64.wrapping_sub(attempt.fills_idle as u64);
     if mine >= share as u64 && waived == 0 {
-        return Decision::over(REASON_PRIORITY, mine, share as u64);
+        return Decision::over(Reason::Priority as u32, mine, share as u64);
     }
     // The service as this class sees it: itself and the classes above in full (`ahead`),
     // the classes below up to their floors (`held`). With masks, not branches (see
@@ -165,19 +163,23 @@ pub fn decide(
         k += 1;
     }
     if ahead >= total_limit as u64 {
-        return Decision::over(REASON_SERVICE_LIMIT, ahead, total_limit as u64);
+        return Decision::over(Reason::ServiceLimit as u32, ahead, total_limit as u64);
     }
     if ahead + held >= total_limit as u64 {
-        return Decision::over(REASON_FLOORS_BELOW, ahead + held, total_limit as u64);
+        return Decision::over(Reason::FloorsBelow as u32, ahead + held, total_limit as u64);
     }
     // The room held for the classes above the source's own class (none with a stale
     // heartbeat: the fallback split is static).
     let reserve = policy.classes[(attempt.origin as usize) & (NUM_CLASSES - 1)].reserve as u64
         & !0u64.wrapping_sub(stale as u64);
     if ahead + held + reserve >= total_limit as u64 {
-        return Decision::over(REASON_PRIORITY, ahead + held + reserve, total_limit as u64);
+        return Decision::over(
+            Reason::Priority as u32,
+            ahead + held + reserve,
+            total_limit as u64,
+        );
     }
-    Decision::admit(REASON_UNDER_LIMIT)
+    Decision::admit(Reason::UnderLimit as u32)
 }
 
 /// What fair shares and the retry budget know of a proven attempt (step 7 of the
@@ -203,11 +205,11 @@ pub struct Sharing {
 /// the decision and whether it took the place of an over-share admission.
 ///
 /// - Refused for pressure with fair shares on: a source over its share is the one to
-///   refuse ([`REASON_FAIR_SHARE`]); a source within it is admitted in place of an
+///   refuse ([`Reason::FairShare`]); a source within it is admitted in place of an
 ///   over-share admission while the class holds more such connections than the bound is
 ///   exceeded by ([`fair::may_preempt`]).
 /// - An admitted retry over the retry budget ([`fair::within_budget`]) is refused
-///   ([`REASON_RETRY_BUDGET`]) only where it takes room from first attempts: over a full
+///   ([`Reason::RetryBudget`]) only where it takes room from first attempts: over a full
 ///   service (it ranks below every class) or in place of an over-share admission. So the
 ///   budget bounds what retries take from first attempts without leaving a service
 ///   refusing with idle connections.
@@ -224,13 +226,13 @@ pub fn share<W: Fn() -> ClassEpoch>(
     let mut preempt = false;
     if d.admit == 0 && is_pressure(d.reason) == 1 && s.fair {
         if s.over {
-            d.reason = REASON_FAIR_SHARE;
+            d.reason = Reason::FairShare as u32;
         } else if fair::may_preempt(
             &window(),
             occ[(class as usize) & (NUM_CLASSES - 1)],
             d.excess as u64,
         ) {
-            d = Decision::admit(REASON_FAIR_SHARE);
+            d = Decision::admit(Reason::FairShare as u32);
             preempt = true;
         }
     }
@@ -241,7 +243,7 @@ pub fn share<W: Fn() -> ClassEpoch>(
         && (preempt || total >= limit)
         && !fair::within_budget(&window(), s.retry_budget, s.retry_budget_min)
     {
-        return (Decision::shed(REASON_RETRY_BUDGET), false);
+        return (Decision::shed(Reason::RetryBudget as u32), false);
     }
     (d, preempt)
 }
@@ -269,7 +271,7 @@ pub fn occupancy(
 }
 
 /// An unproven attempt's decision (`proven` 0) within its class's cap: admitted by
-/// [`decide`], it is still refused for [`REASON_UNPROVEN`] while the class holds
+/// [`decide`], it is still refused for [`Reason::Unproven`] while the class holds
 /// `unproven_cap` unproven attempts (`held[1]`). This bounds what attempts from sources
 /// without standing hold, CRITICAL's included; a proven attempt's decision is unchanged.
 #[inline(always)]
@@ -288,7 +290,7 @@ pub fn cap_unproven(
     let m = 0u32.wrapping_sub(cut);
     Decision {
         admit: d.admit & !m,
-        reason: (d.reason & !m) | (REASON_UNPROVEN & m),
+        reason: (d.reason & !m) | (Reason::Unproven as u32 & m),
         excess: d.excess & !m,
     }
 }
@@ -386,15 +388,15 @@ mod tests {
         let p = policy();
         // Service far over its limit: critical still admitted.
         let d = decide_occ(&p, CLASS_CRITICAL, &[4, 90, 90, 90], false);
-        assert_eq!(d, Decision::admit(REASON_CRITICAL));
+        assert_eq!(d, Decision::admit(Reason::Critical as u32));
         // At its ceiling: shed, also with a stale heartbeat.
         assert_eq!(
             decide_occ(&p, CLASS_CRITICAL, &[5, 0, 0, 0], false),
-            Decision::shed(REASON_CEILING)
+            Decision::shed(Reason::Ceiling as u32)
         );
         assert_eq!(
             decide_occ(&p, CLASS_CRITICAL, &[5, 0, 0, 0], true),
-            Decision::shed(REASON_CEILING)
+            Decision::shed(Reason::Ceiling as u32)
         );
     }
 
@@ -404,23 +406,23 @@ mod tests {
         // Total 140 > 100, but high holds 59 < floor 60.
         assert_eq!(
             decide_occ(&p, CLASS_HIGH, &[0, 59, 51, 30], false),
-            Decision::admit(REASON_FLOOR)
+            Decision::admit(Reason::Floor as u32)
         );
         // At the floor the service limit applies again, with the classes below counted
         // only up to their floors: medium's 35 connections over its floor of 5 do not
         // hold high back.
         assert_eq!(
             decide_occ(&p, CLASS_HIGH, &[0, 60, 40, 0], false),
-            Decision::admit(REASON_UNDER_LIMIT)
+            Decision::admit(Reason::UnderLimit as u32)
         );
         assert_eq!(
             decide_occ(&p, CLASS_HIGH, &[5, 95, 40, 0], false),
-            Decision::shed(REASON_SERVICE_LIMIT)
+            Decision::shed(Reason::ServiceLimit as u32)
         );
         // Medium's floor of 5 also holds against a full service.
         assert_eq!(
             decide_occ(&p, CLASS_MEDIUM, &[0, 100, 4, 0], false),
-            Decision::admit(REASON_FLOOR)
+            Decision::admit(Reason::Floor as u32)
         );
     }
 
@@ -435,16 +437,16 @@ mod tests {
         };
         assert_eq!(
             decide(&p, &below(CLASS_SHEDDABLE), &full, false),
-            Decision::admit(REASON_FLOOR)
+            Decision::admit(Reason::Floor as u32)
         );
         assert_eq!(
             decide_occ(&p, CLASS_SHEDDABLE, &[0, 60, 40, 0], false),
-            Decision::shed(REASON_SERVICE_LIMIT)
+            Decision::shed(Reason::ServiceLimit as u32)
         );
         // The ceiling still holds.
         assert_eq!(
             decide(&p, &below(CLASS_CRITICAL), &[5, 0, 0, 0], false),
-            Decision::shed(REASON_CEILING)
+            Decision::shed(Reason::Ceiling as u32)
         );
     }
 
@@ -461,16 +463,16 @@ mod tests {
         let occ = [0u64, 20, 10, 30];
         assert_eq!(
             decide_occ(&p, CLASS_SHEDDABLE, &[0, 20, 10, 30], false),
-            Decision::shed(REASON_PRIORITY)
+            Decision::shed(Reason::Priority as u32)
         );
         assert_eq!(
             decide(&p, &retry, &occ, false),
-            Decision::admit(REASON_UNDER_LIMIT)
+            Decision::admit(Reason::UnderLimit as u32)
         );
         // The whole service full: refused at its share like anyone.
         assert_eq!(
             decide(&p, &retry, &[0, 50, 20, 30], false),
-            Decision::shed(REASON_PRIORITY)
+            Decision::shed(Reason::Priority as u32)
         );
     }
 
@@ -483,39 +485,39 @@ mod tests {
         let occ = [0, 60, 30, 10];
         assert_eq!(
             decide_occ(&p, CLASS_HIGH, &occ, false),
-            Decision::admit(REASON_UNDER_LIMIT)
+            Decision::admit(Reason::UnderLimit as u32)
         );
         assert_eq!(
             decide_occ(&p, CLASS_MEDIUM, &[0, 60, 40, 0], false),
-            Decision::shed(REASON_SERVICE_LIMIT)
+            Decision::shed(Reason::ServiceLimit as u32)
         );
         assert_eq!(
             decide_occ(&p, CLASS_SHEDDABLE, &occ, false),
-            Decision::shed(REASON_SERVICE_LIMIT)
+            Decision::shed(Reason::ServiceLimit as u32)
         );
         // Medium over its floor is admitted over sheddable's surplus, not over its own.
         assert_eq!(
             decide_occ(&p, CLASS_MEDIUM, &[0, 60, 30, 5], false),
-            Decision::admit(REASON_UNDER_LIMIT)
+            Decision::admit(Reason::UnderLimit as u32)
         );
         // High is refused for pressure only when every class below is at or below its
         // floor: 96 of high and critical with medium at its floor of 4 of 5 in use.
         assert_eq!(
             decide_occ(&p, CLASS_HIGH, &[1, 95, 4, 0], false),
-            Decision::shed(REASON_FLOORS_BELOW)
+            Decision::shed(Reason::FloorsBelow as u32)
         );
         assert_eq!(
             decide_occ(&p, CLASS_HIGH, &[1, 94, 4, 0], false),
-            Decision::admit(REASON_UNDER_LIMIT)
+            Decision::admit(Reason::UnderLimit as u32)
         );
         // The same with a stale heartbeat: fallback total 50, medium's fallback floor 2.
         assert_eq!(
             decide_occ(&p, CLASS_HIGH, &[0, 47, 9, 9], true),
-            Decision::admit(REASON_UNDER_LIMIT)
+            Decision::admit(Reason::UnderLimit as u32)
         );
         assert_eq!(
             decide_occ(&p, CLASS_HIGH, &[0, 48, 9, 9], true),
-            Decision::shed(REASON_FLOORS_BELOW)
+            Decision::shed(Reason::FloorsBelow as u32)
         );
     }
 
@@ -529,32 +531,32 @@ mod tests {
         let occ = [4, 40, 25, 0];
         assert_eq!(
             decide_occ(&p, CLASS_MEDIUM, &occ, false),
-            Decision::admit(REASON_UNDER_LIMIT)
+            Decision::admit(Reason::UnderLimit as u32)
         );
         assert_eq!(
             decide_occ(&p, CLASS_SHEDDABLE, &occ, false),
-            Decision::shed(REASON_PRIORITY)
+            Decision::shed(Reason::Priority as u32)
         );
         // 70 in use: medium now sees its reserve reached; high, with none, goes on to the
         // limit.
         let occ = [4, 40, 26, 0];
         assert_eq!(
             decide_occ(&p, CLASS_MEDIUM, &occ, false),
-            Decision::shed(REASON_PRIORITY)
+            Decision::shed(Reason::Priority as u32)
         );
         assert_eq!(
             decide_occ(&p, CLASS_HIGH, &[4, 95, 0, 0], false),
-            Decision::admit(REASON_UNDER_LIMIT)
+            Decision::admit(Reason::UnderLimit as u32)
         );
         // A floor still holds inside the reserve.
         assert_eq!(
             decide_occ(&p, CLASS_MEDIUM, &[4, 90, 4, 0], false),
-            Decision::admit(REASON_FLOOR)
+            Decision::admit(Reason::Floor as u32)
         );
         // With a stale heartbeat the split is static: no reserve (fallback total 50).
         assert_eq!(
             decide_occ(&p, CLASS_MEDIUM, &[4, 20, 20, 0], true),
-            Decision::admit(REASON_UNDER_LIMIT)
+            Decision::admit(Reason::UnderLimit as u32)
         );
         // A retry of a medium source decided as sheddable keeps out of medium's reserve
         // only, not sheddable's: at 69 in use it is admitted, at 70 it is not.
@@ -565,15 +567,15 @@ mod tests {
         };
         assert_eq!(
             decide(&p, &retry(CLASS_MEDIUM), &[4, 40, 25, 0], false),
-            Decision::admit(REASON_UNDER_LIMIT)
+            Decision::admit(Reason::UnderLimit as u32)
         );
         assert_eq!(
             decide(&p, &retry(CLASS_MEDIUM), &[4, 40, 26, 0], false),
-            Decision::shed(REASON_PRIORITY)
+            Decision::shed(Reason::Priority as u32)
         );
         assert_eq!(
             decide(&p, &retry(CLASS_SHEDDABLE), &[4, 40, 25, 0], false),
-            Decision::over(REASON_PRIORITY, 109, 100)
+            Decision::over(Reason::Priority as u32, 109, 100)
         );
     }
 
@@ -597,15 +599,15 @@ mod tests {
         let p = policy();
         assert_eq!(
             decide_occ(&p, CLASS_SHEDDABLE, &[0, 0, 0, 30], false),
-            Decision::shed(REASON_PRIORITY)
+            Decision::shed(Reason::Priority as u32)
         );
         assert_eq!(
             decide_occ(&p, CLASS_SHEDDABLE, &[0, 0, 0, 29], false),
-            Decision::admit(REASON_UNDER_LIMIT)
+            Decision::admit(Reason::UnderLimit as u32)
         );
         assert_eq!(
             decide_occ(&p, CLASS_SHEDDABLE, &[0, 50, 21, 29], false),
-            Decision::shed(REASON_SERVICE_LIMIT)
+            Decision::shed(Reason::ServiceLimit as u32)
         );
     }
 
@@ -620,12 +622,12 @@ mod tests {
         for class in [CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE] {
             assert_eq!(
                 decide_occ(&p, class, &[0; 4], false),
-                Decision::shed(REASON_PRIORITY)
+                Decision::shed(Reason::Priority as u32)
             );
         }
         assert_eq!(
             decide_occ(&p, CLASS_CRITICAL, &[0; 4], false),
-            Decision::admit(REASON_CRITICAL)
+            Decision::admit(Reason::Critical as u32)
         );
     }
 
@@ -636,21 +638,21 @@ mod tests {
         let occ = [0, 0, 0, 20];
         assert_eq!(
             decide_occ(&p, CLASS_SHEDDABLE, &occ, false),
-            Decision::admit(REASON_UNDER_LIMIT)
+            Decision::admit(Reason::UnderLimit as u32)
         );
         assert_eq!(
             decide_occ(&p, CLASS_SHEDDABLE, &occ, true),
-            Decision::shed(REASON_PRIORITY)
+            Decision::shed(Reason::Priority as u32)
         );
         // Fresh total 100 admits 60 occupants; stale total 50 does not.
         let occ = [0, 30, 30, 0];
         assert_eq!(
             decide_occ(&p, CLASS_MEDIUM, &occ, false),
-            Decision::admit(REASON_UNDER_LIMIT)
+            Decision::admit(Reason::UnderLimit as u32)
         );
         assert_eq!(
             decide_occ(&p, CLASS_MEDIUM, &occ, true),
-            Decision::shed(REASON_SERVICE_LIMIT)
+            Decision::shed(Reason::ServiceLimit as u32)
         );
     }
 
@@ -658,7 +660,7 @@ mod tests {
     fn occupancy_sum_saturates() {
         let p = policy();
         let d = decide_occ(&p, CLASS_MEDIUM, &[u32::MAX, u32::MAX, 10, 0], false);
-        assert_eq!(d, Decision::shed(REASON_SERVICE_LIMIT));
+        assert_eq!(d, Decision::shed(Reason::ServiceLimit as u32));
     }
 
     #[test]
@@ -667,7 +669,7 @@ mod tests {
         // 4 masks to CRITICAL: no out-of-bounds access, deterministic answer.
         assert_eq!(
             decide_occ(&p, 4, &[0; 4], false),
-            Decision::admit(REASON_CRITICAL)
+            Decision::admit(Reason::Critical as u32)
         );
     }
 }

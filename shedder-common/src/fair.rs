@@ -491,16 +491,16 @@ mod tests {
 
     #[test]
     fn unproven_attempts_are_one_source_once_refused_for_pressure() {
-        use crate::{REASON_PRIORITY, REASON_UNDER_LIMIT, REASON_UNPROVEN};
+        use crate::Reason;
         let mut c = ClassEpoch::default();
         // Admitted, and refused for the cap (a flood's): no source yet.
-        record_unproven(&mut c, 1, REASON_UNDER_LIMIT);
-        record_unproven(&mut c, 0, REASON_UNPROVEN);
+        record_unproven(&mut c, 1, Reason::UnderLimit as u32);
+        record_unproven(&mut c, 0, Reason::Unproven as u32);
         assert_eq!((c.sources, c.admitted, c.unproven), (0, 1, 0));
         // Turned away for want of room: one source, however many are.
-        record_unproven(&mut c, 0, REASON_PRIORITY);
-        record_unproven(&mut c, 0, REASON_PRIORITY);
-        record_unproven(&mut c, 1, REASON_UNDER_LIMIT);
+        record_unproven(&mut c, 0, Reason::Priority as u32);
+        record_unproven(&mut c, 0, Reason::Priority as u32);
+        record_unproven(&mut c, 1, Reason::UnderLimit as u32);
         assert_eq!((c.sources, c.admitted, c.unproven), (1, 2, 2));
     }
 

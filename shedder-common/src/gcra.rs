@@ -37,6 +37,15 @@ impl BucketParams {
     }
 }
 
+/// Token-bucket state of one (service, class): the GCRA theoretical arrival time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bucket {
+    pub tat_ns: u64,
+}
+
+const _: () = assert!(size_of::<Bucket>() == 8);
+
 /// The new TAT if an attempt at `now` conforms, or `None` if the bucket is empty.
 /// `interval_ns == 0` means "no bucket" and always conforms without changing the state.
 #[inline(always)]

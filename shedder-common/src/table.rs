@@ -29,6 +29,12 @@
 /// Slots per set.
 pub const WAYS: usize = 4;
 
+/// Sets of recent SYNs remembered to recognise retransmits, one entry per (4-tuple,
+/// initial sequence number): 65,536 entries in sets of [`WAYS`] (1 MiB), so a flood of
+/// new attempts replaces the oldest entries of their sets (a retransmit of a replaced
+/// attempt then counts as a new attempt) and never anything else.
+pub const SYN_SETS: u32 = 16384;
+
 /// One slot: the key's tag (0: empty) and the packed value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -43,6 +49,8 @@ pub struct Slot {
 pub struct Set {
     pub slot: [Slot; WAYS],
 }
+
+const _: () = assert!(size_of::<Set>() == 64);
 
 const JIFFIES_BITS: u32 = 40;
 const JIFFIES_MASK: u64 = (1 << JIFFIES_BITS) - 1;

@@ -52,6 +52,8 @@ impl Default for Ring {
     }
 }
 
+const _: () = assert!(size_of::<Ring>() == 8 * SLOTS as usize + 8);
+
 /// The slot of a `bpf_ktime_get_ns` time.
 #[inline(always)]
 pub const fn epoch(ns: u64) -> u32 {

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use shedder_common::{
-    CLASS_CRITICAL, ClassPolicy, NUM_CLASSES, REASON_CRITICAL, ServicePolicy,
+    CLASS_CRITICAL, ClassPolicy, NUM_CLASSES, Reason, ServicePolicy,
     admit::{self, Attempt, Decision, Sharing},
     demote,
     fair::{self, ClassEpoch, Decided, Fairness, SourceSlot},
@@ -326,7 +326,7 @@ impl Node {
         if class == CLASS_CRITICAL && !retry && crit_occ < self.policy.classes[0].ceiling as u64 {
             assert_eq!(
                 d,
-                Decision::admit(REASON_CRITICAL),
+                Decision::admit(Reason::Critical as u32),
                 "CRITICAL refused under its ceiling"
             );
         }

@@ -740,11 +740,11 @@ fn decide_frame<F: Frame, const QUIC: bool>(frame: &F) -> Outcome {
     }
     if decision.admit == 1 && at_connection_ceiling(open, policy) {
         decision.admit = 0;
-        decision.reason = shedder_common::REASON_CONNECTIONS;
+        decision.reason = shedder_common::Reason::Connections as u32;
     }
     if decision.admit == 1 && !take_token(service, class, policy) {
         decision.admit = 0;
-        decision.reason = shedder_common::REASON_RATE;
+        decision.reason = shedder_common::Reason::Rate as u32;
     }
     let admitted = decision.admit == 1;
     // Dry run, or off: a refusal passes (counted as a dry-run refusal, or as a pass).
@@ -1528,7 +1528,7 @@ fn unproven<F: Frame, const QUIC: bool>(
         )
     {
         decision.admit = 0;
-        decision.reason = shedder_common::REASON_CONNECTIONS;
+        decision.reason = shedder_common::Reason::Connections as u32;
     }
     // The unproven attempts are one source among the class's (`fair::record_unproven`).
     // Only an admission or a refusal for pressure changes what that records: a flood's

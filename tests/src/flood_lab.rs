@@ -162,13 +162,14 @@ pub fn run(tag: &str, space: Option<(&str, Prefix)>, protect: bool, rate: Option
             }
             let mut refused = Vec::new();
             let (mut u_pass, mut u_refused) = (0, 0);
-            for r in 0..shedder_common::NUM_REASONS {
+            for reason in shedder_common::Reason::ALL {
+                let r = reason as u32;
                 u_pass += diff(unproven, shedder_common::VERDICT_PASS, r);
                 for v in [shedder_common::VERDICT_DROP, shedder_common::VERDICT_RST] {
                     u_refused += diff(unproven, v, r);
                     let n = diff(proven, v, r);
                     if n > 0 {
-                        refused.push(format!("{} {n}", shedder_common::REASON_NAMES[r as usize]));
+                        refused.push(format!("{} {n}", reason.name()));
                     }
                 }
             }
@@ -190,7 +191,7 @@ pub fn run(tag: &str, space: Option<(&str, Prefix)>, protect: bool, rate: Option
             let sum = |k: &ServiceCounters| -> u64 {
                 (0..shedder_common::NUM_VERDICTS)
                     .flat_map(|v| {
-                        (0..shedder_common::NUM_REASONS)
+                        (0..shedder_common::REASON_SLOTS)
                             .map(move |r| shedder_common::decision_index(c as u32, v, r))
                     })
                     .map(|i| k.n[i as usize])

@@ -339,12 +339,12 @@ pub fn refusals_by_reason(pins: &Path) -> String {
         return "counters unreadable".into();
     };
     let mut out = Vec::new();
-    for r in 0..shedder_common::NUM_REASONS {
+    for r in shedder_common::Reason::ALL {
         let n: u64 = (0..shedder_common::NUM_CLASSES as u32)
-            .map(|c| k.refused(c, r))
+            .map(|c| k.refused(c, r as u32))
             .sum();
         if n > 0 {
-            out.push(format!("{} {n}", shedder_common::REASON_NAMES[r as usize]));
+            out.push(format!("{} {n}", r.name()));
         }
     }
     if out.is_empty() {

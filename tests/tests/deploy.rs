@@ -19,7 +19,7 @@ use shedder::{
     api::metrics::names::{METRICS, exposed_names},
     config::{self, Config},
 };
-use shedder_common::{CLASS_NAMES, REASON_NAMES, STAT_NAMES, VERDICT_NAMES, programs};
+use shedder_common::{CLASS_NAMES, Reason, STAT_NAMES, VERDICT_NAMES, programs};
 
 const ALERTS: &str = "deploy/prometheus/alerts.yml";
 /// promtool unit tests of the rules.
@@ -307,7 +307,7 @@ fn enumeration(metric_base: &str, label: &str) -> Option<Vec<String>> {
     match (metric_base, label) {
         (_, "class") => v(&CLASS_NAMES),
         (_, "verdict") => v(&VERDICT_NAMES),
-        (_, "reason") => v(&REASON_NAMES),
+        (_, "reason") => v(&Reason::ALL.map(Reason::name)),
         (_, "resource") => v(&["cpu", "memory", "io"]),
         (_, "kind") => v(&["some", "full"]),
         ("shedder_controller_mode", "mode") => v(&["normal", "shedding", "recovering"]),

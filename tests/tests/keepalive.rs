@@ -177,7 +177,7 @@ ports = [{PORT}]
     });
     let counters = maps.service_counters(0).expect("counters");
     let refused: u64 = (0..NUM_CLASSES as u32)
-        .flat_map(|c| (0..shedder_common::NUM_REASONS).map(move |r| (c, r)))
+        .flat_map(|c| (0..shedder_common::REASON_SLOTS).map(move |r| (c, r)))
         .flat_map(|(c, r)| {
             [shedder_common::VERDICT_DROP, shedder_common::VERDICT_RST].map(|v| {
                 counters.n[decision_index(c, v, r) as usize]
@@ -186,7 +186,7 @@ ports = [{PORT}]
         })
         .sum();
     let admitted: u64 = (0..NUM_CLASSES as u32)
-        .flat_map(|c| (0..shedder_common::NUM_REASONS).map(move |r| (c, r)))
+        .flat_map(|c| (0..shedder_common::REASON_SLOTS).map(move |r| (c, r)))
         .map(|(c, r)| {
             let i = decision_index(c, VERDICT_PASS, r) as usize;
             counters.n[i] + counters.unproven[i]

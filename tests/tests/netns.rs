@@ -15,9 +15,8 @@ use std::{
 use shedder::kernel::{AttachMode, Attached, Shedder};
 use shedder_common::{
     ACTION_DROP, ACTION_RST, CLASS_CRITICAL, CLASS_MEDIUM, CLASS_SHEDDABLE, Inflight, MODE_ENFORCE,
-    NUM_CLASSES, REASON_CRITICAL, REASON_PRIORITY, REASON_UNDER_LIMIT, REASONS_IN_USE, SOCK_BUSY,
-    STAT_ATTEMPTS_IN_FRAGMENTS, STAT_ATTEMPTS_IN_TUNNELS, ServicePolicy, VERDICT_DROP,
-    VERDICT_PASS, VERDICT_RST,
+    NUM_CLASSES, Reason, SOCK_BUSY, STAT_ATTEMPTS_IN_FRAGMENTS, STAT_ATTEMPTS_IN_TUNNELS,
+    ServicePolicy, VERDICT_DROP, VERDICT_PASS, VERDICT_RST,
     tunnel::{TUNNEL_VXLAN, port_index},
 };
 use shedder_tests::{
@@ -82,9 +81,9 @@ impl Lab {
             .run(|| connect_from(source, dest, port, timeout))
     }
 
-    fn counter(&self, service: u32, class: u32, verdict: u32, reason: u32) -> u64 {
+    fn counter(&self, service: u32, class: u32, verdict: u32, reason: Reason) -> u64 {
         self.shedder
-            .counter(service, class, verdict, reason)
+            .counter(service, class, verdict, reason as u32)
             .expect("counter")
     }
 
@@ -126,11 +125,11 @@ impl Lab {
 
     /// The same counter of unproven attempts: a source's first attempt, before any of its
     /// handshakes has completed.
-    fn unproven_counter(&self, service: u32, class: u32, verdict: u32, reason: u32) -> u64 {
+    fn unproven_counter(&self, service: u32, class: u32, verdict: u32, reason: Reason) -> u64 {
         self.shedder
             .service_counters(service)
             .expect("counters")
-            .unproven[shedder_common::decision_index(class, verdict, reason) as usize]
+            .unproven[shedder_common::decision_index(class, verdict, reason as u32) as usize]
     }
 }
 
@@ -222,25 +221,25 @@ fn scenario(tag: &str, mode: AttachMode, expect: Attached) {
             .expect("policy");
 
         // `drop`: the attempt goes unanswered; connect times out.
-        let before = lab.counter(SVC_DROP, CLASS_MEDIUM, VERDICT_DROP, REASON_PRIORITY);
+        let before = lab.counter(SVC_DROP, CLASS_MEDIUM, VERDICT_DROP, Reason::Priority);
         assert_timed_out(
             lab.connect(fam.client, fam.server, PORT_DROP, DROP_WAIT),
             &format!("{name}: drop action"),
         );
-        let dropped = lab.counter(SVC_DROP, CLASS_MEDIUM, VERDICT_DROP, REASON_PRIORITY) - before;
+        let dropped = lab.counter(SVC_DROP, CLASS_MEDIUM, VERDICT_DROP, Reason::Priority) - before;
         assert!(
             dropped >= 2,
             "{name}: the SYN and its retransmission were dropped ({dropped})"
         );
 
         // `rst`: refused at once.
-        let before = lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_RST, REASON_PRIORITY);
+        let before = lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_RST, Reason::Priority);
         assert_refused_fast(
             lab.connect(fam.client, fam.server, PORT_RST, ADMIT_WAIT),
             &format!("{name}: rst action"),
         );
         assert_eq!(
-            lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_RST, REASON_PRIORITY) - before,
+            lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_RST, Reason::Priority) - before,
             1,
             "{name}: one reset sent"
         );
@@ -264,38 +263,38 @@ fn scenario(tag: &str, mode: AttachMode, expect: Attached) {
 
         // A class prefix changes the verdict: CRITICAL is never shed by pressure (these
         // sources' first attempts: unproven ones).
-        let before = lab.unproven_counter(SVC_RST, CLASS_CRITICAL, VERDICT_PASS, REASON_CRITICAL);
+        let before = lab.unproven_counter(SVC_RST, CLASS_CRITICAL, VERDICT_PASS, Reason::Critical);
         let mut critical = assert_admitted(
             lab.connect(fam.critical, fam.server, PORT_RST, ADMIT_WAIT),
             &format!("{name}: critical source at limit 0"),
         );
         echo_roundtrip(&mut critical, b"critical").expect("echo critical");
         assert_eq!(
-            lab.unproven_counter(SVC_RST, CLASS_CRITICAL, VERDICT_PASS, REASON_CRITICAL) - before,
+            lab.unproven_counter(SVC_RST, CLASS_CRITICAL, VERDICT_PASS, Reason::Critical) - before,
             1,
             "{name}: admitted as critical"
         );
         // Its handshake completed: its next attempt is a proven one, admitted all the same.
-        let before = lab.counter(SVC_RST, CLASS_CRITICAL, VERDICT_PASS, REASON_CRITICAL);
+        let before = lab.counter(SVC_RST, CLASS_CRITICAL, VERDICT_PASS, Reason::Critical);
         assert_admitted(
             lab.connect(fam.critical, fam.server, PORT_RST, ADMIT_WAIT),
             &format!("{name}: critical source, proven, at limit 0"),
         );
         assert_eq!(
-            lab.counter(SVC_RST, CLASS_CRITICAL, VERDICT_PASS, REASON_CRITICAL) - before,
+            lab.counter(SVC_RST, CLASS_CRITICAL, VERDICT_PASS, Reason::Critical) - before,
             1,
             "{name}: admitted as critical, proven"
         );
         // ... and a longer sheddable prefix inside the critical one wins.
         if let Some(nested) = fam.nested_sheddable {
             let before =
-                lab.unproven_counter(SVC_RST, CLASS_SHEDDABLE, VERDICT_RST, REASON_PRIORITY);
+                lab.unproven_counter(SVC_RST, CLASS_SHEDDABLE, VERDICT_RST, Reason::Priority);
             assert_refused_fast(
                 lab.connect(nested, fam.server, PORT_RST, ADMIT_WAIT),
                 &format!("{name}: nested sheddable prefix"),
             );
             assert_eq!(
-                lab.unproven_counter(SVC_RST, CLASS_SHEDDABLE, VERDICT_RST, REASON_PRIORITY)
+                lab.unproven_counter(SVC_RST, CLASS_SHEDDABLE, VERDICT_RST, Reason::Priority)
                     - before,
                 1,
                 "{name}: refused as sheddable"
@@ -306,11 +305,11 @@ fn scenario(tag: &str, mode: AttachMode, expect: Attached) {
         lab.shedder
             .set_policy(SVC_RST, &open_policy(ACTION_RST, MODE_ENFORCE))
             .expect("policy");
-        let before = lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, REASON_UNDER_LIMIT);
+        let before = lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, Reason::UnderLimit);
         // Refusals of the class by reason (proven, unproven), for the message.
         let refused = |lab: &Lab| -> Vec<(u32, u64, u64)> {
             let k = lab.shedder.service_counters(SVC_RST).expect("counters");
-            (0..shedder_common::NUM_REASONS)
+            (0..shedder_common::REASON_SLOTS)
                 .map(|r| {
                     let i = shedder_common::decision_index(CLASS_MEDIUM, VERDICT_RST, r) as usize;
                     (r, k.n[i], k.unproven[i])
@@ -327,7 +326,7 @@ fn scenario(tag: &str, mode: AttachMode, expect: Attached) {
         );
         assert_admitted(attempt, &why);
         assert_eq!(
-            lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, REASON_UNDER_LIMIT) - before,
+            lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, Reason::UnderLimit) - before,
             1
         );
         lab.shedder
@@ -353,10 +352,11 @@ fn generic_xdp() {
 
 /// Attempts of `class` dropped by `service`, whatever the reason.
 fn drops(shedder: &Shedder, service: u32, class: u32) -> u64 {
-    (0..REASONS_IN_USE)
+    Reason::ALL
+        .into_iter()
         .map(|r| {
             shedder
-                .counter(service, class, VERDICT_DROP, r)
+                .counter(service, class, VERDICT_DROP, r as u32)
                 .expect("counter")
         })
         .sum()
@@ -497,7 +497,12 @@ fn fragments(tag: &str, mode: AttachMode, expect: Attached) {
         .set_inflight(SVC_RST, &Inflight::default())
         .expect("slot freed");
     let admitted = shedder
-        .counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, REASON_UNDER_LIMIT)
+        .counter(
+            SVC_RST,
+            CLASS_MEDIUM,
+            VERDICT_PASS,
+            Reason::UnderLimit as u32,
+        )
         .expect("counter");
     let (sport, isn) = (20_102, 0x2222_0000);
     for f in fragmented_syn(sport, isn) {
@@ -513,7 +518,12 @@ fn fragments(tag: &str, mode: AttachMode, expect: Attached) {
     assert_eq!(peer.port(), sport, "the connection is the fragmented SYN's");
     assert_eq!(
         shedder
-            .counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, REASON_UNDER_LIMIT)
+            .counter(
+                SVC_RST,
+                CLASS_MEDIUM,
+                VERDICT_PASS,
+                Reason::UnderLimit as u32
+            )
             .expect("counter")
             - admitted,
         1
@@ -596,14 +606,14 @@ fn vxlan(tag: &str, mode: AttachMode, expect: Attached) {
         lab.shedder
             .set_policy(SVC_RST, &open_policy(ACTION_RST, MODE_ENFORCE))
             .expect("policy");
-        let before = lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, REASON_UNDER_LIMIT);
+        let before = lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, Reason::UnderLimit);
         let mut stream = assert_admitted(
             lab.connect(client, server, PORT_RST, ADMIT_WAIT),
             &format!("{name}: room"),
         );
         echo_roundtrip(&mut stream, b"through the tunnel").expect("echo through VXLAN");
         assert_eq!(
-            lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, REASON_UNDER_LIMIT) - before,
+            lab.counter(SVC_RST, CLASS_MEDIUM, VERDICT_PASS, Reason::UnderLimit) - before,
             1,
             "{name}: admitted once"
         );
@@ -676,12 +686,12 @@ fn pinned_attachment_outlives_its_loader() {
     // A new process adopts the pinned maps and sees what the kernel counted: the client
     // never completed a handshake here, so its attempt was an unproven one.
     let adopted = Shedder::load_pinned(&pins.0, false).expect("adopt pinned maps");
+    let reset = shedder_common::decision_index(CLASS_MEDIUM, VERDICT_RST, Reason::Priority as u32);
     assert_eq!(
         adopted
             .service_counters(SVC_RST)
             .expect("counters")
-            .unproven
-            [shedder_common::decision_index(CLASS_MEDIUM, VERDICT_RST, REASON_PRIORITY) as usize],
+            .unproven[reset as usize],
         1,
         "the adopted counters hold the reset sent above"
     );

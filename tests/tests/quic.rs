@@ -11,7 +11,7 @@ use std::{
 
 use shedder::kernel::{MapReader, PinnedMaps};
 use shedder_common::{
-    CLASS_MEDIUM, NUM_REASONS, STAT_QUIC_SERVER_IDS, VERDICT_DROP, VERDICT_RST, decision_index,
+    CLASS_MEDIUM, REASON_SLOTS, STAT_QUIC_SERVER_IDS, VERDICT_DROP, VERDICT_RST, decision_index,
     hist,
 };
 use shedder_tests::{
@@ -83,7 +83,7 @@ impl Drop for Certificate {
 /// Decisions of `service` for MEDIUM with `verdict`, any reason.
 fn decided(maps: &PinnedMaps, service: u32, verdict: u32) -> u64 {
     let n = maps.counters(service).expect("counters");
-    (0..NUM_REASONS)
+    (0..REASON_SLOTS)
         .map(|r| n[decision_index(CLASS_MEDIUM, verdict, r) as usize])
         .sum()
 }

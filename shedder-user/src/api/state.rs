@@ -10,7 +10,7 @@ use crate::{
     fleet::FleetState,
     signals::{Quantiles, Reading, RetryWindow, Signals},
 };
-use shedder_common::REASON_NAMES;
+use shedder_common::Reason;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct State {
@@ -650,13 +650,11 @@ fn render_unproven(out: &mut String, s: &ServiceState) {
 fn render_refusals(out: &mut String, s: &ServiceState) {
     let (rates, sources) = (s.signals.rates.value(), s.signals.sources.value());
     for (i, c) in s.classes.iter().enumerate() {
-        let why: Vec<String> = rates
-            .map(|r| r[i].refused_by_reason)
-            .unwrap_or_default()
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| **v > 0.0)
-            .map(|(reason, v)| format!("{} {}/s", REASON_NAMES[reason], rate(*v)))
+        let by_reason = rates.map(|r| r[i].refused_by_reason).unwrap_or_default();
+        let why: Vec<String> = Reason::ALL
+            .into_iter()
+            .filter(|&reason| by_reason[reason as usize] > 0.0)
+            .map(|reason| format!("{} {}/s", reason.name(), rate(by_reason[reason as usize])))
             .collect();
         if !why.is_empty() {
             let _ = writeln!(out, "  refused {}: {}", c.class, why.join(", "));
@@ -756,8 +754,8 @@ mod tests {
         // Refusals by reason and the retry budget's use, per class that has them.
         let svc = &mut s.services[0].signals;
         if let Reading::Ok { value } = &mut svc.rates {
-            value[3].refused_by_reason[shedder_common::REASON_PRIORITY as usize] = 30.0;
-            value[3].refused_by_reason[shedder_common::REASON_RETRY_BUDGET as usize] = 2.5;
+            value[3].refused_by_reason[Reason::Priority as usize] = 30.0;
+            value[3].refused_by_reason[Reason::RetryBudget as usize] = 2.5;
         }
         svc.sources = Reading::Ok {
             value: std::array::from_fn(|c| crate::signals::ClassSources {

@@ -6,8 +6,7 @@ use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 use shedder::kernel::{self, MapReader as _};
 use shedder_common::{
-    CLASS_NAMES, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, REASON_NAMES, ServiceCounters,
-    VERDICT_NAMES, decision_index,
+    CLASS_NAMES, NUM_CLASSES, NUM_VERDICTS, Reason, ServiceCounters, VERDICT_NAMES, decision_index,
 };
 
 use super::{Services, paths::load_config};
@@ -61,15 +60,15 @@ fn rows(services: &[(&str, ServiceCounters)]) -> Vec<Row> {
     for (name, counters) in services {
         for class in 0..NUM_CLASSES as u32 {
             for verdict in 0..NUM_VERDICTS {
-                for reason in 0..NUM_REASONS {
-                    let n = counters.n[decision_index(class, verdict, reason) as usize];
+                for reason in Reason::ALL {
+                    let n = counters.n[decision_index(class, verdict, reason as u32) as usize];
                     if n > 0 {
                         decisions.push(Row {
                             service: name.to_string(),
                             counter: "connection_attempts",
                             class: CLASS_NAMES[class as usize],
                             verdict: Some(VERDICT_NAMES[verdict as usize]),
-                            reason: Some(REASON_NAMES[reason as usize]),
+                            reason: Some(reason.name()),
                             count: n,
                         });
                     }
@@ -156,16 +155,16 @@ fn render(rows: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use shedder_common::{
-        CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE, REASON_SERVICE_LIMIT, REASON_UNDER_LIMIT,
-        VERDICT_PASS, VERDICT_RST,
+        CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE, Reason, VERDICT_PASS, VERDICT_RST,
     };
 
     use super::*;
 
     fn sample() -> Vec<(&'static str, ServiceCounters)> {
         let mut web = ServiceCounters::default();
-        web.n[decision_index(CLASS_MEDIUM, VERDICT_PASS, REASON_UNDER_LIMIT) as usize] = 120;
-        web.n[decision_index(CLASS_SHEDDABLE, VERDICT_RST, REASON_SERVICE_LIMIT) as usize] = 7;
+        web.n[decision_index(CLASS_MEDIUM, VERDICT_PASS, Reason::UnderLimit as u32) as usize] = 120;
+        web.n[decision_index(CLASS_SHEDDABLE, VERDICT_RST, Reason::ServiceLimit as u32) as usize] =
+            7;
         web.retransmits[CLASS_SHEDDABLE as usize] = 3;
         web.retries[CLASS_SHEDDABLE as usize] = 2;
         let mut api = ServiceCounters::default();

@@ -5,9 +5,7 @@
 
 use std::time::Duration;
 
-use shedder_common::{
-    CLASS_NAMES, NUM_CLASSES, REASON_NAMES, ServicePolicy, VERDICT_NAMES, refusal,
-};
+use shedder_common::{CLASS_NAMES, NUM_CLASSES, Reason, ServicePolicy, VERDICT_NAMES, refusal};
 use tracing::info;
 
 use crate::{
@@ -221,7 +219,7 @@ impl ServiceControl {
                 source = %refused::source(sample),
                 proven = sample.proven == 1,
                 class = CLASS_NAMES.get(sample.class as usize).copied().unwrap_or("?"),
-                reason = REASON_NAMES.get(sample.reason as usize).copied().unwrap_or("?"),
+                reason = Reason::from_u32(sample.reason.into()).map_or("?", Reason::name),
                 verdict = VERDICT_NAMES.get(sample.verdict as usize).copied().unwrap_or("?"),
                 "refused (one sampled refusal a second at most)"
             );

@@ -11,7 +11,7 @@ use std::{
 };
 
 use aya_log::EbpfLogger;
-use shedder_common::{CLASS_NAMES, REASON_NAMES, VERDICT_NAMES};
+use shedder_common::{CLASS_NAMES, Reason, VERDICT_NAMES};
 use tokio::io::{Interest, unix::AsyncFd};
 use tracing::{debug, error, info, warn};
 
@@ -44,16 +44,11 @@ impl log::Log for KernelLog {
 /// Replace `class=N`, `verdict=N` and `reason=N` by their names (the kernel writes codes:
 /// formatting strings there would cost instructions on the packet path).
 pub fn spell_out(line: &str) -> String {
-    let names: [(&str, &[&str]); 3] = [
-        ("class=", &CLASS_NAMES),
-        ("verdict=", &VERDICT_NAMES),
-        ("reason=", &REASON_NAMES),
-    ];
     line.split(' ')
         .map(|word| {
-            for (key, table) in names {
+            for key in ["class=", "verdict=", "reason="] {
                 if let Some(code) = word.strip_prefix(key)
-                    && let Some(name) = code.parse::<usize>().ok().and_then(|i| table.get(i))
+                    && let Some(name) = code.parse::<usize>().ok().and_then(|c| name_of(key, c))
                 {
                     return format!("{key}{name}");
                 }
@@ -62,6 +57,16 @@ pub fn spell_out(line: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// The name of `code` after `key` in a kernel log line; `None` for a code without one
+/// (another object version's), which is left as the number.
+fn name_of(key: &str, code: usize) -> Option<&'static str> {
+    match key {
+        "class=" => CLASS_NAMES.get(code).copied(),
+        "verdict=" => VERDICT_NAMES.get(code).copied(),
+        _ => Reason::from_u32(u32::try_from(code).ok()?).map(Reason::name),
+    }
 }
 
 /// The logger, as a file descriptor the runtime can wait on (its ring buffer's).
@@ -119,8 +124,8 @@ mod tests {
              class_inflight=7 inflight=40 limit=40 stale=0"
         );
         assert_eq!(
-            spell_out("class=99 reason=x"),
-            "class=99 reason=x",
+            spell_out("class=99 reason=12 reason=x"),
+            "class=99 reason=12 reason=x",
             "unknown codes stay"
         );
         assert_eq!(spell_out(""), "");

@@ -6,9 +6,9 @@ use std::{net::IpAddr, path::Path};
 use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, lpm_trie::Key};
 use shedder_common::{
     ADDR_KEY_QUIC, ADDR_KEY_TCP, CLASS_L2_BLOCKS, COUNTERS_PER_SERVICE, ClassBlock, ClassRule,
-    Globals, HIST_PER_SERVICE, Inflight, NUM_CLASSES, NUM_REASONS, NUM_STATS, NUM_VERDICTS,
-    PORT_HAS_ADDR_SERVICES, PORT_SERVICE_MASK, ServiceAddrKey, ServiceCounters, ServiceHist,
-    ServicePolicy, classmap, decision_index, hist, maps,
+    Globals, HIST_PER_SERVICE, Inflight, NUM_CLASSES, NUM_STATS, NUM_VERDICTS,
+    PORT_HAS_ADDR_SERVICES, PORT_SERVICE_MASK, REASON_SLOTS, ServiceAddrKey, ServiceCounters,
+    ServiceHist, ServicePolicy, classmap, decision_index, hist, maps,
     tunnel::{DECAP_ENTRIES, TUNNEL_NONE},
 };
 
@@ -235,7 +235,7 @@ pub trait MapReader {
     /// A decision counter summed over CPUs.
     fn counter(&self, service: u32, class: u32, verdict: u32, reason: u32) -> Result<u64> {
         check_service(service)?;
-        if class as usize >= NUM_CLASSES || verdict >= NUM_VERDICTS || reason >= NUM_REASONS {
+        if class as usize >= NUM_CLASSES || verdict >= NUM_VERDICTS || reason >= REASON_SLOTS {
             return Err(Error::Range(
                 "counter",
                 format!("class {class} verdict {verdict} reason {reason}"),

@@ -7,7 +7,7 @@ use std::{
 };
 
 use shedder_common::{
-    COUNTERS_PER_SERVICE, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, REASON_UNPROVEN, ServiceCounters,
+    COUNTERS_PER_SERVICE, NUM_CLASSES, NUM_VERDICTS, REASON_SLOTS, Reason, ServiceCounters,
     VERDICT_DROP, VERDICT_DRY_RUN, VERDICT_PASS, VERDICT_RST, decision_index, hist,
 };
 
@@ -626,7 +626,8 @@ impl TickCounts {
                 capped: [VERDICT_DROP, VERDICT_RST, VERDICT_DRY_RUN]
                     .iter()
                     .map(|&v| {
-                        self.0.unproven[decision_index(c, v, REASON_UNPROVEN) as usize] as f64
+                        self.0.unproven[decision_index(c, v, Reason::Unproven as u32) as usize]
+                            as f64
                     })
                     .sum::<f64>()
                     / secs,
@@ -637,7 +638,7 @@ impl TickCounts {
     }
 
     fn verdict(&self, class: usize, verdict: u32) -> u64 {
-        (0..NUM_REASONS)
+        (0..REASON_SLOTS)
             .map(|reason| self.0.n[decision_index(class as u32, verdict, reason) as usize])
             .sum()
     }
@@ -721,15 +722,12 @@ impl ServiceSpec {
 
 #[cfg(test)]
 mod tests {
-    use shedder_common::{
-        CLASS_CRITICAL, CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE, REASON_FLOOR, REASON_PRIORITY,
-        REASON_UNDER_LIMIT,
-    };
+    use shedder_common::{CLASS_CRITICAL, CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE, Reason};
 
     use super::*;
 
-    fn count(c: &mut ServiceCounters, class: u32, verdict: u32, reason: u32, n: u64) {
-        c.n[decision_index(class, verdict, reason) as usize] += n;
+    fn count(c: &mut ServiceCounters, class: u32, verdict: u32, reason: Reason, n: u64) {
+        c.n[decision_index(class, verdict, reason as u32) as usize] += n;
     }
 
     #[test]
@@ -754,12 +752,18 @@ mod tests {
         let prev = ServiceCounters::default();
         let mut cur = prev;
         // 10 SHEDDABLE attempts dropped, then each SYN retransmitted twice.
-        count(&mut cur, CLASS_SHEDDABLE, VERDICT_DROP, REASON_PRIORITY, 10);
+        count(
+            &mut cur,
+            CLASS_SHEDDABLE,
+            VERDICT_DROP,
+            Reason::Priority,
+            10,
+        );
         cur.retransmits[CLASS_SHEDDABLE as usize] += 20;
         // 4 HIGH attempts admitted; 2 of them retries (counted under HIGH before demotion,
         // decided as MEDIUM and admitted there).
-        count(&mut cur, CLASS_HIGH, VERDICT_PASS, REASON_FLOOR, 2);
-        count(&mut cur, CLASS_MEDIUM, VERDICT_PASS, REASON_FLOOR, 2);
+        count(&mut cur, CLASS_HIGH, VERDICT_PASS, Reason::Floor, 2);
+        count(&mut cur, CLASS_MEDIUM, VERDICT_PASS, Reason::Floor, 2);
         cur.retries[CLASS_HIGH as usize] += 2;
         let tick = TickCounts::between(&prev, &cur);
         let r = tick.rates(Duration::from_millis(500));
@@ -774,7 +778,7 @@ mod tests {
         let offered: f64 = r.iter().map(|c| c.offered).sum();
         assert_eq!(offered, 28.0, "14 unique attempts in half a second");
         // Refused at its share: pressure. A ceiling or a bucket would not be.
-        assert_eq!(r[s].refused_by_reason[REASON_PRIORITY as usize], 20.0);
+        assert_eq!(r[s].refused_by_reason[Reason::Priority as usize], 20.0);
         assert_eq!((r[s].pressed(), r[h].pressed()), (20.0, 0.0));
         assert_eq!((tick.shed(), tick.retries()), (10, 2));
 
@@ -791,16 +795,22 @@ mod tests {
     fn the_retry_window_slides_over_the_signal_window() {
         let tick = |retries: u64, shed: u64| {
             let mut c = ServiceCounters::default();
-            count(&mut c, CLASS_MEDIUM, VERDICT_RST, REASON_PRIORITY, shed / 2);
+            count(
+                &mut c,
+                CLASS_MEDIUM,
+                VERDICT_RST,
+                Reason::Priority,
+                shed / 2,
+            );
             count(
                 &mut c,
                 CLASS_SHEDDABLE,
                 VERDICT_DROP,
-                REASON_PRIORITY,
+                Reason::Priority,
                 shed - shed / 2,
             );
             // Admitted attempts are not shed ones.
-            count(&mut c, CLASS_SHEDDABLE, VERDICT_PASS, REASON_FLOOR, 100);
+            count(&mut c, CLASS_SHEDDABLE, VERDICT_PASS, Reason::Floor, 100);
             c.retries[CLASS_MEDIUM as usize] = retries;
             TickCounts::between(&ServiceCounters::default(), &c)
         };
@@ -837,8 +847,14 @@ mod tests {
         // The packet path remembers a dry-run service's would-be-shed sources as shed, so
         // its retries are measured against them.
         let mut c = ServiceCounters::default();
-        count(&mut c, CLASS_SHEDDABLE, VERDICT_DRY_RUN, REASON_PRIORITY, 8);
-        count(&mut c, CLASS_SHEDDABLE, VERDICT_PASS, REASON_UNDER_LIMIT, 8);
+        count(
+            &mut c,
+            CLASS_SHEDDABLE,
+            VERDICT_DRY_RUN,
+            Reason::Priority,
+            8,
+        );
+        count(&mut c, CLASS_SHEDDABLE, VERDICT_PASS, Reason::UnderLimit, 8);
         c.retries[CLASS_SHEDDABLE as usize] = 2;
         let tick = TickCounts::between(&ServiceCounters::default(), &c);
         let w = RetryTally::default().push(&tick, Duration::from_secs(1), 5);
@@ -850,7 +866,7 @@ mod tests {
         let mut prev = ServiceCounters::default();
         prev.retransmits[0] = 5;
         prev.retries[1] = 5;
-        count(&mut prev, CLASS_HIGH, VERDICT_DROP, REASON_PRIORITY, 5);
+        count(&mut prev, CLASS_HIGH, VERDICT_DROP, Reason::Priority, 5);
         let tick = TickCounts::between(&prev, &ServiceCounters::default());
         assert_eq!(tick.0, ServiceCounters::default());
     }

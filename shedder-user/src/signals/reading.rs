@@ -85,9 +85,10 @@ pub struct ClassRates {
     /// its retry window (also in `offered`, under the class they were decided in).
     #[serde(default)]
     pub retries: f64,
-    /// Refused (dropped, reset, or dry-run) per second, by reason (`REASON_NAMES` order).
+    /// Refused (dropped, reset, or dry-run) per second, by reason number
+    /// ([`shedder_common::Reason`]), one per counter slot.
     #[serde(default)]
-    pub refused_by_reason: [f64; shedder_common::NUM_REASONS as usize],
+    pub refused_by_reason: [f64; shedder_common::REASON_SLOTS as usize],
     /// Proven attempts admitted per second that their source then disowned (SYNs forged
     /// in a known client's name; not in `admitted` or `offered`).
     #[serde(default)]
@@ -111,8 +112,9 @@ impl ClassRates {
     /// ([`shedder_common::PRESSURE_REASONS`]): the class wants more of the service than it
     /// got.
     pub fn pressed(&self) -> f64 {
-        (0..shedder_common::NUM_REASONS)
-            .filter(|&r| shedder_common::is_pressure(r) == 1)
+        shedder_common::Reason::ALL
+            .into_iter()
+            .filter(|&r| shedder_common::is_pressure(r as u32) == 1)
             .map(|r| self.refused_by_reason[r as usize])
             .sum()
     }

@@ -23,8 +23,8 @@ use prometheus_client::{
     registry::Registry,
 };
 use shedder_common::{
-    CLASS_NAMES, NUM_CLASSES, NUM_REASONS, NUM_VERDICTS, REASON_CEILING, REASON_NAMES,
-    REASONS_IN_USE, VERDICT_NAMES, VERDICT_PASS, decision_index, hist,
+    CLASS_NAMES, NUM_CLASSES, NUM_VERDICTS, Reason, VERDICT_NAMES, VERDICT_PASS, decision_index,
+    hist,
 };
 
 use crate::{
@@ -160,11 +160,11 @@ fn counters(
 }
 
 /// Whether a (verdict, reason) pair can happen, so its series is exported from zero on.
-fn possible(verdict: u32, reason: u32) -> bool {
+fn possible(verdict: u32, reason: Reason) -> bool {
     if verdict == VERDICT_PASS {
-        reason < REASON_CEILING
+        (reason as u32) < Reason::Ceiling as u32
     } else {
-        (REASON_CEILING..REASONS_IN_USE).contains(&reason)
+        reason as u32 >= Reason::Ceiling as u32
     }
 }
 
@@ -713,15 +713,15 @@ fn decision_series(
         let Some(c) = pick(c) else { continue };
         for class in 0..CLASS_NAMES.len() as u32 {
             for verdict in 0..NUM_VERDICTS {
-                for reason in 0..NUM_REASONS {
-                    let n = c[decision_index(class, verdict, reason) as usize];
+                for reason in Reason::ALL {
+                    let n = c[decision_index(class, verdict, reason as u32) as usize];
                     if n > 0 || possible(verdict, reason) {
                         out.push((
                             vec![
                                 ("service", name(i)),
                                 ("class", CLASS_NAMES[class as usize].to_string()),
                                 ("verdict", VERDICT_NAMES[verdict as usize].to_string()),
-                                ("reason", REASON_NAMES[reason as usize].to_string()),
+                                ("reason", reason.name().to_string()),
                             ],
                             n as f64,
                         ));
@@ -1101,9 +1101,10 @@ mod tests {
 
     #[test]
     fn possible_series() {
-        assert!(possible(VERDICT_PASS, 0));
-        assert!(!possible(VERDICT_PASS, REASON_CEILING));
-        assert!(possible(1, REASON_CEILING));
-        assert!(!possible(1, 0));
+        assert!(possible(VERDICT_PASS, Reason::UnderLimit));
+        assert!(!possible(VERDICT_PASS, Reason::Ceiling));
+        assert!(possible(1, Reason::Ceiling));
+        assert!(possible(1, Reason::Connections));
+        assert!(!possible(1, Reason::UnderLimit));
     }
 }

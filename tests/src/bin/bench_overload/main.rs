@@ -45,7 +45,7 @@ use node::Placement;
 use serde::Serialize;
 use shed_point::{shed_point_markdown, shed_point_plot, shed_point_targets};
 use shedder::kernel::{MapReader, PinnedMaps};
-use shedder_common::{CLASS_NAMES, NUM_CLASSES, NUM_REASONS, REASON_NAMES, programs};
+use shedder_common::{CLASS_NAMES, NUM_CLASSES, REASON_SLOTS, Reason, programs};
 use shedder_tests::{
     daemon::Daemon,
     interrupt::interrupted,
@@ -547,7 +547,7 @@ struct Sample {
 }
 
 /// Attempts refused by class and reason.
-type Refusals = [[u64; NUM_REASONS as usize]; NUM_CLASSES];
+type Refusals = [[u64; REASON_SLOTS as usize]; NUM_CLASSES];
 
 /// Run a schedule against a system, reading its limit and CPU every 250 ms;
 /// `at(t, backend)` is called on each reading (to change the backend mid-run).
@@ -1116,10 +1116,11 @@ fn refused_between(samples: &[Sample], from: f64, to: f64) -> Option<Refusals> {
 fn reasons(after: &Refusals, before: &Refusals) -> Vec<(String, u64)> {
     let mut out = Vec::new();
     for (c, name) in CLASS_NAMES.iter().enumerate() {
-        for (r, reason) in REASON_NAMES.iter().enumerate() {
+        for reason in Reason::ALL {
+            let r = reason as usize;
             let n = after[c][r].saturating_sub(before[c][r]);
             if n > 0 {
-                out.push((format!("{name} {reason}"), n));
+                out.push((format!("{name} {}", reason.name()), n));
             }
         }
     }
@@ -1232,9 +1233,10 @@ fn run_system(kind: Kind, bed: &Bed, capacity: f64, args: &Args) -> Result<Syste
             )),
         );
         if let Some(r) = s.refused_by_reason {
-            let high: Vec<String> = (0..NUM_REASONS as usize)
-                .filter(|&k| r[1][k] > 0)
-                .map(|k| format!("{} {}", REASON_NAMES[k], r[1][k]))
+            let high: Vec<String> = Reason::ALL
+                .into_iter()
+                .filter(|&k| r[1][k as usize] > 0)
+                .map(|k| format!("{} {}", k.name(), r[1][k as usize]))
                 .collect();
             eprintln!("      high refused: {}", high.join(", "));
         }

@@ -25,7 +25,7 @@ use aya::programs::{TestRun, TestRunOptions};
 use serde::Serialize;
 use shedder::kernel::{MapReader as _, Shedder};
 use shedder_common::{
-    ACTION_DROP, CLASS_HIGH, MODE_ENFORCE, REASON_UNDER_LIMIT, VERDICT_PASS, decision_index, hist,
+    ACTION_DROP, CLASS_HIGH, MODE_ENFORCE, Reason, VERDICT_PASS, decision_index, hist,
 };
 use shedder_tests::{
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN},
@@ -326,7 +326,7 @@ pub fn measure(rounds: usize, connections: u32) -> Result<ConnectionCost> {
 /// still tracked; the unprotected port's connections were not counted at all.
 fn check_totals(shedder: &mut Shedder, connections: u64) -> Result<()> {
     let counters = shedder.service_counters(SVC_DROP)?;
-    let i = decision_index(CLASS_HIGH, VERDICT_PASS, REASON_UNDER_LIMIT) as usize;
+    let i = decision_index(CLASS_HIGH, VERDICT_PASS, Reason::UnderLimit as u32) as usize;
     let admitted = counters.n[i] + counters.unproven[i];
     let decided: u64 = counters.n.iter().chain(&counters.unproven).sum();
     ensure!(

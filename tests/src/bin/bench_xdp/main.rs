@@ -54,9 +54,8 @@ use clap::Parser;
 use serde::Serialize;
 use shedder::kernel::{BASELINE_OBJECT, Shedder};
 use shedder_common::{
-    ACTION_DROP, ACTION_RST, CLASS_HIGH, CLASS_MEDIUM, MODE_ENFORCE, REASON_PRIORITY,
-    REASON_UNDER_LIMIT, REASON_UNPROVEN, ServicePolicy, VERDICT_DROP, VERDICT_PASS, VERDICT_RST,
-    decision_index,
+    ACTION_DROP, ACTION_RST, CLASS_HIGH, CLASS_MEDIUM, MODE_ENFORCE, Reason, ServicePolicy,
+    VERDICT_DROP, VERDICT_PASS, VERDICT_RST, decision_index,
 };
 use shedder_tests::{
     machine::{Machine, machine},
@@ -312,7 +311,7 @@ fn paths() -> Vec<PathSpec> {
             service,
             class: CLASS_HIGH,
             verdict,
-            reason: REASON_PRIORITY,
+            reason: Reason::Priority as u32,
         })
     };
     let drop = PathSpec {
@@ -331,7 +330,7 @@ fn paths() -> Vec<PathSpec> {
         service: SVC_DROP,
         class: CLASS_HIGH,
         verdict: VERDICT_PASS,
-        reason: REASON_UNDER_LIMIT,
+        reason: Reason::UnderLimit as u32,
     };
     let admit = PathSpec {
         label: "SYN-admit (limits u32::MAX)",
@@ -419,7 +418,7 @@ fn paths() -> Vec<PathSpec> {
                 service: SVC_DROP,
                 class: CLASS_MEDIUM,
                 verdict: VERDICT_DROP,
-                reason: REASON_UNPROVEN,
+                reason: Reason::Unproven as u32,
             }),
             ..drop.clone()
         }
