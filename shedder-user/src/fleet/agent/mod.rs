@@ -23,5 +23,7 @@ mod protocol;
 mod reading;
 mod record;
 mod step;
+#[cfg(test)]
+mod tests;
 
 pub use handle::Handle;
