@@ -171,7 +171,7 @@ pub fn series_of(release: &str) -> Option<(u32, u32)> {
     Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
 }
 
-/// What a lab's panic says when its set-up failed (`SETUP_FAILED` in tests/src/scenario.rs).
+/// What a lab's panic says when its set-up failed (`SETUP_FAILED` in lab/src/scenario.rs).
 const LAB_SETUP_FAILED: &str = "lab set-up failed";
 
 /// In an emulated VM, a failed [`Check::timing`] check is reported, not counted, unless the
@@ -182,7 +182,7 @@ pub fn mark_emulated(row: &mut Row) {
     }
     for r in &mut row.results {
         let timing = selected().any(|c| c.name == r.name && c.timing);
-        // A lab whose set-up failed (tests/src/scenario.rs) measured nothing: not timing.
+        // A lab whose set-up failed (lab/src/scenario.rs) measured nothing: not timing.
         let setup = r.output.iter().any(|l| l.contains(LAB_SETUP_FAILED));
         if let (true, false, Outcome::Fail(rc)) = (timing, setup, &r.outcome) {
             r.outcome = Outcome::Emulated(format!(
@@ -253,7 +253,7 @@ mod tests {
                 vec![result(
                     "closed_loop::overload_at_3x",
                     Outcome::Fail(101),
-                    &["panicked at tests/src/scenario.rs: lab set-up failed: egress"],
+                    &["panicked at lab/src/scenario.rs: lab set-up failed: egress"],
                 )],
             );
             setup.emulated = emulated;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use shedder_tests::load::Work;
+use shedder_lab::load::Work;
 
 use super::{ALL, BY_CLASS, Kind, LADDER, SERVICE_TIME, WORKERS};
 

@@ -46,7 +46,7 @@ use serde::Serialize;
 use shed_point::{shed_point_markdown, shed_point_plot, shed_point_targets};
 use shedder::kernel::{MapReader, PinnedMaps};
 use shedder_common::{CLASS_NAMES, NUM_CLASSES, NUM_REASONS, REASON_NAMES, programs};
-use shedder_tests::{
+use shedder_lab::{
     daemon::Daemon,
     interrupt::interrupted,
     load::{Backend, BackendConfig, InAppAimd, LoadGen, LoadReport, Outcome, Window, Work},
@@ -1787,7 +1787,7 @@ fn date() -> String {
 // ---------------------------------------------------------------------------------------
 
 fn main() -> ExitCode {
-    shedder_tests::interrupt::install();
+    shedder_lab::interrupt::install();
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -1799,7 +1799,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<()> {
     let args = Args::parse();
-    if !shedder_tests::is_root() {
+    if !shedder_lab::is_root() {
         bail!("the benchmark needs root (namespaces, BPF, nftables): run it as root");
     }
     if args.step_secs < 3 {
@@ -1812,7 +1812,7 @@ fn run() -> Result<()> {
     let specs: Vec<BackendSpec> =
         pick(&args.backends, &backends::BACKENDS, |b| b.key, "--backends")?;
     let started = Instant::now();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let mut runs = Vec::new();
     for spec in specs {
         if interrupted() {

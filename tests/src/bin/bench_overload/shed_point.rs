@@ -5,7 +5,7 @@
 use std::{fmt::Write as _, path::Path};
 
 use anyhow::Result;
-use shedder_tests::plot::{Panel, Series, chart_log_x};
+use shedder_lab::plot::{Panel, Series, chart_log_x};
 
 use super::{
     BackendRun, CAPACITY_CLIENTS_PER_WORKER, Report, SETTLE_SECS, Server, SystemResult, TIE_POINTS,

@@ -27,7 +27,7 @@ use shedder::kernel::{MapReader as _, Shedder};
 use shedder_common::{
     ACTION_DROP, CLASS_HIGH, MODE_ENFORCE, REASON_UNDER_LIMIT, VERDICT_PASS, decision_index, hist,
 };
-use shedder_tests::{
+use shedder_lab::{
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN},
     policy::{PORT_DROP, PORT_OPEN, SVC_DROP, install_standard},
 };
@@ -116,7 +116,7 @@ impl Step {
             }
             Self::SynAck => {
                 let mut p = server(TCP_SYN | TCP_ACK, s, c + 1);
-                p.tcp.options = shedder_tests::packet::syn_options();
+                p.tcp.options = shedder_lab::packet::syn_options();
                 p
             }
             Self::HandshakeAck => client(TCP_ACK, c + 1, s + 1),

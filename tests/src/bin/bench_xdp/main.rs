@@ -58,7 +58,7 @@ use shedder_common::{
     REASON_UNDER_LIMIT, REASON_UNPROVEN, ServicePolicy, VERDICT_DROP, VERDICT_PASS, VERDICT_RST,
     decision_index,
 };
-use shedder_tests::{
+use shedder_lab::{
     machine::{Machine, machine},
     packet::{Packet, TCP_ACK, TCP_PSH, TCP_SYN, checksum, quic_initial},
     policy::{
@@ -484,7 +484,7 @@ fn server_segment(port: u16, flags: u8, seq: u32, ack: u32) -> Packet {
 /// The server's SYN-ACK, with the options a Linux server answers with.
 fn syn_ack(port: u16) -> Packet {
     let mut p = server_segment(port, TCP_SYN | TCP_ACK, SERVER_ISN, CLIENT_ISN + 1);
-    p.tcp.options = shedder_tests::packet::syn_options();
+    p.tcp.options = shedder_lab::packet::syn_options();
     p
 }
 
@@ -859,7 +859,7 @@ impl Subject {
         if let Program::Shedder { shedder, .. } = &mut self.program
             && self.proven
         {
-            let src = shedder_tests::packet::source_address(&self.frame).context("a source")?;
+            let src = shedder_lab::packet::source_address(&self.frame).context("a source")?;
             shedder.set_standing(src, u8::MAX)?;
         }
         let options = TestRunOptions {
@@ -1380,7 +1380,7 @@ fn run() -> Result<bool> {
         args.repeat > 0 && args.rounds > 0,
         "--repeat and --rounds must be positive"
     );
-    if !shedder_tests::is_root() {
+    if !shedder_lab::is_root() {
         bail!(
             "needs root (it loads BPF programs and runs them with BPF_PROG_TEST_RUN): \
              run `cargo xtask bench xdp` as root"
