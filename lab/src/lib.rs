@@ -3,8 +3,8 @@
 //! daemon in a namespace; the standard test policy; crafted packets), and the lab built on
 //! it (the open-loop load generator and the backend of known capacity, the peers shedder is
 //! compared with, the overload, flood and keep-alive labs, the machine's description and the
-//! charts). The integration tests
-//! (the `shedder-tests` crate) use it; it uses nothing of theirs.
+//! charts). Its binaries (`src/bin/`) are the benchmarks, the demo and the verifier report.
+//! The integration tests (the `shedder-tests` crate) use it; it uses nothing of theirs.
 
 pub mod daemon;
 pub mod flood;

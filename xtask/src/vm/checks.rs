@@ -3,14 +3,15 @@
 use std::path::PathBuf;
 
 /// One command run in each VM (and on the host): a test executable of shedder-tests (by
-/// its target name, `tests/tests/<test>.rs`) with libtest arguments.
+/// its target name, `tests/tests/<test>.rs`) with libtest arguments, or a binary of
+/// shedder-lab.
 pub struct Check {
     /// Marker name: no spaces.
     pub name: &'static str,
-    /// The test target (or, with `bin`, the binary) of shedder-tests to run.
+    /// The test target of shedder-tests (or, with `bin`, the binary of shedder-lab) to run.
     pub test: &'static str,
     pub args: &'static [&'static str],
-    /// A binary (`tests/src/bin/<test>.rs`) rather than a test target.
+    /// A binary (`lab/src/bin/<test>.rs`) rather than a test target.
     pub bin: bool,
     /// Its assertions bound latency or start-up time: in an emulated (TCG) VM, which runs
     /// the kernel and every process many times slower, a failure is reported with its
