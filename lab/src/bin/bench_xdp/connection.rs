@@ -32,7 +32,11 @@ use shedder_lab::{
     policy::{PORT_DROP, PORT_OPEN, SVC_DROP, install_standard},
 };
 
-use crate::{Hook, Program, TC_ACT_OK, XDP_PASS, action_name, median, syn, unlimited_policy};
+use super::{
+    measure::median,
+    paths::{syn, unlimited_policy},
+    programs::{Hook, Program, TC_ACT_OK, XDP_PASS, action_name, baseline_programs},
+};
 
 /// The targets, in ns of CPU added a connection.
 pub const TARGET_UNPROTECTED_NS: f64 = 300.0;
@@ -245,7 +249,7 @@ pub fn measure(rounds: usize, connections: u32) -> Result<ConnectionCost> {
         port: PORT_DROP,
     };
     let mut empty = Side {
-        program: crate::baseline_programs()?,
+        program: baseline_programs()?,
         port: PORT_DROP,
     };
     let mut ports = Vec::new();
