@@ -11,7 +11,7 @@ use std::{
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use crate::{
+use shedder_lab::{
     netns::Netns,
     packet::{TCP_ACK, TCP_RST, TCP_SYN},
 };

@@ -3,7 +3,7 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use shedder_tests::{
+use shedder_lab::{
     load::{LoadGen, Window},
     policy::HIGH_V4,
     scenario::{Lab, LabConfig, limits_between, median},

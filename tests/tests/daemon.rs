@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use shedder::kernel::{MapReader, PinnedMaps};
 use shedder_common::STAT_FALLBACK;
-use shedder_tests::{
+use shedder_lab::{
     daemon::{Daemon, busy, hold, pin_dir, probe_while, refused, settle, web_config},
     netns::{IFACE, Pair},
     require_root,
@@ -36,7 +36,7 @@ fn config(pin_dir: &std::path::Path, port: u16, heartbeat_timeout_ms: u64) -> St
 #[test]
 fn killed_daemon_keeps_its_limits_until_the_heartbeat_times_out_then_falls_back() {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pair = Pair::new("dkill");
     let _server = pair.server.run(|| TestServer::holding(KILL_PORT));
     let pins = pin_dir("kill");
@@ -86,7 +86,7 @@ fn killed_daemon_keeps_its_limits_until_the_heartbeat_times_out_then_falls_back(
 fn restart_adopts_the_pinned_attachment_without_a_gap_and_sigterm_detaches() {
     use std::os::unix::fs::MetadataExt;
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pair = Pair::new("drst");
     let _server = pair.server.run(|| TestServer::holding(RESTART_PORT));
     let pins = pin_dir("restart");
@@ -151,7 +151,7 @@ fn restart_adopts_the_pinned_attachment_without_a_gap_and_sigterm_detaches() {
 #[test]
 fn sighup_reload_applies_a_good_policy_and_keeps_it_when_the_next_is_bad() {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pair = Pair::new("dhup");
     let _server = pair.server.run(|| TestServer::holding(HUP_PORT));
     let pins = pin_dir("hup");
@@ -226,7 +226,7 @@ fn restart_over_another_versions_maps_replaces_them_without_a_gap() {
     use shedder_common::{LAYOUT, maps};
     use std::os::unix::fs::MetadataExt;
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pair = Pair::new("dlay");
     let _server = pair.server.run(|| TestServer::holding(LAYOUT_PORT));
     let pins = pin_dir("layout");
@@ -343,7 +343,7 @@ fn scrape(pair: &Pair, path: &str) -> (String, String) {
 fn systemd_is_notified_of_readiness_reloads_the_watchdog_and_the_stop() {
     use std::os::unix::net::UnixDatagram;
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pair = Pair::new("dnotify");
     let pins = pin_dir("notify");
     let dir = std::env::temp_dir().join(format!("shedder-notify-{}", std::process::id()));

@@ -10,7 +10,7 @@ use std::{
 use aya::maps::{Array, MapData};
 use shedder::kernel::{MapReader, PinnedMaps};
 use shedder_common::{CLASS_MEDIUM, fair::SourceSet};
-use shedder_tests::{
+use shedder_lab::{
     load::{LoadGen, Window, add_local_range},
     policy::CLIENT_V4,
     scenario::{Lab, LabConfig},
@@ -180,7 +180,7 @@ fn a_thousand_sources_in_fixed_memory() {
                         // handshake hold.
                         let mut last = String::new();
                         let connected = (0..WARM_UP_TRIES).any(|i| {
-                            let a = shedder_tests::tcp::connect_from(
+                            let a = shedder_lab::tcp::connect_from(
                                 src,
                                 target.ip(),
                                 target.port(),
@@ -254,7 +254,7 @@ fn a_thousand_sources_in_fixed_memory() {
         100.0 * w.goodput() / cap,
         report.table(),
         limits.join(", "),
-        shedder_tests::scenario::refusals_by_reason(&lab.pins)
+        shedder_lab::scenario::refusals_by_reason(&lab.pins)
     );
     assert!(held >= 1000, "only {held} sources in the table");
     assert!(most >= 500, "only {most} sources counted in an epoch");

@@ -4,7 +4,7 @@
 //!
 //! Every row runs through both the XDP and the TC program (except the few frames the kernel
 //! refuses to test-run as an skb; those rows say why), each time against a freshly loaded
-//! object with the standard policy (`shedder_tests::policy`) installed, so rows cannot leak
+//! object with the standard policy (`shedder_lab::policy`) installed, so rows cannot leak
 //! state (pending attempts, buckets, counters) into each other. Besides the verdict and the
 //! output bytes, every run checks that exactly the expected decision counter moved (or none)
 //! and that no node-wide statistic moved except STAT_FALLBACK where the row expects it.
@@ -157,7 +157,7 @@ fn the_docs_count_the_fixture_table() {
 
 #[test]
 fn fixture_table() {
-    shedder_tests::require_root();
+    shedder_lab::require_root();
     let table = table();
     let jobs = runs(&table);
     // Loading the object (verifier, per-CPU maps) dominates; rows are independent (each has

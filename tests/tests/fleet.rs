@@ -29,7 +29,7 @@ use shedder::{
     api::state::State,
     kernel::{MapReader, PinnedMaps},
 };
-use shedder_tests::{
+use shedder_lab::{
     daemon::{Daemon, pin_dir},
     load::{
         Arrivals, Backend, BackendConfig, LoadGen, LoadHandle, add_local_range,
@@ -509,7 +509,7 @@ fn metrics() -> String {
 /// The root checks, a hub namespace running etcd, and three nodes (no daemons yet).
 fn fleet_of_three(tag: &str) -> (Arc<Netns>, Etcd, Arc<Mutex<Vec<Node>>>) {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     raise_nofile_limit();
     let hub = Arc::new(Netns::new(tag));
     let etcd = Etcd::start(hub.clone());
@@ -1291,7 +1291,7 @@ impl Flood {
                     while sent < due {
                         let r = next();
                         let src = Ipv4Addr::from(0xc613_8000 | (r as u32 & 0x7fff));
-                        let mut p = shedder_tests::packet::Packet::syn_v4(src, dst, port);
+                        let mut p = shedder_lab::packet::Packet::syn_v4(src, dst, port);
                         p.tcp.sport = 1024 + (r >> 16) as u16 % 64_000;
                         p.tcp.seq = (r >> 32) as u32;
                         // The IP packet without its Ethernet header; checksums filled in.
@@ -1783,7 +1783,7 @@ fn make_certificates(dir: &std::path::Path) {
 #[test]
 fn fleet_connects_over_tls_with_authentication() {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let hub = Arc::new(Netns::new("fltls"));
     let certs = std::env::temp_dir().join(format!("shedder-test-{}-certs", std::process::id()));
     let _ = std::fs::remove_dir_all(&certs);

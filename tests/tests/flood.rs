@@ -1,15 +1,15 @@
 //! Spoofed SYN floods against a protected service (see docs/design.md, *Proof of a
-//! handshake*, and `shedder_tests::flood_lab`): 100,000 forged SYNs a second from random
+//! handshake*, and `shedder_lab::flood_lab`): 100,000 forged SYNs a second from random
 //! addresses, ports and sequence numbers in one class's space, beside clients of every
 //! class at 75% of capacity; then a real overload during a flood.
 
-use shedder_tests::flood_lab::{CLIENTS, FLOOD_RATE, SPACES, overload, run, success};
+use shedder_lab::flood_lab::{CLIENTS, FLOOD_RATE, SPACES, overload, run, success};
 
 /// Clients with standing keep their success through a flood of forged SYNs in any class's
 /// space; CRITICAL keeps all of it; the limit and the demand the daemon sees do not move.
 #[test]
 fn a_spoofed_flood_takes_nothing_from_clients_with_standing() {
-    shedder_tests::require_root();
+    shedder_lab::require_root();
     let calm = run("flcalm", None, true, None);
     let mut failures = Vec::new();
     for space in SPACES {
@@ -67,7 +67,7 @@ fn a_spoofed_flood_takes_nothing_from_clients_with_standing() {
 /// capacity from clients with standing still gets priority order and its goodput.
 #[test]
 fn an_overload_during_a_flood_keeps_priority_and_goodput() {
-    shedder_tests::require_root();
+    shedder_lab::require_root();
     let (w, capacity, forged) = overload("flover", SPACES[0].1, 3.0, Some(FLOOD_RATE));
     let s = |c| success(&w, c);
     eprintln!(

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shedder_tests::{
+use shedder_lab::{
     daemon::{Daemon, Launch, busy, connect, hold, pin_dir, refused, settle, web_config},
     netns::{IFACE, Netns, Pair, UPSTREAM_V4},
     policy::{CLIENT_V4, SERVER_V4},
@@ -172,7 +172,7 @@ fn native_resets_on_a_veth_are_refused_or_watched() {
     // doctor fails the same combination, with the reason.
     let doctor = std::process::Command::new("nsenter")
         .arg(format!("--net=/var/run/netns/{}", pair.server.name))
-        .arg(shedder_tests::daemon::shedder_bin())
+        .arg(shedder_lab::daemon::shedder_bin())
         .args(["doctor", "--config"])
         .arg(&refused_start.config)
         .output()
@@ -231,7 +231,7 @@ fn native_resets_on_a_veth_are_refused_or_watched() {
     };
     assert!(errors >= 5.0, "{series} = {errors}");
     println!("peer program removed: {errors} XDP_TX errors exported");
-    let status = std::process::Command::new(shedder_tests::daemon::shedder_bin())
+    let status = std::process::Command::new(shedder_lab::daemon::shedder_bin())
         .args(["status", "--socket"])
         .arg(socket("hnat1"))
         .output()
@@ -366,7 +366,7 @@ fn a_client_on_the_host_is_counted_by_the_sweep_and_said() {
 #[test]
 fn a_daemon_started_with_ip_netns_exec_stays_attached_after_kill() {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pair = Pair::new("hexec");
     let _server = pair.server.run(|| TestServer::holding(NETNS_EXEC_PORT));
     let pins = pin_dir("hexec");

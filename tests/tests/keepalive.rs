@@ -13,7 +13,7 @@ use std::{
 
 use shedder::kernel::{MapReader, PinnedMaps};
 use shedder_common::{NUM_CLASSES, VERDICT_PASS, decision_index};
-use shedder_tests::{
+use shedder_lab::{
     daemon::Daemon,
     load::{
         HTTPS_PATH, HttpBackend, LoadGen, Protocol, measure_capacity_speaking,
@@ -69,7 +69,7 @@ fn get_path(conn: &mut TcpStream, path: &str) -> std::io::Result<()> {
 /// files.
 fn prepare(more: u64) {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let nofile = raise_nofile_limit();
     let need = 2 * POOL as u64 + more;
     assert!(

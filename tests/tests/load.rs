@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shedder_tests::{
+use shedder_lab::{
     load::{
         Arrivals, Backend, BackendConfig, InAppAimd, LoadGen, LoadHandle, Outcome,
         measure_capacity, prepare_client_namespace,

@@ -19,14 +19,14 @@ use shedder_common::{
     ServicePolicy, VERDICT_DROP, VERDICT_PASS, VERDICT_RST,
     tunnel::{TUNNEL_VXLAN, port_index},
 };
-use shedder_tests::{
+use shedder_lab::{
     netns::{IFACE, Netns, Pair},
     packet::{Packet, TCP_ACK, ipv4_fragments},
     policy::*,
-    raw::{RawTcp, drop_own_resets},
     require_root,
     tcp::{Attempt, TestServer, connect_from, echo_roundtrip},
 };
+use shedder_tests::raw::{RawTcp, drop_own_resets};
 
 /// What a refused attempt may take at most: the RST comes back in well under a millisecond.
 const RST_BOUND: Duration = Duration::from_millis(100);
@@ -644,7 +644,7 @@ impl Drop for PinDir {
 #[test]
 fn pinned_attachment_outlives_its_loader() {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pins = PinDir(std::path::PathBuf::from(format!(
         "/sys/fs/bpf/shedder-test-{}",
         std::process::id()

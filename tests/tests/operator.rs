@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use shedder_tests::{
+use shedder_lab::{
     daemon::{Daemon, admitted, busy, pin_dir, refused, settle, shedder_bin, web_config},
     netns::{IFACE, Pair},
     policy::{CLIENT_V4, SERVER_V4},
@@ -132,7 +132,7 @@ fn limit_of(bin: &Path, socket: &str) -> u64 {
 #[test]
 fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pair = Pair::new("opverb");
     let _server = pair.server.run(|| TestServer::holding(VERBS_PORT));
     let dir = scratch("verbs");
@@ -596,7 +596,7 @@ fn verbs_drive_the_running_daemon_and_bad_input_changes_nothing() {
 #[test]
 fn stalled_clients_do_not_block_the_endpoints() {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pair = Pair::new("opstall");
     let dir = scratch("stall");
     let _cleanup = Scratch(dir.clone());
@@ -787,7 +787,7 @@ fn sum_where(samples: &[serde_json::Value], name: &str, labels: &[(&str, &str)])
 #[test]
 fn metrics_scrape_is_valid_openmetrics_and_counts_what_happened() {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pair = Pair::new("opmet");
     let _server = pair.server.run(|| TestServer::holding(METRICS_PORT));
     let dir = scratch("metrics");
@@ -953,7 +953,7 @@ fn metrics_scrape_is_valid_openmetrics_and_counts_what_happened() {
 #[test]
 fn the_control_socket_admits_root_and_the_control_group_only() {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pair = Pair::new("opperm");
     let _server = pair.server.run(|| TestServer::holding(PERMS_PORT));
     let dir = scratch("perms");
@@ -1026,7 +1026,7 @@ const KLOG_PORT: u16 = 7613;
 #[test]
 fn kernel_debug_log_names_each_shed_decision_and_is_rate_limited() {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pair = Pair::new("opklog");
     let _server = pair.server.run(|| TestServer::holding(KLOG_PORT));
     let dir = scratch("klog");

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shedder_tests::{
+use shedder_lab::{
     load::{
         Backend, BackendConfig, Https, LoadGen, Protocol, REQUEST, measure_capacity_speaking,
         prepare_client_namespace,

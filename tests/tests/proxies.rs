@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shedder_tests::{
+use shedder_lab::{
     daemon::Daemon,
     load::{
         Backend, BackendConfig, HttpBackend, LoadGen, Protocol, Window, measure_capacity_speaking,
@@ -71,7 +71,7 @@ struct Node {
 impl Node {
     fn new(tag: &str, front: Front) -> Self {
         require_root();
-        shedder_tests::ensure_fs();
+        shedder_lab::ensure_fs();
         let pair = Pair::new(tag);
         prepare_client_namespace(&pair.client);
         let upstream = pair.upstream(tag);

@@ -14,7 +14,7 @@ use shedder_common::{
     CLASS_MEDIUM, REASON_SLOTS, STAT_QUIC_SERVER_IDS, VERDICT_DROP, VERDICT_RST, decision_index,
     hist,
 };
-use shedder_tests::{
+use shedder_lab::{
     daemon::{Daemon, pin_dir},
     netns::{IFACE, Pair},
     peers::{
@@ -69,7 +69,7 @@ impl Certificate {
     fn new(tag: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("shedder-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let tls = TlsFiles::self_signed(&dir, shedder_tests::peers::QUIC_SERVER_NAME, 2048);
+        let tls = TlsFiles::self_signed(&dir, shedder_lab::peers::QUIC_SERVER_NAME, 2048);
         Self { dir, tls }
     }
 }
@@ -91,7 +91,7 @@ fn decided(maps: &PinnedMaps, service: u32, verdict: u32) -> u64 {
 #[test]
 fn quic_refusal_fails_the_client_at_once_and_a_drop_costs_it_a_resend() {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pair = Pair::new("quic");
     let cert = Certificate::new("quic");
     let tls = &cert.tls;
@@ -267,7 +267,7 @@ action = "refuse"
 #[test]
 fn a_quic_service_at_three_times_its_capacity_keeps_critical_and_its_goodput() {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pair = Pair::new("quico");
     let cert = Certificate::new("quico");
     let tls = &cert.tls;

@@ -1,11 +1,11 @@
-//! Load over keep-alive connections is shed by recall (see `shedder_tests::keepalive_lab`):
+//! Load over keep-alive connections is shed by recall (see `shedder_lab::keepalive_lab`):
 //! 60 HIGH and 540 SHEDDABLE wrk connections, each with a second of thought between
 //! requests, offer 3× the capacity over connections the gate admitted while the service was
 //! idle. Recall closes SHEDDABLE's keep-alive connections as the class goes over its bound,
 //! and their clients' next connections meet the gate. HTTP/2 is measured in
 //! `cargo xtask bench recall`.
 
-use shedder_tests::keepalive_lab::{
+use shedder_lab::keepalive_lab::{
     DEADLINE, HIGH_CONNECTIONS, Node, SHEDDABLE_CONNECTIONS, Sheddable, THINK, describe, recalls,
 };
 

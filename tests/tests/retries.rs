@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use shedder_tests::{
+use shedder_lab::{
     daemon::{Daemon, pin_dir},
     load::{Backend, BackendConfig, Counts, LoadGen, add_local_range, prepare_client_namespace},
     netns::{IFACE, Pair},
@@ -74,7 +74,7 @@ struct Run {
 /// capacity, three immediate retries each), fresh clients at 40/s.
 fn run(demote: bool, fair: bool) -> Run {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let pair = Pair::new("rt");
     prepare_client_namespace(&pair.client);
     add_local_range(&pair.client, RETRIERS);

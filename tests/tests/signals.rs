@@ -22,7 +22,7 @@ use shedder::{
 use shedder_common::{
     ACTION_RST, CLASS_CRITICAL, CLASS_HIGH, CLASS_MEDIUM, CLASS_SHEDDABLE, MODE_ENFORCE,
 };
-use shedder_tests::{
+use shedder_lab::{
     netns::{IFACE, Pair},
     policy::*,
     require_root,

@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use shedder_tests::{
+use shedder_lab::{
     daemon::{Daemon, busy, connect, pin_dir, probe_while, refused, shedder_bin, web_config},
     netns::Pair,
     require_root,
@@ -27,7 +27,7 @@ const PORT: u16 = 7640;
 #[ignore = "needs an older version's binary: run `cargo xtask upgrade-check`"]
 fn upgrade_and_rollback_under_load_leave_no_gap() {
     require_root();
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     let older = PathBuf::from(
         std::env::var_os("SHEDDER_UPGRADE_FROM")
             .expect("SHEDDER_UPGRADE_FROM: the older shedder binary (cargo xtask upgrade-check)"),

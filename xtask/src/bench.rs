@@ -1,5 +1,5 @@
-//! `cargo xtask bench <name>`: set-up, then one of the benchmark binaries of shedder-tests
-//! (`tests/src/bin/bench_<name>.rs`), in release mode, with any further arguments passed on.
+//! `cargo xtask bench <name>`: set-up, then one of the benchmark binaries of shedder-lab
+//! (`lab/src/bin/bench_<name>`), in release mode, with any further arguments passed on.
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
@@ -45,7 +45,7 @@ pub struct PassThrough {
 }
 
 impl Bench {
-    /// The binary in shedder-tests, and its arguments.
+    /// The binary in shedder-lab, and its arguments.
     fn target(&self) -> (&'static str, &[String]) {
         match self {
             Self::Xdp(p) => ("bench_xdp", &p.args),
@@ -68,7 +68,7 @@ pub fn run_demo(args: &PassThrough) -> Result<()> {
 }
 
 /// Setup, build the `shedder` binary (benchmarks and the demo run the real daemon), then
-/// run a binary of shedder-tests in release mode.
+/// run a binary of shedder-lab in release mode.
 fn run_release_bin(bin: &str, args: &[String]) -> Result<()> {
     setup::run_all()?;
     let manifest = root().join("Cargo.toml");
@@ -84,7 +84,7 @@ fn run_release_bin(bin: &str, args: &[String]) -> Result<()> {
             // In the same build, so the two share one feature set and the library is
             // compiled once.
             "-p",
-            "shedder-tests",
+            "shedder-lab",
             "--bin",
             bin,
         ],
@@ -93,7 +93,7 @@ fn run_release_bin(bin: &str, args: &[String]) -> Result<()> {
     .arg(&manifest))?;
     let mut c = cmd(
         "cargo",
-        ["run", "--release", "-p", "shedder-tests", "--bin", bin],
+        ["run", "--release", "-p", "shedder-lab", "--bin", bin],
     );
     c.arg("--manifest-path").arg(manifest).arg("--").args(args);
     // Keep the caller's directory, so relative paths among the arguments (--json FILE)

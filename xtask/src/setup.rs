@@ -69,7 +69,7 @@ pub const BUILD_DEPS: &[Dep] = &[
 /// What the tests, the benchmarks and the demo use from Debian besides [`BUILD_DEPS`]
 /// (found by what tests/ and xtask run).
 pub const TEST_DEPS: &[Dep] = &[
-    // Namespaces and veth pairs (tests/src/netns.rs).
+    // Namespaces and veth pairs (lab/src/netns.rs).
     dep("ip", Probe::Runs("ip", &["-V"]), "iproute2"),
     // The load test lists sockets inside a namespace.
     dep("ss", Probe::Runs("ss", &["-V"]), "iproute2"),
@@ -112,7 +112,7 @@ pub const TEST_DEPS: &[Dep] = &[
     ),
     // The keep-alive and one-request-per-connection load against nginx in `bench signals`.
     dep("wrk", Probe::File("/usr/bin/wrk"), "wrk"),
-    // The font the benchmark charts' text is drawn with (tests/src/plot.rs).
+    // The font the benchmark charts' text is drawn with (lab/src/plot.rs).
     dep(
         "DejaVu Sans font",
         Probe::File("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"),

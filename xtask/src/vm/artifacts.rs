@@ -76,7 +76,7 @@ pub fn build() -> Result<Built> {
     } else {
         executables(&cargo_artifacts(&args)?, "test")
     };
-    let mut args = vec!["build", "-p", "shedder-tests"];
+    let mut args = vec!["build", "-p", "shedder-lab"];
     for c in selected().filter(|c| c.bin) {
         args.extend(["--bin", c.test]);
     }
@@ -86,7 +86,9 @@ pub fn build() -> Result<Built> {
     }
     for name in selected().map(|c| c.test) {
         if !tests.contains_key(name) {
-            bail!("cargo reported no executable for the shedder-tests target `{name}`");
+            bail!(
+                "cargo reported no executable for `{name}` (a test of shedder-tests or a binary of shedder-lab)"
+            );
         }
     }
     Ok(Built { shedder, tests })

@@ -3,14 +3,15 @@
 use std::path::PathBuf;
 
 /// One command run in each VM (and on the host): a test executable of shedder-tests (by
-/// its target name, `tests/tests/<test>.rs`) with libtest arguments.
+/// its target name, `tests/tests/<test>.rs`) with libtest arguments, or a binary of
+/// shedder-lab.
 pub struct Check {
     /// Marker name: no spaces.
     pub name: &'static str,
-    /// The test target (or, with `bin`, the binary) of shedder-tests to run.
+    /// The test target of shedder-tests (or, with `bin`, the binary of shedder-lab) to run.
     pub test: &'static str,
     pub args: &'static [&'static str],
-    /// A binary (`tests/src/bin/<test>.rs`) rather than a test target.
+    /// A binary (`lab/src/bin/<test>.rs`) rather than a test target.
     pub bin: bool,
     /// Its assertions bound latency or start-up time: in an emulated (TCG) VM, which runs
     /// the kernel and every process many times slower, a failure is reported with its
@@ -171,7 +172,7 @@ pub fn series_of(release: &str) -> Option<(u32, u32)> {
     Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
 }
 
-/// What a lab's panic says when its set-up failed (`SETUP_FAILED` in tests/src/scenario.rs).
+/// What a lab's panic says when its set-up failed (`SETUP_FAILED` in lab/src/scenario.rs).
 const LAB_SETUP_FAILED: &str = "lab set-up failed";
 
 /// In an emulated VM, a failed [`Check::timing`] check is reported, not counted, unless the
@@ -182,7 +183,7 @@ pub fn mark_emulated(row: &mut Row) {
     }
     for r in &mut row.results {
         let timing = selected().any(|c| c.name == r.name && c.timing);
-        // A lab whose set-up failed (tests/src/scenario.rs) measured nothing: not timing.
+        // A lab whose set-up failed (lab/src/scenario.rs) measured nothing: not timing.
         let setup = r.output.iter().any(|l| l.contains(LAB_SETUP_FAILED));
         if let (true, false, Outcome::Fail(rc)) = (timing, setup, &r.outcome) {
             r.outcome = Outcome::Emulated(format!(
@@ -253,7 +254,7 @@ mod tests {
                 vec![result(
                     "closed_loop::overload_at_3x",
                     Outcome::Fail(101),
-                    &["panicked at tests/src/scenario.rs: lab set-up failed: egress"],
+                    &["panicked at lab/src/scenario.rs: lab set-up failed: egress"],
                 )],
             );
             setup.emulated = emulated;

@@ -27,12 +27,16 @@ use shedder::kernel::{MapReader as _, Shedder};
 use shedder_common::{
     ACTION_DROP, CLASS_HIGH, MODE_ENFORCE, Reason, VERDICT_PASS, decision_index, hist,
 };
-use shedder_tests::{
+use shedder_lab::{
     packet::{Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN},
     policy::{PORT_DROP, PORT_OPEN, SVC_DROP, install_standard},
 };
 
-use crate::{Hook, Program, TC_ACT_OK, XDP_PASS, action_name, median, syn, unlimited_policy};
+use super::{
+    measure::median,
+    paths::{syn, unlimited_policy},
+    programs::{Hook, Program, TC_ACT_OK, XDP_PASS, action_name, baseline_programs},
+};
 
 /// The targets, in ns of CPU added a connection.
 pub const TARGET_UNPROTECTED_NS: f64 = 300.0;
@@ -116,7 +120,7 @@ impl Step {
             }
             Self::SynAck => {
                 let mut p = server(TCP_SYN | TCP_ACK, s, c + 1);
-                p.tcp.options = shedder_tests::packet::syn_options();
+                p.tcp.options = shedder_lab::packet::syn_options();
                 p
             }
             Self::HandshakeAck => client(TCP_ACK, c + 1, s + 1),
@@ -245,7 +249,7 @@ pub fn measure(rounds: usize, connections: u32) -> Result<ConnectionCost> {
         port: PORT_DROP,
     };
     let mut empty = Side {
-        program: crate::baseline_programs()?,
+        program: baseline_programs()?,
         port: PORT_DROP,
     };
     let mut ports = Vec::new();

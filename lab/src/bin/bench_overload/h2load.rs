@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
-use shedder_tests::{load::HTTPS_PATH, load::pin_process, netns::Netns};
+use shedder_lab::{load::HTTPS_PATH, load::pin_process, netns::Netns};
 
 /// Connections are started every this often (h2load's `--rate-period`), `rate × period` at a
 /// time: short enough that the bursts are small against a 1 s deadline.

@@ -18,7 +18,7 @@ use shedder::{
     kernel::{AttachMode, MapReader, PinnedMaps, Shedder},
 };
 use shedder_common::{ACTION_RST, MODE_ENFORCE, hist};
-use shedder_tests::{
+use shedder_lab::{
     interrupt::interrupted,
     load::{LoadReport, Window},
     netns::IFACE,
@@ -66,7 +66,7 @@ struct Run {
 }
 
 fn main() -> ExitCode {
-    shedder_tests::interrupt::install();
+    shedder_lab::interrupt::install();
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -78,7 +78,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<()> {
     let args = Args::parse();
-    if !shedder_tests::is_root() {
+    if !shedder_lab::is_root() {
         bail!("the demo needs root (namespaces, BPF): run `cargo xtask demo` as root");
     }
     let attach: &'static str = match args.attach.as_str() {

@@ -1,5 +1,5 @@
 //! `cargo xtask bench recall`: what recalling keep-alive connections does, with recall off
-//! and on, in the keep-alive lab (`shedder_tests::keepalive_lab`): HIGH's 60 wrk
+//! and on, in the keep-alive lab (`shedder_lab::keepalive_lab`): HIGH's 60 wrk
 //! connections beside SHEDDABLE's load, either 540 more wrk connections over HTTP/1.1 or
 //! h2load over HTTP/2 (10 connections, 50 requests in flight on each, a closed loop).
 //! HTTP/2 carries many requests on one connection: shedder sees the connection busy, not
@@ -8,7 +8,7 @@
 
 use std::process::ExitCode;
 
-use shedder_tests::keepalive_lab::{
+use shedder_lab::keepalive_lab::{
     DEADLINE, Node, Outcome, RUN, Sheddable, describe, recalled_by_class,
 };
 

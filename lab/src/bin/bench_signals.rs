@@ -26,7 +26,7 @@ use shedder::{
     signals::{ServiceSpec, SignalReader, psi},
 };
 use shedder_common::{ACTION_RST, MODE_ENFORCE};
-use shedder_tests::{
+use shedder_lab::{
     load::{CpuTimes, HTTPS_PATH, online_cpus, pin_process, prepare_client_namespace, read_clock},
     netns::{IFACE, Pair},
     peers::{Nginx, NginxConfig, NginxLimit},
@@ -497,10 +497,10 @@ fn real_server(args: &Args) -> Result<String> {
 
 fn run() -> Result<()> {
     let args = Args::parse();
-    if !shedder_tests::is_root() {
+    if !shedder_lab::is_root() {
         bail!("needs root (BPF programs, namespaces): run `cargo xtask bench signals` as root");
     }
-    shedder_tests::ensure_fs();
+    shedder_lab::ensure_fs();
     println!("### Cost of measuring (cargo xtask bench signals)\n");
     let all = args.part.is_empty();
     if all || args.part.contains(&Part::Tracking) {

@@ -2,9 +2,12 @@
 
 use std::time::Duration;
 
-use shedder_tests::load::Work;
+use shedder_lab::load::Work;
 
-use super::{ALL, BY_CLASS, Kind, LADDER, SERVICE_TIME, WORKERS};
+use super::{
+    kind::{ALL, Kind},
+    params::{BY_CLASS, LADDER, SERVICE_TIME, WORKERS},
+};
 
 /// What serves the requests.
 #[derive(Clone, Copy, Debug, serde::Serialize)]

@@ -13,7 +13,7 @@
 use std::collections::BTreeSet;
 
 use anyhow::{Context as _, Result, bail};
-use shedder_tests::{
+use shedder_lab::{
     load::{online_cpus, pin_task},
     netns::{IFACE, Pair},
 };

@@ -20,7 +20,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use shedder_tests::{load::*, netns::Pair};
+//! use shedder_lab::{load::*, netns::Pair};
 //!
 //! let pair = Pair::new("ex");
 //! prepare_client_namespace(&pair.client);

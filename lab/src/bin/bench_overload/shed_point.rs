@@ -5,11 +5,13 @@
 use std::{fmt::Write as _, path::Path};
 
 use anyhow::Result;
-use shedder_tests::plot::{Panel, Series, chart_log_x};
+use shedder_lab::plot::{Panel, Series, chart_log_x};
 
 use super::{
-    BackendRun, CAPACITY_CLIENTS_PER_WORKER, Report, SETTLE_SECS, Server, SystemResult, TIE_POINTS,
-    Target, ladder_table, opt,
+    backends::Server,
+    figures::SystemResult,
+    params::{CAPACITY_CLIENTS_PER_WORKER, SETTLE_SECS, TIE_POINTS},
+    report::{BackendRun, Report, Target, ladder_table, opt},
 };
 
 /// Goodput at 10× a shedder system must keep, % of capacity.

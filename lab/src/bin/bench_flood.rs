@@ -9,7 +9,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::{Result, bail};
 use clap::Parser;
-use shedder_tests::{
+use shedder_lab::{
     flood_lab::{CLIENTS, Run, SPACES, overload, run, success},
     machine::machine,
 };
@@ -43,7 +43,7 @@ fn main() -> ExitCode {
 /// True if every target is met.
 fn bench() -> Result<bool> {
     let args = Args::parse();
-    if !shedder_tests::is_root() {
+    if !shedder_lab::is_root() {
         bail!("needs root (network namespaces, BPF): run `cargo xtask bench flood` as root");
     }
     let m = machine();
