@@ -16,9 +16,12 @@ pub const EGRESS_QUIC: &str = "shedder_egress_quic";
 /// The empty XDP program of the baseline object (returns XDP_PASS): what benchmarks
 /// measure shedder's programs against.
 pub const BASELINE_XDP: &str = "baseline_xdp";
-/// The empty TC classifier of the baseline object (returns TC_ACT_OK): what benchmarks
-/// measure the egress program against.
+/// The empty TC classifier of the baseline object (passes on to the next program, as
+/// shedder's do): what benchmarks measure the egress program against.
 pub const BASELINE_TC: &str = "baseline_tc";
+/// A TC classifier of the baseline object that returns TC_ACT_OK, which ends a tcx chain:
+/// another tool's program, which tests put on an interface beside shedder's.
+pub const BASELINE_TC_END: &str = "baseline_tc_end";
 /// Stamps jiffies into the globals; run by the daemon with BPF_PROG_TEST_RUN, never
 /// attached.
 pub const CLOCK: &str = "shedder_clock";

@@ -25,7 +25,7 @@ mod track;
 mod wire;
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
+    bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC, xdp_action},
     helpers::generated::{
         bpf_jiffies64, bpf_redirect, bpf_skb_change_tail, bpf_skb_pull_data, bpf_skb_store_bytes,
         bpf_xdp_adjust_tail, bpf_xdp_store_bytes,
@@ -195,7 +195,7 @@ pub fn shedder_tc(ctx: TcContext) -> i32 {
 #[inline(always)]
 pub fn shedder_tc_track(ctx: TcContext) -> i32 {
     wire::ingress(ctx.data(), ctx.data_end());
-    TC_ACT_OK
+    TC_PASS
 }
 
 /// The QUIC half of [`shedder_tc`]. A datagram is judged by its whole length (an Initial
@@ -236,7 +236,7 @@ pub fn shedder_egress(ctx: TcContext) -> i32 {
         // An empty slot (QUIC not loaded) returns here.
         unsafe { SHEDDER_QUIC_EGRESS.tail_call(&ctx, 0) };
     }
-    TC_ACT_OK
+    TC_PASS
 }
 
 /// The QUIC half of [`shedder_egress`]: a QUIC server's Initial to an admitted flow's
@@ -246,7 +246,7 @@ pub fn shedder_egress(ctx: TcContext) -> i32 {
 pub fn shedder_egress_quic(ctx: TcContext) -> i32 {
     pull_headers(&ctx);
     egress::server_packet(ctx.data(), ctx.data_end());
-    TC_ACT_OK
+    TC_PASS
 }
 
 /// Not attached anywhere: the daemon runs it with BPF_PROG_TEST_RUN on a
@@ -265,6 +265,12 @@ pub fn shedder_sweep(ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
 
+/// A frame TC lets through: on to the next program of the interface's tcx chain (TCX_NEXT;
+/// for a netlink filter, the next filter), and past the last one into the stack. Never
+/// TC_ACT_OK, which in tcx also skips the programs after this one: shedder is attached
+/// first, and a CNI's or a firewall's programs behind it must still see what it passes.
+const TC_PASS: i32 = TC_ACT_UNSPEC;
+
 #[inline(always)]
 fn tc_verdict(ctx: &TcContext, outcome: Outcome) -> i32 {
     match outcome {
@@ -273,7 +279,7 @@ fn tc_verdict(ctx: &TcContext, outcome: Outcome) -> i32 {
         | Outcome::ToTrack
         | Outcome::Flow(_)
         | Outcome::Negotiate
-        | Outcome::PassRefused => TC_ACT_OK,
+        | Outcome::PassRefused => TC_PASS,
         Outcome::Drop => TC_ACT_SHOT,
         // Send the answer back out of the interface the attempt arrived on.
         Outcome::Reply => unsafe {

@@ -11,10 +11,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+use aya::programs::{SchedClassifier, TcAttachType};
+use shedder::kernel::{AttachMode, BASELINE_OBJECT, MapReader as _, Shedder};
+use shedder_common::{ACTION_RST, MODE_ENFORCE, programs};
 use shedder_lab::{
     daemon::{Daemon, Launch, busy, connect, hold, pin_dir, refused, settle, web_config},
     netns::{IFACE, Netns, Pair, UPSTREAM_V4},
-    policy::{CLIENT_V4, SERVER_V4},
+    policy::{CLIENT_V4, SERVER_V4, open_policy},
     require_root,
     tcp::{TestServer, connect_from, echo_or_hold, echo_roundtrip},
 };
@@ -28,6 +31,7 @@ const NETNS_EXEC_PORT: u16 = 7623;
 const PID1_PORT: u16 = 7624;
 const POD_PORT: u16 = 7625;
 const LOCAL_PORT: u16 = 7626;
+const CHAIN_PORT: u16 = 7627;
 const METRICS_PORT: u16 = 9464;
 
 /// The test daemon's service (`web` on `port`: a fixed limit of 4, fallback 1, resets),
@@ -358,6 +362,83 @@ fn a_client_on_the_host_is_counted_by_the_sweep_and_said() {
     wait("the client across the veth ends on the wire", &|| {
         connections() == 0
     });
+}
+
+/// An interface that already runs TC programs of other tools (a CNI's, an observer's):
+/// one that ends the tcx chain with TC_ACT_OK, attached before the daemon starts, must not
+/// hide the traffic from shedder, and one behind shedder must still see what shedder lets
+/// through. The daemon attaches first in the chain and passes with TCX_NEXT.
+#[test]
+fn tc_programs_of_other_tools_neither_hide_traffic_nor_lose_it() {
+    require_root();
+    let pair = Pair::new("hchain");
+    let _server = pair.server.run(|| TestServer::holding(CHAIN_PORT));
+    // Behind shedder: a shedder instance of its own with an open policy, counting what it
+    // sees of the port as service 30 (what `cargo xtask demo` uses to measure the backend).
+    const OBSERVED: u32 = 30;
+    let mut observer = Shedder::load().expect("load the observer");
+    observer
+        .set_policy(OBSERVED, &open_policy(ACTION_RST, MODE_ENFORCE))
+        .expect("observer policy");
+    observer
+        .set_port(CHAIN_PORT, Some(OBSERVED))
+        .expect("observer port");
+    pair.server
+        .run(|| observer.attach(IFACE, AttachMode::Tc))
+        .expect("attach the observer");
+    // Another tool's program that ends the chain, attached after the observer.
+    let mut other = aya::Ebpf::load(BASELINE_OBJECT).expect("load the baseline object");
+    let end: &mut SchedClassifier = other
+        .program_mut(programs::BASELINE_TC_END)
+        .expect("its TC_ACT_OK program")
+        .try_into()
+        .expect("a classifier");
+    end.load().expect("load it");
+    pair.server
+        .run(|| end.attach(IFACE, TcAttachType::Ingress))
+        .expect("attach it");
+    let pins = pin_dir("hchain");
+    let daemon = Daemon::start(
+        &pair.server,
+        "hchain",
+        &config(&pins, "hchain", CHAIN_PORT, "attach = \"tc\""),
+        &pins,
+    );
+    daemon.wait_for_log("running", Duration::from_secs(10));
+    // The limit of 4 holds: shedder saw every attempt.
+    let _held = hold(&pair, &pins, CHAIN_PORT, 4);
+    refused(
+        &pair,
+        CHAIN_PORT,
+        "a fifth attempt behind another tool's program",
+    );
+    // The observer behind shedder saw the admitted connections, both ways: its ingress
+    // program their SYNs and requests, its egress program the server's answers, so it
+    // counts the four as work in flight, as shedder does.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let seen: u32 = observer
+            .inflight(OBSERVED)
+            .expect("observer in-flight")
+            .class
+            .iter()
+            .sum();
+        if seen == 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the program behind shedder counts {seen} of the 4 admitted connections"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !daemon
+            .log()
+            .contains("connections the packet path did not see"),
+        "{}",
+        daemon.log()
+    );
 }
 
 /// Under `ip netns exec` (a private mount namespace with a fresh /sys) the pins go to the

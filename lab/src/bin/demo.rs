@@ -110,8 +110,14 @@ fn run() -> Result<()> {
     println!("== Protected: shedder run (AIMD, target 50 ms, {attach} attach, rst) ==");
     lab.protect();
     runs.push(ramp(&lab, &args, "shedder", &observer)?);
+    let mut warnings = Vec::new();
     if let Some(d) = &lab.daemon {
         let log = d.log();
+        warnings = log
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .map(|l| l.split_once(": ").map_or(l, |(_, w)| w).to_string())
+            .collect();
         let decisions: Vec<&str> = log
             .lines()
             .filter(|l| l.contains("limit changed") || l.contains("mode changed"))
@@ -146,7 +152,37 @@ fn run() -> Result<()> {
         "\nDone in {:.0} s; namespaces, programs and pins removed.",
         started.elapsed().as_secs_f64()
     );
-    Ok(())
+    judge(&runs[0], cap, &args, &warnings)
+}
+
+/// What the protected run must show for the demo to pass: CRITICAL served, and at 3× a
+/// goodput of at least half the capacity (unprotected, it is near nothing: every request
+/// waits past its deadline). A demo that printed a table of shedder doing nothing and
+/// exited 0 would tell a new user it works; it fails instead, with the daemon's warnings.
+fn judge(protected: &Run, cap: f64, args: &Args, warnings: &[String]) -> Result<()> {
+    let start = args.calm + args.ramp;
+    let overload = protected.report.range(start..start + args.overload);
+    let goodput = overload.goodput() / cap;
+    let critical = protected
+        .report
+        .total()
+        .class("critical")
+        .map_or(0.0, |c| c.share(c.ok));
+    if goodput >= 0.5 && critical >= 0.9 {
+        return Ok(());
+    }
+    let said = if warnings.is_empty() {
+        "nothing".to_string()
+    } else {
+        format!("\n  {}", warnings.join("\n  "))
+    };
+    bail!(
+        "shedder did not protect the backend: at 3x its goodput was {:.0}% of capacity (at \
+         least 50% expected) and CRITICAL got {:.1}% (at least 90% expected). The daemon's \
+         warnings: {said}",
+        100.0 * goodput,
+        100.0 * critical
+    )
 }
 
 /// A Shedder instance of the demo's own, attached with TC beside whatever the daemon

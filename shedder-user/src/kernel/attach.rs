@@ -157,8 +157,11 @@ impl Shedder {
         }
     }
 
-    /// Attach `hook`'s program to `iface` as a tcx link; the attach error where the kernel
-    /// has no tcx (before Linux 6.6), for [`Shedder::attach_netlink`] to follow.
+    /// Attach `hook`'s program to `iface` as a tcx link, first in the interface's chain; the
+    /// attach error where the kernel has no tcx (before Linux 6.6), for
+    /// [`Shedder::attach_netlink`] to follow. First: a program ahead of it that returns
+    /// TC_ACT_OK ends the chain, and shedder would then see nothing (its own programs pass
+    /// with TCX_NEXT, so those behind it still see all it lets through).
     fn attach_tcx(
         &mut self,
         iface: &str,
@@ -170,7 +173,7 @@ impl Shedder {
         let tcx = prog.attach_with_options(
             iface,
             hook.attach_type(),
-            TcAttachOptions::TcxOrder(LinkOrder::default()),
+            TcAttachOptions::TcxOrder(LinkOrder::first()),
         );
         let id = match tcx {
             Ok(id) => id,

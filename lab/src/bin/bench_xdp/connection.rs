@@ -35,7 +35,7 @@ use shedder_lab::{
 use super::{
     measure::median,
     paths::{syn, unlimited_policy},
-    programs::{Hook, Program, TC_ACT_OK, XDP_PASS, action_name, baseline_programs},
+    programs::{Hook, Program, TCX_NEXT, XDP_PASS, action_name, baseline_programs},
 };
 
 /// The targets, in ns of CPU added a connection.
@@ -161,7 +161,7 @@ impl Side {
         };
         let (r, want) = match step.hook() {
             Hook::Xdp => (self.program.xdp()?.test_run(options), XDP_PASS),
-            Hook::TcEgress => (self.program.tc()?.test_run(options), TC_ACT_OK),
+            Hook::TcEgress => (self.program.tc()?.test_run(options), TCX_NEXT),
         };
         let r = r.with_context(|| format!("{}: BPF_PROG_TEST_RUN", step.label()))?;
         ensure!(

@@ -28,7 +28,7 @@
 //! own, without targets: a server segment of an unprotected port, a response of a
 //! protected port on a connection that is not tracked and on one that is (made beforehand
 //! through its handshake: the SYN-ACK through the egress program, the client's ACK through
-//! the XDP program), and a SYN-ACK. Each is checked to return TC_ACT_OK and leave its frame
+//! the XDP program), and a SYN-ACK. Each is checked to return TCX_NEXT and leave its frame
 //! unchanged, and afterwards the tracking must be as the row claims.
 //!
 //! One connection. Every frame of a whole request/response connection, through the ingress

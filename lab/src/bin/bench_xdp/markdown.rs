@@ -147,7 +147,7 @@ pub fn egress_markdown(report: &Report, repeated: &str) -> String {
          median of the rounds' means. No target: what it costs is reported. The tracked \
          connection is made beforehand through its handshake (the SYN-ACK through the \
          egress program, the client's ACK through the XDP program); every call must return \
-         TC_ACT_OK and leave the frame unchanged, and afterwards the tracking must be as the \
+         TCX_NEXT (on to the next program) and leave the frame unchanged, and afterwards the tracking must be as the \
          row says (the connection tracked and idle, none, or the recorded handshake \
          completed by the client's ACK). A test run builds the whole frame in the socket \
          buffer's linear part, as the stack does a segment's headers; a response's payload, \

@@ -28,7 +28,7 @@ use super::{
     },
     paths::{ISN_OFFSET, PathSpec, initial, next_flood, paths, syn},
     programs::{
-        Hook, Method, Program, TC_ACT_OK, XDP_PASS, XDP_TX, action_name, run_egress, run_xdp,
+        Hook, Method, Program, TCX_NEXT, XDP_PASS, XDP_TX, action_name, run_egress, run_xdp,
     },
 };
 
@@ -77,7 +77,7 @@ impl Subject {
         let mut ebpf = Ebpf::load(BASELINE_OBJECT).context("loading the baseline object")?;
         let (name, action) = match hook {
             Hook::Xdp => (shedder_common::programs::BASELINE_XDP, XDP_PASS),
-            Hook::TcEgress => (shedder_common::programs::BASELINE_TC, TC_ACT_OK),
+            Hook::TcEgress => (shedder_common::programs::BASELINE_TC, TCX_NEXT),
         };
         let program = ebpf
             .program_mut(name)
@@ -141,7 +141,7 @@ impl Subject {
             output: bytes.clone(),
             refusal: None,
             frame: bytes,
-            action: TC_ACT_OK,
+            action: TCX_NEXT,
             runs: 0,
             samples: Vec::new(),
         })

@@ -14,6 +14,9 @@ pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
 pub const XDP_TX: u32 = 3;
 pub const TC_ACT_OK: u32 = 0;
+/// How shedder's TC programs pass a frame: on to the next program (TC_ACT_UNSPEC, -1 as
+/// the kernel's u32).
+pub const TCX_NEXT: u32 = u32::MAX;
 pub const TC_ACT_SHOT: u32 = 2;
 
 /// The program a row measures: shedder's XDP program (or the empty one), or its TC egress
@@ -58,7 +61,7 @@ pub fn run_egress(shedder: &mut Shedder, packet: &Packet) -> Result<()> {
         data_in: Some(&packet.bytes()),
         ..Default::default()
     })?;
-    expect_action(Hook::TcEgress, TC_ACT_OK, r.return_value)
+    expect_action(Hook::TcEgress, TCX_NEXT, r.return_value)
 }
 
 pub fn expect_action(hook: Hook, want: u32, got: u32) -> Result<()> {
@@ -131,8 +134,7 @@ pub fn action_name(hook: Hook, action: u32) -> String {
         (Hook::Xdp, 4) => "XDP_REDIRECT".into(),
         (Hook::TcEgress, TC_ACT_OK) => "TC_ACT_OK".into(),
         (Hook::TcEgress, TC_ACT_SHOT) => "TC_ACT_SHOT".into(),
-        // TC_ACT_UNSPEC, -1 as the kernel's u32.
-        (Hook::TcEgress, u32::MAX) => "TC_ACT_UNSPEC".into(),
+        (Hook::TcEgress, TCX_NEXT) => "TCX_NEXT".into(),
         (_, other) => format!("action {other}"),
     }
 }
@@ -146,6 +148,6 @@ mod tests {
         assert_eq!(action_name(Hook::Xdp, 0), "XDP_ABORTED");
         assert_eq!(action_name(Hook::TcEgress, 0), "TC_ACT_OK");
         assert_eq!(action_name(Hook::TcEgress, TC_ACT_SHOT), "TC_ACT_SHOT");
-        assert_eq!(action_name(Hook::TcEgress, u32::MAX), "TC_ACT_UNSPEC");
+        assert_eq!(action_name(Hook::TcEgress, u32::MAX), "TCX_NEXT");
     }
 }

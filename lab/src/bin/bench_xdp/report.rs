@@ -144,7 +144,7 @@ pub fn rows(subjects: &[Subject]) -> Vec<Row> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{paths::TARGET_SYN, programs::TC_ACT_OK};
+    use crate::{paths::TARGET_SYN, programs::TCX_NEXT};
 
     fn kind(hook: Hook, method: Method, baseline: bool, initial: bool) -> Kind {
         Kind {
@@ -197,10 +197,10 @@ mod tests {
     #[test]
     fn the_egress_rows_are_no_xdp_baseline() {
         // Egress rows first: none of them may be taken for the XDP baselines, though they
-        // have no target either (and TC_ACT_OK is 0, as XDP_ABORTED).
+        // have no target either (and TC_ACT_OK would be 0, as XDP_ABORTED).
         let rows = vec![
-            row(Hook::TcEgress, true, Method::Repeated, TC_ACT_OK, 5.0),
-            row(Hook::TcEgress, false, Method::Repeated, TC_ACT_OK, 30.0),
+            row(Hook::TcEgress, true, Method::Repeated, TCX_NEXT, 5.0),
+            row(Hook::TcEgress, false, Method::Repeated, TCX_NEXT, 30.0),
             row(Hook::Xdp, true, Method::Repeated, XDP_PASS, 10.0),
             row(Hook::Xdp, false, Method::Repeated, XDP_DROP, 25.0),
             row(Hook::Xdp, true, Method::SingleShot, XDP_PASS, 100.0),
