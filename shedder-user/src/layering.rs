@@ -168,3 +168,25 @@ fn the_kernel_side_takes_plain_values() {
         );
     }
 }
+
+/// The folders in the drawing of `docs/development.md`, bottom to top.
+fn drawn_order() -> Vec<String> {
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/development.md");
+    let doc = fs::read_to_string(doc).expect("read docs/development.md");
+    let (_, rest) = doc.split_once("<!-- layers").expect("the drawing's marker");
+    let (drawing, _) = rest.split_once("<!-- /layers -->").expect("its end");
+    let mut names: Vec<String> = drawing
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("│ "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| name.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .map(String::from)
+        .collect();
+    names.reverse();
+    names
+}
+
+#[test]
+fn the_drawing_in_the_docs_is_the_stated_order() {
+    assert_eq!(drawn_order(), stated_order());
+}
