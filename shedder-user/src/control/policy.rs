@@ -297,6 +297,20 @@ mod tests {
     use super::*;
     use shedder_common::tunnel;
 
+    /// The first service's policy at a limit of 64, as configured, at HZ 1000.
+    fn at_64(c: &Config, ladder: &Ladder) -> ServicePolicy {
+        let s = &c.services[0];
+        service_policy(
+            s,
+            Limits::configured(s),
+            ladder,
+            64,
+            None,
+            &[None; NUM_CLASSES],
+            1000,
+        )
+    }
+
     #[test]
     fn a_quic_service_is_paced_at_its_limit_per_window_and_a_configured_rate_still_binds() {
         let cfg = |extra: &str| {
@@ -308,15 +322,7 @@ mod tests {
         let c = cfg("");
         let ladder = Ladder::from_config(&c);
         // 64 connections per 250 ms window: one every 3.9 ms, four at once.
-        let p = service_policy(
-            &c.services[0],
-            Limits::configured(&c.services[0]),
-            &ladder,
-            64,
-            None,
-            &[None; NUM_CLASSES],
-            1000,
-        );
+        let p = at_64(&c, &ladder);
         let medium = p.classes[shedder_common::CLASS_MEDIUM as usize];
         assert_eq!(medium.rate_interval_ns, 3_906_250);
         assert_eq!(medium.burst_ns, 4 * 3_906_250);
@@ -326,15 +332,7 @@ mod tests {
         );
         // A configured 1/s with a burst of 2 is slower: it binds, with its own room.
         let c = cfg("rate = { medium = { per_second = 1, burst = 2 } }\n");
-        let p = service_policy(
-            &c.services[0],
-            Limits::configured(&c.services[0]),
-            &ladder,
-            64,
-            None,
-            &[None; NUM_CLASSES],
-            1000,
-        );
+        let p = at_64(&c, &ladder);
         let medium = p.classes[shedder_common::CLASS_MEDIUM as usize];
         assert_eq!(medium.rate_interval_ns, 1_000_000_000);
         assert_eq!(medium.burst_ns, 2_000_000_000);
@@ -343,15 +341,7 @@ mod tests {
             "[daemon]\ninterfaces = [\"eth0\"]\n[[service]]\nname = \"a\"\nports = [80]\n",
         )
         .expect("valid");
-        let p = service_policy(
-            &c.services[0],
-            Limits::configured(&c.services[0]),
-            &ladder,
-            64,
-            None,
-            &[None; NUM_CLASSES],
-            1000,
-        );
+        let p = at_64(&c, &ladder);
         assert!(p.classes.iter().all(|c| c.rate_interval_ns == 0));
     }
 
