@@ -9,7 +9,7 @@ use shedder_lab::plot::{Panel, Series, chart};
 use super::{
     figures::SystemResult,
     params::{BY_CLASS, LADDER, RECOVERY_HOLD, SETTLE_SECS, TARGET_LATENCY, TIE_POINTS},
-    report::{BackendRun, Report, Target, ladder_table, opt},
+    report::{BackendRun, Report, Target, ladder_table, opt, targets_table},
     scenarios::{RECOVERY_HIGH, RECOVERY_LOW, SLOW_AT, SLOW_TOTAL},
 };
 
@@ -299,19 +299,7 @@ pub fn io_markdown(md: &mut String, report: &Report, run: &BackendRun, images: O
         );
     }
     let _ = writeln!(md, "\n## shedder against its targets\n");
-    let _ = writeln!(md, "| system | target | goal | measured | |");
-    let _ = writeln!(md, "|---|---|---|---:|---|");
-    for t in &run.targets {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} |",
-            t.system,
-            t.what,
-            t.goal,
-            t.measured,
-            if t.met { "met" } else { "**not met**" }
-        );
-    }
+    targets_table(md, &run.targets);
     let errors: Vec<String> = run
         .systems
         .iter()

@@ -56,6 +56,25 @@ pub struct Target {
     pub met: bool,
 }
 
+/// shedder's targets as a Markdown table: each goal, what was measured, met or not.
+pub fn targets_table(md: &mut String, targets: &[Target]) {
+    let _ = writeln!(
+        md,
+        "| system | target | goal | measured | |\n|---|---|---|---:|---|"
+    );
+    for t in targets {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            t.system,
+            t.what,
+            t.goal,
+            t.measured,
+            if t.met { "met" } else { "**not met**" }
+        );
+    }
+}
+
 /// A table of one percentage per system and ladder step, a column a factor.
 pub fn ladder_table(
     md: &mut String,

@@ -11,7 +11,7 @@ use super::{
     backends::Server,
     figures::SystemResult,
     params::{CAPACITY_CLIENTS_PER_WORKER, SETTLE_SECS, TIE_POINTS},
-    report::{BackendRun, Report, Target, ladder_table, opt},
+    report::{BackendRun, Report, Target, ladder_table, opt, targets_table},
 };
 
 /// Goodput at 10× a shedder system must keep, % of capacity.
@@ -196,21 +196,7 @@ pub fn shed_point_markdown(
         );
     }
     let _ = writeln!(md, "\n### shedder against its targets on this backend\n");
-    let _ = writeln!(
-        md,
-        "| system | target | goal | measured | |\n|---|---|---|---:|---|"
-    );
-    for t in &run.targets {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} |",
-            t.system,
-            t.what,
-            t.goal,
-            t.measured,
-            if t.met { "met" } else { "**not met**" }
-        );
-    }
+    targets_table(md, &run.targets);
     let _ = writeln!(
         md,
         "\nGoodput within {TIE_POINTS:.0} points counts as a tie elsewhere in this report; \
