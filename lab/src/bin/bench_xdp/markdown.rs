@@ -7,7 +7,7 @@ use super::{
     egress::{response, syn_ack},
     paths::syn,
     programs::{Hook, Method},
-    report::{Report, xdp_baseline},
+    report::{Report, Row, xdp_baseline},
 };
 
 pub fn thousands(n: u64) -> String {
@@ -20,6 +20,17 @@ pub fn thousands(n: u64) -> String {
         out.push(c);
     }
     out
+}
+
+/// A row's figures as table cells: ns/packet, the baseline's, the difference, the ratio.
+fn figures(r: &Row) -> String {
+    format!(
+        "{:.1} | {:.1} | {:.1} | {:.2}×",
+        r.ns,
+        r.baseline_ns,
+        r.ns - r.baseline_ns,
+        r.ratio
+    )
 }
 
 pub fn markdown(report: &Report) -> String {
@@ -64,13 +75,10 @@ pub fn markdown(report: &Report) -> String {
             _ => ("—".into(), "—".into()),
         };
         md.push_str(&format!(
-            "| {} | {} | {method} | {:.1} | {:.1} | {:.1} | {:.2}× | {target} | {result} |\n",
+            "| {} | {} | {method} | {} | {target} | {result} |\n",
             r.path.replace('|', "\\|"),
             r.action,
-            r.ns,
-            r.baseline_ns,
-            r.ns - r.baseline_ns,
-            r.ratio
+            figures(r)
         ));
     }
     md.push_str(&format!(
@@ -160,13 +168,10 @@ pub fn egress_markdown(report: &Report, repeated: &str) -> String {
     md.push_str("|---|---|---:|---:|---:|---:|\n");
     for r in report.rows.iter().filter(|r| r.hook == Hook::TcEgress) {
         md.push_str(&format!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.2}× |\n",
+            "| {} | {} | {} |\n",
             r.path.replace('|', "\\|"),
             r.action,
-            r.ns,
-            r.baseline_ns,
-            r.ns - r.baseline_ns,
-            r.ratio
+            figures(r)
         ));
     }
     md
